@@ -1,0 +1,185 @@
+"""`contextual-bert <stage>`: one subcommand per pipeline stage, each a thin call into the library.
+
+Every handler reads params.yaml (``--params``) through `load_config`, so a bad config fails before any work.
+User-facing errors (`ContextualBertError`) print as one line and exit 2, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from contextual_bert.config import VARIANTS, Config, load_config
+from contextual_bert.errors import ContextualBertError
+
+
+def run_dir(cfg: Config, variant: str, seed: int) -> Path:
+    """Where one training run (variant, seed) keeps its checkpoints and history."""
+    return cfg.paths.models_dir / f"{variant}-s{seed}"
+
+
+def eval_path(cfg: Config, name: str) -> Path:
+    """Where the evaluation of one model (or the popularity baseline) is written."""
+    return cfg.paths.reports_dir / "eval" / f"{name}.json"
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj, indent=2, default=str))
+
+
+# --- stage handlers: each owns its arguments and calls exactly one library entry point ---------------
+
+
+def _cmd_ingest(cfg: Config, args) -> None:
+    if cfg.ingest.source == "synthetic":
+        _cmd_generate(cfg, args)
+    else:
+        args.source = None
+        _cmd_import_hm(cfg, args)
+
+
+def _cmd_generate(cfg: Config, args) -> None:
+    from contextual_bert.generator import generate
+
+    _print_json(generate(cfg.generate.chosen, seed=cfg.generate.seed, out_dir=cfg.paths.raw_dir))
+
+
+def _cmd_import_hm(cfg: Config, args) -> None:
+    from contextual_bert.importers import import_hm
+
+    source = Path(args.source) if getattr(args, "source", None) else cfg.import_hm.source
+    _print_json(import_hm(source, out_dir=cfg.paths.raw_dir, cfg=cfg.import_hm))
+
+
+def _cmd_validate(cfg: Config, args) -> None:
+    from contextual_bert.validation import validate
+
+    _print_json(
+        validate(
+            raw_dir=cfg.paths.raw_dir,
+            validated_dir=cfg.paths.validated_dir,
+            quarantine_dir=cfg.paths.quarantine_dir,
+            report_dir=cfg.paths.reports_dir / "validation",
+            cfg=cfg.validate_,
+        )
+    )
+
+
+def _cmd_features(cfg: Config, args) -> None:
+    from contextual_bert.features import build_features
+
+    manifest = build_features(
+        cfg.paths.validated_dir, cfg.paths.features_dir, cfg.features, max_set_size=cfg.model.max_set_size
+    )
+    _print_json({k: v for k, v in manifest.items() if k != "spec"})
+
+
+def _cmd_train(cfg: Config, args) -> None:
+    from contextual_bert.training import train
+
+    result = train(
+        features_dir=cfg.paths.features_dir,
+        out_dir=run_dir(cfg, args.variant, args.seed),
+        variant=args.variant,
+        seed=args.seed,
+        model_cfg=cfg.model_for(args.variant),
+        train_cfg=cfg.train_for(args.variant),
+    )
+    _print_json(result)
+
+
+def _cmd_evaluate(cfg: Config, args) -> None:
+    from contextual_bert.evaluation import evaluate_run
+
+    _print_json(
+        evaluate_run(
+            features_dir=cfg.paths.features_dir,
+            run_dir=run_dir(cfg, args.variant, args.seed),
+            out_path=eval_path(cfg, f"{args.variant}-s{args.seed}"),
+            cfg=cfg.evaluate,
+        )
+    )
+
+
+def _cmd_baseline(cfg: Config, args) -> None:
+    from contextual_bert.evaluation import evaluate_popularity
+
+    _print_json(
+        evaluate_popularity(
+            features_dir=cfg.paths.features_dir, out_path=eval_path(cfg, "popularity"), cfg=cfg.evaluate
+        )
+    )
+
+
+def _cmd_report(cfg: Config, args) -> None:
+    from contextual_bert.report import build_report
+
+    _print_json(build_report(cfg))
+
+
+def _cmd_register(cfg: Config, args) -> None:
+    from contextual_bert.registry import register_all
+
+    _print_json(register_all(cfg))
+
+
+def _cmd_promote(cfg: Config, args) -> None:
+    from contextual_bert.registry import promote, rollback
+
+    _print_json(rollback(cfg) if args.rollback else promote(cfg))
+
+
+def _cmd_describe_model(cfg: Config, args) -> None:
+    from contextual_bert.model import describe_variants
+
+    _print_json(describe_variants(cfg.model, paper=args.paper))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="contextual-bert", description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml", help="the params file (default: params.yaml)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="<stage>")
+
+    def add(name, handler, help_):
+        p = sub.add_parser(name, help=help_)
+        p.set_defaults(handler=handler)
+        return p
+
+    add("ingest", _cmd_ingest, "write data/raw from the source chosen in params (ingest.source)")
+    add("generate", _cmd_generate, "write synthetic stylist data to data/raw (generate section)")
+    p = add("import-hm", _cmd_import_hm, "import the H&M Kaggle files into data/raw")
+    p.add_argument("--source", help="folder with transactions_train.csv, customers.csv, articles.csv")
+    add("validate", _cmd_validate, "validate data/raw with Great Expectations, quarantine failing rows")
+    add("features", _cmd_features, "build context embedding tables, article vocabulary and splits")
+    for name, handler, help_ in (
+        ("train", _cmd_train, "train one conditioning variant for one seed"),
+        ("evaluate", _cmd_evaluate, "evaluate one trained run on the test split (full ranking)"),
+    ):
+        p = add(name, handler, help_)
+        p.add_argument("--variant", required=True, choices=VARIANTS)
+        p.add_argument("--seed", type=int, required=True)
+    add("baseline", _cmd_baseline, "evaluate the popularity baseline on the test split")
+    add("report", _cmd_report, "Table 1, metrics.json and plots under reports/")
+    add("register", _cmd_register, "register every evaluated run in the MLflow model registry")
+    p = add("promote", _cmd_promote, "point alias 'champion' at the best version, if it beats the current one")
+    p.add_argument("--rollback", action="store_true", help="restore the previous champion")
+    p = add("describe-model", _cmd_describe_model, "counted parameters of every variant, as JSON")
+    p.add_argument("--paper", action="store_true", help="at the paper's sizes instead of params.yaml's")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = load_config(args.params) if Path(args.params).exists() or args.params != "params.yaml" else Config()
+        args.handler(cfg, args)
+    except ContextualBertError as exc:
+        print(f"contextual-bert {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""The one configuration model, loaded from params.yaml and validated at start.
+
+Each pipeline stage reads its own section (as in iterative/example-get-started), so DVC re-runs a stage
+only when its section changes. Unknown keys are errors: a typo in params.yaml must not pass silently.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from contextual_bert.errors import ContextualBertError
+
+VARIANTS = ("none", "concat", "new_position", "global_state", "global_state_update")
+Variant = Literal["none", "concat", "new_position", "global_state", "global_state_update"]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PathsConfig(Section):
+    raw_dir: Path = Path("data/raw")
+    validated_dir: Path = Path("data/validated")
+    quarantine_dir: Path = Path("data/quarantine")
+    features_dir: Path = Path("data/features")
+    models_dir: Path = Path("models")
+    reports_dir: Path = Path("reports")
+
+
+class GeneratorSize(Section):
+    n_outfits: int = Field(gt=0)
+    n_articles: int = Field(gt=0)
+    n_customers: int = Field(gt=0)
+
+
+class IngestConfig(Section):
+    source: Literal["synthetic", "hm"] = "synthetic"
+
+
+class GenerateConfig(Section):
+    size: str = "default"
+    seed: int = 0
+    sizes: dict[str, GeneratorSize] = {
+        "tiny": GeneratorSize(n_outfits=2_000, n_articles=400, n_customers=300),
+        "default": GeneratorSize(n_outfits=30_000, n_articles=3_000, n_customers=5_000),
+        "paper": GeneratorSize(n_outfits=380_000, n_articles=30_000, n_customers=100_000),
+    }
+
+    @model_validator(mode="after")
+    def _size_is_known(self):
+        if self.size not in self.sizes:
+            raise ValueError(f"generate.size '{self.size}' is not one of {sorted(self.sizes)}")
+        return self
+
+    @property
+    def chosen(self) -> GeneratorSize:
+        return self.sizes[self.size]
+
+
+class ImportHMConfig(Section):
+    source: Path = Path("../shared/data/hm_sample")
+    min_items: int = 4
+    max_items: int = 8
+
+
+class ValidateConfig(Section):
+    max_quarantine_share: float = Field(0.05, ge=0, le=1)
+
+
+class FeaturesConfig(Section):
+    min_article_count: int = Field(1, ge=1)
+    val_fraction: float = Field(0.045, gt=0, lt=0.5)
+    test_fraction: float = Field(0.045, gt=0, lt=0.5)
+    split_seed: int = 0
+    numeric_buckets: int = Field(10, ge=2)
+    max_multi_values: int = Field(8, ge=1)
+    default_dim: int = Field(16, ge=1)
+    embedding_dims: dict[str, int] = {}  # feature name -> embedding dim; others get default_dim
+
+
+class ModelConfig(Section):
+    d_model: int = 128
+    n_blocks: int = 4
+    n_heads: int = 8
+    d_ff: int = 256
+    dropout: float = Field(0.1, ge=0, lt=1)
+    max_set_size: int = Field(8, ge=2)
+
+
+class TrainConfig(Section):
+    variants: list[Variant] = list(VARIANTS)
+    seeds: list[int] = [0, 1, 2]
+    batch_size: int = Field(256, ge=1)
+    max_epochs: int = Field(20, ge=1)
+    learning_rate: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_steps: int = Field(200, ge=0)
+    patience: int = Field(3, ge=1)
+    mask_prob: float = Field(0.15, ge=0, le=1)  # per item; at least one item per outfit is always masked
+    mask_token_prob: float = Field(0.8, ge=0, le=1)  # BERT 80/10/10: of masked items, replaced by [MASK]
+    random_token_prob: float = Field(0.1, ge=0, le=1)  # ... by a random article (rest kept as is)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    num_threads: int = Field(0, ge=0)  # 0: torch's default
+
+
+class VariantOverrides(Section):
+    """Per-variant overrides of train settings; its own params key so DVC re-runs only that variant."""
+
+    learning_rate: float | None = None
+    batch_size: int | None = None
+    max_epochs: int | None = None
+    dropout: float | None = None
+
+
+class EvaluateConfig(Section):
+    ks: list[int] = [1, 5, 10, 50, 250]
+    batch_size: int = Field(1024, ge=1)
+
+
+class MlflowConfig(Section):
+    tracking_uri: str = "sqlite:///mlflow.db"  # MLFLOW_TRACKING_URI overrides
+    experiment: str = "contextual-bert"
+    model_name: str = "outfit-completion"
+    top_k: int = Field(10, ge=1, le=250)
+
+
+class PromoteConfig(Section):
+    metric: str = "recall@5"
+    margin: float = Field(0.0, ge=0)
+    alpha: float = Field(0.05, gt=0, lt=1)
+
+
+class Config(Section):
+    paths: PathsConfig = PathsConfig()
+    ingest: IngestConfig = IngestConfig()
+    generate: GenerateConfig = GenerateConfig()
+    import_hm: ImportHMConfig = ImportHMConfig()
+    validate_: ValidateConfig = Field(ValidateConfig(), alias="validate")
+    features: FeaturesConfig = FeaturesConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    variants: dict[Variant, VariantOverrides] = {v: VariantOverrides() for v in VARIANTS}
+    evaluate: EvaluateConfig = EvaluateConfig()
+    mlflow: MlflowConfig = MlflowConfig()
+    promote: PromoteConfig = PromoteConfig()
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=())
+
+    def train_for(self, variant: str) -> TrainConfig:
+        """Train settings for one variant, its overrides applied."""
+        overrides = self.variants.get(variant, VariantOverrides()).model_dump(exclude_none=True)
+        overrides.pop("dropout", None)
+        return self.train.model_copy(update=overrides)
+
+    def model_for(self, variant: str) -> ModelConfig:
+        dropout = self.variants.get(variant, VariantOverrides()).dropout
+        return self.model if dropout is None else self.model.model_copy(update={"dropout": dropout})
+
+
+def load_config(path: str | Path = "params.yaml") -> Config:
+    """Load and validate params.yaml; a missing file gives the defaults, a bad one a one-line error."""
+    path = Path(path)
+    if not path.exists():
+        raise ContextualBertError(f"{path}: params file not found")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ContextualBertError(f"{path}: not valid YAML ({exc})") from None
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ContextualBertError(
+            f"{path}: '{where}': {first['msg']} ({exc.error_count()} problem(s) in all)"
+        ) from None

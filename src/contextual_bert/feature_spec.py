@@ -1,0 +1,86 @@
+"""The shared vocabulary between the features stage, the model and serving.
+
+Every context feature, whatever its raw kind, reaches the model as integer indices into its own
+embedding table: categorical -> one index, multi-valued categorical -> a 0-padded row of indices,
+numeric -> the index of its bucket. Index 0 is padding, 1 missing, 2 unknown (unseen at fit time).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+# Reserved indices, shared by the article vocabulary and every context-feature vocabulary.
+PAD_INDEX = 0
+MISSING_INDEX = 1  # context features: value absent. Article vocabulary: this index is [MASK].
+UNKNOWN_INDEX = 2
+MASK_INDEX = 1
+N_SPECIAL = 3  # first index of a real article / value
+
+FeatureKind = Literal["categorical", "multi_categorical", "numeric"]
+FeatureSource = Literal["customer", "outfit"]
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """One context feature as the model sees it."""
+
+    name: str
+    kind: FeatureKind
+    source: FeatureSource  # customers table, or per outfit (e.g. occasion)
+    cardinality: int  # size of its embedding table, special indices included
+    dim: int  # embedding dimension; the dims of all features sum to d_context
+    max_values: int = 1  # width of the padded index row for multi_categorical, else 1
+
+
+@dataclass(frozen=True)
+class ContextSpec:
+    features: tuple[FeatureSpec, ...]
+
+    @property
+    def d_context(self) -> int:
+        return sum(f.dim for f in self.features)
+
+    def to_json(self) -> str:
+        return json.dumps({"features": [asdict(f) for f in self.features]}, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ContextSpec":
+        return cls(tuple(FeatureSpec(**f) for f in json.loads(text)["features"]))
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(self.to_json())
+
+    @classmethod
+    def load(cls, path: Path) -> "ContextSpec":
+        return cls.from_json(Path(path).read_text())
+
+
+@dataclass
+class EncodedOutfits:
+    """A split of outfits as tensors, ready for the model.
+
+    items:   (N, max_set_size) int64 article indices, PAD_INDEX-padded at the end.
+    context: feature name -> (N,) int64 for categorical/numeric, (N, max_values) for multi_categorical,
+             already joined from the customer to each outfit.
+    """
+
+    items: torch.Tensor
+    context: dict[str, torch.Tensor] = field(default_factory=dict)
+    outfit_ids: list[str] | None = None
+
+    def __len__(self) -> int:
+        return self.items.shape[0]
+
+    def to(self, device: torch.device | str) -> "EncodedOutfits":
+        return EncodedOutfits(
+            self.items.to(device), {k: v.to(device) for k, v in self.context.items()}, self.outfit_ids
+        )
+
+    def subset(self, index: torch.Tensor) -> "EncodedOutfits":
+        ids = None if self.outfit_ids is None else [self.outfit_ids[i] for i in index.tolist()]
+        return EncodedOutfits(self.items[index], {k: v[index] for k, v in self.context.items()}, ids)
