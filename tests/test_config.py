@@ -1,0 +1,45 @@
+from pathlib import Path
+
+import pytest
+
+from contextual_bert.config import VARIANTS, Config, load_config
+from contextual_bert.errors import ContextualBertError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_shipped_params_validate_and_sum_to_paper_d_context():
+    cfg = load_config(REPO / "params.yaml")
+    assert set(cfg.train.variants) == set(VARIANTS)
+    assert sum(cfg.features.embedding_dims.values()) == 736
+    assert (cfg.model.d_model, cfg.model.n_blocks, cfg.model.n_heads) == (128, 4, 8)
+
+
+def test_unknown_key_is_an_error_naming_it(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text("train:\n  learning_rat: 0.1\n")
+    with pytest.raises(ContextualBertError, match="train.learning_rat"):
+        load_config(path)
+
+
+def test_bad_value_and_bad_yaml_and_missing_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("generate:\n  size: huge\n")
+    with pytest.raises(ContextualBertError, match="huge"):
+        load_config(bad)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("train: [unclosed\n")
+    with pytest.raises(ContextualBertError, match="not valid YAML"):
+        load_config(broken)
+    with pytest.raises(ContextualBertError, match="not found"):
+        load_config(tmp_path / "absent.yaml")
+
+
+def test_variant_overrides_apply_to_that_variant_only():
+    cfg = Config.model_validate(
+        {"variants": {"global_state": {"learning_rate": 0.005, "dropout": 0.2}}}
+    )
+    assert cfg.train_for("global_state").learning_rate == 0.005
+    assert cfg.model_for("global_state").dropout == 0.2
+    assert cfg.train_for("none").learning_rate == cfg.train.learning_rate
+    assert cfg.model_for("none").dropout == cfg.model.dropout
