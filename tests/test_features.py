@@ -1,0 +1,279 @@
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from contextual_bert.config import FeaturesConfig, load_config
+from contextual_bert.contract import HM_SCHEMA, PAPER_SCHEMA, DataSchema
+from contextual_bert.errors import ContextualBertError, DataError
+from contextual_bert.feature_spec import MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
+from contextual_bert.features import (
+    ContextEncoder,
+    assign_splits,
+    build_features,
+    load_article_vocab,
+    load_manifest,
+    load_spec,
+    load_split,
+)
+
+PAPER_DIMS = load_config("params.yaml").features.embedding_dims
+BRANDS = [f"brand_{i}" for i in range(12)]
+
+
+def paper_tables(n_customers=300, n_outfits=2400, n_articles=200, seed=0):
+    """A small validated data set with the paper's columns, some missing values and one rare article."""
+    rng = np.random.default_rng(seed)
+    articles = pd.DataFrame({
+        "article_id": [f"a{i:04d}" for i in range(n_articles)],
+        "product_type": rng.choice(["top", "trousers", "shoes", "bag"], n_articles),
+        "brand": rng.choice(BRANDS, n_articles),
+        "color": rng.choice(["red", "blue", "black"], n_articles),
+        "style": rng.choice(["casual", "formal"], n_articles),
+        "price": rng.uniform(5, 200, n_articles),
+    })
+
+    def some(options, low, high):
+        return [list(rng.choice(options, rng.integers(low, high + 1), replace=False)) for _ in range(n_customers)]
+
+    age = rng.integers(18, 80, n_customers).astype(float)
+    age[::17] = np.nan
+    gender = rng.choice(["f", "m", "d"], n_customers).astype(object)
+    gender[::13] = None
+    customers = pd.DataFrame({
+        "customer_id": [f"c{i:04d}" for i in range(n_customers)],
+        "age": age,
+        "gender": gender,
+        "country": rng.choice(["de", "fr", "it", "es"], n_customers),
+        "preferred_brands": some(BRANDS, 0, 10),
+        "preferred_colors": some(["red", "blue", "black", "white"], 1, 3),
+        "preferred_styles": some(["casual", "formal", "sporty"], 0, 2),
+        "nogo_product_types": some(["top", "shoes", "bag"], 0, 2),
+        "size_top": rng.choice(["S", "M", "L"], n_customers),
+        "size_bottom": rng.choice(["34", "36", "38"], n_customers),
+        "size_shoes": rng.choice(["38", "40", "42"], n_customers),
+        "price_min": rng.uniform(5, 30, n_customers),
+        "price_max": rng.uniform(50, 300, n_customers),
+    })
+    # Article a0199 is only in one outfit, so a min count of 2 sends it to [UNK].
+    common = [f"a{i:04d}" for i in range(n_articles - 1)]
+    article_ids = [list(rng.choice(common, rng.integers(4, 9), replace=False)) for _ in range(n_outfits)]
+    article_ids[5] = article_ids[5][:-1] + [f"a{n_articles - 1:04d}"]
+    outfits = pd.DataFrame({
+        "outfit_id": [f"o{i:06d}" for i in range(n_outfits)],
+        "customer_id": rng.choice(customers["customer_id"], n_outfits),
+        "article_ids": article_ids,
+        "occasion": rng.choice(["work", "party", "leisure"], n_outfits),
+    })
+    return articles, customers, outfits
+
+
+def write_validated(directory, schema: DataSchema, articles, customers, outfits):
+    directory.mkdir(parents=True, exist_ok=True)
+    articles.to_parquet(directory / "articles.parquet")
+    customers.to_parquet(directory / "customers.parquet")
+    outfits.to_parquet(directory / "outfits.parquet")
+    schema.save(directory)
+    return directory
+
+
+def paper_cfg(**overrides):
+    return FeaturesConfig(embedding_dims=PAPER_DIMS, **overrides)
+
+
+@pytest.fixture(scope="module")
+def paper(tmp_path_factory):
+    root = tmp_path_factory.mktemp("paper")
+    tables = paper_tables()
+    validated = write_validated(root / "validated", PAPER_SCHEMA, *tables)
+    manifest = build_features(validated, root / "features", paper_cfg(min_article_count=2), max_set_size=8)
+    return root / "features", manifest, tables
+
+
+def test_files_manifest_and_paper_d_context(paper):
+    features_dir, manifest, (articles, customers, outfits) = paper
+    for name in ("article_vocab.parquet", "context_vocab.json", "customers.parquet", "outfits.parquet",
+                 "spec.json", "manifest.json"):
+        assert (features_dir / name).exists(), name
+    assert load_manifest(features_dir) == json.loads(json.dumps(manifest))
+    spec = load_spec(features_dir)
+    assert spec.d_context == 736 == manifest["d_context"]
+    assert [f.name for f in spec.features] == [c.name for c in PAPER_SCHEMA.context_columns]
+    assert {f.name: f.dim for f in spec.features} == PAPER_DIMS
+    assert {f.name for f in spec.features if f.source == "outfit"} == {"occasion"}
+    rows = manifest["rows"]
+    assert rows["train"] + rows["val"] + rows["test"] == len(outfits) == rows["outfits"]
+    assert set(manifest["inputs"]) == {"articles.parquet", "customers.parquet", "outfits.parquet", "schema.json"}
+    assert all(len(h) == 64 for h in manifest["inputs"].values())
+
+
+def test_hm_columns_get_default_dims(tmp_path):
+    articles, _, outfits = paper_tables(n_outfits=400)
+    rng = np.random.default_rng(1)
+    n = 300
+    customers = pd.DataFrame({
+        "customer_id": [f"c{i:04d}" for i in range(n)],
+        "age": rng.integers(16, 90, n).astype(float),
+        "club_member_status": rng.choice(["ACTIVE", "PRE-CREATE", None], n),
+        "fashion_news_frequency": rng.choice(["NONE", "Regularly"], n),
+        "FN": rng.choice(["1.0", None], n),
+        "Active": rng.choice(["1.0", None], n),
+        "postal_code": [f"p{i}" for i in range(n)],  # unique per customer: every one rarer than min count 2
+    })
+    validated = write_validated(tmp_path / "validated", HM_SCHEMA, articles, customers,
+                                outfits.drop(columns="occasion"))
+    cfg = FeaturesConfig(embedding_dims=PAPER_DIMS, default_dim=16)
+    manifest = build_features(validated, tmp_path / "features", cfg, max_set_size=8)
+    dims = {f["name"]: f["dim"] for f in manifest["spec"]}
+    assert dims == {"age": 32, "club_member_status": 16, "fashion_news_frequency": 16, "FN": 16, "Active": 16,
+                    "postal_code": 16}
+    assert manifest["d_context"] == 32 + 5 * 16
+    assert manifest["vocab_sizes"]["postal_code"] == N_SPECIAL  # all values below min_context_count
+    train = load_split(tmp_path / "features", "train", 8)
+    assert set(train.context["postal_code"].unique().tolist()) == {UNKNOWN_INDEX}
+
+
+def test_categorical_and_numeric_vocabularies_are_fit_on_train(paper):
+    features_dir, _, (_, customers, outfits) = paper
+    vocab = json.loads((features_dir / "context_vocab.json").read_text())
+    out = pd.read_parquet(features_dir / "outfits.parquet")
+    train_customers = customers[customers["customer_id"].isin(out.loc[out["split"] == "train", "customer_id"])]
+    assert vocab["gender"]["values"] == sorted(train_customers["gender"].dropna().unique())
+    edges = vocab["age"]["bucket_edges"]
+    assert len(edges) == 9 and edges == sorted(edges)
+    expected = np.quantile(train_customers["age"].dropna(), np.linspace(0, 1, 11)[1:-1])
+    np.testing.assert_allclose(edges, np.unique(expected))
+
+    enc = pd.read_parquet(features_dir / "customers.parquet").set_index("customer_id")
+    raw = customers.set_index("customer_id")
+    assert (enc.loc[raw["age"].isna(), "age"] == MISSING_INDEX).all()
+    assert (enc.loc[raw["gender"].isna(), "gender"] == MISSING_INDEX).all()
+    known = raw["age"].notna()
+    expected_age = np.searchsorted(edges, raw.loc[known, "age"], side="right") + N_SPECIAL
+    np.testing.assert_array_equal(enc.loc[known, "age"].to_numpy(), expected_age)
+    assert enc.loc[known, "age"].between(N_SPECIAL, N_SPECIAL + len(edges)).all()
+
+
+def test_multi_valued_cap_keeps_first_listed_and_empty_is_missing(paper):
+    features_dir, _, (_, customers, _) = paper
+    spec = {f.name: f for f in load_spec(features_dir).features}
+    assert spec["preferred_brands"].max_values == 8  # lists of up to 10 capped by max_multi_values
+    assert spec["preferred_colors"].max_values == 3  # the longest train list is narrower than the cap
+    vocab = json.loads((features_dir / "context_vocab.json").read_text())["preferred_brands"]["values"]
+    enc = pd.read_parquet(features_dir / "customers.parquet").set_index("customer_id")
+    for cid, brands in customers.set_index("customer_id")["preferred_brands"].items():
+        stored = list(enc.loc[cid, "preferred_brands"])
+        if len(brands) == 0:
+            assert stored == [MISSING_INDEX]
+        else:
+            assert stored == [vocab.index(b) + N_SPECIAL for b in brands][:8]
+
+
+def test_splits_deterministic_disjoint_and_about_the_fractions():
+    ids = [f"outfit-{i}" for i in range(40_000)]
+    a = assign_splits(ids, 0.045, 0.045, seed=0)
+    assert (a == assign_splits(ids, 0.045, 0.045, seed=0)).all()
+    for name, expected in (("val", 0.045), ("test", 0.045), ("train", 0.91)):
+        assert abs((a == name).mean() - expected) < 0.005
+    # Hash-based: an outfit keeps its split when other outfits are added or removed.
+    assert (assign_splits(ids[::3], 0.045, 0.045, seed=0) == a[::3]).all()
+    other_seed = assign_splits(ids, 0.045, 0.045, seed=1)
+    assert (other_seed != a).mean() > 0.1
+
+
+def test_split_is_stored_and_held_out_outfits_are_disjoint(paper):
+    features_dir, manifest, _ = paper
+    loaded = {name: load_split(features_dir, name, 8) for name in ("train", "val", "test")}
+    ids = {name: set(split.outfit_ids) for name, split in loaded.items()}
+    assert not ids["train"] & ids["val"] and not ids["train"] & ids["test"] and not ids["val"] & ids["test"]
+    assert {name: len(s) for name, s in loaded.items()} == {k: manifest["rows"][k] for k in loaded}
+    assert 0.02 < manifest["rows"]["val"] / manifest["rows"]["outfits"] < 0.08
+
+
+def test_load_split_round_trip_matches_the_tables(paper):
+    features_dir, _, (_, customers, outfits) = paper
+    vocab = load_article_vocab(features_dir)
+    split = load_split(features_dir, "val", max_set_size=8)
+    raw = outfits.set_index("outfit_id").loc[split.outfit_ids]
+    assert split.items.shape == (len(split), 8) and split.items.dtype.is_floating_point is False
+    for row, article_ids in enumerate(raw["article_ids"]):
+        expected, _ = vocab.to_indices(article_ids)
+        assert split.items[row, : len(article_ids)].tolist() == expected.tolist()
+        assert (split.items[row, len(article_ids):] == PAD_INDEX).all()
+    stored_customers = pd.read_parquet(features_dir / "customers.parquet").set_index("customer_id")
+    expected_country = stored_customers.loc[raw["customer_id"], "country"].to_numpy()
+    np.testing.assert_array_equal(split.context["country"].numpy(), expected_country)
+    assert split.context["preferred_brands"].shape == (len(split), 8)
+    assert split.context["occasion"].shape == (len(split),)
+    known = set(vocab.ids[N_SPECIAL:])
+    first = list(raw["article_ids"].iloc[0])
+    assert vocab.to_ids(split.items[0, : len(first)]) == [a if a in known else "[UNK]" for a in first]
+
+
+def test_article_vocab_min_count_counts_and_specials(paper):
+    features_dir, manifest, (_, _, outfits) = paper
+    vocab = load_article_vocab(features_dir)
+    assert vocab.ids[:3] == ["[PAD]", "[MASK]", "[UNK]"] and vocab.counts[:3].tolist() == [0, 0, 0]
+    assert len(vocab) == manifest["n_items"]
+    table = pd.read_parquet(features_dir / "article_vocab.parquet")
+    assert table["index"].tolist() == list(range(len(vocab)))
+    stored = pd.read_parquet(features_dir / "outfits.parquet")
+    train_ids = outfits.set_index("outfit_id").loc[stored.loc[stored["split"] == "train", "outfit_id"]]
+    counts = train_ids["article_ids"].explode().value_counts()
+    for article in ("a0000", "a0100"):
+        (idx,), unknown = vocab.to_indices([article])
+        assert vocab.counts[idx] == counts[article] and not unknown
+    # a0199 is in one outfit only: below min_article_count=2 -> [UNK]
+    idx, unknown = vocab.to_indices(["a0199", "a0001", "never-seen"])
+    assert idx[0] == UNKNOWN_INDEX and idx[2] == UNKNOWN_INDEX and unknown == ["a0199", "never-seen"]
+    assert vocab.to_ids(idx) == ["[UNK]", "a0001", "[UNK]"]
+    assert (np.diff(vocab.counts[N_SPECIAL:]) <= 0).all()  # most frequent first
+
+
+def test_context_encoder_matches_training_rows_and_reports_unknowns(paper):
+    features_dir, _, (_, customers, outfits) = paper
+    encoder = ContextEncoder.load(features_dir)
+    split = load_split(features_dir, "test", max_set_size=8)
+    raw = outfits.set_index("outfit_id").loc[split.outfit_ids].reset_index()
+    rows = raw[["customer_id", "occasion"]].merge(customers, on="customer_id", how="left")
+    tensors, reports = encoder.encode(rows)
+    assert set(tensors) == set(split.context)
+    for name, stored in split.context.items():
+        assert tensors[name].dtype == stored.dtype
+        assert (tensors[name] == stored).all(), name
+
+    request = pd.DataFrame({
+        "age": [34, None, "not a number"],
+        "gender": ["f", "martian", None],
+        "preferred_brands": [["brand_1", "no-such-brand"], "brand_2", []],
+        "occasion": ["work", "wedding", None],
+    })
+    tensors, reports = encoder.encode(request)
+    assert tensors["gender"][1] == UNKNOWN_INDEX and tensors["gender"][2] == MISSING_INDEX
+    assert tensors["age"].tolist()[1:] == [MISSING_INDEX, UNKNOWN_INDEX]
+    assert tensors["preferred_brands"][0, :2].tolist()[1] == UNKNOWN_INDEX
+    assert tensors["preferred_brands"][2, 0] == MISSING_INDEX
+    assert tensors["country"].tolist() == [MISSING_INDEX] * 3  # column absent from the request
+    assert set(reports[0]["unknown"]) == {"preferred_brands"}
+    assert "country" in reports[0]["missing"] and "age" not in reports[0]["missing"]
+    assert set(reports[1]["unknown"]) == {"gender", "occasion"}
+    assert {"gender", "preferred_brands", "occasion"} <= set(reports[2]["missing"])
+    assert reports[2]["unknown"] == ["age"]
+
+
+def test_outfit_longer_than_max_set_size_names_file_and_row(tmp_path):
+    articles, customers, outfits = paper_tables(n_outfits=300)
+    validated = write_validated(tmp_path / "validated", PAPER_SCHEMA, articles, customers, outfits)
+    first_too_long = int(np.flatnonzero(outfits["article_ids"].map(len) > 6)[0])
+    with pytest.raises(DataError, match=rf"outfits.parquet, row {first_too_long}, column 'article_ids'.*max_set_size=6"):
+        build_features(validated, tmp_path / "features", paper_cfg(), max_set_size=6)
+
+
+def test_missing_inputs_and_features_are_clear_errors(tmp_path):
+    with pytest.raises(DataError, match="schema.json"):
+        build_features(tmp_path / "nothing", tmp_path / "features", paper_cfg(), max_set_size=8)
+    with pytest.raises(DataError, match="spec.json.*contextual-bert features"):
+        load_split(tmp_path, "train", 8)
+    with pytest.raises(ContextualBertError, match="unknown split"):
+        load_split(tmp_path, "holdout", 8)
