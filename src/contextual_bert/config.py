@@ -78,6 +78,7 @@ class FeaturesConfig(Section):
     split_seed: int = 0
     numeric_buckets: int = Field(10, ge=2)
     max_multi_values: int = Field(8, ge=1)
+    min_context_count: int = Field(2, ge=1)  # rarer context values (counted on train rows) -> unknown
     default_dim: int = Field(16, ge=1)
     embedding_dims: dict[str, int] = {}  # feature name -> embedding dim; others get default_dim
 
