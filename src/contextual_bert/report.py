@@ -1,0 +1,389 @@
+"""The report stage: the paper's Table 1 for this data, reports/metrics.json and plots.
+
+Reads reports/eval/<variant>-s<seed>.json for every variant x seed in params (train.variants, train.seeds),
+reports/eval/popularity.json and models/<variant>-s<seed>/history.json. Each number is a mean over seeds
+with its standard error, SE = sample std / sqrt(n). "Beats [None] by more than the standard error" means
+the difference of the means exceeds the standard error of that difference, sqrt(SE_a^2 + SE_b^2).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from contextual_bert.cli import eval_path, run_dir
+from contextual_bert.config import Config
+from contextual_bert.errors import ContextualBertError, DataError
+
+LABELS = {
+    "popularity": "Popularity",
+    "none": "[None]",
+    "concat": "[C]",
+    "new_position": "[NP]",
+    "global_state": "[GS]",
+    "global_state_update": "[GSU]",
+}
+# Denk & Peleteiro Ramallo (2020), Table 1: 17k held-out of 380k outfits, mean of 3 runs.
+PAPER_TABLE1 = {
+    "none": {"cross_entropy": 5.26, "recall@1": 0.085, "parameters": 546_432},
+    "concat": {"cross_entropy": 4.94, "recall@1": 0.103, "parameters": 673_664},
+    "new_position": {"cross_entropy": 4.93, "recall@1": 0.105, "parameters": 640_768},
+    "global_state": {"cross_entropy": 4.85, "recall@1": 0.112, "parameters": 723_328},
+    "global_state_update": {"cross_entropy": 4.75, "recall@1": 0.122, "parameters": 921_856},
+}
+PAPER_ORDER = ("global_state_update", "global_state", "new_position", "concat")  # by recall@1, best first
+REQUIRED_METRICS = ("cross_entropy", "recall@1", "recall@5")
+METRIC_LABELS = {"cross_entropy": "cross-entropy", "recall@5": "recall@5"}
+# (metric, True when higher is better) for the "beats [None]" verdicts.
+VERDICT_METRICS = (("cross_entropy", False), ("recall@5", True))
+
+
+# --- reading ---------------------------------------------------------------------------------------------
+
+
+def _read_json(path: Path, what: str):
+    if not path.exists():
+        raise DataError(f"{what} not found", path=path)
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise DataError(f"not valid JSON ({exc})", path=path) from None
+
+
+def read_eval(path: Path) -> dict:
+    """One evaluation file, its test metrics checked: the required ones present, recalls fractions."""
+    result = _read_json(path, "evaluation result (run `contextual-bert evaluate` / `baseline`)")
+    test = result.get("test")
+    if not isinstance(test, dict):
+        raise DataError("no 'test' metrics", path=path, column="test")
+    for metric in REQUIRED_METRICS:
+        if not isinstance(test.get(metric), (int, float)):
+            raise DataError("metric absent or not a number", path=path, column=f"test.{metric}")
+    for metric, value in test.items():
+        if metric.startswith("recall@") and value is not None and not 0 <= value <= 1:
+            raise DataError(f"recall must be a fraction in [0, 1], got {value}", path=path, column=f"test.{metric}")
+    return result
+
+
+def read_history(path: Path) -> list[dict]:
+    history = _read_json(path, "training history (run `contextual-bert train`)")
+    if not isinstance(history, list):
+        raise DataError("expected a list of epochs", path=path)
+    return history
+
+
+# --- statistics ------------------------------------------------------------------------------------------
+
+
+def mean_se(values) -> dict:
+    """{"mean", "se", "n"}; se is None for a single value."""
+    values = np.asarray([v for v in values if v is not None], dtype=np.float64)
+    if len(values) == 0:
+        return {"mean": None, "se": None, "n": 0}
+    se = float(values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1 else None
+    return {"mean": float(values.mean()), "se": se, "n": int(len(values))}
+
+
+def compare(variant: dict, baseline: dict, higher_is_better: bool) -> dict:
+    """How much `variant` improves on `baseline` (positive = better), the SE of that difference, and
+    whether the improvement exceeds it (None when either side has a single seed)."""
+    improvement = variant["mean"] - baseline["mean"]
+    if not higher_is_better:
+        improvement = -improvement
+    if variant["se"] is None or baseline["se"] is None:
+        return {"improvement": improvement, "se": None, "beats_by_more_than_se": None}
+    se = math.sqrt(variant["se"] ** 2 + baseline["se"] ** 2)
+    return {"improvement": improvement, "se": se, "beats_by_more_than_se": bool(improvement > se)}
+
+
+def summarize_runs(evals: list[dict]) -> dict:
+    """Mean and SE over seeds of every test metric, and the parameter count."""
+    metrics = sorted({k for e in evals for k, v in e["test"].items() if isinstance(v, (int, float))})
+    return {
+        "test": {m: mean_se([e["test"].get(m) for e in evals]) for m in metrics},
+        "parameters": int(evals[0].get("parameters") or 0),
+        "n_seeds": len(evals),
+        "seeds": [e.get("seed") for e in evals],
+    }
+
+
+# --- the table -------------------------------------------------------------------------------------------
+
+
+def _fmt(stat: dict | None, percent: bool, digits: int) -> str:
+    if stat is None or stat.get("mean") is None:
+        return "–"
+    scale = 100 if percent else 1
+    text = f"{stat['mean'] * scale:.{digits}f}"
+    if stat.get("se") is not None:
+        text += f" ± {stat['se'] * scale:.{digits}f}"
+    return text
+
+
+def _count(test: dict, key: str) -> str:
+    stat = test.get(key)
+    return "?" if stat is None or stat["mean"] is None else f"{int(stat['mean']):,}"
+
+
+def _verdict_text(value) -> str:
+    return {True: "yes", False: "no", None: "undetermined (n=1, no SE)"}[value]
+
+
+def _data_lines(cfg: Config) -> list[str]:
+    lines = []
+    manifest_path = cfg.paths.features_dir / "manifest.json"
+    if manifest_path.exists():
+        m = json.loads(manifest_path.read_text())
+        rows = m.get("rows", {})
+        lines.append(
+            f"- Data: source **{m.get('source', 'unknown')}**, {rows.get('outfits', '?'):,} outfits "
+            f"(train {rows.get('train', '?'):,} / validation {rows.get('val', '?'):,} / "
+            f"test {rows.get('test', '?'):,}, split by outfit), {rows.get('customers', '?'):,} customers, "
+            f"{rows.get('articles', '?'):,} articles of which {m.get('n_items', 3) - 3:,} in the vocabulary "
+            f"(d_context {m.get('d_context', '?')})."
+        )
+    ingest_path = cfg.paths.raw_dir / "ingest_report.json"
+    if ingest_path.exists():
+        ingest = json.loads(ingest_path.read_text())
+        kept = {k: v for k, v in ingest.items() if k in ("source", "rows") or "drop" in k}
+        lines.append(f"- Ingest ({ingest_path}): `{json.dumps(kept)}`")
+    return lines
+
+
+def render_table1(cfg: Config, summary: dict, popularity: dict, verdicts: dict, order: dict) -> str:
+    variants = list(summary)
+    seeds = cfg.train.seeds
+    n = len(seeds)
+    counts = next(iter(summary.values()))["test"]
+    spread = f"mean ± standard error over {n} seeds {seeds} (SE = sample std / √n)" if n > 1 else \
+        f"seed {seeds[0]} only (n=1, no SE)"
+    lines = [
+        "# Table 1: outfit completion on this data",
+        "",
+        *_data_lines(cfg),
+        f"- Test split, {spread}: {_count(counts, 'n_outfits')} outfits, {_count(counts, 'n_cases')} masked-article "
+        f"cases ({_count(counts, 'n_unknown_targets')} with a target outside the vocabulary). Every article of "
+        "the vocabulary is ranked; the outfit's other (in-outfit) articles are excluded from the ranking.",
+        "- Recall in %. Paper columns: Denk & Peleteiro Ramallo (2020), Table 1, 17k held-out of 380k outfits, "
+        "mean of 3 runs (their own data; compare the pattern, not the numbers).",
+        "",
+        "| Model | Cross-entropy | (paper) | Recall@1 % | (paper) | Recall@5 % | Recall@250 % | Parameters | "
+        "(paper) | Recall@1 gain vs [None] | (paper) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    pop = {k: {"mean": v, "se": None} for k, v in popularity["test"].items() if isinstance(v, (int, float))}
+    lines.append(
+        f"| {LABELS['popularity']} | {_fmt(pop.get('cross_entropy'), False, 2)} | – | "
+        f"{_fmt(pop.get('recall@1'), True, 2)} | – | {_fmt(pop.get('recall@5'), True, 2)} | "
+        f"{_fmt(pop.get('recall@250'), True, 2)} | 0 | – | – | – |"
+    )
+    paper_none = PAPER_TABLE1["none"]["recall@1"]
+    for v in variants:
+        s, paper = summary[v], PAPER_TABLE1.get(v, {})
+        gain = s.get("recall@1_gain_vs_none")
+        paper_gain = paper["recall@1"] / paper_none - 1 if paper and v != "none" else None
+        lines.append(
+            "| " + " | ".join([
+                LABELS.get(v, v),
+                _fmt(s["test"].get("cross_entropy"), False, 2),
+                f"{paper['cross_entropy']:.2f}" if paper else "–",
+                _fmt(s["test"].get("recall@1"), True, 2),
+                f"{paper['recall@1'] * 100:.1f}" if paper else "–",
+                _fmt(s["test"].get("recall@5"), True, 2),
+                _fmt(s["test"].get("recall@250"), True, 2),
+                f"{s['parameters']:,}",
+                f"{paper['parameters']:,}" if paper else "–",
+                "–" if gain is None else f"{gain * 100:+.1f} %",
+                "–" if paper_gain is None else f"{paper_gain * 100:+.1f} %",
+            ]) + " |"
+        )
+
+    lines += ["", "## Does context help?", ""]
+    if not verdicts:
+        lines.append("- [None] is not among train.variants (or no context variant is), so there is nothing to "
+                     "compare against.")
+    else:
+        overall = verdicts["all_beat_none_by_more_than_se"]
+        lines.append(f"- Every context variant beats [None] on cross-entropy and recall@5 by more than the "
+                     f"standard error: **{_verdict_text(overall)}**.")
+        for v, per_metric in verdicts["per_variant"].items():
+            parts = []
+            for metric, c in per_metric.items():
+                scale, unit = (100, " pts") if metric.startswith("recall") else (1, "")
+                se = "no SE" if c["se"] is None else f"SE {c['se'] * scale:.2f}{unit}"
+                parts.append(f"{METRIC_LABELS[metric]} better by {c['improvement'] * scale:+.2f}{unit} ({se}): "
+                             f"{_verdict_text(c['beats_by_more_than_se'])}")
+            lines.append(f"  - {LABELS.get(v, v)}: " + "; ".join(parts))
+    if order:
+        ours = " > ".join(LABELS.get(v, v) for v in order["ours"])
+        paper = " > ".join(LABELS.get(v, v) for v in order["paper"])
+        lines += [
+            "",
+            "## Order of the context variants by recall@1",
+            "",
+            f"- Ours: {ours}. Paper: {paper}. **{'Same order' if order['matches_paper'] else 'Different order'}.**",
+        ]
+        if order["within_se"]:
+            pairs = ", ".join(f"{LABELS.get(a, a)} vs {LABELS.get(b, b)}" for a, b in order["within_se"])
+            lines.append(f"- Neighbours whose recall@1 differs by less than the SE of the difference: {pairs}.")
+    lines += ["", "Plots: `reports/plots/recall_at_k.png`, `reports/plots/training_curves.png`.", ""]
+    return "\n".join(lines)
+
+
+# --- plots -----------------------------------------------------------------------------------------------
+
+
+def _recall_curves(evals: dict[str, list[dict]], popularity: dict) -> dict[str, tuple[list, list]]:
+    """variant -> (k, mean recall over seeds) for the k every seed has."""
+    curves = {}
+    for name, runs in {**evals, "popularity": [popularity]}.items():
+        per_seed = [dict(zip(r["recall_curve"]["k"], r["recall_curve"]["test"])) for r in runs
+                    if isinstance(r.get("recall_curve"), dict)]
+        if not per_seed:
+            continue
+        ks = sorted(set.intersection(*(set(c) for c in per_seed)))
+        curves[name] = (ks, [float(np.mean([c[k] for c in per_seed])) for k in ks])
+    return curves
+
+
+def _num(value) -> float:
+    return float("nan") if value is None else float(value)
+
+
+def write_plots(plots_dir: Path, evals: dict[str, list[dict]], popularity: dict,
+                histories: dict[str, dict[int, list[dict]]]) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    colors = dict(zip(list(LABELS)[1:], plt.get_cmap("tab10").colors))
+    written = []
+
+    curves = _recall_curves(evals, popularity)
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for name, (ks, recall) in curves.items():
+        style = {"color": "grey", "linestyle": "--"} if name == "popularity" else {"color": colors.get(name)}
+        ax.plot(ks, [r * 100 for r in recall], label=LABELS.get(name, name), linewidth=1.8, **style)
+    ax.set_xscale("log")
+    k_max = max((ks[-1] for ks, _ in curves.values() if ks), default=1)
+    ticks = [k for k in (1, 2, 5, 10, 20, 50, 100, 250, 500, 1000, 2500, 5000) if k <= k_max]
+    ax.set_xticks(ticks, [str(k) for k in ticks])
+    ax.set_xlabel("k (log scale)")
+    ax.set_ylabel("recall@k on the test split (%)")
+    ax.set_title("Recall@k, mean over seeds")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(plots_dir / "recall_at_k.png")
+    plt.close(fig)
+    written.append(plots_dir / "recall_at_k.png")
+
+    rows = [{"variant": name, "k": k, "recall": r} for name, (ks, rec) in curves.items() for k, r in zip(ks, rec)]
+    (plots_dir / "recall_at_k.json").write_text(json.dumps(rows, indent=1))
+    all_k = sorted({k for ks, _ in curves.values() for k in ks})
+    with open(plots_dir / "recall_at_k.csv", "w", newline="") as f:  # wide: one column per model, for DVC
+        writer = csv.writer(f)
+        writer.writerow(["k", *curves])
+        for k in all_k:
+            writer.writerow([k, *(dict(zip(*curves[n])).get(k, "") for n in curves)])
+    written += [plots_dir / "recall_at_k.json", plots_dir / "recall_at_k.csv"]
+
+    fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=120)
+    rows = []
+    for variant, per_seed in histories.items():
+        for i, (seed, history) in enumerate(sorted(per_seed.items())):
+            epochs = [h["epoch"] for h in history]
+            label = LABELS.get(variant, variant) if i == 0 else None
+            ax_train.plot(epochs, [_num(h.get("train_loss")) for h in history], color=colors.get(variant), label=label,
+                          alpha=0.85, marker=".")
+            ax_val.plot(epochs, [_num(h.get("val_cross_entropy")) for h in history], color=colors.get(variant),
+                        label=label, alpha=0.85, marker=".")
+            rows += [{"variant": variant, "seed": seed, "epoch": h["epoch"], "train_loss": h.get("train_loss"),
+                      "val_cross_entropy": h.get("val_cross_entropy")} for h in history]
+    for ax, title in ((ax_train, "Training loss (masked items)"), (ax_val, "Validation cross-entropy")):
+        ax.set_xlabel("epoch")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.suptitle("Training curves, one line per seed")
+    fig.tight_layout()
+    fig.savefig(plots_dir / "training_curves.png")
+    plt.close(fig)
+    (plots_dir / "training_curves.json").write_text(json.dumps(rows, indent=1))
+    written += [plots_dir / "training_curves.png", plots_dir / "training_curves.json"]
+    return written
+
+
+# --- the stage -------------------------------------------------------------------------------------------
+
+
+def _metrics_json(summary: dict, popularity: dict, verdicts: dict) -> dict:
+    """Nested dicts of numbers only, for `dvc metrics show`."""
+    out = {"popularity": {"test": {k: v for k, v in popularity["test"].items() if isinstance(v, (int, float))}}}
+    for variant, s in summary.items():
+        # Counts (n_outfits, n_cases, ...) are the same for every seed: one number, no SE.
+        entry = {"test": {m: stat["mean"] if m.startswith("n_") else
+                          {k: v for k, v in stat.items() if k in ("mean", "se") and v is not None}
+                          for m, stat in s["test"].items()},
+                 "parameters": s["parameters"], "n_seeds": s["n_seeds"]}
+        if s.get("recall@1_gain_vs_none") is not None:
+            entry["recall@1_gain_vs_none"] = s["recall@1_gain_vs_none"]
+        for metric, c in verdicts.get("per_variant", {}).get(variant, {}).items():
+            entry.setdefault("vs_none", {})[metric] = {
+                k: (int(v) if isinstance(v, bool) else v) for k, v in c.items() if v is not None}
+        out[variant] = entry
+    return out
+
+
+def build_report(cfg: Config) -> dict:
+    """Write reports/table1.md, reports/metrics.json and reports/plots/; return a summary."""
+    variants, seeds = list(cfg.train.variants), list(cfg.train.seeds)
+    if not variants or not seeds:
+        raise ContextualBertError("params.yaml: train.variants and train.seeds must not be empty")
+    evals = {v: [read_eval(eval_path(cfg, f"{v}-s{s}")) for s in seeds] for v in variants}
+    popularity = read_eval(eval_path(cfg, "popularity"))
+    histories = {v: {s: read_history(run_dir(cfg, v, s) / "history.json") for s in seeds} for v in variants}
+
+    summary = {v: summarize_runs(runs) for v, runs in evals.items()}
+    context_variants = [v for v in variants if v != "none"]
+    verdicts, order = {}, {}
+    if "none" in summary:
+        none = summary["none"]["test"]
+        for v in context_variants:
+            summary[v]["recall@1_gain_vs_none"] = summary[v]["test"]["recall@1"]["mean"] / none["recall@1"]["mean"] - 1 \
+                if none["recall@1"]["mean"] else None
+        if context_variants:
+            per_variant = {v: {m: compare(summary[v]["test"][m], none[m], higher) for m, higher in VERDICT_METRICS}
+                           for v in context_variants}
+            flags = [c["beats_by_more_than_se"] for pv in per_variant.values() for c in pv.values()]
+            overall = False if False in flags else (None if None in flags else True)
+            verdicts = {"all_beat_none_by_more_than_se": overall, "per_variant": per_variant}
+    if len(context_variants) > 1:
+        ours = sorted(context_variants, key=lambda v: -summary[v]["test"]["recall@1"]["mean"])
+        paper = [v for v in PAPER_ORDER if v in context_variants]
+        within = [(a, b) for a, b in zip(ours, ours[1:])
+                  if compare(summary[a]["test"]["recall@1"], summary[b]["test"]["recall@1"], True)[
+                      "beats_by_more_than_se"] is False]
+        order = {"ours": ours, "paper": paper, "matches_paper": ours == paper, "within_se": within}
+
+    reports_dir = cfg.paths.reports_dir
+    reports_dir.mkdir(parents=True, exist_ok=True)
+    (reports_dir / "table1.md").write_text(render_table1(cfg, summary, popularity, verdicts, order))
+    (reports_dir / "metrics.json").write_text(json.dumps(_metrics_json(summary, popularity, verdicts), indent=2))
+    plots = write_plots(reports_dir / "plots", evals, popularity, histories)
+    return {
+        "table": str(reports_dir / "table1.md"),
+        "metrics": str(reports_dir / "metrics.json"),
+        "plots": [str(p) for p in plots],
+        "summary": {v: {m: s["test"][m] for m in REQUIRED_METRICS} | {"parameters": s["parameters"]}
+                    for v, s in summary.items()},
+        "all_beat_none_by_more_than_se": verdicts.get("all_beat_none_by_more_than_se"),
+        "order_by_recall@1": order.get("ours"),
+        "order_matches_paper": order.get("matches_paper"),
+    }

@@ -1,0 +1,161 @@
+import json
+import math
+import statistics
+
+import pytest
+
+from contextual_bert.config import Config
+from contextual_bert.errors import DataError
+from contextual_bert.report import build_report, compare, mean_se
+
+KS = [1, 2, 5, 10, 20, 50, 100, 250]
+# Made-up test metrics per variant and seed: [None] clearly worst, [C] within noise of [None] on
+# recall@5, the others clearly better; by recall@1 GS > GSU, unlike the paper.
+FAKE = {
+    "none": {"cross_entropy": [5.30, 5.20, 5.25], "recall@1": [0.080, 0.090, 0.085], "recall@5": [0.20, 0.22, 0.21]},
+    "concat": {"cross_entropy": [4.90, 5.00, 4.95], "recall@1": [0.100, 0.108, 0.104], "recall@5": [0.21, 0.22, 0.20]},
+    "new_position": {"cross_entropy": [4.90, 4.96, 4.93], "recall@1": [0.104, 0.106, 0.105],
+                     "recall@5": [0.26, 0.27, 0.28]},
+    "global_state": {"cross_entropy": [4.84, 4.86, 4.85], "recall@1": [0.130, 0.132, 0.131],
+                     "recall@5": [0.30, 0.31, 0.32]},
+    "global_state_update": {"cross_entropy": [4.74, 4.76, 4.75], "recall@1": [0.120, 0.124, 0.122],
+                            "recall@5": [0.31, 0.32, 0.33]},
+}
+PARAMETERS = {"none": 546_432, "concat": 673_664, "new_position": 640_768, "global_state": 723_328,
+              "global_state_update": 921_856}
+
+
+def _metrics(ce, r1, r5):
+    return {"n_outfits": 100, "n_cases": 600, "n_unknown_targets": 3, "cross_entropy": ce, "recall@1": r1,
+            "recall@5": r5, "recall@10": min(1, r5 * 1.3), "recall@50": min(1, r5 * 2), "recall@250": min(1, r5 * 3),
+            "mrr": r1 * 1.5, "ndcg@10": r5 * 0.8}
+
+
+def _curve(r1, r5):
+    return {"k": KS, "test": [min(1.0, r1 + (r5 - r1) * math.log(k) / math.log(5)) for k in KS]}
+
+
+def write_fake_runs(root, seeds=(0, 1, 2), variants=tuple(FAKE)):
+    cfg = Config.model_validate({
+        "paths": {"reports_dir": str(root / "reports"), "models_dir": str(root / "models"),
+                  "features_dir": str(root / "features"), "raw_dir": str(root / "raw")},
+        "train": {"variants": list(variants), "seeds": list(seeds)},
+    })
+    (root / "reports" / "eval").mkdir(parents=True)
+    for variant in variants:
+        for i, seed in enumerate(seeds):
+            numbers = {m: FAKE[variant][m][i] for m in ("cross_entropy", "recall@1", "recall@5")}
+            test = _metrics(numbers["cross_entropy"], numbers["recall@1"], numbers["recall@5"])
+            result = {"name": f"{variant}-s{seed}", "variant": variant, "seed": seed,
+                      "parameters": PARAMETERS[variant], "test": test, "val": test,
+                      "recall_curve": _curve(numbers["recall@1"], numbers["recall@5"])}
+            (root / "reports" / "eval" / f"{variant}-s{seed}.json").write_text(json.dumps(result))
+            run = root / "models" / f"{variant}-s{seed}"
+            run.mkdir(parents=True)
+            end = numbers["cross_entropy"]
+            history = [{"epoch": e, "train_loss": end + 1.5 / e + 0.2, "val_cross_entropy": end + 1.5 / e - 0.3,
+                        "learning_rate": 1e-3, "samples_per_s": 5000.0, "seconds": 3.0} for e in range(1, 5 + i)]
+            (run / "history.json").write_text(json.dumps(history))
+    pop = _metrics(6.8, 0.01, 0.04)
+    (root / "reports" / "eval" / "popularity.json").write_text(json.dumps(
+        {"name": "popularity", "variant": "popularity", "seed": None, "parameters": 0, "test": pop, "val": pop,
+         "recall_curve": _curve(0.01, 0.04)}))
+    (root / "features").mkdir()
+    (root / "features" / "manifest.json").write_text(json.dumps(
+        {"source": "synthetic", "rows": {"outfits": 2000, "train": 1820, "val": 90, "test": 90, "customers": 300,
+                                          "articles": 400}, "n_items": 395, "d_context": 736}))
+    return cfg
+
+
+def se(values):
+    return statistics.stdev(values) / math.sqrt(len(values))
+
+
+def test_mean_se_and_compare():
+    assert mean_se([1.0, 2.0, 3.0]) == {"mean": 2.0, "se": pytest.approx(1 / math.sqrt(3)), "n": 3}
+    assert mean_se([4.0]) == {"mean": 4.0, "se": None, "n": 1}
+    better = compare({"mean": 4.8, "se": 0.03}, {"mean": 5.0, "se": 0.04}, higher_is_better=False)
+    assert better["improvement"] == pytest.approx(0.2) and better["se"] == pytest.approx(0.05)
+    assert better["beats_by_more_than_se"] is True
+    assert compare({"mean": 0.21, "se": 0.01}, {"mean": 0.2, "se": 0.01}, True)["beats_by_more_than_se"] is False
+    assert compare({"mean": 0.3, "se": None}, {"mean": 0.2, "se": 0.01}, True)["beats_by_more_than_se"] is None
+
+
+def test_report_numbers_verdicts_and_files(tmp_path):
+    cfg = write_fake_runs(tmp_path)
+    result = build_report(cfg)
+    reports = tmp_path / "reports"
+    metrics = json.loads((reports / "metrics.json").read_text())
+
+    gs = metrics["global_state"]["test"]
+    assert gs["cross_entropy"]["mean"] == pytest.approx(4.85)
+    assert gs["cross_entropy"]["se"] == pytest.approx(se(FAKE["global_state"]["cross_entropy"]))
+    assert gs["recall@1"]["se"] == pytest.approx(se(FAKE["global_state"]["recall@1"]))
+    assert metrics["global_state"]["parameters"] == 723_328
+    assert metrics["popularity"]["test"]["recall@1"] == 0.01
+    assert metrics["global_state_update"]["recall@1_gain_vs_none"] == pytest.approx(0.122 / 0.085 - 1)
+    # [C]: recall@5 0.21 vs 0.21 -> not by more than the SE; the overall verdict is "no".
+    assert metrics["concat"]["vs_none"]["recall@5"]["beats_by_more_than_se"] == 0
+    assert metrics["new_position"]["vs_none"]["recall@5"]["beats_by_more_than_se"] == 1
+    assert metrics["new_position"]["vs_none"]["cross_entropy"]["improvement"] == pytest.approx(5.25 - 4.93)
+    assert result["all_beat_none_by_more_than_se"] is False
+
+    def numbers_only(node):
+        return all(numbers_only(v) for v in node.values()) if isinstance(node, dict) else \
+            isinstance(node, (int, float)) and not isinstance(node, bool)
+    assert numbers_only(metrics)
+
+    assert result["order_by_recall@1"] == ["global_state", "global_state_update", "new_position", "concat"]
+    assert result["order_matches_paper"] is False
+    table = (reports / "table1.md").read_text()
+    assert "| [GS] | 4.85 ± 0.01 | 4.85 | 13.10 ± 0.06 | 11.2 |" in table
+    assert "| [None] | 5.25 ± 0.03 | 5.26 | 8.50 ± 0.29 | 8.5 |" in table
+    assert "546,432" in table and "921,856" in table and "+43.5 %" in table
+    assert "by more than the standard error: **no**" in table
+    assert "Ours: [GS] > [GSU] > [NP] > [C]. Paper: [GSU] > [GS] > [NP] > [C]. **Different order.**" in table
+    assert "[NP] vs [C]" in table  # recall@1 0.105 vs 0.103: within the SE of the difference
+    assert "in-outfit" in table and "source **synthetic**, 2,000 outfits" in table
+    for name in ("recall_at_k.png", "training_curves.png", "recall_at_k.json", "recall_at_k.csv",
+                 "training_curves.json"):
+        assert (reports / "plots" / name).stat().st_size > 0, name
+    curve = json.loads((reports / "plots" / "recall_at_k.json").read_text())
+    gs_at_1 = [row["recall"] for row in curve if row["variant"] == "global_state" and row["k"] == 1]
+    assert gs_at_1 == [pytest.approx(0.131)]
+    assert {row["variant"] for row in curve} == set(FAKE) | {"popularity"}
+
+
+def test_context_wins_by_more_than_se_when_it_does(tmp_path):
+    cfg = write_fake_runs(tmp_path, variants=("none", "global_state", "global_state_update"))
+    result = build_report(cfg)
+    assert result["all_beat_none_by_more_than_se"] is True
+    assert "by more than the standard error: **yes**" in (tmp_path / "reports" / "table1.md").read_text()
+
+
+def test_single_seed_says_no_se(tmp_path):
+    cfg = write_fake_runs(tmp_path, seeds=(0,))
+    result = build_report(cfg)
+    table = (tmp_path / "reports" / "table1.md").read_text()
+    assert "n=1, no SE" in table and "| [GS] | 4.84 | 4.85 |" in table
+    assert result["all_beat_none_by_more_than_se"] is None
+    assert "se" not in json.loads((tmp_path / "reports" / "metrics.json").read_text())["none"]["test"]["recall@1"]
+
+
+def test_missing_eval_or_history_is_a_clear_error(tmp_path):
+    cfg = write_fake_runs(tmp_path)
+    (tmp_path / "reports" / "eval" / "new_position-s1.json").unlink()
+    with pytest.raises(DataError, match=r"new_position-s1\.json: evaluation result .*not found"):
+        build_report(cfg)
+    cfg = write_fake_runs(tmp_path / "again")
+    (tmp_path / "again" / "models" / "concat-s2" / "history.json").unlink()
+    with pytest.raises(DataError, match=r"concat-s2/history\.json: training history"):
+        build_report(cfg)
+
+
+def test_recall_given_in_percent_is_rejected(tmp_path):
+    cfg = write_fake_runs(tmp_path)
+    path = tmp_path / "reports" / "eval" / "popularity.json"
+    result = json.loads(path.read_text())
+    result["test"]["recall@5"] = 4.0
+    path.write_text(json.dumps(result))
+    with pytest.raises(DataError, match=r"popularity\.json, column 'test.recall@5'.*fraction"):
+        build_report(cfg)
