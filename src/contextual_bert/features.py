@@ -217,7 +217,8 @@ class ContextEncoder:
             if source is not None and feature.source != source:
                 continue
             column = rows[feature.name] if feature.name in rows.columns else pd.Series([None] * n, dtype=object)
-            indices[feature.name], missing[feature.name], unknown[feature.name] = self.encode_feature(feature, column)
+            name = feature.name
+            indices[name], missing[name], unknown[name] = self.encode_feature(feature, column)
         return indices, missing, unknown
 
     def encode(self, rows: pd.DataFrame) -> tuple[dict[str, torch.Tensor], list[dict]]:
@@ -318,7 +319,8 @@ def _check_schema(schema: DataSchema, path: Path) -> None:
         if column.name in seen:
             raise DataError(f"context column '{column.name}' is declared twice", path=path)
         if column.table == "outfits" and column.name in OUTFIT_COLUMNS:
-            raise DataError(f"context column '{column.name}' clashes with a column of the features tables", path=path)
+            raise DataError(f"context column '{column.name}' clashes with a column of the features tables",
+                            path=path)
         seen.add(column.name)
 
 
@@ -517,7 +519,8 @@ def load_split(features_dir: Path, split: str, max_set_size: int) -> EncodedOutf
     context = {}
     for feature in spec.features:
         if feature.source == "customer":
-            context[feature.name] = torch.from_numpy(_feature_array(customers, feature, customers_path)[customer_pos])
+            per_customer = _feature_array(customers, feature, customers_path)
+            context[feature.name] = torch.from_numpy(per_customer[customer_pos])
         else:
             context[feature.name] = torch.from_numpy(_feature_array(outfits, feature, outfits_path))
     return EncodedOutfits(torch.from_numpy(items), context, outfits.column("outfit_id").to_pylist())

@@ -65,7 +65,8 @@ def read_eval(path: Path) -> dict:
             raise DataError("metric absent or not a number", path=path, column=f"test.{metric}")
     for metric, value in test.items():
         if metric.startswith("recall@") and value is not None and not 0 <= value <= 1:
-            raise DataError(f"recall must be a fraction in [0, 1], got {value}", path=path, column=f"test.{metric}")
+            raise DataError(f"recall must be a fraction in [0, 1], got {value}", path=path,
+                            column=f"test.{metric}")
     return result
 
 
@@ -165,8 +166,8 @@ def render_table1(cfg: Config, summary: dict, popularity: dict, verdicts: dict, 
         "# Table 1: outfit completion on this data",
         "",
         *_data_lines(cfg),
-        f"- Test split, {spread}: {_count(counts, 'n_outfits')} outfits, {_count(counts, 'n_cases')} masked-article "
-        f"cases ({_count(counts, 'n_unknown_targets')} with a target outside the vocabulary). Every article of "
+        f"- Test split, {spread}: {_count(counts, 'n_outfits')} outfits, "
+        f"{_count(counts, 'n_cases')} masked-article cases ({_count(counts, 'n_unknown_targets')} with a target outside the vocabulary). Every article of "
         "the vocabulary is ranked; the outfit's other (in-outfit) articles are excluded from the ranking.",
         "- Recall in %. Paper columns: Denk & Peleteiro Ramallo (2020), Table 1, 17k held-out of 380k outfits, "
         "mean of 3 runs (their own data; compare the pattern, not the numbers).",
@@ -225,7 +226,8 @@ def render_table1(cfg: Config, summary: dict, popularity: dict, verdicts: dict, 
             "",
             "## Order of the context variants by recall@1",
             "",
-            f"- Ours: {ours}. Paper: {paper}. **{'Same order' if order['matches_paper'] else 'Different order'}.**",
+            f"- Ours: {ours}. Paper: {paper}. "
+            f"**{'Same order' if order['matches_paper'] else 'Different order'}.**",
         ]
         if order["within_se"]:
             pairs = ", ".join(f"{LABELS.get(a, a)} vs {LABELS.get(b, b)}" for a, b in order["within_se"])
@@ -300,8 +302,8 @@ def write_plots(plots_dir: Path, evals: dict[str, list[dict]], popularity: dict,
         for i, (seed, history) in enumerate(sorted(per_seed.items())):
             epochs = [h["epoch"] for h in history]
             label = LABELS.get(variant, variant) if i == 0 else None
-            ax_train.plot(epochs, [_num(h.get("train_loss")) for h in history], color=colors.get(variant), label=label,
-                          alpha=0.85, marker=".")
+            ax_train.plot(epochs, [_num(h.get("train_loss")) for h in history], color=colors.get(variant),
+                          label=label, alpha=0.85, marker=".")
             ax_val.plot(epochs, [_num(h.get("val_cross_entropy")) for h in history], color=colors.get(variant),
                         label=label, alpha=0.85, marker=".")
             rows += [{"variant": variant, "seed": seed, "epoch": h["epoch"], "train_loss": h.get("train_loss"),
@@ -356,8 +358,9 @@ def build_report(cfg: Config) -> dict:
     if "none" in summary:
         none = summary["none"]["test"]
         for v in context_variants:
-            summary[v]["recall@1_gain_vs_none"] = summary[v]["test"]["recall@1"]["mean"] / none["recall@1"]["mean"] - 1 \
-                if none["recall@1"]["mean"] else None
+            baseline_r1 = none["recall@1"]["mean"]
+            summary[v]["recall@1_gain_vs_none"] = \
+                summary[v]["test"]["recall@1"]["mean"] / baseline_r1 - 1 if baseline_r1 else None
         if context_variants:
             per_variant = {v: {m: compare(summary[v]["test"][m], none[m], higher) for m, higher in VERDICT_METRICS}
                            for v in context_variants}
