@@ -253,9 +253,9 @@ class ArticleVocab:
 
     def to_indices(self, article_ids) -> tuple[np.ndarray, list[str]]:
         """(int64 indices, the ids not in the vocabulary); those map to UNKNOWN_INDEX."""
-        ids = [str(a) for a in article_ids]
-        idx = _lookup(pd.Series(ids, dtype=object), self._index)
-        return idx, [a for a, i in zip(ids, idx) if i == UNKNOWN_INDEX]
+        ids = _as_object_series(article_ids).astype(str)
+        idx = _lookup(ids, self._index)
+        return idx, ids[idx == UNKNOWN_INDEX].tolist()
 
     def to_ids(self, indices) -> list[str]:
         if isinstance(indices, torch.Tensor):
