@@ -1,0 +1,297 @@
+"""The model users load: an MLflow pyfunc that completes a partial outfit for a customer.
+
+A request is a batch of rows. Each row holds ``article_ids`` (the partial outfit: 1 to max_set_size - 1
+distinct article ids) and, optionally, the customer's context columns (and the outfit's, e.g. occasion) as
+raw values, named as in the data's schema. The answer per row: the top-k article ids (k from the request's
+``top_k`` param, else mlflow.top_k from params.yaml; at most 250) with their probabilities, never an article
+of the outfit, and what could not be used: article ids unknown to the model (they enter as the [UNK] item)
+and context features that were missing or held an unseen value (they enter as their missing/unknown index).
+
+A malformed row (no outfit, too many items, a repeated id, a value that is not an id) refuses the whole
+request with one message naming the row; MLflow's scoring server answers it with HTTP 400.
+
+The pyfunc is logged from code (`pyfunc_model.py`), never pickled: its artifacts are the checkpoint and the
+features files serving needs, its code the `contextual_bert` package as it was at logging time.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlflow.pyfunc
+import numpy as np
+import pandas as pd
+import torch
+
+from contextual_bert.errors import ContextualBertError
+from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX
+
+MAX_TOP_K = 250
+BATCH_ROWS = 1024  # rows scored per forward pass: bounds memory for large requests
+OUTPUT_COLUMNS = ("article_ids", "scores", "unknown_article_ids", "missing_features", "unknown_features")
+MODEL_ARTIFACTS = {
+    "checkpoint": "checkpoint.pt",
+    "article_vocab": "article_vocab.parquet",
+    "context_vocab": "context_vocab.json",
+    "spec": "spec.json",
+    "manifest": "manifest.json",
+}
+PACKAGE_DIR = Path(__file__).resolve().parent
+PYFUNC_CODE = PACKAGE_DIR / "pyfunc_model.py"
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+# --- checking and encoding a request --------------------------------------------------------------------
+
+
+def _is_missing(value) -> bool:
+    return value is None or (isinstance(value, float) and np.isnan(value))
+
+
+def outfit_ids_of(value, row: int, max_items: int) -> list[str]:
+    """One row's partial outfit as a list of id strings, or a one-line error naming the row."""
+    if isinstance(value, (list, tuple, np.ndarray, pd.Series)):
+        ids = list(value)
+    elif _is_missing(value):
+        ids = []
+    else:
+        raise ContextualBertError(
+            f"row {row}: 'article_ids' must be a list of article ids, got {type(value).__name__} {value!r:.60}"
+        )
+    if not ids:
+        raise ContextualBertError(f"row {row}: 'article_ids' is empty; give the partial outfit, 1 to {max_items} ids")
+    if len(ids) > max_items:
+        raise ContextualBertError(
+            f"row {row}: 'article_ids' has {len(ids)} ids; an outfit to complete has at most {max_items}"
+        )
+    out = []
+    for item in ids:
+        if isinstance(item, (bool, np.bool_)) or not isinstance(item, (str, int, np.integer)) or item == "":
+            raise ContextualBertError(f"row {row}: 'article_ids' holds {item!r:.60}, not an article id")
+        out.append(str(item))
+    seen = set()
+    for item in out:
+        if item in seen:
+            raise ContextualBertError(f"row {row}: article id '{item}' appears twice in 'article_ids'")
+        seen.add(item)
+    return out
+
+
+@dataclass
+class EncodedRequest:
+    items: torch.Tensor  # (B, max_set_size): the outfit's indices, then one MASK_INDEX, PAD-padded
+    context: dict[str, torch.Tensor]
+    unknown_article_ids: list[list[str]]
+    missing_features: list[list[str]]
+    unknown_features: list[list[str]]
+
+
+class OutfitCompleterCore:
+    """Model + vocabularies: request rows in, ranked articles out. No MLflow in here."""
+
+    def __init__(self, model, article_vocab, context_encoder, device: torch.device):
+        self.model = model.to(device).eval()
+        self.article_vocab = article_vocab
+        self.context_encoder = context_encoder
+        self.device = device
+        self.max_set_size = model.model_cfg.max_set_size
+        self.context_columns = [f.name for f in context_encoder.spec.features]
+
+    @classmethod
+    def load(cls, checkpoint: Path, features_dir: Path, device: str = "auto") -> "OutfitCompleterCore":
+        from contextual_bert.features import ContextEncoder, load_article_vocab
+        from contextual_bert.model import load_checkpoint
+
+        torch_device = pick_device(device)
+        model, _ = load_checkpoint(checkpoint, map_location=torch_device)
+        vocab = load_article_vocab(features_dir)
+        if len(vocab) != model.n_items:
+            raise ContextualBertError(
+                f"{features_dir}: the article vocabulary has {len(vocab)} rows, the model {model.n_items}"
+            )
+        return cls(model, vocab, ContextEncoder.load(features_dir), torch_device)
+
+    def encode(self, rows: pd.DataFrame) -> EncodedRequest:
+        if "article_ids" not in rows.columns:
+            raise ContextualBertError("the request has no 'article_ids' column (the partial outfit of each row)")
+        max_items = self.max_set_size - 1
+        outfits = [outfit_ids_of(v, i, max_items) for i, v in enumerate(rows["article_ids"].tolist())]
+        items = np.full((len(rows), self.max_set_size), PAD_INDEX, dtype=np.int64)
+        unknown_ids = []
+        for i, ids in enumerate(outfits):
+            indices, unknown = self.article_vocab.to_indices(ids)
+            items[i, : len(ids)] = indices
+            items[i, len(ids)] = MASK_INDEX
+            unknown_ids.append(unknown)
+        context, reports = self.context_encoder.encode(rows.reset_index(drop=True))
+        return EncodedRequest(
+            torch.from_numpy(items),
+            context,
+            unknown_ids,
+            [r["missing"] for r in reports],
+            [r["unknown"] for r in reports],
+        )
+
+    @torch.inference_mode()
+    def log_probs(self, items: torch.Tensor, context: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(B, n_items) log-probabilities of the article to add; -inf for specials and the outfit's articles."""
+        items = items.to(self.device)
+        context = {k: v.to(self.device) for k, v in context.items()}
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+            logits = self.model.masked_logits(items, context).float()
+        # Never recommend what the outfit holds; [UNK] and the other specials are already -inf.
+        logits.scatter_(1, items, float("-inf"))
+        return torch.log_softmax(logits, dim=1)
+
+    def recommend(self, rows: pd.DataFrame, top_k: int) -> pd.DataFrame:
+        if not 1 <= int(top_k) <= MAX_TOP_K:
+            raise ContextualBertError(f"top_k must be between 1 and {MAX_TOP_K}, got {top_k}")
+        if len(rows) == 0:
+            return pd.DataFrame({c: pd.Series([], dtype=object) for c in OUTPUT_COLUMNS})
+        request = self.encode(rows)
+        k = min(int(top_k), len(self.article_vocab) - N_SPECIAL)
+        ids, scores = [], []
+        for start in range(0, len(rows), BATCH_ROWS):
+            stop = start + BATCH_ROWS
+            log_probs = self.log_probs(
+                request.items[start:stop], {n: t[start:stop] for n, t in request.context.items()}
+            )
+            top = torch.topk(log_probs, k, dim=1)
+            for row_values, row_indices in zip(top.values.cpu().tolist(), top.indices.cpu().tolist()):
+                # Fewer candidates than k (a tiny vocabulary): drop the excluded, -inf ones.
+                kept = [(v, i) for v, i in zip(row_values, row_indices) if v != float("-inf")]
+                ids.append(self.article_vocab.to_ids([i for _, i in kept]))
+                scores.append([float(np.exp(v)) for v, _ in kept])
+        return pd.DataFrame(
+            {
+                "article_ids": ids,
+                "scores": scores,
+                "unknown_article_ids": request.unknown_article_ids,
+                "missing_features": request.missing_features,
+                "unknown_features": request.unknown_features,
+            }
+        )
+
+
+# --- the MLflow pyfunc -----------------------------------------------------------------------------------
+
+
+class OutfitCompleter(mlflow.pyfunc.PythonModel):
+    """The pyfunc: loads the core from the model's artifacts; turns bad input into MLflow's HTTP 400."""
+
+    def load_context(self, context):
+        artifacts = context.artifacts
+        features_dir = Path(artifacts["article_vocab"]).parent
+        self.settings = json.loads(Path(artifacts["settings"]).read_text())
+        self.core = OutfitCompleterCore.load(Path(artifacts["checkpoint"]), features_dir)
+
+    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None):
+        from mlflow.exceptions import MlflowException
+        from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+        top_k = (params or {}).get("top_k", self.settings["top_k"])
+        if not isinstance(model_input, pd.DataFrame):
+            model_input = pd.DataFrame(model_input)
+        try:
+            return self.core.recommend(model_input, int(top_k))
+        except ContextualBertError as exc:
+            raise MlflowException(str(exc), error_code=INVALID_PARAMETER_VALUE) from None
+
+
+def signature(spec, top_k: int):
+    """Input: article_ids (required) + every context feature (optional); output: OUTPUT_COLUMNS; param top_k."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import DataType
+    from mlflow.types.schema import Array, ColSpec, ParamSchema, ParamSpec, Schema
+
+    kind_type = {
+        "categorical": DataType.string,
+        "multi_categorical": Array(DataType.string),
+        "numeric": DataType.double,
+    }
+    inputs = [ColSpec(Array(DataType.string), "article_ids")]
+    inputs += [ColSpec(kind_type[f.kind], f.name, required=False) for f in spec.features]
+    outputs = [
+        ColSpec(Array(DataType.string), "article_ids"),
+        ColSpec(Array(DataType.double), "scores"),
+        ColSpec(Array(DataType.string), "unknown_article_ids"),
+        ColSpec(Array(DataType.string), "missing_features"),
+        ColSpec(Array(DataType.string), "unknown_features"),
+    ]
+    params = ParamSchema([ParamSpec("top_k", DataType.long, int(top_k))])
+    return ModelSignature(inputs=Schema(inputs), outputs=Schema(outputs), params=params)
+
+
+def pip_requirements() -> list[str]:
+    from importlib.metadata import version
+
+    return [f"{name}=={version(name)}" for name in ("mlflow", "torch", "numpy", "pandas", "pyarrow", "pydantic",
+                                                     "pyyaml")]
+
+
+def _package_copy(tmp: Path) -> Path:
+    """The contextual_bert package without caches: shipped with the model so it loads the code it was
+    logged with."""
+    target = tmp / "contextual_bert"
+    shutil.copytree(PACKAGE_DIR, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return target
+
+
+def log_pyfunc_model(
+    checkpoint: Path,
+    features_dir: Path,
+    *,
+    model_name: str,
+    top_k: int,
+    model_id: str | None = None,
+    input_example: pd.DataFrame | None = None,
+):
+    """Log the pyfunc (from code) with its artifacts and signature; MLflow's ModelInfo.
+
+    With `model_id` the files go into that existing LoggedModel (created with its source run), so the
+    training run's status is never touched.
+    """
+    from contextual_bert.features import load_spec
+
+    spec = load_spec(features_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        settings = tmp / "settings.json"
+        settings.write_text(json.dumps({"top_k": int(top_k)}))
+        artifacts = {"checkpoint": str(checkpoint), "settings": str(settings)}
+        for key, name in MODEL_ARTIFACTS.items():
+            if key != "checkpoint":
+                artifacts[key] = str(Path(features_dir) / name)
+        for path in artifacts.values():
+            if not Path(path).exists():
+                raise ContextualBertError(f"{path}: not found; the served model needs it")
+        return mlflow.pyfunc.log_model(
+            name=model_name,
+            python_model=str(PYFUNC_CODE),
+            artifacts=artifacts,
+            code_paths=[str(_package_copy(tmp))],
+            signature=signature(spec, top_k),
+            input_example=input_example,
+            pip_requirements=pip_requirements(),
+            model_id=model_id,
+        )
+
+
+def example_request(features_dir: Path, n_rows: int = 2) -> pd.DataFrame:
+    """A request built from real articles of the vocabulary, context left to the caller (all optional)."""
+    from contextual_bert.features import load_article_vocab
+
+    vocab = load_article_vocab(features_dir)
+    real = vocab.ids[N_SPECIAL:]
+    rows = [{"article_ids": real[i : i + 2]} for i in range(0, 2 * n_rows, 2)]
+    return pd.DataFrame(rows)
+

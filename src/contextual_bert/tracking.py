@@ -1,0 +1,350 @@
+"""MLflow tracking of trainings and evaluations: params, per-epoch and final metrics, lineage, artifacts.
+
+One MLflow run per training (variant, seed). Its id is kept in ``models/<variant>-s<seed>/mlflow_run.json``
+so that evaluate and register find it. The tracking URI is ``mlflow.tracking_uri`` from params
+(``sqlite:///mlflow.db`` in the repository root), overridden by the ``MLFLOW_TRACKING_URI`` environment
+variable. A SQLite file takes one writer at a time: trainings that run at once must log through one
+``mlflow server --backend-store-uri sqlite:///mlflow.db`` (set ``MLFLOW_TRACKING_URI=http://...``).
+
+Lineage, stated for what it is: the git commit (and whether the work tree had uncommitted changes to
+tracked files), a SHA-256 of every file under the features directory computed here, the md5 DVC recorded
+for ``data/features`` in ``dvc.lock`` when that file holds it (DVC's own hash, as last locked, not recomputed),
+and the SHA-256 input hashes that the features stage wrote into ``manifest.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import subprocess
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import yaml
+
+from contextual_bert.config import Config, MlflowConfig
+from contextual_bert.errors import ContextualBertError
+
+RUN_FILE = "mlflow_run.json"
+# Files of the features directory a trained model needs at inference (the rest are the encoded tables).
+SERVING_FEATURE_FILES = ("article_vocab.parquet", "context_vocab.json", "spec.json", "manifest.json")
+RUN_ARTIFACT_FEATURE_FILES = SERVING_FEATURE_FILES + ("customers.parquet",)
+RUN_ARTIFACT_MODEL_FILES = ("checkpoint.pt", "history.json", "metrics.json")
+
+
+# --- where to log ---------------------------------------------------------------------------------------
+
+
+def tracking_uri(cfg: MlflowConfig) -> str:
+    """MLFLOW_TRACKING_URI when set, else params' mlflow.tracking_uri."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or cfg.tracking_uri
+
+
+def client(cfg: MlflowConfig):
+    """An MlflowClient on the resolved tracking URI (the model registry lives in the same store)."""
+    import mlflow
+
+    uri = tracking_uri(cfg)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    return mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def experiment_id(mlflow_client, name: str) -> str:
+    experiment = mlflow_client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    try:
+        return mlflow_client.create_experiment(name)
+    except Exception:  # another process created it first
+        experiment = mlflow_client.get_experiment_by_name(name)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
+
+
+# --- names and values MLflow accepts --------------------------------------------------------------------
+
+
+def metric_key(name: str, prefix: str = "") -> str:
+    """An MLflow-safe metric/tag key: 'recall@5' -> 'recall_at_5', prefixed as 'val_recall_at_5'."""
+    key = re.sub(r"[^\w.\- /:]", "_", name.replace("@", "_at_"))
+    return f"{prefix}_{key}" if prefix else key
+
+
+def flatten(obj, prefix: str = "") -> dict[str, object]:
+    """Nested dicts -> {'a.b.c': value}; lists stay values."""
+    out: dict[str, object] = {}
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            name = f"{prefix}.{key}" if prefix else str(key)
+            out.update(flatten(value, name))
+    else:
+        out[prefix] = obj
+    return out
+
+
+def numeric_items(values: dict) -> dict[str, float]:
+    """The finite numbers of a flat dict (booleans and strings are not metrics)."""
+    return {
+        k: float(v)
+        for k, v in values.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
+    }
+
+
+def training_params(cfg: Config, variant: str, seed: int) -> dict[str, str]:
+    """What a training depends on in params.yaml, flattened: its model, train and features sections."""
+    sections = {
+        "model": cfg.model_for(variant).model_dump(mode="json"),
+        "train": cfg.train_for(variant).model_dump(mode="json", exclude={"variants", "seeds"}),
+        "features": cfg.features.model_dump(mode="json"),
+    }
+    params = {k: json.dumps(v) if isinstance(v, (list, dict)) else str(v) for k, v in flatten(sections).items()}
+    params.update(variant=variant, seed=str(seed))
+    return params
+
+
+# --- lineage --------------------------------------------------------------------------------------------
+
+
+def git_state(repo: Path = Path(".")) -> dict[str, str]:
+    """{'git_commit': sha or 'unknown', 'git_dirty': 'true'/'false'/'unknown'}."""
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=30)
+
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0:
+            return {"git_commit": "unknown", "git_dirty": "unknown"}
+        status = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.TimeoutExpired):
+        return {"git_commit": "unknown", "git_dirty": "unknown"}
+    return {"git_commit": head.stdout.strip(), "git_dirty": str(bool(status.stdout.strip())).lower()}
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def directory_sha256(directory: Path) -> str:
+    """SHA-256 over the relative paths and contents of every file under `directory`, in sorted order."""
+    directory = Path(directory)
+    digest = hashlib.sha256()
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        digest.update(path.relative_to(directory).as_posix().encode() + b"\0")
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def dvc_locked_md5(out_path: Path, lock_file: Path = Path("dvc.lock")) -> str | None:
+    """The md5 DVC recorded in dvc.lock for an output path (a '.dir' hash for folders), if any."""
+    if not lock_file.exists():
+        return None
+    try:
+        lock = yaml.safe_load(lock_file.read_text()) or {}
+    except yaml.YAMLError:
+        return None
+    wanted = Path(out_path).as_posix().rstrip("/")
+    for stage in (lock.get("stages") or {}).values():
+        for out in stage.get("outs", []) or []:
+            if str(out.get("path", "")).rstrip("/") == wanted:
+                return out.get("md5")
+    return None
+
+
+def features_lineage(features_dir: Path) -> dict[str, str]:
+    """Tags that say which features a model was trained on (see the module docstring)."""
+    features_dir = Path(features_dir)
+    tags = {"features_sha256": directory_sha256(features_dir)}
+    locked = dvc_locked_md5(features_dir)
+    tags["dvc_lock_features_md5"] = locked or "absent"
+    manifest = features_dir / "manifest.json"
+    if manifest.exists():
+        inputs = json.loads(manifest.read_text()).get("inputs", {})
+        for name, sha in inputs.items():
+            tags[f"features_input_sha256.{name}"] = str(sha)
+    return tags
+
+
+# --- the run file beside the checkpoints ----------------------------------------------------------------
+
+
+def write_run_file(run_dir: Path, run_id: str, experiment_id_: str, uri: str) -> Path:
+    path = Path(run_dir) / RUN_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"run_id": run_id, "experiment_id": experiment_id_, "tracking_uri": uri}, indent=2))
+    return path
+
+
+def read_run_file(run_dir: Path) -> dict | None:
+    path = Path(run_dir) / RUN_FILE
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_text())
+        record["run_id"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise ContextualBertError(f"{path}: not a valid MLflow run file (expected a JSON object with 'run_id')")
+    return record
+
+
+def find_run(mlflow_client, run_dir: Path):
+    """The MLflow run recorded in run_dir/mlflow_run.json, or None when there is no file or no such run."""
+    record = read_run_file(run_dir)
+    if record is None:
+        return None
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return mlflow_client.get_run(record["run_id"])
+    except MlflowException:
+        return None
+
+
+# --- logging a training ---------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainingTracker:
+    """Logs one training to its MLflow run: call `log_epoch` from train's `on_epoch_end`, then `log_result`."""
+
+    mlflow_client: object
+    run_id: str
+    run_dir: Path
+    features_dir: Path
+    cfg: Config
+
+    def log_epoch(self, epoch: int, row: dict) -> None:
+        from mlflow.entities import Metric
+
+        now = _now_ms()
+        values = numeric_items(flatten(row))
+        values.pop("epoch", None)
+        metrics = [Metric(metric_key(k), v, now, int(epoch)) for k, v in values.items()]
+        if metrics:
+            self.mlflow_client.log_batch(self.run_id, metrics=metrics)
+
+    def log_result(self, result: dict) -> None:
+        """Final metrics (the flat numbers of train's result), then the run's artifacts."""
+        from mlflow.entities import Metric
+
+        now = _now_ms()
+        values = numeric_items(flatten(result))
+        metrics = [Metric(metric_key(k, "final"), v, now, 0) for k, v in values.items()]
+        if metrics:
+            self.mlflow_client.log_batch(self.run_id, metrics=metrics)
+        checkpoint = self.run_dir / "checkpoint.pt"
+        if checkpoint.exists():  # lets register find this run from the checkpoint alone
+            self.mlflow_client.set_tag(self.run_id, "checkpoint_sha256", file_sha256(checkpoint))
+        log_run_artifacts(self.mlflow_client, self.run_id, self.run_dir, self.features_dir, self.cfg)
+
+
+def _now_ms() -> int:
+    import time
+
+    return int(time.time() * 1000)
+
+
+def log_run_artifacts(mlflow_client, run_id: str, run_dir: Path, features_dir: Path, cfg: Config) -> None:
+    """Checkpoint, history and metrics; the context tables and article vocabulary; the resolved config."""
+    for name in RUN_ARTIFACT_MODEL_FILES:
+        if (Path(run_dir) / name).exists():
+            mlflow_client.log_artifact(run_id, str(Path(run_dir) / name), "model")
+    for name in RUN_ARTIFACT_FEATURE_FILES:
+        if (Path(features_dir) / name).exists():
+            mlflow_client.log_artifact(run_id, str(Path(features_dir) / name), "features")
+    with tempfile.TemporaryDirectory() as tmp:
+        resolved = Path(tmp) / "params.resolved.json"
+        resolved.write_text(json.dumps(cfg.model_dump(mode="json", by_alias=True), indent=2))
+        mlflow_client.log_artifact(run_id, str(resolved), "config")
+    if Path("params.yaml").exists():
+        mlflow_client.log_artifact(run_id, "params.yaml", "config")
+
+
+@contextmanager
+def track_training(cfg: Config, variant: str, seed: int, run_dir: Path) -> Iterator[TrainingTracker]:
+    """One MLflow run around a training; marks it FAILED (and re-raises) when the training raises.
+
+    The run id is written to run_dir/mlflow_run.json before training starts, so a crashed run is findable.
+    """
+    mlflow_client = client(cfg.mlflow)
+    exp_id = experiment_id(mlflow_client, cfg.mlflow.experiment)
+    features_dir = cfg.paths.features_dir
+    tags = {
+        "variant": variant,
+        "seed": str(seed),
+        "mlflow.runName": f"{variant}-s{seed}",
+        "mlflow.source.name": "contextual-bert train",
+        "mlflow.source.type": "LOCAL",
+        **git_state(),
+        **features_lineage(features_dir),
+    }
+    if tags["git_commit"] != "unknown":
+        tags["mlflow.source.git.commit"] = tags["git_commit"]
+    run = mlflow_client.create_run(exp_id, tags=tags, run_name=f"{variant}-s{seed}")
+    run_id = run.info.run_id
+    write_run_file(run_dir, run_id, exp_id, tracking_uri(cfg.mlflow))
+    from mlflow.entities import Param
+
+    params = [Param(k, v) for k, v in training_params(cfg, variant, seed).items()]
+    for start in range(0, len(params), 100):  # log_batch takes at most 100 params per call
+        mlflow_client.log_batch(run_id, params=params[start : start + 100])
+    tracker = TrainingTracker(mlflow_client, run_id, Path(run_dir), Path(features_dir), cfg)
+    try:
+        yield tracker
+    except KeyboardInterrupt:
+        mlflow_client.set_terminated(run_id, status="KILLED")
+        raise
+    except BaseException:
+        mlflow_client.set_terminated(run_id, status="FAILED")
+        raise
+    mlflow_client.set_terminated(run_id, status="FINISHED")
+
+
+# --- logging an evaluation ------------------------------------------------------------------------------
+
+
+def log_evaluation(cfg: Config, run_dir: Path, report: dict, report_path: Path | None = None) -> str | None:
+    """Log an evaluation's split metrics ('test_recall_at_5', ...) to the training's run; its id, or None.
+
+    Returns None (and logs nothing) when run_dir holds no mlflow_run.json: the model was not tracked.
+    """
+    record = read_run_file(run_dir)
+    if record is None:
+        return None
+    from mlflow.entities import Metric
+    from mlflow.exceptions import MlflowException
+
+    mlflow_client = client(cfg.mlflow)
+    now = _now_ms()
+    metrics = []
+    for split in ("val", "test"):
+        values = report.get(split)
+        if isinstance(values, dict):
+            metrics += [Metric(metric_key(k, split), v, now, 0) for k, v in numeric_items(values).items()]
+    try:
+        if metrics:
+            mlflow_client.log_batch(record["run_id"], metrics=metrics)
+        if report_path is not None and Path(report_path).exists():
+            mlflow_client.log_artifact(record["run_id"], str(report_path), "eval")
+    except MlflowException as exc:
+        raise ContextualBertError(
+            f"{Path(run_dir) / RUN_FILE}: cannot log to MLflow run {record['run_id']} at "
+            f"{tracking_uri(cfg.mlflow)} ({exc.message.splitlines()[0]}); the run was logged to "
+            f"{record.get('tracking_uri', '?')}"
+        ) from None
+    return record["run_id"]
