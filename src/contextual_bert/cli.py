@@ -77,30 +77,37 @@ def _cmd_features(cfg: Config, args) -> None:
 
 
 def _cmd_train(cfg: Config, args) -> None:
+    from contextual_bert.tracking import track_training
     from contextual_bert.training import train
 
-    result = train(
-        features_dir=cfg.paths.features_dir,
-        out_dir=run_dir(cfg, args.variant, args.seed),
-        variant=args.variant,
-        seed=args.seed,
-        model_cfg=cfg.model_for(args.variant),
-        train_cfg=cfg.train_for(args.variant),
-    )
+    # Every training is an MLflow run (tracking.py): per-epoch metrics as it goes, the rest at the end.
+    with track_training(cfg, args.variant, args.seed, run_dir(cfg, args.variant, args.seed)) as tracker:
+        result = train(
+            features_dir=cfg.paths.features_dir,
+            out_dir=run_dir(cfg, args.variant, args.seed),
+            variant=args.variant,
+            seed=args.seed,
+            model_cfg=cfg.model_for(args.variant),
+            train_cfg=cfg.train_for(args.variant),
+            on_epoch_end=tracker.log_epoch,
+        )
+        tracker.log_result(result)
     _print_json(result)
 
 
 def _cmd_evaluate(cfg: Config, args) -> None:
     from contextual_bert.evaluation import evaluate_run
+    from contextual_bert.tracking import log_evaluation
 
-    _print_json(
-        evaluate_run(
-            features_dir=cfg.paths.features_dir,
-            run_dir=run_dir(cfg, args.variant, args.seed),
-            out_path=eval_path(cfg, f"{args.variant}-s{args.seed}"),
-            cfg=cfg.evaluate,
-        )
+    report = evaluate_run(
+        features_dir=cfg.paths.features_dir,
+        run_dir=run_dir(cfg, args.variant, args.seed),
+        out_path=eval_path(cfg, f"{args.variant}-s{args.seed}"),
+        cfg=cfg.evaluate,
     )
+    # The metrics also go to the training's MLflow run (found through models/<run>/mlflow_run.json).
+    log_evaluation(cfg, run_dir(cfg, args.variant, args.seed), report, eval_path(cfg, f"{args.variant}-s{args.seed}"))
+    _print_json(report)
 
 
 def _cmd_baseline(cfg: Config, args) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,7 +72,7 @@ def _ensure_registered_model(mlflow_client, name: str) -> None:
 def _training_run(mlflow_client, cfg: Config, variant: str, seed: int, model_dir: Path):
     """The MLflow run of this training: from mlflow_run.json, else the run logged for the same checkpoint,
     else a run logged now from the files (a model trained elsewhere, e.g. pulled from a DVC remote)."""
-    from contextual_bert.tracking import log_run_artifacts, training_params
+    from contextual_bert.tracking import features_lineage, log_epochs, log_params, log_run_artifacts, training_params
 
     checkpoint_sha = file_sha256(model_dir / "checkpoint.pt")
     run = find_run(mlflow_client, model_dir)
@@ -85,27 +84,17 @@ def _training_run(mlflow_client, cfg: Config, variant: str, seed: int, model_dir
     )
     if found:
         return found[0], checkpoint_sha
-    from mlflow.entities import Metric, Param
-
     run = mlflow_client.create_run(
         exp_id,
         run_name=f"{variant}-s{seed}",
         tags={"variant": variant, "seed": str(seed), "logged_after_training": "true",
-              "checkpoint_sha256": checkpoint_sha},
+              "checkpoint_sha256": checkpoint_sha, **features_lineage(cfg.paths.features_dir)},
     )
     run_id = run.info.run_id
-    params = [Param(k, v) for k, v in training_params(cfg, variant, seed).items()]
-    for start in range(0, len(params), 100):
-        mlflow_client.log_batch(run_id, params=params[start : start + 100])
+    log_params(mlflow_client, run_id, training_params(cfg, variant, seed))
     history = model_dir / "history.json"
     if history.exists():
-        metrics, now = [], int(time.time() * 1000)
-        for step, row in enumerate(json.loads(history.read_text())):
-            epoch = int(row.get("epoch", step))
-            values = numeric_items(flatten(row))
-            metrics += [Metric(metric_key(k), v, now, epoch) for k, v in values.items() if k != "epoch"]
-        for start in range(0, len(metrics), 1000):
-            mlflow_client.log_batch(run_id, metrics=metrics[start : start + 1000])
+        log_epochs(mlflow_client, run_id, json.loads(history.read_text()))
     log_run_artifacts(mlflow_client, run_id, model_dir, cfg.paths.features_dir, cfg)
     mlflow_client.set_terminated(run_id, status="FINISHED")
     return mlflow_client.get_run(run_id), checkpoint_sha

@@ -56,12 +56,21 @@ def client(cfg: MlflowConfig):
     return mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
+def artifact_location(uri: str) -> str | None:
+    """For a SQLite store: artifacts in mlruns/ beside the database file (MLflow's default is ./mlruns of
+    whatever the working directory is). For a server: None, the server decides."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    db_path = Path(uri[len("sqlite:///") :])
+    return (db_path.resolve().parent / "mlruns").as_uri()
+
+
 def experiment_id(mlflow_client, name: str) -> str:
     experiment = mlflow_client.get_experiment_by_name(name)
     if experiment is not None:
         return experiment.experiment_id
     try:
-        return mlflow_client.create_experiment(name)
+        return mlflow_client.create_experiment(name, artifact_location=artifact_location(mlflow_client.tracking_uri))
     except Exception:  # another process created it first
         experiment = mlflow_client.get_experiment_by_name(name)
         if experiment is None:
@@ -229,19 +238,18 @@ class TrainingTracker:
     cfg: Config
 
     def log_epoch(self, epoch: int, row: dict) -> None:
-        from mlflow.entities import Metric
-
-        now = _now_ms()
-        values = numeric_items(flatten(row))
-        values.pop("epoch", None)
-        metrics = [Metric(metric_key(k), v, now, int(epoch)) for k, v in values.items()]
-        if metrics:
-            self.mlflow_client.log_batch(self.run_id, metrics=metrics)
+        log_epochs(self.mlflow_client, self.run_id, [row], first_step=int(epoch))
 
     def log_result(self, result: dict) -> None:
-        """Final metrics (the flat numbers of train's result), then the run's artifacts."""
+        """Epochs of history.json not logged yet (a resumed training), final metrics, then the artifacts."""
         from mlflow.entities import Metric
 
+        history_path = self.run_dir / "history.json"
+        if history_path.exists():
+            logged = {m.step for m in self.mlflow_client.get_metric_history(self.run_id, "train_loss")}
+            history = json.loads(history_path.read_text())
+            missing = [row for step, row in enumerate(history, 1) if int(row.get("epoch", step)) not in logged]
+            log_epochs(self.mlflow_client, self.run_id, missing)
         now = _now_ms()
         values = numeric_items(flatten(result))
         metrics = [Metric(metric_key(k, "final"), v, now, 0) for k, v in values.items()]
@@ -251,6 +259,20 @@ class TrainingTracker:
         if checkpoint.exists():  # lets register find this run from the checkpoint alone
             self.mlflow_client.set_tag(self.run_id, "checkpoint_sha256", file_sha256(checkpoint))
         log_run_artifacts(self.mlflow_client, self.run_id, self.run_dir, self.features_dir, self.cfg)
+
+
+def log_epochs(mlflow_client, run_id: str, rows: list[dict], first_step: int = 1) -> None:
+    """History rows as metrics, step = the row's 'epoch' (else its position from first_step)."""
+    from mlflow.entities import Metric
+
+    now = _now_ms()
+    metrics = []
+    for position, row in enumerate(rows):
+        values = numeric_items(flatten(row))
+        step = int(values.pop("epoch", first_step + position))
+        metrics += [Metric(metric_key(k), v, now, step) for k, v in values.items()]
+    for start in range(0, len(metrics), 1000):  # log_batch takes at most 1000 metrics per call
+        mlflow_client.log_batch(run_id, metrics=metrics[start : start + 1000])
 
 
 def _now_ms() -> int:
@@ -275,34 +297,56 @@ def log_run_artifacts(mlflow_client, run_id: str, run_dir: Path, features_dir: P
         mlflow_client.log_artifact(run_id, "params.yaml", "config")
 
 
+def log_params(mlflow_client, run_id: str, params: dict[str, str]) -> None:
+    from mlflow.entities import Param
+
+    items = [Param(k, v) for k, v in params.items()]
+    for start in range(0, len(items), 100):  # log_batch takes at most 100 params per call
+        mlflow_client.log_batch(run_id, params=items[start : start + 100])
+
+
+def _same_training_run(mlflow_client, run_dir: Path, params: dict[str, str], features_sha: str):
+    """The run of mlflow_run.json when it logged this very training (same params and features): a resumed
+    or repeated training goes on logging there instead of opening a second run."""
+    run = find_run(mlflow_client, run_dir)
+    if run is None or run.info.lifecycle_stage != "active":
+        return None
+    if run.data.params != params or run.data.tags.get("features_sha256") != features_sha:
+        return None
+    return run
+
+
 @contextmanager
 def track_training(cfg: Config, variant: str, seed: int, run_dir: Path) -> Iterator[TrainingTracker]:
     """One MLflow run around a training; marks it FAILED (and re-raises) when the training raises.
 
-    The run id is written to run_dir/mlflow_run.json before training starts, so a crashed run is findable.
+    The run id is written to run_dir/mlflow_run.json before training starts, so a crashed run is findable
+    and its resumption logs to the same run.
     """
     mlflow_client = client(cfg.mlflow)
     exp_id = experiment_id(mlflow_client, cfg.mlflow.experiment)
     features_dir = cfg.paths.features_dir
-    tags = {
-        "variant": variant,
-        "seed": str(seed),
-        "mlflow.runName": f"{variant}-s{seed}",
-        "mlflow.source.name": "contextual-bert train",
-        "mlflow.source.type": "LOCAL",
-        **git_state(),
-        **features_lineage(features_dir),
-    }
-    if tags["git_commit"] != "unknown":
-        tags["mlflow.source.git.commit"] = tags["git_commit"]
-    run = mlflow_client.create_run(exp_id, tags=tags, run_name=f"{variant}-s{seed}")
-    run_id = run.info.run_id
+    params = training_params(cfg, variant, seed)
+    lineage = features_lineage(features_dir)
+    run = _same_training_run(mlflow_client, run_dir, params, lineage["features_sha256"])
+    if run is not None:
+        run_id = run.info.run_id
+        mlflow_client.update_run(run_id, status="RUNNING")
+        mlflow_client.set_tag(run_id, "resumed", "true")
+    else:
+        tags = {
+            "variant": variant,
+            "seed": str(seed),
+            "mlflow.source.name": "contextual-bert train",
+            "mlflow.source.type": "LOCAL",
+            **git_state(),
+            **lineage,
+        }
+        if tags["git_commit"] != "unknown":
+            tags["mlflow.source.git.commit"] = tags["git_commit"]
+        run_id = mlflow_client.create_run(exp_id, tags=tags, run_name=f"{variant}-s{seed}").info.run_id
+        log_params(mlflow_client, run_id, params)
     write_run_file(run_dir, run_id, exp_id, tracking_uri(cfg.mlflow))
-    from mlflow.entities import Param
-
-    params = [Param(k, v) for k, v in training_params(cfg, variant, seed).items()]
-    for start in range(0, len(params), 100):  # log_batch takes at most 100 params per call
-        mlflow_client.log_batch(run_id, params=params[start : start + 100])
     tracker = TrainingTracker(mlflow_client, run_id, Path(run_dir), Path(features_dir), cfg)
     try:
         yield tracker
