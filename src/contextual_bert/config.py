@@ -130,9 +130,10 @@ class MlflowConfig(Section):
 
 
 class PromoteConfig(Section):
-    metric: str = "recall@5"
-    margin: float = Field(0.0, ge=0)
-    alpha: float = Field(0.05, gt=0, lt=1)
+    # recall@K only: promotion runs a paired test on per-case hits@K (registry.py).
+    metric: str = Field("recall@5", pattern=r"^recall@[1-9][0-9]*$")
+    margin: float = Field(0.0, ge=0)  # the candidate's recall@K must exceed the champion's by more than this
+    alpha: float = Field(0.05, gt=0, lt=1)  # ... and the one-sided McNemar p-value be below this
 
 
 class Config(Section):
