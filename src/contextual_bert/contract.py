@@ -41,9 +41,20 @@ KIND_TO_TYPE = {"categorical": "string", "multi_categorical": "list[string]", "n
 
 @dataclass(frozen=True)
 class ContextColumn:
+    """One declared context column. The optional fields are checks that validation enforces."""
+
     name: str
     table: Literal["customers", "outfits"]
     kind: ContextKind
+    nullable: bool = True  # may a value be missing (for multi_categorical: null; an empty list is fine)
+    values: tuple[str, ...] | None = None  # allowed values (of every element, for multi_categorical)
+    references: str | None = None  # "articles.<column>": every value must occur in that column
+    min_value: float | None = None  # numeric range, inclusive
+    max_value: float | None = None
+
+    def __post_init__(self):
+        if self.values is not None and not isinstance(self.values, tuple):
+            object.__setattr__(self, "values", tuple(self.values))  # JSON gives lists; keep it hashable
 
 
 @dataclass(frozen=True)
@@ -61,7 +72,13 @@ class DataSchema:
 
     def save(self, directory: Path) -> Path:
         path = Path(directory) / SCHEMA_FILE
-        payload = {"source": self.source, "context_columns": [asdict(c) for c in self.context_columns]}
+        payload = {
+            "source": self.source,
+            "context_columns": [
+                {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(c).items()}
+                for c in self.context_columns
+            ],
+        }
         path.write_text(json.dumps(payload, indent=2))
         return path
 
@@ -80,33 +97,48 @@ class DataSchema:
         return cls(source=payload.get("source", "unknown"), context_columns=columns)
 
 
+# Vocabularies of the paper's categorical context, as the synthetic generator writes them.
+GENDERS = ("female", "male", "diverse")
+COUNTRIES = ("DE", "FR", "IT", "ES", "NL", "PL", "SE", "AT", "CH", "BE")
+TOP_SIZES = ("XS", "S", "M", "L", "XL", "XXL")
+BOTTOM_SIZES = ("W26", "W28", "W30", "W32", "W34", "W36", "W38", "W40")
+SHOE_SIZES = tuple(str(s) for s in range(35, 48))
+OCCASIONS = ("casual", "office", "party", "sport", "vacation", "formal", "outdoor")
+
 # The paper's customer context (Denk & Peleteiro Ramallo, 2020, sec. 4): what the generator writes.
+# Synthetic data is complete, so a missing value there is a fault (nullable=False).
 PAPER_SCHEMA = DataSchema(
     source="synthetic",
     context_columns=(
-        ContextColumn("age", "customers", "numeric"),
-        ContextColumn("gender", "customers", "categorical"),
-        ContextColumn("country", "customers", "categorical"),
-        ContextColumn("preferred_brands", "customers", "multi_categorical"),
-        ContextColumn("preferred_colors", "customers", "multi_categorical"),
-        ContextColumn("preferred_styles", "customers", "multi_categorical"),
-        ContextColumn("nogo_product_types", "customers", "multi_categorical"),
-        ContextColumn("size_top", "customers", "categorical"),
-        ContextColumn("size_bottom", "customers", "categorical"),
-        ContextColumn("size_shoes", "customers", "categorical"),
-        ContextColumn("price_min", "customers", "numeric"),
-        ContextColumn("price_max", "customers", "numeric"),
-        ContextColumn("occasion", "outfits", "categorical"),
+        ContextColumn("age", "customers", "numeric", nullable=False, min_value=16, max_value=100),
+        ContextColumn("gender", "customers", "categorical", nullable=False, values=GENDERS),
+        ContextColumn("country", "customers", "categorical", nullable=False, values=COUNTRIES),
+        ContextColumn("preferred_brands", "customers", "multi_categorical", False, references="articles.brand"),
+        ContextColumn("preferred_colors", "customers", "multi_categorical", False, references="articles.color"),
+        ContextColumn("preferred_styles", "customers", "multi_categorical", False, references="articles.style"),
+        ContextColumn(
+            "nogo_product_types", "customers", "multi_categorical", False, references="articles.product_type"
+        ),
+        ContextColumn("size_top", "customers", "categorical", nullable=False, values=TOP_SIZES),
+        ContextColumn("size_bottom", "customers", "categorical", nullable=False, values=BOTTOM_SIZES),
+        ContextColumn("size_shoes", "customers", "categorical", nullable=False, values=SHOE_SIZES),
+        ContextColumn("price_min", "customers", "numeric", nullable=False, min_value=0),
+        ContextColumn("price_max", "customers", "numeric", nullable=False, min_value=0),
+        ContextColumn("occasion", "outfits", "categorical", nullable=False, values=OCCASIONS),
     ),
 )
 
-# H&M Kaggle customers.csv columns kept as context.
+# H&M Kaggle customers.csv columns kept as context. Real data has gaps: every column may be missing.
 HM_SCHEMA = DataSchema(
     source="hm",
     context_columns=(
-        ContextColumn("age", "customers", "numeric"),
-        ContextColumn("club_member_status", "customers", "categorical"),
-        ContextColumn("fashion_news_frequency", "customers", "categorical"),
+        ContextColumn("age", "customers", "numeric", min_value=0, max_value=120),
+        ContextColumn(
+            "club_member_status", "customers", "categorical", values=("ACTIVE", "PRE-CREATE", "LEFT CLUB")
+        ),
+        ContextColumn(
+            "fashion_news_frequency", "customers", "categorical", values=("NONE", "None", "Regularly", "Monthly")
+        ),
         ContextColumn("FN", "customers", "categorical"),
         ContextColumn("Active", "customers", "categorical"),
         ContextColumn("postal_code", "customers", "categorical"),

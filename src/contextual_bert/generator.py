@@ -1,0 +1,604 @@
+"""Synthetic outfits, made as a stylist would make them for a customer: the embedded default data.
+
+The generative story (every step is vectorized with numpy; one `numpy.random.Generator` seeded once, so a
+seed fixes the data):
+
+Catalogue. Brands each have one or two house styles, a price level and a popularity. An article gets a
+product type (which fixes its slot: top, bottom, dress, shoes, outerwear, accessory, and who it is cut for:
+women, men, or unisex), a brand, a style (mostly one of its brand's house styles), a colour (mostly from its
+style's palette), a fit for sized slots (petite / regular / plus; narrow / regular / wide for shoes) and a
+price = product-type base price x brand price level x noise. Every product type exists for every gender it
+is cut for, and every brand has articles, so every preference below points at something real.
+
+Customers. Gender, age and country; one to three preferred styles (age shifts which: streetwear and sporty
+when young, classic and elegant when older); one to five preferred brands (mostly brands of those styles, near
+the customer's budget); one to four preferred colours (mostly from those styles' palettes); zero to three
+no-go product types (at most one per slot); clothing sizes (top, bottom, shoes; they decide which fit suits
+the customer); a price range [price_min, price_max] around a budget.
+
+Outfits. A customer is drawn (some customers are far more active than others), then an occasion (its odds
+shift with the customer's styles: a sporty customer dresses for sport more often), then the outfit's anchor
+style (80%: one of the customer's styles that suits the occasion; 20%: a style of the occasion alone), then a
+size of 4-8 items. Slots follow the occasion: top + bottom or a dress (occasion-dependent odds) + shoes, an
+outer layer (occasion- and country-dependent odds), accessories filling the rest, each of a distinct type.
+Each slot's product type is drawn from the occasion's odds (sport -> sportswear, office -> shirts, trousers,
+blazers, ...) among types cut for the customer's gender, never a no-go type of the customer. The article of
+each slot is then drawn from that type's articles with weight
+
+    popularity x 6 if its style is the anchor style (2 if it is another preferred style of the customer)
+               x 4 if its brand is preferred x 3 if its colour is preferred
+               x 0.15 if its price is outside the customer's range x fit (1 match, 0.5 regular, 0.1 other).
+
+So the articles alone are informative (they share the anchor style, colour palettes and gender), and the
+context tells more: the preferred brands and colours, the budget, the fit and the occasion shift every choice,
+and no-go types never appear. No choice is deterministic: every weight above leaves room for the others.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from contextual_bert.config import GeneratorSize
+from contextual_bert.contract import (
+    BOTTOM_SIZES,
+    COUNTRIES,
+    GENDERS,
+    MAX_OUTFIT_SIZE,
+    MIN_OUTFIT_SIZE,
+    OCCASIONS,
+    PAPER_SCHEMA,
+    SHOE_SIZES,
+    TOP_SIZES,
+)
+
+STYLES = (
+    "casual", "classic", "business", "elegant", "sporty", "streetwear",
+    "boho", "minimalist", "romantic", "rock", "preppy", "outdoor",
+)  # fmt: skip
+COLORS = (
+    "black", "white", "grey", "navy", "blue", "beige", "brown", "green",
+    "olive", "red", "burgundy", "pink", "yellow", "orange", "purple", "khaki",
+)  # fmt: skip
+STYLE_PALETTES = {
+    "casual": ("blue", "white", "grey", "beige", "green"),
+    "classic": ("navy", "white", "beige", "brown", "burgundy"),
+    "business": ("navy", "grey", "black", "white"),
+    "elegant": ("black", "burgundy", "navy", "beige"),
+    "sporty": ("black", "white", "grey", "red", "blue", "orange"),
+    "streetwear": ("black", "white", "olive", "orange", "yellow", "khaki"),
+    "boho": ("brown", "beige", "olive", "orange", "yellow"),
+    "minimalist": ("black", "white", "grey", "beige"),
+    "romantic": ("pink", "white", "red", "purple", "beige"),
+    "rock": ("black", "grey", "burgundy", "red"),
+    "preppy": ("navy", "white", "green", "red", "khaki"),
+    "outdoor": ("green", "olive", "brown", "khaki", "orange"),
+}
+
+SLOTS = ("top", "bottom", "dress", "shoes", "outerwear", "accessory")
+FITS = ("regular", "petite", "plus", "narrow", "wide", "one size")
+# name: (slot, cut for: "w" women only, "m" men only, "wm" both, base price in EUR)
+PRODUCT_TYPES: dict[str, tuple[str, str, float]] = {
+    "t-shirt": ("top", "wm", 20), "shirt": ("top", "wm", 45), "blouse": ("top", "w", 40),
+    "sweater": ("top", "wm", 50), "hoodie": ("top", "wm", 45), "polo shirt": ("top", "wm", 35),
+    "tank top": ("top", "w", 15), "sports top": ("top", "wm", 30),
+    "jeans": ("bottom", "wm", 60), "trousers": ("bottom", "wm", 55), "chinos": ("bottom", "wm", 50),
+    "skirt": ("bottom", "w", 40), "shorts": ("bottom", "wm", 30), "leggings": ("bottom", "w", 30),
+    "sports shorts": ("bottom", "wm", 25), "joggers": ("bottom", "wm", 40),
+    "dress": ("dress", "w", 70), "jumpsuit": ("dress", "w", 75),
+    "sneakers": ("shoes", "wm", 80), "boots": ("shoes", "wm", 110), "heels": ("shoes", "w", 90),
+    "loafers": ("shoes", "wm", 85), "sandals": ("shoes", "wm", 45), "running shoes": ("shoes", "wm", 100),
+    "dress shoes": ("shoes", "m", 110),
+    "jacket": ("outerwear", "wm", 90), "coat": ("outerwear", "wm", 150), "blazer": ("outerwear", "wm", 110),
+    "cardigan": ("outerwear", "wm", 45), "rain jacket": ("outerwear", "wm", 80),
+    "bag": ("accessory", "wm", 60), "belt": ("accessory", "wm", 30), "scarf": ("accessory", "wm", 25),
+    "hat": ("accessory", "wm", 25), "sunglasses": ("accessory", "wm", 40), "jewellery": ("accessory", "wm", 30),
+    "watch": ("accessory", "wm", 80), "cap": ("accessory", "wm", 20),
+}  # fmt: skip
+
+# Per occasion: how often a woman wears a dress, how often an outer layer, the product types it favours
+# (others of the slot keep weight UNLISTED_TYPE_WEIGHT) and the styles that suit it.
+UNLISTED_TYPE_WEIGHT = 0.05
+OCCASION_RULES: dict[str, dict] = {
+    "casual": dict(
+        p_dress=0.15, p_outer=0.35,
+        types={"t-shirt": 3, "sweater": 1.5, "hoodie": 1.5, "shirt": 1, "polo shirt": 1, "tank top": 1,
+               "jeans": 3, "chinos": 1.5, "shorts": 1, "skirt": 1, "joggers": 0.5,
+               "sneakers": 3, "boots": 1, "sandals": 1, "loafers": 0.5,
+               "jacket": 2, "cardigan": 1.5, "coat": 1, "dress": 1, "jumpsuit": 1,
+               "bag": 2, "cap": 1, "sunglasses": 1, "belt": 1, "scarf": 1, "hat": 0.5, "watch": 1, "jewellery": 1},
+        styles={"casual": 4, "streetwear": 2, "minimalist": 2, "boho": 1.5, "preppy": 1},
+    ),
+    "office": dict(
+        p_dress=0.2, p_outer=0.6,
+        types={"shirt": 4, "blouse": 3, "sweater": 1, "polo shirt": 0.5,
+               "trousers": 4, "chinos": 2, "skirt": 1.5,
+               "loafers": 3, "dress shoes": 3, "heels": 1.5, "boots": 0.5,
+               "blazer": 4, "coat": 1.5, "cardigan": 1, "dress": 1, "jumpsuit": 0.3,
+               "bag": 3, "belt": 2, "watch": 2, "jewellery": 1, "scarf": 0.5},
+        styles={"business": 5, "classic": 3, "minimalist": 2, "preppy": 1.5, "elegant": 1},
+    ),
+    "party": dict(
+        p_dress=0.5, p_outer=0.3,
+        types={"shirt": 2, "blouse": 2, "tank top": 1.5, "t-shirt": 1,
+               "jeans": 2, "skirt": 2, "trousers": 1.5,
+               "heels": 3, "boots": 2, "sneakers": 1, "dress shoes": 1,
+               "jacket": 2, "blazer": 1.5, "dress": 3, "jumpsuit": 1.5,
+               "bag": 2, "jewellery": 3, "watch": 1, "belt": 1, "sunglasses": 0.3},
+        styles={"elegant": 3, "rock": 3, "romantic": 2, "streetwear": 2, "boho": 1},
+    ),
+    "sport": dict(
+        p_dress=0.0, p_outer=0.25,
+        types={"sports top": 6, "t-shirt": 2, "tank top": 1.5, "hoodie": 1,
+               "sports shorts": 4, "leggings": 4, "joggers": 3, "shorts": 1,
+               "running shoes": 6, "sneakers": 2,
+               "jacket": 1, "rain jacket": 1.5,
+               "cap": 3, "bag": 2, "watch": 2, "sunglasses": 1},
+        styles={"sporty": 8, "outdoor": 2, "streetwear": 1},
+    ),
+    "vacation": dict(
+        p_dress=0.35, p_outer=0.15,
+        types={"t-shirt": 2, "tank top": 2, "shirt": 1.5, "polo shirt": 1.5, "blouse": 1,
+               "shorts": 4, "skirt": 1.5, "chinos": 1, "jeans": 1,
+               "sandals": 4, "sneakers": 2,
+               "cardigan": 1.5, "jacket": 1, "dress": 3, "jumpsuit": 2,
+               "sunglasses": 4, "hat": 3, "bag": 2, "jewellery": 1, "scarf": 0.5},
+        styles={"casual": 3, "boho": 3, "romantic": 1.5, "minimalist": 1, "preppy": 1},
+    ),
+    "formal": dict(
+        p_dress=0.6, p_outer=0.55,
+        types={"shirt": 4, "blouse": 3, "trousers": 4, "skirt": 2,
+               "dress shoes": 4, "heels": 4, "loafers": 1.5,
+               "blazer": 4, "coat": 2, "dress": 4, "jumpsuit": 1,
+               "jewellery": 3, "watch": 2, "bag": 2, "belt": 2},
+        styles={"elegant": 6, "classic": 4, "business": 2},
+    ),
+    "outdoor": dict(
+        p_dress=0.0, p_outer=0.8,
+        types={"t-shirt": 2, "sweater": 2, "hoodie": 2, "shirt": 1, "sports top": 1,
+               "trousers": 2, "joggers": 2, "shorts": 1.5, "leggings": 1, "jeans": 1,
+               "boots": 5, "sneakers": 2, "running shoes": 1,
+               "rain jacket": 5, "jacket": 3, "coat": 1,
+               "hat": 2, "cap": 2, "bag": 2, "sunglasses": 2, "scarf": 1, "watch": 1},
+        styles={"outdoor": 8, "sporty": 2, "casual": 2},
+    ),
+}  # fmt: skip
+OCCASION_BASE_ODDS = {"casual": 5, "office": 2.5, "party": 1.5, "sport": 1.2, "vacation": 1, "formal": 0.6,
+                      "outdoor": 1.0}  # fmt: skip
+NORTHERN = ("SE", "NL", "DE", "PL", "BE")  # more outer layers
+
+# Outfit sizes 4..8.
+SIZE_ODDS = np.array([0.32, 0.28, 0.2, 0.12, 0.08])
+
+# Article weights within a product type (see the module docstring).
+ANCHOR_STYLE_BOOST, OTHER_PREFERRED_STYLE_BOOST = 6.0, 2.0
+PREFERRED_BRAND_BOOST, PREFERRED_COLOR_BOOST = 4.0, 3.0
+OUT_OF_PRICE_RANGE, ANCHOR_FROM_CUSTOMER = 0.15, 0.8
+FIT_REGULAR_ARTICLE, FIT_MISMATCH = 0.5, 0.1
+_MAX_SAMPLING_CELLS = 4_000_000  # rows x candidates per chunk of the weighted draw
+
+
+def _gumbel_top_k(rng: np.random.Generator, log_weights: np.ndarray, k: int) -> np.ndarray:
+    """Per row, k distinct column indices drawn without replacement with probability ~ exp(log_weights),
+    in the order drawn (the Gumbel top-k trick)."""
+    keys = log_weights + rng.gumbel(size=log_weights.shape)
+    if k >= keys.shape[1]:
+        return np.argsort(-keys, axis=1, kind="stable")[:, :k]
+    top = np.argpartition(-keys, k - 1, axis=1)[:, :k]
+    return np.take_along_axis(top, np.argsort(-np.take_along_axis(keys, top, axis=1), axis=1), axis=1)
+
+
+def _log(weights: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return np.log(weights)
+
+
+def _categorical(rng: np.random.Generator, weights: np.ndarray) -> np.ndarray:
+    """One draw per row of a (rows, choices) weight matrix."""
+    return np.argmax(_log(weights) + rng.gumbel(size=weights.shape), axis=1)
+
+
+def _mask_rows(rng: np.random.Generator, weights: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """(rows, vocab) bool: per row, `counts[row]` distinct columns drawn without replacement by weight."""
+    k = int(counts.max(initial=0))
+    mask = np.zeros(weights.shape, dtype=bool)
+    if k == 0:
+        return mask
+    top = _gumbel_top_k(rng, _log(weights), k)
+    keep = np.arange(k)[None, :] < counts[:, None]
+    rows = np.broadcast_to(np.arange(len(weights))[:, None], top.shape)
+    mask[rows[keep], top[keep]] = True
+    return mask
+
+
+def _ids(prefix: str, n: int, width: int) -> np.ndarray:
+    return np.char.add(prefix, np.char.zfill(np.arange(n).astype(str), width)).astype(object)
+
+
+def _list_column(mask: np.ndarray, vocab) -> pa.Array:
+    """A (rows, vocab) bool mask as a list<string> column, values in vocabulary order."""
+    rows, cols = np.nonzero(mask)
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=len(mask)))]).astype(np.int32)
+    values = pa.array(np.asarray(vocab, dtype=object)[cols], type=pa.string())
+    return pa.ListArray.from_arrays(pa.array(offsets), values)
+
+
+# --- catalogue ---------------------------------------------------------------------------------------
+
+
+def _make_articles(rng: np.random.Generator, n_articles: int) -> dict:
+    type_names = list(PRODUCT_TYPES)
+    type_slot = np.array([SLOTS.index(PRODUCT_TYPES[t][0]) for t in type_names])
+    # (type, gender) pairs that must exist: 0 women, 1 men, 2 unisex.
+    required = [(t, g) for t, name in enumerate(type_names) for g in (0, 1) if "wm"[g] in PRODUCT_TYPES[name][1]]
+    if n_articles < len(required):
+        raise ValueError(f"n_articles must be at least {len(required)} to cover every product type and gender")
+    n_brands = int(np.clip(n_articles // 40, 8, 1000))
+
+    brand_styles = _mask_rows(rng, np.ones((n_brands, len(STYLES))), rng.integers(1, 3, n_brands))
+    brand_level = np.exp(rng.normal(0, 0.35, n_brands))
+    brand_pop = np.exp(rng.normal(0, 0.8, n_brands))
+
+    slot_odds = {"top": 3, "bottom": 2.5, "dress": 1, "shoes": 2, "outerwear": 1.5, "accessory": 2.5}
+    type_odds = np.array([slot_odds[PRODUCT_TYPES[t][0]] / sum(
+        PRODUCT_TYPES[u][0] == PRODUCT_TYPES[t][0] for u in type_names) for t in type_names])  # fmt: skip
+    n_free = n_articles - len(required)
+    product_type = np.concatenate(
+        [np.array([t for t, _ in required]), rng.choice(len(type_names), n_free, p=type_odds / type_odds.sum())]
+    )
+    cut = np.array([PRODUCT_TYPES[type_names[t]][1] for t in product_type])
+    free_gender = rng.choice(3, n_free, p=[0.45, 0.4, 0.15])
+    gender = np.concatenate([np.array([g for _, g in required]), free_gender])
+    gender = np.where(cut == "w", 0, np.where(cut == "m", 1, gender))
+    accessory = type_slot[product_type] == SLOTS.index("accessory")
+    gender = np.where(accessory & (rng.random(n_articles) < 0.5), 2, gender)
+
+    # Every brand has articles: the first n_brands draws are a permutation, the rest by popularity.
+    brand = np.concatenate(
+        [rng.permutation(n_brands), rng.choice(n_brands, max(0, n_articles - n_brands), p=brand_pop / brand_pop.sum())]
+    )[:n_articles]
+    rng.shuffle(brand)
+    house = _categorical(rng, brand_styles[brand].astype(float))
+    style = np.where(rng.random(n_articles) < 0.8, house, rng.integers(0, len(STYLES), n_articles))
+    palette = np.array([[c in STYLE_PALETTES[s] for c in COLORS] for s in STYLES])
+    color = _categorical(rng, 1.0 + 5.0 * palette[style])
+
+    base_price = np.array([PRODUCT_TYPES[t][2] for t in type_names])[product_type]
+    price = np.round(np.maximum(base_price * brand_level[brand] * np.exp(rng.normal(0, 0.25, n_articles)), 1.0), 2)
+
+    slot_name = np.array(SLOTS)[type_slot[product_type]]
+    sized_body = np.isin(slot_name, ("top", "bottom", "dress", "outerwear"))
+    body_fit = rng.choice([0, 1, 2], n_articles, p=[0.6, 0.2, 0.2])  # regular, petite, plus
+    shoe_fit = rng.choice([0, 3, 4], n_articles, p=[0.6, 0.2, 0.2])  # regular, narrow, wide
+    fit = np.where(sized_body, body_fit, np.where(slot_name == "shoes", shoe_fit, FITS.index("one size")))
+    popularity = np.exp(rng.normal(0, 0.7, n_articles)) * np.sqrt(brand_pop[brand])
+    return dict(
+        n=n_articles, n_brands=n_brands, brand_styles=brand_styles, brand_level=brand_level, brand_pop=brand_pop,
+        product_type=product_type, slot=type_slot[product_type], gender=gender, brand=brand, style=style,
+        color=color, price=price, fit=fit, popularity=popularity,
+    )  # fmt: skip
+
+
+# --- customers ---------------------------------------------------------------------------------------
+
+
+def _make_customers(rng: np.random.Generator, n_customers: int, art: dict) -> dict:
+    n = n_customers
+    gender = rng.choice(len(GENDERS), n, p=[0.55, 0.42, 0.03])
+    age = np.round(np.clip(rng.normal(38, 13, n), 16, 85))
+    country = rng.choice(len(COUNTRIES), n, p=[0.3, 0.14, 0.1, 0.1, 0.08, 0.08, 0.05, 0.05, 0.05, 0.05])
+
+    young, old = (age < 30)[:, None], (age >= 50)[:, None]
+    style_w = np.ones((n, len(STYLES)))
+    for s, f in {"streetwear": 3, "sporty": 2, "casual": 1.5}.items():
+        style_w[:, STYLES.index(s)] *= np.where(young[:, 0], f, 1)
+    for s, f in {"classic": 3, "elegant": 2, "outdoor": 1.5}.items():
+        style_w[:, STYLES.index(s)] *= np.where(old[:, 0], f, 1)
+    for s in ("romantic", "boho"):
+        style_w[:, STYLES.index(s)] *= np.where(gender == 1, 0.3, 1.5)
+    style_w *= np.isin(np.arange(len(STYLES)), art["style"])[None, :]  # only styles the catalogue has
+    styles = _mask_rows(rng, style_w, rng.choice([1, 2, 3], n, p=[0.35, 0.45, 0.2]))
+
+    budget = np.exp(rng.normal(0, 0.45, n))
+    price_min = np.round(10 * budget * rng.uniform(0.5, 1.2, n))
+    price_max = np.round(np.maximum(110 * budget * rng.uniform(0.8, 1.4, n), price_min + 10))
+
+    # Brands: mostly of the customer's styles, near their budget.
+    n_brands = np.minimum(rng.choice([1, 2, 3, 4, 5], n, p=[0.2, 0.3, 0.25, 0.15, 0.1]), art["n_brands"])
+    brands = np.zeros((n, art["n_brands"]), dtype=bool)
+    chunk = max(1, _MAX_SAMPLING_CELLS // art["n_brands"])
+    for start in range(0, n, chunk):  # (customers x brands) weights, a chunk of customers at a time
+        part = slice(start, start + chunk)
+        of_my_styles = (styles[part].astype(np.float32) @ art["brand_styles"].T.astype(np.float32)) > 0
+        level_gap = np.log(art["brand_level"])[None, :] - np.log(budget[part])[:, None]
+        brand_w = art["brand_pop"][None, :] * (1 + 6 * of_my_styles) * np.exp(-0.5 * (level_gap / 0.4) ** 2)
+        brands[part] = _mask_rows(rng, brand_w, n_brands[part])
+
+    palette = np.array([[c in STYLE_PALETTES[s] for c in COLORS] for s in STYLES], dtype=np.float32)
+    color_w = (1 + 3 * (styles.astype(np.float32) @ palette > 0)) * np.isin(np.arange(len(COLORS)), art["color"])
+    colors = _mask_rows(rng, color_w, rng.choice([1, 2, 3, 4], n, p=[0.3, 0.35, 0.25, 0.1]))
+
+    # No-go types: at most one per slot, among types cut for the customer.
+    type_names = list(PRODUCT_TYPES)
+    type_slot = np.array([SLOTS.index(PRODUCT_TYPES[t][0]) for t in type_names])
+    slot_w = np.ones((n, len(SLOTS)))
+    slot_w[:, SLOTS.index("dress")] = np.where(gender == 1, 0, 0.5)
+    nogo_slots = _mask_rows(rng, slot_w, rng.choice([0, 1, 2, 3], n, p=[0.35, 0.35, 0.2, 0.1]))
+    type_w = _cut_for(gender).astype(float) * nogo_slots[:, type_slot]
+    nogo = np.zeros((n, len(type_names)), dtype=bool)
+    for s in range(len(SLOTS)):  # one draw per slot, over that slot's few types
+        cols = np.flatnonzero(type_slot == s)
+        rows = np.flatnonzero(nogo_slots[:, s])
+        nogo[rows, cols[_categorical(rng, type_w[np.ix_(rows, cols)])]] = True
+
+    top_size = np.clip(np.round(rng.normal(np.where(gender == 1, 2.8, 1.8), 1.0)), 0, len(TOP_SIZES) - 1)
+    bottom_size = np.clip(np.round(top_size * 1.3 + rng.normal(0.5, 0.8, n)), 0, len(BOTTOM_SIZES) - 1)
+    shoe_size = np.clip(np.round(rng.normal(np.where(gender == 1, 8.0, 4.0), 1.5)), 0, len(SHOE_SIZES) - 1)
+    body_fit = lambda index, low, high: np.where(index <= low, 1, np.where(index >= high, 2, 0))  # noqa: E731
+    fit = np.stack(  # the fit that suits the customer, per slot (regular, petite, plus / narrow, wide)
+        [
+            body_fit(top_size, 1, 4),  # top
+            body_fit(bottom_size, 1, 5),  # bottom
+            body_fit(top_size, 1, 4),  # dress
+            np.where(shoe_size <= 2, 3, np.where(shoe_size >= 9, 4, 0)),  # shoes
+            body_fit(top_size, 1, 4),  # outerwear
+            np.full(n, FITS.index("one size")),  # accessory
+        ],
+        axis=1,
+    )
+    return dict(
+        n=n, gender=gender, age=age, country=country, styles=styles, brands=brands, colors=colors, nogo=nogo,
+        top_size=top_size.astype(int), bottom_size=bottom_size.astype(int), shoe_size=shoe_size.astype(int),
+        price_min=price_min, price_max=price_max, fit=fit, activity=np.exp(rng.normal(0, 0.8, n)),
+    )  # fmt: skip
+
+
+def _cut_for(customer_gender: np.ndarray) -> np.ndarray:
+    """(customers, types) bool: which product types are cut for each customer (diverse: all)."""
+    cut = np.array([PRODUCT_TYPES[t][1] for t in PRODUCT_TYPES])
+    women = np.isin(cut, ("w", "wm"))
+    men = np.isin(cut, ("m", "wm"))
+    return np.where((customer_gender == 0)[:, None], women, np.where((customer_gender == 1)[:, None], men, True))
+
+
+# --- outfits -----------------------------------------------------------------------------------------
+
+
+def _occasion_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    type_names = list(PRODUCT_TYPES)
+    type_w = np.array([[OCCASION_RULES[o]["types"].get(t, UNLISTED_TYPE_WEIGHT) for t in type_names]
+                       for o in OCCASIONS])  # fmt: skip
+    style_w = np.array([[OCCASION_RULES[o]["styles"].get(s, 0.2) for s in STYLES] for o in OCCASIONS])
+    p_dress = np.array([OCCASION_RULES[o]["p_dress"] for o in OCCASIONS])
+    p_outer = np.array([OCCASION_RULES[o]["p_outer"] for o in OCCASIONS])
+    return type_w, style_w, p_dress, p_outer
+
+
+def _make_outfits(rng: np.random.Generator, n_outfits: int, art: dict, cus: dict) -> dict:
+    type_w, occ_style_w, p_dress, p_outer = _occasion_tables()
+    type_slot = np.array([SLOTS.index(PRODUCT_TYPES[t][0]) for t in PRODUCT_TYPES])
+    customer = rng.choice(cus["n"], n_outfits, p=cus["activity"] / cus["activity"].sum())
+    styles = cus["styles"][customer]
+
+    # Occasion: base odds, shifted by how well it suits the customer's styles.
+    suit = styles.astype(float) @ (occ_style_w / occ_style_w.max(axis=1, keepdims=True)).T
+    base = np.array([OCCASION_BASE_ODDS[o] for o in OCCASIONS])
+    occasion = _categorical(rng, base[None, :] * (1 + 2 * suit))
+
+    # Anchor style: mostly one of the customer's styles (weighed by the occasion), else the occasion's.
+    from_customer = rng.random(n_outfits) < ANCHOR_FROM_CUSTOMER
+    mine = styles * (occ_style_w[occasion] + 0.5)
+    anchor = np.where(from_customer, _categorical(rng, mine), _categorical(rng, occ_style_w[occasion]))
+
+    size = rng.choice(np.arange(MIN_OUTFIT_SIZE, MAX_OUTFIT_SIZE + 1), n_outfits, p=SIZE_ODDS)
+    can_dress = cus["gender"][customer] != 1
+    dress = can_dress & (rng.random(n_outfits) < p_dress[occasion])
+    northern = np.isin(cus["country"][customer], [COUNTRIES.index(c) for c in NORTHERN])
+    outer = rng.random(n_outfits) < np.clip(p_outer[occasion] * np.where(northern, 1.3, 0.9), 0, 1)
+    core = np.where(dress, 2, 3)
+    outer &= size - core - 1 >= 0
+    n_accessories = size - core - outer
+
+    allowed = _cut_for(cus["gender"][customer]) & ~cus["nogo"][customer]
+    weights = type_w[occasion] * allowed
+    draws_outfit, draws_type = [], []
+    for slot, needed in (
+        ("top", ~dress), ("bottom", ~dress), ("dress", dress), ("shoes", np.ones(n_outfits, bool)), ("outerwear", outer)
+    ):
+        rows = np.flatnonzero(needed)
+        cols = np.flatnonzero(type_slot == SLOTS.index(slot))
+        draws_outfit.append(rows)
+        draws_type.append(cols[_categorical(rng, weights[np.ix_(rows, cols)])])
+    acc_cols = np.flatnonzero(type_slot == SLOTS.index("accessory"))
+    acc = _gumbel_top_k(rng, _log(weights[:, acc_cols]), int(n_accessories.max()))
+    keep = np.arange(acc.shape[1])[None, :] < n_accessories[:, None]
+    draws_outfit.append(np.broadcast_to(np.arange(n_outfits)[:, None], acc.shape)[keep])
+    draws_type.append(acc_cols[acc[keep]])
+    draw_outfit, draw_type = np.concatenate(draws_outfit), np.concatenate(draws_type)
+
+    article = _draw_articles(rng, draw_outfit, draw_type, customer, anchor, art, cus)
+    order = np.lexsort((rng.random(len(draw_outfit)), draw_outfit))  # group by outfit, items in random order
+    return dict(
+        n=n_outfits, customer=customer, occasion=occasion, anchor=anchor, size=size,
+        draw_outfit=draw_outfit[order], article=article[order],
+    )  # fmt: skip
+
+
+def _draw_articles(rng, draw_outfit, draw_type, customer, anchor, art, cus) -> np.ndarray:
+    """For every (outfit, product type) draw, one article of that type, weighted as the docstring says.
+
+    Draws are grouped by candidate pool (product type x the customer's gender). Within a pool the weights
+    of a chunk of draws form one (draws, pool) matrix: the style x colour factor is a per-draw lookup table
+    gathered at the pool's articles, popularity x fit a per-pool table picked by the draw's wanted fit, and
+    the few preferred-brand articles are boosted in place (a customer prefers at most five brands)."""
+    cust = customer[draw_outfit]
+    n_colors = len(COLORS)
+    # Customers see articles cut for them: women's + unisex, men's + unisex, or all (diverse).
+    pool_key = draw_type * len(GENDERS) + cus["gender"][cust]
+    by_key = np.argsort(pool_key, kind="stable")
+    bounds = np.flatnonzero(np.diff(pool_key[by_key])) + 1
+    fit_factor = np.where(np.eye(len(FITS), dtype=bool), 1.0, FIT_MISMATCH)  # [wanted fit, article fit]
+    fit_factor[:, FITS.index("regular")] = np.maximum(fit_factor[:, FITS.index("regular")], FIT_REGULAR_ARTICLE)
+    brand_rows, brand_cols = np.nonzero(cus["brands"])
+    brand_start = np.searchsorted(brand_rows, np.arange(cus["n"] + 1))  # CSR: customer -> preferred brands
+    chosen = np.empty(len(draw_outfit), dtype=np.int64)
+    for group in np.split(by_key, bounds):
+        t, g = divmod(int(pool_key[group[0]]), len(GENDERS))
+        gender_ok = np.isin(art["gender"], (0, 2) if g == 0 else (1, 2) if g == 1 else (0, 1, 2))
+        pool = np.flatnonzero((art["product_type"] == t) & gender_ok)
+        slot = art["slot"][pool[0]]
+        style_color = art["style"][pool] * n_colors + art["color"][pool]
+        pop_fit = (art["popularity"][pool][None, :] * fit_factor[:, art["fit"][pool]]).astype(np.float32)
+        price = art["price"][pool]
+        # pool articles grouped by brand, to boost a draw's preferred brands in place
+        pool_by_brand = np.argsort(art["brand"][pool], kind="stable")
+        brand_first = np.searchsorted(art["brand"][pool][pool_by_brand], np.arange(art["n_brands"] + 1))
+        step = max(1, _MAX_SAMPLING_CELLS // len(pool))
+        for start in range(0, len(group), step):
+            rows = group[start : start + step]
+            c = cust[rows]
+            style_w = np.where(cus["styles"][c], OTHER_PREFERRED_STYLE_BOOST, 1.0).astype(np.float32)
+            style_w[np.arange(len(rows)), anchor[draw_outfit[rows]]] = ANCHOR_STYLE_BOOST
+            color_w = np.where(cus["colors"][c], PREFERRED_COLOR_BOOST, 1.0).astype(np.float32)
+            w = (style_w[:, :, None] * color_w[:, None, :]).reshape(len(rows), -1)[:, style_color]
+            w *= pop_fit[cus["fit"][c, slot]]
+            outside = (price[None, :] < cus["price_min"][c, None]) | (price[None, :] > cus["price_max"][c, None])
+            w[outside] *= OUT_OF_PRICE_RANGE
+            r, cols = _preferred_brand_cells(c, brand_start, brand_cols, brand_first, pool_by_brand)
+            w[r, cols] *= PREFERRED_BRAND_BOOST
+            cum = np.cumsum(w, axis=1)
+            u = rng.random(len(rows)) * cum[:, -1]
+            chosen[rows] = pool[np.minimum((cum < u[:, None]).sum(axis=1), len(pool) - 1)]
+    return chosen
+
+
+def _preferred_brand_cells(c, brand_start, brand_cols, brand_first, pool_by_brand):
+    """(row, pool column) of every pool article whose brand the row's customer prefers."""
+    n_pref = brand_start[c + 1] - brand_start[c]
+    row_of_pref = np.repeat(np.arange(len(c)), n_pref)
+    pref = brand_cols[np.repeat(brand_start[c], n_pref) + _ranges(n_pref)]
+    n_cells = brand_first[pref + 1] - brand_first[pref]
+    cols = pool_by_brand[np.repeat(brand_first[pref], n_cells) + _ranges(n_cells)]
+    return np.repeat(row_of_pref, n_cells), cols
+
+
+def _ranges(lengths: np.ndarray) -> np.ndarray:
+    """Concatenated aranges: [0..lengths[0]), [0..lengths[1]), ..."""
+    total = int(lengths.sum())
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return np.arange(total) - starts
+
+
+# --- tables ------------------------------------------------------------------------------------------
+
+
+def _tables(art: dict, cus: dict, out: dict) -> dict[str, pa.Table]:
+    article_id = _ids("A", art["n"], 7)
+    customer_id = _ids("C", cus["n"], 7)
+    type_names = np.array(list(PRODUCT_TYPES), dtype=object)
+    brand_names = _ids("brand_", art["n_brands"], 4)
+    obj = lambda values: np.asarray(values, dtype=object)  # noqa: E731
+    articles = pa.table(
+        {
+            "article_id": pa.array(article_id, pa.string()),
+            "product_type": pa.array(type_names[art["product_type"]], pa.string()),
+            "brand": pa.array(brand_names[art["brand"]], pa.string()),
+            "color": pa.array(obj(COLORS)[art["color"]], pa.string()),
+            "style": pa.array(obj(STYLES)[art["style"]], pa.string()),
+            "price": pa.array(art["price"], pa.float64()),
+            "category": pa.array(obj(SLOTS)[art["slot"]], pa.string()),
+            "gender": pa.array(obj(("women", "men", "unisex"))[art["gender"]], pa.string()),
+            "fit": pa.array(obj(FITS)[art["fit"]], pa.string()),
+        }
+    )
+    customers = pa.table(
+        {
+            "customer_id": pa.array(customer_id, pa.string()),
+            "age": pa.array(cus["age"], pa.float64()),
+            "gender": pa.array(obj(GENDERS)[cus["gender"]], pa.string()),
+            "country": pa.array(obj(COUNTRIES)[cus["country"]], pa.string()),
+            "preferred_brands": _list_column(cus["brands"], brand_names),
+            "preferred_colors": _list_column(cus["colors"], COLORS),
+            "preferred_styles": _list_column(cus["styles"], STYLES),
+            "nogo_product_types": _list_column(cus["nogo"], type_names),
+            "size_top": pa.array(obj(TOP_SIZES)[cus["top_size"]], pa.string()),
+            "size_bottom": pa.array(obj(BOTTOM_SIZES)[cus["bottom_size"]], pa.string()),
+            "size_shoes": pa.array(obj(SHOE_SIZES)[cus["shoe_size"]], pa.string()),
+            "price_min": pa.array(cus["price_min"], pa.float64()),
+            "price_max": pa.array(cus["price_max"], pa.float64()),
+        }
+    )
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(out["draw_outfit"], minlength=out["n"]))]).astype(np.int32)
+    outfits = pa.table(
+        {
+            "outfit_id": pa.array(_ids("O", out["n"], 8), pa.string()),
+            "customer_id": pa.array(customer_id[out["customer"]], pa.string()),
+            "article_ids": pa.ListArray.from_arrays(
+                pa.array(offsets), pa.array(article_id[out["article"]], pa.string())
+            ),
+            "occasion": pa.array(obj(OCCASIONS)[out["occasion"]], pa.string()),
+        }
+    )
+    return {"articles": articles, "customers": customers, "outfits": outfits}
+
+
+def planted_signal(art: dict, cus: dict, out: dict) -> dict[str, float]:
+    """How strongly the context shows in the outfits: shares of items matching the customer's preferences,
+    next to the share expected if articles were drawn by popularity alone. No-go items must be 0."""
+    cust = out["customer"][out["draw_outfit"]]
+    item = out["article"]
+    pop = art["popularity"] / art["popularity"].sum()
+
+    def share(mask_items: np.ndarray) -> float:
+        return round(float(mask_items.mean()), 4)
+
+    def expected(prefs: np.ndarray, article_attr: np.ndarray) -> float:
+        # P(a popularity-drawn article has a preferred attribute), averaged over the outfit items' customers
+        per_customer = prefs.astype(np.float64) @ np.bincount(article_attr, pop, prefs.shape[1])
+        return round(float(per_customer[cust].mean()), 4)
+
+    return {
+        "items_in_preferred_style": share(cus["styles"][cust, art["style"][item]]),
+        "by_popularity_alone_style": expected(cus["styles"], art["style"]),
+        "items_of_preferred_brand": share(cus["brands"][cust, art["brand"][item]]),
+        "by_popularity_alone_brand": expected(cus["brands"], art["brand"]),
+        "items_of_preferred_color": share(cus["colors"][cust, art["color"][item]]),
+        "by_popularity_alone_color": expected(cus["colors"], art["color"]),
+        "items_in_price_range": share(
+            (art["price"][item] >= cus["price_min"][cust]) & (art["price"][item] <= cus["price_max"][cust])
+        ),
+        "items_of_nogo_type": share(cus["nogo"][cust, art["product_type"][item]]),
+    }
+
+
+def generate(size: GeneratorSize, seed: int, out_dir: Path) -> dict:
+    """Write articles/customers/outfits.parquet, schema.json and ingest_report.json into out_dir."""
+    started = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    art = _make_articles(rng, size.n_articles)
+    cus = _make_customers(rng, size.n_customers, art)
+    out = _make_outfits(rng, size.n_outfits, art, cus)
+    tables = _tables(art, cus, out)
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, table in tables.items():
+        pq.write_table(table, out_dir / f"{name}.parquet")
+    PAPER_SCHEMA.save(out_dir)
+    report = {
+        "source": "synthetic",
+        "seed": seed,
+        "size": size.model_dump(),
+        "rows": {name: table.num_rows for name, table in tables.items()},
+        "n_brands": art["n_brands"],
+        "items_per_outfit": round(float(len(out["article"]) / out["n"]), 3),
+        "planted_signal": planted_signal(art, cus, out),
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+    (out_dir / "ingest_report.json").write_text(json.dumps(report, indent=2))
+    return report
