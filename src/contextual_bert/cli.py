@@ -81,10 +81,11 @@ def _cmd_train(cfg: Config, args) -> None:
     from contextual_bert.training import train
 
     # Every training is an MLflow run (tracking.py): per-epoch metrics as it goes, the rest at the end.
-    with track_training(cfg, args.variant, args.seed, run_dir(cfg, args.variant, args.seed)) as tracker:
+    out_dir = run_dir(cfg, args.variant, args.seed)
+    with track_training(cfg, args.variant, args.seed, out_dir, params_file=Path(args.params)) as tracker:
         result = train(
             features_dir=cfg.paths.features_dir,
-            out_dir=run_dir(cfg, args.variant, args.seed),
+            out_dir=out_dir,
             variant=args.variant,
             seed=args.seed,
             model_cfg=cfg.model_for(args.variant),

@@ -284,8 +284,11 @@ def _reencoded_validation(cfg: Config, core):
     return EncodedOutfits(torch.from_numpy(items), context, rows["outfit_id"].tolist())
 
 
-def version_hits(cfg: Config, version, k: int, features_sha: str) -> np.ndarray:
-    """Per-case hit@k of a registered version on the validation cases, from its own registered pyfunc."""
+def version_case_hits(cfg: Config, version, k: int, features_sha: str) -> dict[tuple[str, int], bool]:
+    """Hit@k of a registered version on every validation case (outfit id, position), from its own pyfunc.
+
+    Cases whose target the model cannot rank (an article it never saw: evaluation skips them) are absent.
+    """
     import mlflow
 
     from contextual_bert.evaluation import case_ranks
@@ -293,8 +296,19 @@ def version_hits(cfg: Config, version, k: int, features_sha: str) -> np.ndarray:
     pyfunc = mlflow.pyfunc.load_model(f"models:/{cfg.mlflow.model_name}/{version.version}")
     core = pyfunc.unwrap_python_model().core
     data = validation_cases(cfg, core, version.tags.get("features_sha256", ""), features_sha)
-    ranks = case_ranks(core.model, data, cfg.evaluate.batch_size, core.device)
-    return np.asarray(ranks.cpu() if hasattr(ranks, "cpu") else ranks) <= k
+    cases = case_ranks(core.model, data, cfg.evaluate.batch_size, core.device)
+    outfit_ids = data.outfit_ids or [str(i) for i in range(len(data))]
+    return {
+        (outfit_ids[o], int(p)): bool(r <= k)
+        for o, p, r in zip(cases["outfit"].tolist(), cases["position"].tolist(), cases["rank"].tolist())
+    }
+
+
+def aligned_hits(candidate: dict, champion: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Both models' hits on the union of their cases; a case one model cannot rank is its miss."""
+    keys = sorted(set(candidate) | set(champion))
+    return (np.array([candidate.get(key, False) for key in keys], dtype=bool),
+            np.array([champion.get(key, False) for key in keys], dtype=bool))
 
 
 # --- promote and rollback -------------------------------------------------------------------------------
@@ -354,12 +368,10 @@ def promote(cfg: Config) -> dict:
     elif champion.version == best.version:
         decision, test = "kept: the best version is already the champion", None
     else:
-        test = paired_test(
-            version_hits(cfg, best, k, features_sha),
-            version_hits(cfg, champion, k, features_sha),
-            cfg.promote.margin,
-            cfg.promote.alpha,
+        candidate_hits, champion_hits = aligned_hits(
+            version_case_hits(cfg, best, k, features_sha), version_case_hits(cfg, champion, k, features_sha)
         )
+        test = paired_test(candidate_hits, champion_hits, cfg.promote.margin, cfg.promote.alpha)
         decision = (
             f"promoted: beats version {champion.version} by {test.difference:+.4f} (p={test.p_value:.3g})"
             if test.beats

@@ -82,9 +82,13 @@ def experiment_id(mlflow_client, name: str) -> str:
 
 
 def metric_key(name: str, prefix: str = "") -> str:
-    """An MLflow-safe metric/tag key: 'recall@5' -> 'recall_at_5', prefixed as 'val_recall_at_5'."""
+    """An MLflow-safe metric/tag key: 'recall@5' -> 'recall_at_5', prefixed as 'val/recall_at_5'.
+
+    Evaluation metrics are prefixed by split ('val/', 'test/'), train's result by 'final/'; per-epoch
+    metrics keep history.json's names ('val_cross_entropy'), so the two never share a key.
+    """
     key = re.sub(r"[^\w.\- /:]", "_", name.replace("@", "_at_"))
-    return f"{prefix}_{key}" if prefix else key
+    return f"{prefix}/{key}" if prefix else key
 
 
 def flatten(obj, prefix: str = "") -> dict[str, object]:
@@ -236,6 +240,7 @@ class TrainingTracker:
     run_dir: Path
     features_dir: Path
     cfg: Config
+    params_file: Path | None = None
 
     def log_epoch(self, epoch: int, row: dict) -> None:
         log_epochs(self.mlflow_client, self.run_id, [row], first_step=int(epoch))
@@ -258,7 +263,9 @@ class TrainingTracker:
         checkpoint = self.run_dir / "checkpoint.pt"
         if checkpoint.exists():  # lets register find this run from the checkpoint alone
             self.mlflow_client.set_tag(self.run_id, "checkpoint_sha256", file_sha256(checkpoint))
-        log_run_artifacts(self.mlflow_client, self.run_id, self.run_dir, self.features_dir, self.cfg)
+        log_run_artifacts(
+            self.mlflow_client, self.run_id, self.run_dir, self.features_dir, self.cfg, self.params_file
+        )
 
 
 def log_epochs(mlflow_client, run_id: str, rows: list[dict], first_step: int = 1) -> None:
@@ -281,8 +288,11 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def log_run_artifacts(mlflow_client, run_id: str, run_dir: Path, features_dir: Path, cfg: Config) -> None:
-    """Checkpoint, history and metrics; the context tables and article vocabulary; the resolved config."""
+def log_run_artifacts(
+    mlflow_client, run_id: str, run_dir: Path, features_dir: Path, cfg: Config, params_file: Path | None = None
+) -> None:
+    """Checkpoint, history and metrics; the context tables and article vocabulary; the config (resolved, and
+    the params file as written when given)."""
     for name in RUN_ARTIFACT_MODEL_FILES:
         if (Path(run_dir) / name).exists():
             mlflow_client.log_artifact(run_id, str(Path(run_dir) / name), "model")
@@ -293,8 +303,8 @@ def log_run_artifacts(mlflow_client, run_id: str, run_dir: Path, features_dir: P
         resolved = Path(tmp) / "params.resolved.json"
         resolved.write_text(json.dumps(cfg.model_dump(mode="json", by_alias=True), indent=2))
         mlflow_client.log_artifact(run_id, str(resolved), "config")
-    if Path("params.yaml").exists():
-        mlflow_client.log_artifact(run_id, "params.yaml", "config")
+    if params_file is not None and Path(params_file).exists():
+        mlflow_client.log_artifact(run_id, str(params_file), "config")
 
 
 def log_params(mlflow_client, run_id: str, params: dict[str, str]) -> None:
@@ -317,7 +327,9 @@ def _same_training_run(mlflow_client, run_dir: Path, params: dict[str, str], fea
 
 
 @contextmanager
-def track_training(cfg: Config, variant: str, seed: int, run_dir: Path) -> Iterator[TrainingTracker]:
+def track_training(
+    cfg: Config, variant: str, seed: int, run_dir: Path, params_file: Path | None = None
+) -> Iterator[TrainingTracker]:
     """One MLflow run around a training; marks it FAILED (and re-raises) when the training raises.
 
     The run id is written to run_dir/mlflow_run.json before training starts, so a crashed run is findable
@@ -347,7 +359,7 @@ def track_training(cfg: Config, variant: str, seed: int, run_dir: Path) -> Itera
         run_id = mlflow_client.create_run(exp_id, tags=tags, run_name=f"{variant}-s{seed}").info.run_id
         log_params(mlflow_client, run_id, params)
     write_run_file(run_dir, run_id, exp_id, tracking_uri(cfg.mlflow))
-    tracker = TrainingTracker(mlflow_client, run_id, Path(run_dir), Path(features_dir), cfg)
+    tracker = TrainingTracker(mlflow_client, run_id, Path(run_dir), Path(features_dir), cfg, params_file)
     try:
         yield tracker
     except KeyboardInterrupt:
@@ -363,7 +375,7 @@ def track_training(cfg: Config, variant: str, seed: int, run_dir: Path) -> Itera
 
 
 def log_evaluation(cfg: Config, run_dir: Path, report: dict, report_path: Path | None = None) -> str | None:
-    """Log an evaluation's split metrics ('test_recall_at_5', ...) to the training's run; its id, or None.
+    """Log an evaluation's split metrics ('test/recall_at_5', ...) to the training's run; its id, or None.
 
     Returns None (and logs nothing) when run_dir holds no mlflow_run.json: the model was not tracked.
     """

@@ -1,0 +1,221 @@
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+import yaml
+
+from conftest import STRONG, WEAK, free_port
+from contextual_bert.config import Config, MlflowConfig
+from contextual_bert.tracking import (
+    RUN_FILE,
+    artifact_location,
+    client,
+    directory_sha256,
+    dvc_locked_md5,
+    flatten,
+    metric_key,
+    read_run_file,
+    track_training,
+    tracking_uri,
+    training_params,
+)
+
+
+def _run_of(project, variant, seed):
+    record = read_run_file(project.cfg.paths.models_dir / f"{variant}-s{seed}")
+    return client(project.cfg.mlflow).get_run(record["run_id"])
+
+
+def test_metric_keys_are_names_mlflow_accepts():
+    assert metric_key("recall@5", "val") == "val/recall_at_5"
+    assert metric_key("ndcg@10") == "ndcg_at_10"
+    assert metric_key("samples/s (train)") == "samples/s _train_"
+
+
+def test_flatten_nests_with_dots_and_keeps_lists():
+    assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": "x"}) == {"a.b": 1, "a.c": [1, 2], "d": "x"}
+
+
+def test_training_params_are_the_flattened_sections_with_variant_overrides():
+    cfg = Config.model_validate({"variants": {"concat": {"learning_rate": 0.5, "dropout": 0.3}}})
+    params = training_params(cfg, "concat", 2)
+    assert params["variant"] == "concat" and params["seed"] == "2"
+    assert params["train.learning_rate"] == "0.5" and params["model.dropout"] == "0.3"
+    assert params["model.d_model"] == "128" and "features.val_fraction" in params
+    assert "train.variants" not in params  # the matrix, not a setting of this training
+    assert all(isinstance(v, str) for v in params.values())
+
+
+def test_environment_overrides_the_params_tracking_uri(monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
+    assert tracking_uri(MlflowConfig()) == "http://127.0.0.1:5999"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert tracking_uri(MlflowConfig()) == "sqlite:///mlflow.db"
+
+
+def test_sqlite_artifacts_live_beside_the_database(tmp_path):
+    assert artifact_location(f"sqlite:///{tmp_path}/m.db") == (tmp_path / "mlruns").as_uri()
+    assert artifact_location("http://127.0.0.1:5000") is None
+
+
+def test_dvc_locked_md5_reads_the_features_output(tmp_path):
+    lock = tmp_path / "dvc.lock"
+    lock.write_text(
+        yaml.safe_dump(
+            {"schema": "2.0", "stages": {"features": {"cmd": "x", "outs": [
+                {"path": "data/features", "md5": "abc.dir", "size": 1, "nfiles": 6}]}}}  # fmt: skip
+        )
+    )
+    assert dvc_locked_md5(Path("data/features"), lock) == "abc.dir"
+    assert dvc_locked_md5(Path("data/raw"), lock) is None
+    assert dvc_locked_md5(Path("data/features"), tmp_path / "absent.lock") is None
+
+
+def test_a_cli_training_is_one_finished_run_with_params_epochs_lineage_and_artifacts(tiny_trained_runs):
+    project, cfg = tiny_trained_runs, tiny_trained_runs.cfg
+    variant, seed = STRONG
+    run = _run_of(project, variant, seed)
+    mlflow_client = client(cfg.mlflow)
+    assert run.info.status == "FINISHED"
+    assert mlflow_client.get_experiment(run.info.experiment_id).name == cfg.mlflow.experiment
+    assert run.data.params == training_params(cfg, variant, seed)
+
+    history = json.loads((cfg.paths.models_dir / f"{variant}-s{seed}" / "history.json").read_text())
+    for key in ("train_loss", "val_cross_entropy", "learning_rate"):
+        logged = mlflow_client.get_metric_history(run.info.run_id, key)
+        assert sorted(m.step for m in logged) == [row["epoch"] for row in history], key
+        assert [m.value for m in sorted(logged, key=lambda m: m.step)] == pytest.approx([r[key] for r in history])
+    metrics = run.data.metrics
+    final = json.loads((cfg.paths.models_dir / f"{variant}-s{seed}" / "metrics.json").read_text())
+    assert metrics["final/best_val_cross_entropy"] == pytest.approx(final["best_val_cross_entropy"])
+    evaluation = json.loads((cfg.paths.reports_dir / "eval" / f"{variant}-s{seed}.json").read_text())
+    assert metrics["val/recall_at_5"] == pytest.approx(evaluation["val"]["recall@5"])
+    assert metrics["test/cross_entropy"] == pytest.approx(evaluation["test"]["cross_entropy"])
+
+    tags = run.data.tags
+    assert tags["variant"] == variant and tags["seed"] == str(seed)
+    assert len(tags["git_commit"]) == 40 and tags["git_dirty"] in ("true", "false")
+    assert tags["features_sha256"] == directory_sha256(project.features_dir)
+    assert tags["dvc_lock_features_md5"] == "absent"  # the tiny project has no dvc.lock
+    manifest = json.loads((project.features_dir / "manifest.json").read_text())
+    assert {f"features_input_sha256.{k}": v for k, v in manifest["inputs"].items()}.items() <= tags.items()
+
+    artifacts = {f.path for d in ("model", "features", "config") for f in mlflow_client.list_artifacts(run.info.run_id, d)}
+    assert {"model/checkpoint.pt", "model/history.json", "features/article_vocab.parquet",
+            "features/context_vocab.json", "features/customers.parquet", "features/spec.json",
+            "config/params.resolved.json", "config/params.yaml"} <= artifacts  # fmt: skip
+    assert {f.path for f in mlflow_client.list_artifacts(run.info.run_id, "eval")} == {f"eval/{variant}-s{seed}.json"}
+
+
+def test_each_training_has_its_own_run(tiny_trained_runs):
+    assert _run_of(tiny_trained_runs, *STRONG).info.run_id != _run_of(tiny_trained_runs, *WEAK).info.run_id
+
+
+def test_a_failing_training_marks_its_run_failed(tiny_project, tmp_path):
+    cfg = tiny_project.cfg
+    with pytest.raises(RuntimeError, match="boom"):
+        with track_training(cfg, "concat", 7, tmp_path / "run"):
+            raise RuntimeError("boom")
+    run = client(cfg.mlflow).get_run(read_run_file(tmp_path / "run")["run_id"])
+    assert run.info.status == "FAILED"
+
+
+def test_a_repeated_training_logs_to_the_same_run_and_a_changed_one_to_a_new_run(tiny_project, tmp_path):
+    cfg = tiny_project.cfg
+    with track_training(cfg, "concat", 8, tmp_path / "run") as first:
+        first.log_epoch(1, {"epoch": 1, "train_loss": 2.0})
+    with track_training(cfg, "concat", 8, tmp_path / "run") as again:
+        again.log_epoch(2, {"epoch": 2, "train_loss": 1.5})
+    assert again.run_id == first.run_id
+    history = client(cfg.mlflow).get_metric_history(first.run_id, "train_loss")
+    assert sorted((m.step, m.value) for m in history) == [(1, 2.0), (2, 1.5)]
+    assert client(cfg.mlflow).get_run(first.run_id).info.status == "FINISHED"
+
+    changed = cfg.model_copy(update={"train": cfg.train.model_copy(update={"learning_rate": 0.5})})
+    with track_training(changed, "concat", 8, tmp_path / "run") as other:
+        pass
+    assert other.run_id != first.run_id
+    assert read_run_file(tmp_path / "run")["run_id"] == other.run_id
+
+
+def test_the_run_file_is_beside_the_checkpoint(tiny_trained_runs):
+    record = json.loads((tiny_trained_runs.cfg.paths.models_dir / "global_state-s0" / RUN_FILE).read_text())
+    assert set(record) == {"run_id", "experiment_id", "tracking_uri"}
+    assert record["tracking_uri"] == os.environ["MLFLOW_TRACKING_URI"]
+
+
+def _wait_for_http(url: str, process: subprocess.Popen, timeout: float) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"server exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise AssertionError(f"{url} did not answer within {timeout} s")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    import signal
+
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)  # the server and the workers it started, nothing else
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+
+
+@pytest.mark.slow
+def test_three_trainings_at_once_log_through_one_mlflow_server(tiny_project, tmp_path):
+    """Three `contextual-bert train` processes, one `mlflow server` on SQLite: no 'database is locked'."""
+    bin_dir = Path(sys.executable).parent
+    port = free_port()
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    server = subprocess.Popen(
+        [str(bin_dir / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{tmp_path}/server.db",
+         "--artifacts-destination", str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "2"],  # fmt: skip
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        _wait_for_http(f"http://127.0.0.1:{port}/health", server, timeout=90)
+        params = yaml.safe_load(tiny_project.params.read_text())
+        params["paths"]["models_dir"] = str(tmp_path / "models")
+        params["train"]["max_epochs"] = 1
+        params["mlflow"]["experiment"] = "parallel"
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+        train_env = {**env, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}", "OMP_NUM_THREADS": "1"}
+        trainings = [
+            subprocess.Popen(
+                [str(bin_dir / "contextual-bert"), "--params", str(tmp_path / "params.yaml"), "train",
+                 "--variant", "concat", "--seed", str(seed)],  # fmt: skip
+                env=train_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )
+            for seed in (0, 1, 2)
+        ]
+        outputs = [p.communicate(timeout=240) for p in trainings]
+        for process, (_, err) in zip(trainings, outputs):
+            assert process.returncode == 0, err[-2000:]
+            assert "database is locked" not in err
+        server_client = mlflow.MlflowClient(tracking_uri=f"http://127.0.0.1:{port}")
+        experiment = server_client.get_experiment_by_name("parallel")
+        runs = server_client.search_runs([experiment.experiment_id])
+        assert sorted(r.data.params["seed"] for r in runs) == ["0", "1", "2"]
+        for run in runs:
+            assert run.info.status == "FINISHED"
+            assert "train_loss" in run.data.metrics and "final/best_val_cross_entropy" in run.data.metrics
+            assert "model/checkpoint.pt" in {f.path for f in server_client.list_artifacts(run.info.run_id, "model")}
+    finally:
+        _stop(server)
