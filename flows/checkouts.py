@@ -1,0 +1,121 @@
+"""Own checkouts for parallel trainings, sharing one DVC cache, and bringing their results back.
+
+Why: DVC allows one `dvc` command per workspace at a time (`.dvc/tmp/lock`), so two trainings cannot
+`dvc repro` side by side in the parent's workspace. Each training flow run therefore works in its own
+`git worktree` of the parent's repository:
+
+1. `create_checkout`: `git worktree add --detach` at HEAD, then the parent's uncommitted changes copied
+   over (modified and untracked files, dvc.lock and params.yaml among them, deleted files deleted), so
+   the checkout sees exactly what the parent sees; its `.dvc/config.local` points `cache.dir` at the
+   parent's cache, so upstream outputs (data/features) are linked in, not recomputed, and new outputs
+   land in the shared cache.
+2. The training flow runs `dvc repro --single-item train@<v>-<s>` (and `evaluate@...`) there.
+3. `bring_back`, in the parent and in series: copies the stage outputs into the parent workspace,
+   `dvc commit`s the stage there, and checks that the parent's new dvc.lock entry equals the one the
+   checkout wrote (same deps, params and outputs). A later `dvc repro` in the parent finds the stage
+   up to date and does not train again.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from flows.dvc_stages import cache_dir, lock_entry, run_dvc
+
+
+def _git(args: list[str], cwd: Path) -> str:
+    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"`git {' '.join(args)}` in {cwd} failed: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def _paths(out: str) -> list[str]:
+    return [p for p in out.split("\0") if p]
+
+
+def remove_checkout(workdir: Path, checkout: Path) -> None:
+    """Remove a checkout made by `create_checkout` (no error if it is gone already)."""
+    workdir, checkout = Path(workdir), Path(checkout)
+    if checkout.exists():
+        subprocess.run(["git", "worktree", "remove", "--force", str(checkout)], cwd=workdir,
+                       capture_output=True)
+        shutil.rmtree(checkout, ignore_errors=True)
+    subprocess.run(["git", "worktree", "prune"], cwd=workdir, capture_output=True)
+
+
+def create_checkout(workdir: Path, checkout: Path) -> Path:
+    """A git worktree of `workdir` at `checkout` with the parent's working-tree changes and cache."""
+    workdir, checkout = Path(workdir).resolve(), Path(checkout).resolve()
+    remove_checkout(workdir, checkout)  # a leftover of a failed run
+    checkout.parent.mkdir(parents=True, exist_ok=True)
+    _git(["worktree", "add", "--detach", "--force", str(checkout), "HEAD"], workdir)
+
+    changed = _paths(_git(["ls-files", "-z", "--modified", "--others", "--exclude-standard"], workdir))
+    deleted = set(_paths(_git(["ls-files", "-z", "--deleted"], workdir)))
+    for rel in changed:
+        src, dst = workdir / rel, checkout / rel
+        if rel in deleted or not src.is_file():
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+    for rel in deleted:
+        (checkout / rel).unlink(missing_ok=True)
+
+    # `dvc config --local cache.dir ...` and `cache.type ...`, written at once (each dvc call costs ~1 s).
+    # Links instead of copies: upstream outputs cost no disk or time; DVC keeps cached files read-only.
+    (checkout / ".dvc" / "config.local").write_text(
+        f'[cache]\n    dir = {cache_dir(workdir)}\n    type = "reflink,hardlink,copy"\n'
+    )
+    return checkout
+
+
+def checkout_inputs(checkout: Path, stages: list[str] | tuple[str, ...]) -> str:
+    """Link the outputs of the stages' upstream stages (and their own last outputs) from the cache.
+
+    Outputs never produced yet are skipped (`--allow-missing`); `dvc repro` then produces them.
+    """
+    return run_dvc(["checkout", "--with-deps", "--allow-missing", *stages], checkout)
+
+
+def _same_record(a: dict, b: dict) -> bool:
+    keep = ("cmd", "deps", "params", "outs")
+    return {k: a.get(k) for k in keep} == {k: b.get(k) for k in keep}
+
+
+def bring_back(checkout: Path, workdir: Path, stages: list[str] | tuple[str, ...]) -> list[str]:
+    """Copy the stages' outputs from `checkout` into `workdir` and record them in its dvc.lock.
+
+    Must run in series with every other `dvc` command in `workdir`. Raises if a stage has no record in
+    the checkout (it did not run) or if the parent's record differs from the checkout's (the training
+    saw other inputs than the parent has now).
+    """
+    checkout, workdir = Path(checkout), Path(workdir)
+    brought = []
+    for stage in stages:
+        entry = lock_entry(checkout, stage)
+        if entry is None:
+            raise RuntimeError(f"{checkout}: stage {stage} has no record in dvc.lock; it did not run")
+        for out in entry.get("outs", []):
+            src, dst = checkout / out["path"], workdir / out["path"]
+            if dst.is_dir() and not dst.is_symlink():
+                shutil.rmtree(dst)
+            elif dst.exists() or dst.is_symlink():
+                dst.unlink()
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            # Content only: files linked from the cache are read-only, the parent's copies need not be.
+            if src.is_dir():
+                shutil.copytree(src, dst, copy_function=shutil.copyfile)
+            else:
+                shutil.copyfile(src, dst)
+        run_dvc(["commit", "--force", stage], workdir)
+        mine = lock_entry(workdir, stage)
+        if mine is None or not _same_record(mine, entry):
+            raise RuntimeError(
+                f"{stage}: the record in {workdir / 'dvc.lock'} differs from the one in "
+                f"{checkout / 'dvc.lock'}; the checkout trained on other inputs"
+            )
+        brought.append(stage)
+    return brought

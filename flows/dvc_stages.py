@@ -1,0 +1,197 @@
+"""DVC, the one judge of what is stale: the few `dvc` commands the flows run, and the stage plan.
+
+Nothing here imports Prefect, so it is tested without a server. Every stage runs as
+`dvc repro --single-item <stage>`: DVC compares the stage's deps, params and outs with dvc.lock and
+skips it when nothing changed, so no Prefect cache can ever skip work that DVC would run.
+
+One DVC workspace takes one `dvc` command at a time (DVC holds `.dvc/tmp/lock`), so every call for a
+workspace is made in series by the flow that owns it; parallel trainings get their own checkouts
+(`flows/checkouts.py`).
+"""
+
+from __future__ import annotations
+
+import graphlib
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+# Stage kinds that run once per (variant, seed) in their own flow run; everything else runs in series.
+FANOUT_KINDS = ("train", "evaluate")
+# Stages that talk to the MLflow server: their transient faults (server not up yet) are retried.
+MLFLOW_STAGES = frozenset({"register", "promote"})
+
+_EDGE = re.compile(r'"([^"]+)"\s*->\s*"([^"]+)"')
+
+
+class StageFailed(RuntimeError):
+    """A `dvc` command failed. `user_error` is True when a stage printed a one-line user error
+    (`contextual-bert <stage>: error: ...`, exit 2): bad data or params, which no retry can fix."""
+
+    def __init__(self, command: list[str], returncode: int, output: str):
+        self.command = command
+        self.returncode = returncode
+        self.output = output
+        self.user_error = bool(re.search(r"^contextual-bert [\w-]+: error: ", output, re.MULTILINE))
+        tail = "\n".join(output.strip().splitlines()[-15:])
+        super().__init__(f"`{' '.join(command)}` exited with {returncode}:\n{tail}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The DVC stages in the order the flows run them.
+
+    `before` and `after` run in series in the parent's workspace; each unit (the train and evaluate
+    stages of one variant and seed, e.g. `("train@none-0", "evaluate@none-0")`) runs in its own flow
+    run and checkout.
+    """
+
+    before: tuple[str, ...]
+    units: tuple[tuple[str, ...], ...]
+    after: tuple[str, ...]
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        return self.before + tuple(s for unit in self.units for s in unit) + self.after
+
+
+def stage_env(workdir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a stage run from `workdir`.
+
+    The venv's bin/ goes first on PATH (a worker started as `.venv/bin/prefect worker start` has no
+    activated venv), and `workdir/src` first on PYTHONPATH, so the code a stage runs is the code DVC
+    hashed for it, also in a checkout other than the one the venv was installed from.
+    """
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    src = Path(workdir) / "src"
+    if src.is_dir():
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(src), env.get("PYTHONPATH", "")) if p)
+    env.update(extra or {})
+    return env
+
+
+def dvc_executable() -> str:
+    beside = Path(sys.executable).parent / "dvc"
+    return str(beside) if beside.exists() else "dvc"
+
+
+def run_dvc(
+    args: list[str], workdir: Path, env: dict[str, str] | None = None, timeout: float | None = None
+) -> str:
+    """Run `dvc <args>` in `workdir`; return its combined output, raise `StageFailed` on failure."""
+    command = [dvc_executable(), *args]
+    proc = subprocess.run(
+        command,
+        cwd=workdir,
+        env=env if env is not None else stage_env(workdir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        raise StageFailed(["dvc", *args], proc.returncode, proc.stdout)
+    return proc.stdout
+
+
+def repro(stage: str, workdir: Path, env: dict[str, str] | None = None) -> str:
+    """`dvc repro --single-item <stage>`: runs the stage only if DVC finds it stale."""
+    return run_dvc(["repro", "--single-item", stage], workdir, env)
+
+
+def stage_names(workdir: Path) -> list[str]:
+    return run_dvc(["stage", "list", "--name-only"], workdir).split()
+
+
+def stage_edges(workdir: Path) -> list[tuple[str, str]]:
+    """(upstream, downstream) pairs of the DAG in dvc.yaml."""
+    return _EDGE.findall(run_dvc(["dag", "--dot"], workdir))
+
+
+def kind(stage: str) -> str:
+    """`train@none-0` -> `train`; `report` -> `report`."""
+    return stage.split("@", 1)[0]
+
+
+def unit_key(stage: str) -> str:
+    """`train@none-0` -> `none-0`: what groups a variant-seed's train and evaluate stages."""
+    return stage.split("@", 1)[1] if "@" in stage else stage
+
+
+def plan(stages: list[str], edges: list[tuple[str, str]]) -> Plan:
+    """Split the DAG into the series part before the fan-out, the fan-out units, and the rest.
+
+    `before` holds every ancestor of a fan-out stage, `after` the others; both in a topological order
+    that keeps dvc.yaml's order where the DAG allows it.
+    """
+    order = {s: i for i, s in enumerate(stages)}
+    parents: dict[str, set[str]] = {s: set() for s in stages}
+    for up, down in edges:
+        parents.setdefault(down, set()).add(up)
+        parents.setdefault(up, set())
+    sorter = graphlib.TopologicalSorter(parents)
+    sorter.prepare()
+    topo: list[str] = []
+    while sorter.is_active():
+        ready = sorted(sorter.get_ready(), key=lambda s: order.get(s, len(order)))
+        topo.extend(ready)
+        sorter.done(*ready)
+
+    fanout = [s for s in topo if kind(s) in FANOUT_KINDS]
+    ancestors: set[str] = set()
+    stack = [p for s in fanout for p in parents[s]]
+    while stack:
+        s = stack.pop()
+        if s not in ancestors:
+            ancestors.add(s)
+            stack.extend(parents[s])
+    before = tuple(s for s in topo if s in ancestors and s not in fanout)
+    after = tuple(s for s in topo if s not in ancestors and s not in fanout)
+
+    units: dict[str, list[str]] = {}
+    for s in sorted(fanout, key=lambda s: (FANOUT_KINDS.index(kind(s)), order.get(s, 0))):
+        units.setdefault(unit_key(s), []).append(s)
+    for members in units.values():
+        inside = set(members)
+        for s in members:
+            if parents[s] & set(fanout) - inside:
+                raise ValueError(f"dvc.yaml: fan-out stage {s} depends on another unit's stage")
+    return Plan(before=before, units=tuple(tuple(m) for m in units.values()), after=after)
+
+
+def load_plan(workdir: Path) -> Plan:
+    return plan(stage_names(workdir), stage_edges(workdir))
+
+
+def stale(stages: list[str] | tuple[str, ...], workdir: Path) -> dict[str, list]:
+    """`dvc status` of just these stages: {stage: [changes]} for the stale ones, {} when all are fresh."""
+    if not stages:
+        return {}
+    out = run_dvc(["status", "--json", *stages], workdir)
+    return json.loads(out.strip().splitlines()[-1] or "{}")
+
+
+def status_all(workdir: Path) -> dict[str, list]:
+    """`dvc status` of the whole pipeline: {} when `dvc repro` would run nothing."""
+    out = run_dvc(["status", "--json"], workdir)
+    return json.loads(out.strip().splitlines()[-1] or "{}")
+
+
+def lock_entry(workdir: Path, stage: str) -> dict | None:
+    """The stage's entry in dvc.lock (cmd, deps, params, outs with their hashes), or None."""
+    lock = Path(workdir) / "dvc.lock"
+    if not lock.exists():
+        return None
+    return (yaml.safe_load(lock.read_text()) or {}).get("stages", {}).get(stage)
+
+
+def cache_dir(workdir: Path) -> Path:
+    """The workspace's DVC cache (`cache.dir`, default `.dvc/cache`), absolute."""
+    return Path(run_dvc(["cache", "dir"], workdir).strip().splitlines()[-1]).resolve()

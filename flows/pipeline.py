@@ -1,0 +1,346 @@
+"""The pipeline flows: the whole DVC pipeline, training only, and promotion. Deployed by prefect.yaml.
+
+The flows hold no model or data logic: every step is a DVC stage, i.e. one `contextual-bert <stage>`
+command, run as `dvc repro --single-item <stage>` so that DVC alone decides what is stale (its cache,
+never a Prefect one). The parent's workspace takes one `dvc` command at a time (DVC's lock), so:
+
+1. ingest, validate, features (every ancestor of a training) run in series in the parent's workspace;
+2. the train and evaluate stages fan out, one flow run per variant and seed (`flows/train_run.py`),
+   each in its own git worktree sharing the DVC cache, to the `gpu` pool when a GPU worker is up and
+   to the `cpu` pool otherwise (`flows/work_pools.py`); only units DVC finds stale are sent;
+3. as each training run completes, the parent copies its outputs back and `dvc commit`s them, in
+   series; a later `dvc repro` finds them up to date;
+4. baseline, report, register and promote run in series (MLflow stages retried while the server is
+   unreachable).
+
+Without training deployments (or with `fan_out="local"`) the units run in threads of this flow
+process instead, each still in its own checkout. A Prefect worker may take 15 s or more to exit after
+SIGTERM; a unit interrupted that way leaves its checkout under `.dvc/tmp/checkouts/`, which the next
+run of that unit replaces.
+
+Run locally: `python -m flows.pipeline --size tiny` (uses PREFECT_API_URL, or an ephemeral server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any, Literal
+
+from prefect import flow, get_run_logger, task
+from prefect.client.orchestration import get_client
+from prefect.deployments import run_deployment
+from prefect.futures import as_completed
+
+from contextual_bert.config import load_config
+from flows import dvc_stages
+from flows.params_file import pipeline_overrides
+from flows.tasks import (
+    TASK_DEFAULTS,
+    _log_output,
+    _not_user_error,
+    apply_params,
+    bring_back,
+    plan_stages,
+    repro_mlflow_stage,
+    repro_stage,
+    require_fresh,
+    stale_units,
+    wait_for_mlflow,
+)
+from flows.train_run import train_unit
+from flows.work_pools import (
+    CPU_POOL,
+    TRAIN_FLOW,
+    Placement,
+    deployments_exist,
+    place,
+    read_cluster,
+)
+
+CHECKOUTS = Path(".dvc/tmp/checkouts")  # inside the parent's workspace; ignored by git and DVC
+
+
+class UnitFailed(RuntimeError):
+    def __init__(self, message: str, state_type: str | None = None):
+        super().__init__(message)
+        self.state_type = state_type
+
+
+def _crashed(task, task_run, state) -> bool:
+    """Retry a training only when its infrastructure crashed (a worker killed), not when it failed."""
+    return getattr(state.result(raise_on_failure=False), "state_type", None) == "CRASHED"
+
+
+@task(name="train-unit", task_run_name="train {key} on {placement.pool}", retries=1,
+      retry_condition_fn=_crashed, **TASK_DEFAULTS)
+def launch_unit(
+    key: str,
+    stages: tuple[str, ...],
+    placement: Placement,
+    workdir: Path,
+    checkout: Path,
+    env: dict[str, str],
+    timeout_s: float,
+) -> str:
+    """Start the unit's training flow run on its pool and wait (bounded) until it ends.
+
+    The device (CUDA_VISIBLE_DEVICES) and the MLflow store reach the run as job variables, which the
+    worker puts into the run's environment."""
+    run = run_deployment(
+        name=f"{TRAIN_FLOW}/{placement.deployment}",
+        parameters={
+            "stages": list(stages),
+            "workdir": str(workdir),
+            "checkout": str(checkout),
+            "slot": placement.slot,
+            "slot_timeout_s": timeout_s,
+        },
+        job_variables={"env": {**env, **placement.env}},
+        flow_run_name=f"train {key}",
+        tags=[placement.pool, key],
+        timeout=timeout_s,
+        poll_interval=3,
+    )
+    state = run.state
+    if state is None or not state.is_final():
+        from prefect.states import Cancelling
+
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(run.id, Cancelling(), force=True)
+        raise UnitFailed(f"training {key}: flow run {run.name} did not end within {timeout_s:.0f} s; cancelled")
+    if not state.is_completed():
+        raise UnitFailed(f"training {key}: flow run {run.name} ended {state.name}: {state.message}",
+                         state_type=state.type.value)
+    return str(checkout)
+
+
+@task(name="train-unit-local", task_run_name="train {key} in this process", **TASK_DEFAULTS)
+def run_unit_locally(key: str, stages: tuple[str, ...], workdir: Path, checkout: Path, env: dict[str, str]) -> str:
+    train_unit(list(stages), workdir, checkout, env=env)
+    return str(checkout)
+
+
+def _resolve_fan_out(fan_out: str, gpu_ready: bool) -> str:
+    if fan_out != "auto":
+        return fan_out
+    with get_client(sync_client=True) as client:
+        pools = {CPU_POOL} | ({"gpu"} if gpu_ready else set())
+        return "deployments" if deployments_exist(client, pools) else "local"
+
+
+def tracking_uri(workdir: Path) -> str:
+    """The MLflow store every stage logs to: MLFLOW_TRACKING_URI, else params' `mlflow.tracking_uri`,
+    with a relative SQLite path made absolute against `workdir` (a checkout must log to the parent's
+    store, not to a database of its own that is deleted with it)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or load_config(workdir / "params.yaml").mlflow.tracking_uri
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not Path(uri[len(prefix):]).is_absolute():
+        uri = prefix + str((workdir / uri[len(prefix):]).resolve())
+    return uri
+
+
+def is_server(uri: str) -> bool:
+    return uri.startswith(("http://", "https://"))
+
+
+def fan_out_units(
+    units: list[tuple[str, ...]],
+    workdir: Path,
+    fan_out: str = "auto",
+    timeout_s: float = 24 * 3600,
+    max_parallel: int | None = None,
+) -> list[str]:
+    """Train the stale units in parallel, each in its own checkout; bring each back as it completes.
+
+    At most `max_parallel` units are in flight (default: all when MLflow is a server; one with a SQLite
+    store, which takes one writer at a time). Within that, the concurrency slots decide what runs at
+    once. Successful units are committed even when others fail (a rerun redoes only the failed ones);
+    the failures are raised at the end.
+    """
+    logger = get_run_logger()
+    todo = stale_units(units, workdir)
+    if not todo:
+        return []
+    uri = tracking_uri(workdir)
+    wait_for_mlflow(uri)
+    env = {"MLFLOW_TRACKING_URI": uri}
+    if max_parallel is None:
+        max_parallel = len(todo) if is_server(uri) else 1
+        if not is_server(uri):
+            logger.warning("MLflow store %s is not a server: trainings run one at a time", uri)
+    with get_client(sync_client=True) as client:
+        gpu_ready, devices = read_cluster(client)
+    mode = _resolve_fan_out(fan_out, gpu_ready)
+    placements = dict(zip(todo, place(len(todo), gpu_ready, devices)))
+    logger.info("fan-out (%s): %d units, pool %s, %d at a time", mode, len(todo),
+                placements[todo[0]].pool if mode == "deployments" else "none", max_parallel)
+
+    brought: list[str] = []
+    failures: list[str] = []
+    pending = list(todo)
+    running: dict = {}
+    while pending or running:
+        while pending and len(running) < max(1, max_parallel):
+            unit = pending.pop(0)
+            key = dvc_stages.unit_key(unit[0])
+            checkout = workdir / CHECKOUTS / key
+            if mode == "deployments":
+                fut = launch_unit.submit(key, unit, placements[unit], workdir, checkout, env, timeout_s)
+            else:
+                fut = run_unit_locally.submit(key, unit, workdir, checkout, env)
+            running[fut] = (key, unit, checkout)
+        fut = next(as_completed(list(running)))
+        key, unit, checkout = running.pop(fut)
+        fut.wait()  # sets the final state; before that `.state` may lag behind the API
+        if fut.state.is_completed():
+            # In series, in this thread: the only `dvc` commands in the parent's workspace.
+            brought += bring_back(key, checkout, workdir, unit)
+        else:
+            failures.append(f"{key}: {fut.result(raise_on_failure=False)}")
+    if failures:
+        raise RuntimeError(f"{len(failures)} of {len(todo)} trainings failed: " + "; ".join(failures))
+    return brought
+
+
+def _run_series(stages: tuple[str, ...], workdir: Path) -> list[str]:
+    """Run stages one after the other in `workdir`; return those DVC found stale and ran."""
+    ran = []
+    waited = False
+    for stage in stages:
+        if dvc_stages.kind(stage) in dvc_stages.MLFLOW_STAGES:
+            if not waited:
+                wait_for_mlflow(tracking_uri(workdir))
+                waited = True
+            output = repro_mlflow_stage(stage, workdir)
+        else:
+            output = repro_stage(stage, workdir)
+        if f"Running stage '{stage}'" in output:
+            ran.append(stage)
+    return ran
+
+
+@task(name="dvc-status", **TASK_DEFAULTS)
+def final_status(workdir: Path) -> dict:
+    """What DVC would still run after this flow: should be nothing."""
+    changes = dvc_stages.status_all(workdir)
+    if changes:
+        get_run_logger().warning("DVC still finds stale stages: %s", sorted(changes))
+    return changes
+
+
+@task(name="contextual-bert", task_run_name="contextual-bert {args}", retries=3,
+      retry_delay_seconds=[10, 30, 60], retry_condition_fn=_not_user_error, **TASK_DEFAULTS)
+def cli(args: list[str], workdir: Path) -> str:
+    """A `contextual-bert` command outside DVC: an operator's action (rollback), or register/promote
+    while dvc.yaml has no such stages. Both are idempotent against the registry."""
+    proc = subprocess.run(["contextual-bert", *args], cwd=workdir, env=dvc_stages.stage_env(workdir),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        raise dvc_stages.StageFailed(["contextual-bert", *args], proc.returncode, proc.stdout)
+    _log_output(proc.stdout)
+    return proc.stdout
+
+
+def _register_and_promote(p: dvc_stages.Plan, workdir: Path, promote: bool) -> list[str]:
+    """The MLflow end of the pipeline: the register/promote stages of dvc.yaml, or their commands."""
+    wanted = ("register", "promote") if promote else ("register",)
+    stages = tuple(s for s in p.after if dvc_stages.kind(s) in wanted)
+    if stages:
+        return _run_series(stages, workdir)
+    wait_for_mlflow(tracking_uri(workdir))
+    for command in wanted:
+        cli([command], workdir)
+    return list(wanted)
+
+
+@flow(name="pipeline", log_prints=True)
+def pipeline(
+    size: Literal["tiny", "default", "paper"] | None = None,
+    source: Literal["synthetic", "hm"] | None = None,
+    params: dict[str, Any] | None = None,
+    workdir: str = ".",
+    fan_out: Literal["auto", "deployments", "local"] = "auto",
+    promote: bool = True,
+    train_timeout_s: float = 24 * 3600,
+    max_parallel: int | None = None,
+) -> dict:
+    """The whole pipeline: validate, build features, train every variant and seed, evaluate, report,
+    register and promote. DVC runs only what is stale.
+
+    size / source: `generate.size` / `ingest.source` for this run (None: keep params.yaml's).
+    params: more params.yaml overrides as dotted keys, e.g. {"train.seeds": [0], "train.max_epochs": 2}.
+    They are written into params.yaml (as `dvc exp run --set-param` does), so DVC records them.
+    workdir: the DVC workspace (a git repository); the worker's working directory by default.
+    fan_out: "deployments" sends trainings to the train-run deployments, "local" runs them in this
+    process, "auto" uses deployments when they exist. promote: also promote (else register only).
+    train_timeout_s: bound on each training run. max_parallel: trainings in flight at once (default:
+    all with an MLflow server, one with a SQLite store).
+    """
+    wd = Path(workdir).resolve()
+    changed = apply_params(wd, pipeline_overrides(size, source, params))
+    p = plan_stages(wd)
+    ran = _run_series(p.before, wd)
+    trained = fan_out_units(list(p.units), wd, fan_out, train_timeout_s, max_parallel)
+    ran += _run_series(tuple(s for s in p.after if dvc_stages.kind(s) not in ("register", "promote")), wd)
+    ran += _register_and_promote(p, wd, promote)
+    stale_left = final_status(wd)
+    return {"params_changed": changed, "ran": ran, "trained": trained, "stale": sorted(stale_left)}
+
+
+@flow(name="training", log_prints=True)
+def training(
+    params: dict[str, Any] | None = None,
+    workdir: str = ".",
+    fan_out: Literal["auto", "deployments", "local"] = "auto",
+    train_timeout_s: float = 24 * 3600,
+    max_parallel: int | None = None,
+) -> dict:
+    """Training only: train and evaluate every stale variant and seed, nothing upstream or after.
+
+    Fails when the features (or anything before them) are stale: run the pipeline first.
+    params: params.yaml overrides as dotted keys (e.g. {"train.max_epochs": 5}).
+    """
+    wd = Path(workdir).resolve()
+    changed = apply_params(wd, params or {})
+    p = plan_stages(wd)
+    require_fresh(list(p.before), wd)
+    trained = fan_out_units(list(p.units), wd, fan_out, train_timeout_s, max_parallel)
+    return {"params_changed": changed, "trained": trained}
+
+
+@flow(name="promotion", log_prints=True)
+def promotion(workdir: str = ".", rollback: bool = False) -> dict:
+    """Register the evaluated runs in MLflow and promote the best (alias `champion`) if it beats the
+    current one; or, with rollback, give `champion` back to the previous version."""
+    wd = Path(workdir).resolve()
+    if rollback:
+        wait_for_mlflow(tracking_uri(wd))
+        cli(["promote", "--rollback"], wd)
+        return {"ran": ["promote --rollback"]}
+    return {"ran": _register_and_promote(plan_stages(wd), wd, promote=True)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description="run the pipeline flow here")
+    parser.add_argument("--size", choices=["tiny", "default", "paper"])
+    parser.add_argument("--source", choices=["synthetic", "hm"])
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=YAML",
+                        help="a params.yaml override, e.g. --set train.seeds=[0] (repeatable)")
+    parser.add_argument("--fan-out", default="auto", choices=["auto", "deployments", "local"])
+    parser.add_argument("--workdir", default=".")
+    args = parser.parse_args(argv)
+    import yaml
+
+    overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}
+    result = pipeline(size=args.size, source=args.source, params=overrides or None,
+                      workdir=args.workdir, fan_out=args.fan_out)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

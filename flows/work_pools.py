@@ -1,0 +1,144 @@
+"""Where trainings run: the `gpu` work pool when a GPU worker is up, the `cpu` pool otherwise.
+
+- Pools `cpu` and `gpu` are Prefect work pools of type `process` here (Kubernetes or Docker pools
+  elsewhere, see docs/scaling.md). A pool is READY while at least one of its workers sends heartbeats.
+- GPUs are global concurrency limits `gpu-0`, `gpu-1`, ... of one slot each: a training on GPU i holds
+  slot `gpu-i` for its whole run, so at most one training runs per GPU at a time, however many
+  workers there are. The device is handed to the run as `CUDA_VISIBLE_DEVICES=i` in the flow run's
+  job variables (the process worker puts them in the run's environment).
+- CPU trainings hold a slot of `train-cpu` (N slots: N trainings at once on the CPU workers) and run
+  with `CUDA_VISIBLE_DEVICES=""`, so a CPU run on a GPU host leaves the GPUs to the gpu pool.
+
+No pool concurrency limit on `cpu`: the pipeline flow itself runs there while it waits for its
+trainings, and a pool limit would let it starve them.
+
+`python -m flows.work_pools --gpus 0,1 --cpu-trainings 2` creates (or updates) all of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass, field
+
+CPU_POOL = "cpu"
+GPU_POOL = "gpu"
+CPU_SLOT = "train-cpu"
+GPU_SLOT = re.compile(r"^gpu-(\d+)$")
+TRAIN_FLOW = "train-run"  # the name of flows.train_run.train_run
+TRAIN_DEPLOYMENT = {CPU_POOL: "train-run-cpu", GPU_POOL: "train-run-gpu"}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one training unit runs: pool, deployment, environment and the concurrency slot it holds."""
+
+    pool: str
+    deployment: str
+    slot: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def job_variables(self) -> dict:
+        return {"env": dict(self.env)}
+
+
+def choose_pool(gpu_pool_ready: bool, gpu_devices: list[int]) -> str:
+    """`gpu` when a GPU worker is up and GPU slots exist, else `cpu`."""
+    return GPU_POOL if gpu_pool_ready and gpu_devices else CPU_POOL
+
+
+def gpu_devices(limit_names: list[str]) -> list[int]:
+    """The GPU indices declared as `gpu-<i>` concurrency limits, sorted."""
+    return sorted(int(m.group(1)) for name in limit_names if (m := GPU_SLOT.match(name)))
+
+
+def place(n_units: int, gpu_pool_ready: bool, devices: list[int]) -> list[Placement]:
+    """One placement per unit: round robin over the GPUs (each guarded by its slot), or the CPU pool."""
+    pool = choose_pool(gpu_pool_ready, devices)
+    if pool == CPU_POOL:
+        return [Placement(CPU_POOL, TRAIN_DEPLOYMENT[CPU_POOL], CPU_SLOT, {"CUDA_VISIBLE_DEVICES": ""})
+                for _ in range(n_units)]
+    return [
+        Placement(GPU_POOL, TRAIN_DEPLOYMENT[GPU_POOL], f"gpu-{d}", {"CUDA_VISIBLE_DEVICES": str(d)})
+        for d in (devices[i % len(devices)] for i in range(n_units))
+    ]
+
+
+# --- what the Prefect API says (needs a server) ---------------------------------------------------
+
+
+def read_cluster(client) -> tuple[bool, list[int]]:
+    """(is the gpu pool READY, the GPU indices with a slot) from a sync Prefect client."""
+    from prefect.client.schemas.objects import WorkPoolStatus
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        ready = client.read_work_pool(GPU_POOL).status == WorkPoolStatus.READY
+    except ObjectNotFound:
+        ready = False
+    names = [gcl.name for gcl in client.read_global_concurrency_limits(limit=200) if gcl.active]
+    return ready, gpu_devices(names)
+
+
+def deployments_exist(client, pools: set[str]) -> bool:
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        for pool in pools:
+            client.read_deployment_by_name(f"{TRAIN_FLOW}/{TRAIN_DEPLOYMENT[pool]}")
+    except ObjectNotFound:
+        return False
+    return True
+
+
+def ensure_pools(client, gpus: list[int], cpu_trainings: int) -> list[str]:
+    """Create the `cpu` and `gpu` process pools and the slots; idempotent. Returns what it did."""
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate, WorkPoolCreate
+    from prefect.exceptions import ObjectNotFound
+    from prefect.workers.process import ProcessWorker
+
+    done = []
+    for pool in (CPU_POOL, GPU_POOL):
+        try:
+            client.read_work_pool(pool)
+            done.append(f"pool {pool}: exists")
+        except ObjectNotFound:
+            client.create_work_pool(
+                WorkPoolCreate(
+                    name=pool,
+                    type="process",
+                    base_job_template=ProcessWorker.get_default_base_job_template(),
+                    description=f"trainings on {pool.upper()} workers (contextual-bert)",
+                )
+            )
+            done.append(f"pool {pool}: created")
+    wanted = {CPU_SLOT: cpu_trainings, **{f"gpu-{g}": 1 for g in gpus}}
+    for name, limit in wanted.items():
+        client.upsert_global_concurrency_limit_by_name(name, limit)
+        client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(active=True))
+        done.append(f"limit {name}: {limit}")
+    for gcl in client.read_global_concurrency_limits(limit=200):
+        if GPU_SLOT.match(gcl.name) and gcl.name not in wanted and gcl.active:
+            # A GPU no longer listed: keep its history but stop placing runs on it.
+            client.update_global_concurrency_limit(gcl.name, GlobalConcurrencyLimitUpdate(active=False))
+            done.append(f"limit {gcl.name}: deactivated")
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    from prefect.client.orchestration import get_client
+
+    parser = argparse.ArgumentParser(prog="python -m flows.work_pools", description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", default="", help="GPU indices, e.g. '0,1' or '0 1' (default: none)")
+    parser.add_argument("--cpu-trainings", type=int, default=2, help="trainings at once on the CPU pool")
+    args = parser.parse_args(argv)
+    gpus = [int(g) for g in re.split(r"[,\s]+", args.gpus.strip()) if g]
+    with get_client(sync_client=True) as client:
+        for line in ensure_pools(client, gpus, args.cpu_trainings):
+            print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
