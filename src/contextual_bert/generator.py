@@ -25,7 +25,7 @@ Each slot's product type is drawn from the occasion's odds (sport -> sportswear,
 blazers, ...) among types cut for the customer's gender, never a no-go type of the customer. The article of
 each slot is then drawn from that type's articles with weight
 
-    popularity x 6 if its style is the anchor style (2 if it is another preferred style of the customer)
+    popularity x 15 if its style is the anchor style (2 if it is another preferred style of the customer)
                x 4 if its brand is preferred x 3 if its colour is preferred
                x 0.15 if its price is outside the customer's range x fit (1 match, 0.5 regular, 0.1 other).
 
@@ -176,7 +176,7 @@ NORTHERN = ("SE", "NL", "DE", "PL", "BE")  # more outer layers
 SIZE_ODDS = np.array([0.32, 0.28, 0.2, 0.12, 0.08])
 
 # Article weights within a product type (see the module docstring).
-ANCHOR_STYLE_BOOST, OTHER_PREFERRED_STYLE_BOOST = 6.0, 2.0
+ANCHOR_STYLE_BOOST, OTHER_PREFERRED_STYLE_BOOST = 15.0, 2.0
 PREFERRED_BRAND_BOOST, PREFERRED_COLOR_BOOST = 4.0, 3.0
 OUT_OF_PRICE_RANGE, ANCHOR_FROM_CUSTOMER = 0.15, 0.8
 FIT_REGULAR_ARTICLE, FIT_MISMATCH = 0.5, 0.1

@@ -1,0 +1,126 @@
+"""The synthetic stylist: contract, determinism, and the planted dependence of outfits on context."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from contextual_bert.config import GeneratorSize
+from contextual_bert.contract import PAPER_SCHEMA, TABLES, DataSchema
+from contextual_bert.generator import OCCASION_RULES, PRODUCT_TYPES, generate
+
+SMALL = GeneratorSize(n_outfits=3000, n_articles=1500, n_customers=400)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("raw")
+    report = generate(SMALL, seed=7, out_dir=out)
+    tables = {name: pd.read_parquet(out / f"{name}.parquet") for name in TABLES}
+    return out, report, tables
+
+
+def _items(tables) -> pd.DataFrame:
+    """One row per (outfit, article) with the customer's context and the article's attributes."""
+    outfits = tables["outfits"].explode("article_ids").rename(columns={"article_ids": "article_id"})
+    items = outfits.merge(tables["articles"], on="article_id").merge(tables["customers"], on="customer_id")
+    assert len(items) == tables["outfits"]["article_ids"].map(len).sum()
+    return items
+
+
+def test_writes_the_contract(data):
+    out, report, tables = data
+    assert DataSchema.load(out) == PAPER_SCHEMA
+    assert report["rows"] == {"articles": 1500, "customers": 400, "outfits": 3000}
+    assert json.loads((out / "ingest_report.json").read_text())["seed"] == 7
+    for name in TABLES:
+        for column, logical in PAPER_SCHEMA.columns_of(name).items():
+            arrow_type = str(pq.read_schema(out / f"{name}.parquet").field(column).type)
+            assert arrow_type == {"string": "string", "float": "double", "list[string]": "list<element: string>"}[
+                logical
+            ], (name, column, arrow_type)
+    articles, customers, outfits = tables["articles"], tables["customers"], tables["outfits"]
+    assert articles["article_id"].is_unique and customers["customer_id"].is_unique and outfits["outfit_id"].is_unique
+    assert (articles["price"] > 0).all()
+    sizes = outfits["article_ids"].map(len)
+    assert sizes.between(4, 8).all() and set(sizes) == {4, 5, 6, 7, 8}
+    assert (outfits["article_ids"].map(lambda ids: len(set(ids))) == sizes).all()
+    assert outfits["customer_id"].isin(customers["customer_id"]).all()
+    assert set(np.concatenate(outfits["article_ids"].to_numpy())) <= set(articles["article_id"])
+    # every preference points at something the catalogue has
+    for column, attribute in [("preferred_brands", "brand"), ("preferred_colors", "color"),
+                              ("preferred_styles", "style"), ("nogo_product_types", "product_type")]:  # fmt: skip
+        assert set(np.concatenate(customers[column].to_numpy())) <= set(articles[attribute]), column
+    assert (customers["price_min"] <= customers["price_max"]).all()
+
+
+def test_same_seed_same_data_other_seed_other_data(data, tmp_path):
+    out, _, tables = data
+    generate(SMALL, seed=7, out_dir=tmp_path / "again")
+    generate(SMALL, seed=8, out_dir=tmp_path / "other")
+    for name in TABLES:
+        again = pq.read_table(tmp_path / "again" / f"{name}.parquet")
+        assert again.equals(pq.read_table(out / f"{name}.parquet")), name
+    other = pd.read_parquet(tmp_path / "other" / "outfits.parquet")
+    assert not other["article_ids"].map(tuple).equals(tables["outfits"]["article_ids"].map(tuple))
+
+
+def test_no_outfit_uses_a_nogo_type_of_its_customer(data):
+    items = _items(data[2])
+    nogo = [ptype in set(nogos) for ptype, nogos in zip(items["product_type"], items["nogo_product_types"])]
+    assert not any(nogo)
+    assert data[2]["customers"]["nogo_product_types"].map(len).gt(0).mean() > 0.4  # the rule is exercised
+    assert data[1]["planted_signal"]["items_of_nogo_type"] == 0.0
+
+
+def _share_in_preferences(items, articles, column, attribute) -> tuple[float, float]:
+    """Share of outfit items whose attribute the customer prefers, and the same share for the catalogue."""
+    chosen = np.mean([a in set(p) for a, p in zip(items[attribute], items[column])])
+    per_customer = {
+        customer: articles[attribute].isin(set(prefs)).mean()
+        for customer, prefs in items.drop_duplicates("customer_id")[["customer_id", column]].itertuples(index=False)
+    }
+    return chosen, items["customer_id"].map(per_customer).mean()
+
+
+def test_preferences_are_over_represented(data):
+    articles, items = data[2]["articles"], _items(data[2])
+    for column, attribute in [("preferred_styles", "style"), ("preferred_brands", "brand"),
+                              ("preferred_colors", "color")]:  # fmt: skip
+        chosen, catalogue = _share_in_preferences(items, articles, column, attribute)
+        assert chosen > 1.5 * catalogue, (column, chosen, catalogue)
+    in_range = items["price"].between(items["price_min"], items["price_max"]).mean()
+    customers = data[2]["customers"]
+    catalogue_in_range = np.mean(
+        [articles["price"].between(lo, hi).mean() for lo, hi in zip(customers["price_min"], customers["price_max"])]
+    )
+    assert in_range > catalogue_in_range
+
+
+def _top_style_share(items: pd.DataFrame) -> float:
+    """Mean over outfits of the share of items in the outfit's most common style."""
+    per_style = items.groupby(["outfit_id", "style"]).size().groupby("outfit_id").max()
+    return float((per_style / items.groupby("outfit_id").size()).mean())
+
+
+def test_articles_co_occur_by_style_and_context_is_not_deterministic(data):
+    items = _items(data[2])
+    shuffled = items.assign(style=np.random.default_rng(0).permutation(items["style"].to_numpy()))
+    assert _top_style_share(items) > _top_style_share(shuffled) + 0.08
+    # yet plenty of items are in none of the customer's styles
+    outside = np.mean([s not in set(p) for s, p in zip(items["style"], items["preferred_styles"])])
+    assert outside > 0.2
+
+
+def test_occasion_drives_product_types(data):
+    items = _items(data[2])
+    sport_types = {t for t, w in OCCASION_RULES["sport"]["types"].items() if w >= 3}
+    is_sport_type = items["product_type"].isin(sport_types)
+    assert is_sport_type[items["occasion"] == "sport"].mean() > 3 * is_sport_type[items["occasion"] != "sport"].mean()
+    # men never get articles cut only for women
+    women_only = {t for t, (_, cut, _) in PRODUCT_TYPES.items() if cut == "w"}
+    assert not items.loc[items["gender_y"] == "male", "product_type"].isin(women_only).any()
