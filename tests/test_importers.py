@@ -1,0 +1,116 @@
+"""The H&M importer, on a hand-written fixture and on the real sample rows (when present)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from contextual_bert.config import ImportHMConfig
+from contextual_bert.contract import HM_SCHEMA, DataSchema
+from contextual_bert.errors import DataError
+from contextual_bert.importers import import_hm, normalize_article_ids
+
+FIXTURE = Path(__file__).parent / "fixtures" / "hm"
+HM_SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "hm_sample"
+
+
+@pytest.fixture(scope="module")
+def fixture_import(tmp_path_factory):
+    out = tmp_path_factory.mktemp("hm_raw")
+    report = import_hm(FIXTURE, out, ImportHMConfig())
+    return out, report
+
+
+def test_article_ids_normalized_to_ten_digits():
+    ids = pd.Series(["108775015", "0108775015", " 108775015 ", "108775015.0", None, "abc"])
+    assert normalize_article_ids(ids).tolist() == ["0108775015"] * 4 + [pd.NA, "abc"]
+    assert normalize_article_ids(pd.Series([108775015, 9999])).tolist() == ["0108775015", "0000009999"]
+
+
+def test_fixture_baskets_kept_and_dropped_per_reason(fixture_import):
+    out, report = fixture_import
+    assert report["baskets"] == 7
+    assert report["baskets_kept"] == 3
+    assert report["baskets_dropped"] == {"too_small": 1, "too_large": 1, "unknown_customer": 1, "unknown_article": 1}
+    assert report["transactions"] == 39 and report["transactions_malformed_dropped"] == 1
+    assert report["articles_without_price_dropped"] == 1  # the scarf nobody bought
+    assert json.loads((out / "ingest_report.json").read_text()) == report
+
+
+def test_fixture_outfits_follow_the_contract(fixture_import):
+    out, _ = fixture_import
+    assert DataSchema.load(out) == HM_SCHEMA
+    outfits = pd.read_parquet(out / "outfits.parquet")
+    assert str(pq.read_schema(out / "outfits.parquet").field("article_ids").type) == "list<element: string>"
+    by_id = dict(zip(outfits["outfit_id"], outfits["article_ids"].map(list)))
+    # c001 bought 0101000001 twice that day (written with and without the leading zero): counted once
+    assert by_id["c001_2018-09-20"] == ["0101000001", "0102000001", "0103000001", "0104000001", "0105000001"]
+    assert by_id["c003_2018-09-22"] == ["0101000002", "0102000002", "0108000001", "0109000001"]
+    assert len(by_id["c005_2018-09-20"]) == 8  # the upper bound is kept
+    assert set(outfits["customer_id"]) == {"c001", "c003", "c005"}
+
+
+def test_fixture_articles_and_customers_mapped(fixture_import):
+    out, _ = fixture_import
+    articles = pd.read_parquet(out / "articles.parquet").set_index("article_id")
+    assert articles.index.str.fullmatch(r"\d{10}").all()
+    top = articles.loc["0101000001"]
+    assert (top["product_type"], top["brand"], top["color"], top["style"]) == (
+        "Vest top", "Womens Everyday Basics", "Black", "Solid"
+    )  # fmt: skip
+    # mean transaction price over all its purchases, whichever basket they fell in
+    assert top["price"] == pytest.approx((0.0100 * 5 + 0.0140) / 6)
+    customers = pd.read_parquet(out / "customers.parquet").set_index("customer_id")
+    assert customers["age"].dtype == "float64" and pd.isna(customers.loc["c003", "age"])
+    assert customers.loc["c001", "FN"] == "1" and pd.isna(customers.loc["c002", "FN"])
+    assert pd.isna(customers.loc["c004", "club_member_status"])
+    assert list(customers.columns) == [c.name for c in HM_SCHEMA.context_columns]
+
+
+def test_min_max_items_from_config(tmp_path):
+    report = import_hm(FIXTURE, tmp_path, ImportHMConfig(min_items=3, max_items=9))
+    assert report["baskets_kept"] == 5  # the 3-item and the 9-item baskets now count
+    assert report["baskets_dropped"]["too_small"] == 0 and report["baskets_dropped"]["too_large"] == 0
+
+
+def test_missing_file_and_column_are_one_line_errors(tmp_path):
+    source = tmp_path / "hm"
+    shutil.copytree(FIXTURE, source)
+    (source / "customers.csv").unlink()
+    with pytest.raises(DataError, match=r"customers\.csv.*file not found"):
+        import_hm(source, tmp_path / "out", ImportHMConfig())
+    shutil.copy(FIXTURE / "customers.csv", source)
+    text = (source / "articles.csv").read_text().replace("colour_group_name", "color_group_name", 1)
+    (source / "articles.csv").write_text(text)
+    with pytest.raises(DataError, match=r"articles\.csv, column 'colour_group_name': required column missing"):
+        import_hm(source, tmp_path / "out", ImportHMConfig())
+    header = (FIXTURE / "articles.csv").read_bytes().splitlines()[0]
+    (source / "articles.csv").write_bytes(header + b"\n" + b"1,caf\xe9" + b"," * 24 + b"\n")
+    with pytest.raises(DataError, match="not UTF-8"):
+        import_hm(source, tmp_path / "out", ImportHMConfig())
+
+
+@pytest.mark.skipif(not HM_SAMPLE.is_dir(), reason="the H&M sample (../shared/data/hm_sample) is absent")
+def test_real_sample(tmp_path):
+    report = import_hm(HM_SAMPLE, tmp_path, ImportHMConfig())
+    transactions = pd.read_csv(HM_SAMPLE / "transactions_train.csv", dtype=str)
+    assert report["transactions"] == len(transactions)
+    assert report["baskets"] == transactions.groupby(["customer_id", "t_dat"]).ngroups
+    assert report["baskets_kept"] + sum(report["baskets_dropped"].values()) == report["baskets"]
+    assert report["baskets_kept"] > 0 and report["baskets_dropped"]["unknown_customer"] > 0  # the sample is messy
+
+    outfits = pd.read_parquet(tmp_path / "outfits.parquet")
+    customers = pd.read_parquet(tmp_path / "customers.parquet")
+    articles = pd.read_parquet(tmp_path / "articles.parquet")
+    assert len(outfits) == report["baskets_kept"] and outfits["outfit_id"].is_unique
+    sizes = outfits["article_ids"].map(len)
+    assert sizes.between(4, 8).all() and (outfits["article_ids"].map(lambda a: len(set(a))) == sizes).all()
+    assert outfits["customer_id"].isin(customers["customer_id"]).all()
+    assert outfits["article_ids"].explode().isin(articles["article_id"]).all()
+    assert articles["article_id"].str.fullmatch(r"\d{10}").all() and (articles["price"] > 0).all()
+    assert customers["age"].dtype == "float64" and customers["age"].isna().any()  # missing ages stay missing
