@@ -93,11 +93,12 @@ def bring_back(checkout: Path, workdir: Path, stages: list[str] | tuple[str, ...
     saw other inputs than the parent has now).
     """
     checkout, workdir = Path(checkout), Path(workdir)
-    brought = []
+    entries = {}
     for stage in stages:
         entry = lock_entry(checkout, stage)
         if entry is None:
             raise RuntimeError(f"{checkout}: stage {stage} has no record in dvc.lock; it did not run")
+        entries[stage] = entry
         for out in entry.get("outs", []):
             src, dst = checkout / out["path"], workdir / out["path"]
             if dst.is_dir() and not dst.is_symlink():
@@ -110,12 +111,12 @@ def bring_back(checkout: Path, workdir: Path, stages: list[str] | tuple[str, ...
                 shutil.copytree(src, dst, copy_function=shutil.copyfile)
             else:
                 shutil.copyfile(src, dst)
-        run_dvc(["commit", "--force", stage], workdir)
+    run_dvc(["commit", "--force", *stages], workdir)
+    for stage, entry in entries.items():
         mine = lock_entry(workdir, stage)
         if mine is None or not _same_record(mine, entry):
             raise RuntimeError(
                 f"{stage}: the record in {workdir / 'dvc.lock'} differs from the one in "
                 f"{checkout / 'dvc.lock'}; the checkout trained on other inputs"
             )
-        brought.append(stage)
-    return brought
+    return list(stages)

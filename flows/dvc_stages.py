@@ -28,6 +28,7 @@ FANOUT_KINDS = ("train", "evaluate")
 MLFLOW_STAGES = frozenset({"register", "promote"})
 
 _EDGE = re.compile(r'"([^"]+)"\s*->\s*"([^"]+)"')
+_NODE = re.compile(r'^"([^"]+)";$', re.MULTILINE)
 
 
 class StageFailed(RuntimeError):
@@ -106,13 +107,10 @@ def repro(stage: str, workdir: Path, env: dict[str, str] | None = None) -> str:
     return run_dvc(["repro", "--single-item", stage], workdir, env)
 
 
-def stage_names(workdir: Path) -> list[str]:
-    return run_dvc(["stage", "list", "--name-only"], workdir).split()
-
-
-def stage_edges(workdir: Path) -> list[tuple[str, str]]:
-    """(upstream, downstream) pairs of the DAG in dvc.yaml."""
-    return _EDGE.findall(run_dvc(["dag", "--dot"], workdir))
+def stage_graph(workdir: Path) -> tuple[list[str], list[tuple[str, str]]]:
+    """The stages of dvc.yaml in its order, and the (upstream, downstream) pairs of its DAG."""
+    dot = run_dvc(["dag", "--dot"], workdir)
+    return _NODE.findall(dot), _EDGE.findall(dot)
 
 
 def kind(stage: str) -> str:
@@ -167,7 +165,7 @@ def plan(stages: list[str], edges: list[tuple[str, str]]) -> Plan:
 
 
 def load_plan(workdir: Path) -> Plan:
-    return plan(stage_names(workdir), stage_edges(workdir))
+    return plan(*stage_graph(workdir))
 
 
 def stale(stages: list[str] | tuple[str, ...], workdir: Path) -> dict[str, list]:

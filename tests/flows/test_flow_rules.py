@@ -1,0 +1,107 @@
+"""Rules the flows keep, checked without a server: no Prefect cache, retries only for transient faults,
+the library free of Prefect, the MLflow store a checkout logs to."""
+
+from __future__ import annotations
+
+import http.server
+import re
+import subprocess
+import sys
+import threading
+from types import SimpleNamespace
+
+import pytest
+from prefect import Task
+from prefect.cache_policies import NO_CACHE
+
+import flows.pipeline
+import flows.tasks
+import flows.train_run
+from flows.dvc_stages import StageFailed
+from flows.pipeline import _crashed, is_server, tracking_uri
+from flows.tasks import _not_user_error, repro_mlflow_stage, repro_stage, wait_for_mlflow
+from flows_testkit import REPO, free_port
+
+
+def all_tasks() -> dict[str, Task]:
+    found = {}
+    for module in (flows.tasks, flows.train_run, flows.pipeline):
+        for name, obj in vars(module).items():
+            if isinstance(obj, Task):
+                found[f"{module.__name__}.{name}"] = obj
+    return found
+
+
+def test_no_task_caches_or_keeps_results():
+    """DVC alone decides what is stale: a Prefect cache on task inputs could skip a stage DVC would run."""
+    tasks = all_tasks()
+    assert len(tasks) >= 12
+    for name, task in tasks.items():
+        assert task.cache_policy is NO_CACHE, name
+        assert task.persist_result is False, name
+        assert task.cache_key_fn is None, name
+
+
+def test_the_library_never_imports_prefect():
+    """`dvc repro` runs `contextual-bert` commands: importing Prefect there could start an ephemeral server."""
+    offenders = [
+        str(path.relative_to(REPO))
+        for path in (REPO / "src").rglob("*.py")
+        if re.search(r"^\s*(import prefect|from prefect)", path.read_text(), re.MULTILINE)
+    ]
+    assert offenders == []
+    code = ("import sys, contextual_bert.cli as c; c.build_parser(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'prefect'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def _failed(exc):
+    return SimpleNamespace(result=lambda raise_on_failure=False: exc)
+
+
+def test_retries_are_for_transient_faults_only():
+    user = StageFailed(["dvc"], 255, "contextual-bert register: error: reports/eval/x.json: missing\n")
+    transient = StageFailed(["dvc"], 255, "requests.exceptions.ConnectionError: refused\n")
+    assert _not_user_error(None, None, _failed(transient)) is True
+    assert _not_user_error(None, None, _failed(user)) is False
+    assert repro_mlflow_stage.retries == 3 and repro_mlflow_stage.retry_condition_fn is _not_user_error
+    assert repro_stage.retries == 0
+    assert wait_for_mlflow.retries >= 5
+
+
+def test_a_training_is_retried_only_when_its_infrastructure_crashed():
+    assert _crashed(None, None, _failed(flows.pipeline.UnitFailed("x", state_type="CRASHED")))
+    assert not _crashed(None, None, _failed(flows.pipeline.UnitFailed("x", state_type="FAILED")))
+
+
+def test_wait_for_mlflow():
+    assert "no server" in wait_for_mlflow.fn("sqlite:////tmp/mlflow.db")
+    with pytest.raises(ConnectionError, match="not reachable"):
+        wait_for_mlflow.fn(f"http://127.0.0.1:{free_port()}")
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+            self.wfile.write(b"OK")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert "up" in wait_for_mlflow.fn(f"http://127.0.0.1:{server.server_port}/")
+    finally:
+        server.shutdown()
+
+
+def test_a_checkout_logs_to_the_parents_mlflow_store(tmp_path, monkeypatch):
+    (tmp_path / "params.yaml").write_text("mlflow:\n  tracking_uri: sqlite:///mlflow.db\n")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert tracking_uri(tmp_path) == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert tracking_uri(tmp_path) == "http://127.0.0.1:5000"
+    assert is_server("http://127.0.0.1:5000") and not is_server("sqlite:////x.db")

@@ -1,0 +1,58 @@
+"""The flows against a real Prefect server, trainings fanned out in this process (no workers): DVC
+decides what runs, each training works in its own checkout, a second run does nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flows import dvc_stages
+from flows.pipeline import pipeline, tracking_uri, training
+from flows.work_pools import CPU_SLOT, ensure_pools, read_cluster
+
+
+def test_pipeline_runs_what_dvc_finds_stale_and_nothing_twice(prefect_api, toy_repo):
+    first = pipeline(workdir=str(toy_repo), fan_out="local", max_parallel=2)
+    assert first["ran"] == ["prep", "report", "register", "promote"]
+    assert sorted(first["trained"]) == ["evaluate@concat-0", "evaluate@none-0", "train@concat-0", "train@none-0"]
+    assert first["stale"] == []
+    for unit in ("none-s0", "concat-s0"):
+        ckpt = json.loads((toy_repo / "models" / unit / "ckpt.json").read_text())
+        assert ckpt["cwd"].startswith(str(toy_repo / ".dvc/tmp/checkouts/"))  # trained in its own checkout
+        assert ckpt["mlflow_tracking_uri"] == tracking_uri(toy_repo)  # ... logging to the parent's store
+    assert not list((toy_repo / ".dvc/tmp/checkouts").iterdir())  # checkouts removed once brought back
+
+    again = pipeline(workdir=str(toy_repo), fan_out="local")
+    assert (again["ran"], again["trained"], again["stale"]) == ([], [], [])
+
+    # A new variant (a parameter of the run, written to params.yaml): only its unit trains.
+    more = pipeline(workdir=str(toy_repo), fan_out="local",
+                    params={"train.variants": ["none", "concat", "global_state"]})
+    assert more["params_changed"] == {"train.variants": ["none", "concat", "global_state"]}
+    assert sorted(more["trained"]) == ["evaluate@global_state-0", "train@global_state-0"]
+    assert more["ran"] == ["report", "register", "promote"]
+    assert dvc_stages.status_all(toy_repo) == {}
+
+
+def test_training_only_refuses_stale_features(prefect_api, toy_repo):
+    with pytest.raises(RuntimeError, match=r"stale upstream stages \['prep'\]"):
+        training(workdir=str(toy_repo), fan_out="local")
+    assert not (toy_repo / "models").exists()
+
+
+def test_pools_and_slots_are_created_once_and_read_back(prefect_api):
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        try:
+            first = ensure_pools(client, gpus=[0, 1], cpu_trainings=2)
+            assert "pool cpu: created" in first and "pool gpu: created" in first
+            again = ensure_pools(client, gpus=[0, 1], cpu_trainings=2)
+            assert "pool cpu: exists" in again and "limit gpu-1: 1" in again
+            assert client.read_global_concurrency_limit_by_name(CPU_SLOT).limit == 2
+            assert read_cluster(client) == (False, [0, 1])  # no GPU worker: the gpu pool is not ready
+            assert "limit gpu-1: deactivated" in ensure_pools(client, gpus=[0], cpu_trainings=2)
+            assert read_cluster(client) == (False, [0])
+        finally:
+            ensure_pools(client, gpus=[], cpu_trainings=2)  # leave no GPU slot to later tests
