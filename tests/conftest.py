@@ -82,6 +82,7 @@ def _params(root: Path) -> dict:
             "learning_rate": 0.003,
             "warmup_steps": 10,
             "device": "cpu",
+            "num_threads": 1,  # the machine is shared: one thread per training avoids oversubscription
         },
         # The weak model: a learning rate that leaves it near its random initialisation.
         "variants": {WEAK[0]: {"learning_rate": 1.0e-7, "max_epochs": 1}},

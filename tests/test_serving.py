@@ -1,0 +1,213 @@
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+from mlflow.exceptions import MlflowException
+
+from conftest import STRONG, free_port
+from contextual_bert.errors import ContextualBertError
+from contextual_bert.features import load_article_vocab, load_spec
+from contextual_bert.serving import MAX_TOP_K, OUTPUT_COLUMNS, OutfitCompleterCore, log_pyfunc_model, signature
+from contextual_bert.tracking import client, experiment_id
+
+
+@pytest.fixture(scope="session")
+def core(tiny_trained_runs):
+    checkpoint = tiny_trained_runs.cfg.paths.models_dir / f"{STRONG[0]}-s{STRONG[1]}" / "checkpoint.pt"
+    return OutfitCompleterCore.load(checkpoint, tiny_trained_runs.features_dir, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def requests(tiny_trained_runs) -> pd.DataFrame:
+    """Real customers (raw context values) with partial outfits of real articles, some holding odd values."""
+    cfg = tiny_trained_runs.cfg
+    customers = pd.read_parquet(cfg.paths.validated_dir / "customers.parquet").head(4).reset_index(drop=True)
+    outfits = pd.read_parquet(cfg.paths.validated_dir / "outfits.parquet").head(4)
+    rows = customers.drop(columns=["customer_id"])
+    rows["article_ids"] = [list(ids[:3]) for ids in outfits["article_ids"]]
+    rows["occasion"] = outfits["occasion"].to_numpy()
+    rows.loc[1, "article_ids"] = [rows.loc[1, "article_ids"][0], "NOT-AN-ARTICLE"]
+    rows.loc[2, "gender"] = None
+    rows.loc[3, "country"] = "Atlantis"
+    return rows
+
+
+def test_recommends_k_articles_never_from_the_outfit(core, requests):
+    out = core.recommend(requests, top_k=7)
+    assert list(out.columns) == list(OUTPUT_COLUMNS) and len(out) == len(requests)
+    vocab_ids = set(core.article_vocab.ids[3:])
+    for outfit, ids, scores in zip(requests["article_ids"], out["article_ids"], out["scores"]):
+        assert len(ids) == 7 and len(set(ids)) == 7 and set(ids) <= vocab_ids
+        assert not set(ids) & set(outfit)
+        assert all(a >= b for a, b in zip(scores, scores[1:])) and 0 < sum(scores) <= 1
+
+
+def test_unknown_ids_and_missing_or_unseen_features_are_reported(core, requests):
+    out = core.recommend(requests, top_k=3)
+    assert out.loc[1, "unknown_article_ids"] == ["NOT-AN-ARTICLE"]
+    assert out.loc[0, "unknown_article_ids"] == []
+    assert "gender" in out.loc[2, "missing_features"]
+    assert "country" in out.loc[3, "unknown_features"]
+    # A request with no context at all is answered too: every feature reported missing.
+    bare = core.recommend(pd.DataFrame({"article_ids": [requests.loc[0, "article_ids"]]}), top_k=3)
+    assert set(bare.loc[0, "missing_features"]) == {f.name for f in core.context_encoder.spec.features}
+    assert len(bare.loc[0, "article_ids"]) == 3
+
+
+def test_scores_are_the_models_probabilities_in_order(core, requests):
+    """The top article is the argmax of the model's own masked logits, outfit items excluded."""
+    request = core.encode(requests)
+    logits = core.model.masked_logits(request.items, request.context).detach()
+    logits.scatter_(1, request.items, float("-inf"))
+    best = core.article_vocab.to_ids(logits.argmax(dim=1))
+    assert core.recommend(requests, top_k=1)["article_ids"].map(lambda ids: ids[0]).tolist() == best
+
+
+@pytest.mark.parametrize(
+    "article_ids, message",
+    [
+        ([], "row 0: 'article_ids' is empty"),
+        (None, "row 0: 'article_ids' is empty"),
+        ([f"A{i}" for i in range(8)], "row 0: 'article_ids' has 8 ids; an outfit to complete has at most 7"),
+        (["A1", "A1"], "row 0: article id 'A1' appears twice"),
+        ("A1", "row 0: 'article_ids' must be a list"),
+        (["A1", None], "row 0: 'article_ids' holds None"),
+    ],
+)
+def test_bad_outfits_are_refused_with_a_message_naming_the_row(core, article_ids, message):
+    with pytest.raises(ContextualBertError, match=message.replace("(", r"\(")):
+        core.recommend(pd.DataFrame({"article_ids": [article_ids]}), top_k=5)
+
+
+def test_the_bad_row_is_named_in_a_batch(core, requests):
+    rows = requests.copy()
+    rows.at[2, "article_ids"] = []
+    with pytest.raises(ContextualBertError, match="row 2"):
+        core.recommend(rows, top_k=5)
+
+
+def test_top_k_is_bounded_and_an_empty_batch_is_empty(core, requests):
+    for k in (0, MAX_TOP_K + 1):
+        with pytest.raises(ContextualBertError, match="top_k"):
+            core.recommend(requests, top_k=k)
+    assert list(core.recommend(requests.iloc[:0], top_k=5).columns) == list(OUTPUT_COLUMNS)
+    assert len(core.recommend(requests.iloc[:1], top_k=MAX_TOP_K).loc[0, "article_ids"]) == MAX_TOP_K
+
+
+def test_no_request_row_needs_a_column_but_article_ids(core):
+    with pytest.raises(ContextualBertError, match="no 'article_ids' column"):
+        core.recommend(pd.DataFrame({"gender": ["female"]}), top_k=5)
+
+
+def test_signature_declares_the_outfit_every_context_feature_and_top_k(tiny_project):
+    spec = load_spec(tiny_project.features_dir)
+    sig = signature(spec, top_k=12)
+    inputs = {c.name: c for c in sig.inputs.inputs}
+    assert inputs["article_ids"].required
+    assert set(inputs) == {"article_ids"} | {f.name for f in spec.features}
+    assert not any(inputs[f.name].required for f in spec.features)
+    assert [c.name for c in sig.outputs.inputs] == list(OUTPUT_COLUMNS)
+    assert sig.params.params[0].name == "top_k" and sig.params.params[0].default == 12
+
+
+@pytest.fixture(scope="session")
+def logged_pyfunc(tiny_trained_runs):
+    """The pyfunc logged from code into a LoggedModel of its own (no registry)."""
+    cfg = tiny_trained_runs.cfg
+    mlflow_client = client(cfg.mlflow)
+    exp_id = experiment_id(mlflow_client, cfg.mlflow.experiment)
+    logged = mlflow_client.create_logged_model(exp_id, name="serving-test")
+    checkpoint = cfg.paths.models_dir / f"{STRONG[0]}-s{STRONG[1]}" / "checkpoint.pt"
+    return log_pyfunc_model(checkpoint, cfg.paths.features_dir, model_name="serving-test", top_k=4,
+                            model_id=logged.model_id)  # fmt: skip
+
+
+def test_the_logged_pyfunc_is_code_not_a_pickle_and_answers_like_the_core(logged_pyfunc, core, requests):
+    local = Path(mlflow.artifacts.download_artifacts(logged_pyfunc.model_uri))
+    assert not list(local.rglob("*.pkl"))  # models from code: no pickled python_model
+    assert (local / "code" / "contextual_bert" / "serving.py").exists()
+    pyfunc = mlflow.pyfunc.load_model(logged_pyfunc.model_uri)
+    out = pyfunc.predict(requests)
+    assert out["article_ids"].map(len).tolist() == [4] * len(requests)  # top_k from the model's settings
+    expected = core.recommend(requests, top_k=4)
+    assert out["article_ids"].tolist() == expected["article_ids"].tolist()
+    np.testing.assert_allclose(np.concatenate(out["scores"].tolist()), np.concatenate(expected["scores"].tolist()),
+                               rtol=1e-5)  # fmt: skip
+    assert pyfunc.predict(requests, params={"top_k": 2})["article_ids"].map(len).tolist() == [2] * len(requests)
+
+
+def test_the_pyfunc_turns_bad_input_into_an_mlflow_error(logged_pyfunc):
+    pyfunc = mlflow.pyfunc.load_model(logged_pyfunc.model_uri)
+    with pytest.raises(MlflowException, match="row 0: 'article_ids' is empty") as error:
+        pyfunc.predict(pd.DataFrame({"article_ids": [[]]}))
+    assert error.value.get_http_status_code() == 400
+    with pytest.raises(MlflowException):
+        pyfunc.predict(pd.DataFrame({"article_ids": [["A1"]]}), params={"top_k": 1000})
+
+
+# --- the served champion -------------------------------------------------------------------------------------
+
+
+def _post(url: str, payload) -> tuple[int, dict]:
+    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"{}")
+
+
+@pytest.mark.slow
+def test_mlflow_models_serve_answers_the_champion(tiny_trained_runs, requests, tmp_path):
+    from test_tracking import _stop, _wait_for_http
+
+    from contextual_bert.registry import promote, register_all
+
+    cfg = tiny_trained_runs.cfg
+    cfg = cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"model_name": "serving-champion"}),
+                                 "train": cfg.train.model_copy(update={"variants": [STRONG[0]]})})  # fmt: skip
+    register_all(cfg)
+    assert promote(cfg)["promoted"]
+
+    bin_dir = Path(sys.executable).parent
+    port = free_port()
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    log = open(tmp_path / "serve.log", "w")
+    server = subprocess.Popen(
+        [str(bin_dir / "mlflow"), "models", "serve", "-m", "models:/serving-champion@champion",
+         "--env-manager", "local", "--host", "127.0.0.1", "--port", str(port)],  # fmt: skip
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        _wait_for_http(f"http://127.0.0.1:{port}/ping", server, timeout=120)
+        url = f"http://127.0.0.1:{port}/invocations"
+        records = json.loads(requests.to_json(orient="records"))
+        status, body = _post(url, {"dataframe_records": records, "params": {"top_k": 5}})
+        assert status == 200, body
+        predictions = body["predictions"]
+        assert len(predictions) == len(records)
+        for record, prediction in zip(records, predictions):
+            assert len(prediction["article_ids"]) == 5 and not set(prediction["article_ids"]) & set(record["article_ids"])
+        assert predictions[1]["unknown_article_ids"] == ["NOT-AN-ARTICLE"]
+
+        status, body = _post(url, {"dataframe_records": [{"article_ids": [f"A{i}" for i in range(9)]}]})
+        assert status == 400 and "row 0: 'article_ids' has 9 ids" in body["message"]
+        status, body = _post(url, {"dataframe_records": [{"article_ids": 5}]})
+        assert status == 400
+        status, body = _post(url, b"not json")
+        assert status == 400
+        # ... and the server is still up and answering.
+        status, body = _post(url, {"dataframe_records": records[:1]})
+        assert status == 200 and len(body["predictions"][0]["article_ids"]) == cfg.mlflow.top_k
+    finally:
+        _stop(server)
+        log.close()
