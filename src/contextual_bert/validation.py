@@ -1,0 +1,499 @@
+"""Validate the raw tables with Great Expectations; valid rows go on, failing rows go to quarantine.
+
+Order matters: articles first, then customers (their preferences may reference article values), then
+outfits, whose customer and articles must exist *and have passed*: an outfit that references a quarantined
+or unknown row is itself quarantined. Rows in = valid + quarantined, for every table.
+
+Some checks are about lists (an outfit's article ids, a customer's preferred brands) or about other tables.
+Great Expectations sees those through computed helper columns named `<column>__<what>` (e.g.
+`article_ids__n_items`), checked by ordinary GE expectations that report the failing rows; each failing row
+is quarantined with the names of the expectations it failed (`failed_expectations`). Quarantined rows are
+written as they were read (for a CSV: its text), so nothing is lost.
+
+Input: `<table>.parquet`, or `<table>.csv` with list columns as JSON (`["a", "b"]`) or `a|b` text (in a CSV
+an empty cell is an empty list; `null` is a missing one).
+Malformed input (missing file or column, wrong column type, not Parquet/CSV, not UTF-8, empty table) raises
+a one-line `DataError` naming the file and column.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from contextual_bert.config import ValidateConfig
+from contextual_bert.contract import ID_COLUMN, MAX_OUTFIT_SIZE, MIN_OUTFIT_SIZE, SCHEMA_FILE, TABLES, DataSchema
+from contextual_bert.errors import ContextualBertError, DataError
+
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")  # no telemetry calls from a pipeline stage
+
+FAILED_COLUMN = "failed_expectations"
+_TYPE_NAMES = {"string": "text", "float": "numbers", "list[string]": "lists of text"}
+
+
+# --- reading: one table in, typed to the contract ----------------------------------------------------
+
+
+@dataclass
+class LoadedTable:
+    name: str
+    path: Path
+    raw: pa.Table  # as read: what quarantine keeps
+    typed: pa.Table  # the contract's types (string, float64, list<string>); extra columns as read
+    parse_ok: dict[str, np.ndarray] = field(default_factory=dict)  # column -> row parsed (text input only)
+
+    @property
+    def n_rows(self) -> int:
+        return self.typed.num_rows
+
+
+def find_table(raw_dir: Path, name: str) -> Path:
+    """`<name>.parquet`, else `<name>.csv`; a clear error naming what was expected otherwise."""
+    for suffix in (".parquet", ".csv"):
+        if (path := Path(raw_dir) / f"{name}{suffix}").is_file():
+            return path
+    others = sorted(p.name for p in Path(raw_dir).glob(f"{name}.*")) if Path(raw_dir).is_dir() else []
+    found = f" (found {', '.join(others)}: neither Parquet nor CSV)" if others else ""
+    raise DataError(f"file not found: expected {name}.parquet or {name}.csv{found}", path=Path(raw_dir) / name)
+
+
+def _read_parquet(path: Path) -> pa.Table:
+    try:
+        return pq.read_table(path)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
+        raise DataError(f"not a readable Parquet file ({str(exc).splitlines()[0]})", path=path) from None
+
+
+def _read_csv(path: Path) -> pa.Table:
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise DataError(f"not UTF-8 text (line {line}, byte {exc.start}: {exc.reason})", path=path) from None
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""], encoding="utf-8")
+    except pd.errors.EmptyDataError:
+        raise DataError("table is empty (no header, no rows)", path=path) from None
+    except pd.errors.ParserError as exc:
+        raise DataError(f"not a valid CSV file ({str(exc).strip().splitlines()[-1]})", path=path) from None
+    return pa.table({c: pa.array(frame[c].astype(object).where(frame[c].notna(), None), pa.string())
+                     for c in frame.columns})  # fmt: skip
+
+
+def _parse_float(text: pa.Array, path: Path, column: str) -> tuple[pa.Array, np.ndarray]:
+    values = pd.to_numeric(pd.Series(text.to_pandas(), dtype=object), errors="coerce").astype("float64")
+    present = ~pc.is_null(text).to_numpy(zero_copy_only=False)
+    parsed = np.isfinite(values.to_numpy())
+    ok = ~present | parsed
+    if present.any() and not parsed[present].any():
+        example = text.filter(pa.array(present))[0].as_py()
+        raise DataError(f"expected numbers, found text such as {example!r}", path=path, column=column)
+    return pa.array(values.where(parsed, None), pa.float64()), ok
+
+
+def _parse_list_cell(cell: str | None, empty_is_list: bool) -> tuple[list[str] | None, bool]:
+    if cell is None:  # a CSV cannot tell an empty list from a missing one: there it is an empty list
+        return ([] if empty_is_list else None), True
+    text = cell.strip()
+    if text.startswith("[") or text == "null":
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            return None, False
+        if value is None:
+            return None, True
+        return (value, True) if isinstance(value, list) and all(isinstance(v, str) for v in value) else (None, False)
+    return ([part.strip() for part in text.split("|")] if text else []), True
+
+
+def _parse_list(text: pa.Array, empty_is_list: bool) -> tuple[pa.Array, np.ndarray]:
+    parsed = [_parse_list_cell(cell, empty_is_list) for cell in text.to_pylist()]
+    return pa.array([p for p, _ in parsed], pa.list_(pa.string())), np.array([ok for _, ok in parsed], bool)
+
+
+def _to_contract_type(array: pa.Array, logical: str, path: Path, column: str):
+    csv = path.suffix == ".csv"
+    """Cast one column to its contract type; text is parsed row by row, anything else is a DataError."""
+    kind = array.type
+    if pa.types.is_dictionary(kind):
+        array, kind = array.cast(kind.value_type), kind.value_type
+    is_text = pa.types.is_string(kind) or pa.types.is_large_string(kind)
+    if pa.types.is_null(kind):
+        target = {"string": pa.string(), "float": pa.float64(), "list[string]": pa.list_(pa.string())}[logical]
+        return array.cast(target), None
+    if logical == "string" and is_text:
+        return array.cast(pa.string()), None
+    if logical == "float":
+        if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind):
+            return array.cast(pa.float64()), None
+        if is_text:
+            return _parse_float(array, path, column)
+    if logical == "list[string]":
+        if (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and (
+            pa.types.is_string(kind.value_type) or pa.types.is_large_string(kind.value_type)
+            or pa.types.is_null(kind.value_type)
+        ):  # fmt: skip
+            return array.cast(pa.list_(pa.string())), None
+        if is_text:
+            return _parse_list(array, empty_is_list=csv)
+    raise DataError(f"expected {_TYPE_NAMES[logical]}, found {kind}", path=path, column=column)
+
+
+def read_table(path: Path, name: str, columns: dict[str, str]) -> LoadedTable:
+    """Read one raw table and type its contract columns (`columns`: name -> logical type)."""
+    path = Path(path)
+    raw = _read_parquet(path) if path.suffix == ".parquet" else _read_csv(path)
+    if raw.num_rows == 0:
+        raise DataError("table is empty (no rows)", path=path)
+    if isinstance(raw.column(0), pa.ChunkedArray):
+        raw = raw.combine_chunks()
+    for column in columns:
+        if column not in raw.column_names:
+            close = difflib.get_close_matches(column, raw.column_names, n=1)
+            hint = f" (found '{close[0]}': misspelled?)" if close else ""
+            raise DataError(f"required column missing{hint}", path=path, column=column)
+    typed, parse_ok = {}, {}
+    for column in raw.column_names:
+        array = raw.column(column).combine_chunks()
+        if column in columns:
+            array, ok = _to_contract_type(array, columns[column], path, column)
+            if ok is not None:
+                parse_ok[column] = ok
+        typed[column] = array
+    return LoadedTable(name, path, raw, pa.table(typed), parse_ok)
+
+
+# --- checks: helper columns + GE expectations ---------------------------------------------------------
+
+
+@dataclass
+class Checks:
+    """What Great Expectations sees for one table: the frame (contract and helper columns) and the suite."""
+
+    frame: pd.DataFrame
+    expectations: list = field(default_factory=list)
+
+    def add(self, expectation, notes: str) -> None:
+        columns = [c for c in (getattr(expectation, k, None) for k in ("column", "column_A", "column_B")) if c]
+        name = f"{expectation.expectation_type}({', '.join(columns)})"
+        expectation.meta = {"name": name, "notes": {"format": "markdown", "content": [notes]}}
+        self.expectations.append(expectation)
+
+
+def _list_stats(values: pa.Array, allowed: pa.Array | None = None) -> dict[str, np.ndarray]:
+    """Per list row: n items, n distinct, n empty/null elements, n elements outside `allowed`."""
+    n = len(values)
+    null = pc.is_null(values).to_numpy(zero_copy_only=False)
+    n_items = pc.fill_null(pc.list_value_length(values), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    flat = pc.list_flatten(values)
+    parent = pc.list_parent_indices(values).to_numpy(zero_copy_only=False).astype(np.int64)
+    bad_element = pc.fill_null(pc.equal(pc.utf8_length(flat), 0), True).to_numpy(zero_copy_only=False)
+    codes = pc.dictionary_encode(flat).indices.to_numpy(zero_copy_only=False)
+    codes = np.where(np.isnan(codes.astype(float)), -1, codes).astype(np.int64)  # null elements
+    pairs = np.unique(parent * (int(codes.max(initial=0)) + 2) + codes + 1)
+    stats = {
+        "null": null,
+        "n_items": n_items,
+        "n_distinct": np.bincount(pairs // (int(codes.max(initial=0)) + 2), minlength=n),
+        "n_bad": np.bincount(parent, bad_element.astype(np.int64), minlength=n).astype(np.int64),
+    }
+    if allowed is not None:
+        outside = ~pc.fill_null(pc.is_in(flat, value_set=allowed), False).to_numpy(zero_copy_only=False)
+        stats["n_outside"] = np.bincount(parent, outside.astype(np.int64), minlength=n).astype(np.int64)
+    return stats
+
+
+def _nullable(values: np.ndarray, null: np.ndarray) -> np.ndarray:
+    return np.where(null, np.nan, values.astype(float))
+
+
+def _scalar_frame(table: LoadedTable, list_columns: set[str]) -> pd.DataFrame:
+    scalar = [c for c in table.typed.column_names if c not in list_columns]
+    frame = table.typed.select(scalar).to_pandas()
+    for column in list_columns:
+        frame[column] = pd.Series(table.typed.column(column).to_pylist(), dtype=object)
+    return frame
+
+
+def _id_checks(checks: Checks, column: str, unique: bool) -> None:
+    import great_expectations.expectations as gxe
+
+    checks.add(gxe.ExpectColumnValuesToNotBeNull(column=column), f"every row has a {column}")
+    checks.add(gxe.ExpectColumnValueLengthsToBeBetween(column=column, min_value=1), f"{column} is not empty text")
+    if unique:
+        checks.add(gxe.ExpectColumnValuesToBeUnique(column=column), f"{column} identifies one row")
+
+
+def _parse_checks(checks: Checks, table: LoadedTable) -> None:
+    import great_expectations.expectations as gxe
+
+    for column, ok in table.parse_ok.items():
+        helper = f"{column}__parsed"
+        checks.frame[helper] = ok
+        checks.add(gxe.ExpectColumnValuesToBeInSet(column=helper, value_set=[True]), f"{column}'s text parses")
+
+
+def article_checks(table: LoadedTable) -> Checks:
+    import great_expectations.expectations as gxe
+
+    checks = Checks(_scalar_frame(table, set()))
+    _id_checks(checks, "article_id", unique=True)
+    for column in ("product_type", "brand", "color", "style"):
+        checks.add(gxe.ExpectColumnValuesToNotBeNull(column=column), f"every article has a {column}")
+        checks.add(gxe.ExpectColumnValueLengthsToBeBetween(column=column, min_value=1), f"{column} is not empty")
+    checks.add(gxe.ExpectColumnValuesToNotBeNull(column="price"), "every article has a price")
+    checks.add(gxe.ExpectColumnValuesToBeBetween(column="price", min_value=0, strict_min=True), "price > 0")
+    _parse_checks(checks, table)
+    return checks
+
+
+def context_checks(checks: Checks, table: LoadedTable, schema: DataSchema, valid_articles: pa.Table) -> None:
+    """The declared context columns of a table: nulls, allowed values, ranges, references to articles."""
+    import great_expectations.expectations as gxe
+
+    for col in (c for c in schema.context_columns if c.table == table.name):
+        name = col.name
+        if col.kind == "multi_categorical":
+            allowed = None
+            if col.values is not None and col.references is not None:
+                raise ContextualBertError(f"{SCHEMA_FILE}: '{name}' declares both values and references")
+            if col.values is not None:
+                allowed = pa.array(list(col.values), pa.string())
+            elif col.references is not None:
+                ref_table, ref_column = col.references.split(".", 1)
+                if ref_table != "articles" or ref_column not in valid_articles.column_names:
+                    raise ContextualBertError(f"{SCHEMA_FILE}: '{name}' references unknown column {col.references}")
+                allowed = pc.unique(valid_articles.column(ref_column).combine_chunks())
+            stats = _list_stats(table.typed.column(name).combine_chunks(), allowed)
+            checks.frame[f"{name}__n_bad_values"] = _nullable(stats["n_bad"], stats["null"])
+            checks.add(
+                gxe.ExpectColumnValuesToBeInSet(column=f"{name}__n_bad_values", value_set=[0]),
+                f"no empty or missing values inside {name}",
+            )
+            checks.frame[f"{name}__n_repeated"] = _nullable(stats["n_items"] - stats["n_distinct"], stats["null"])
+            checks.add(
+                gxe.ExpectColumnValuesToBeInSet(column=f"{name}__n_repeated", value_set=[0]),
+                f"no value twice in {name}",
+            )
+            if allowed is not None:
+                helper = f"{name}__n_unknown_values"
+                checks.frame[helper] = _nullable(stats["n_outside"], stats["null"])
+                what = f"one of {list(col.values)}" if col.values else f"a value of valid {col.references}"
+                checks.add(gxe.ExpectColumnValuesToBeInSet(column=helper, value_set=[0]), f"every {name} is {what}")
+        elif col.kind == "categorical":
+            checks.add(gxe.ExpectColumnValueLengthsToBeBetween(column=name, min_value=1), f"{name} is not empty")
+            if col.values is not None:
+                checks.add(gxe.ExpectColumnValuesToBeInSet(column=name, value_set=list(col.values)),
+                           f"{name} is one of the declared values")  # fmt: skip
+        else:
+            if col.min_value is not None or col.max_value is not None:
+                checks.add(
+                    gxe.ExpectColumnValuesToBeBetween(column=name, min_value=col.min_value, max_value=col.max_value),
+                    f"{name} within [{col.min_value}, {col.max_value}]",
+                )
+        if not col.nullable:
+            checks.add(gxe.ExpectColumnValuesToNotBeNull(column=name), f"every row has a {name}")
+
+
+def customer_checks(table: LoadedTable, schema: DataSchema, valid_articles: pa.Table) -> Checks:
+    import great_expectations.expectations as gxe
+
+    multi = {c.name for c in schema.context_columns if c.table == "customers" and c.kind == "multi_categorical"}
+    checks = Checks(_scalar_frame(table, multi))
+    _id_checks(checks, "customer_id", unique=True)
+    context_checks(checks, table, schema, valid_articles)
+    if {"price_min", "price_max"} <= set(checks.frame.columns):
+        checks.add(
+            gxe.ExpectColumnPairValuesAToBeGreaterThanB(
+                column_A="price_max", column_B="price_min", or_equal=True, ignore_row_if="either_value_is_missing"
+            ),
+            "price_min <= price_max",
+        )
+    _parse_checks(checks, table)
+    return checks
+
+
+def outfit_checks(
+    table: LoadedTable, schema: DataSchema, valid_articles: pa.Table, valid_customer_ids: pa.Array
+) -> Checks:
+    import great_expectations.expectations as gxe
+
+    multi = {c.name for c in schema.context_columns if c.table == "outfits" and c.kind == "multi_categorical"}
+    checks = Checks(_scalar_frame(table, {"article_ids"} | multi))
+    frame = checks.frame
+    _id_checks(checks, "outfit_id", unique=True)
+    checks.add(gxe.ExpectColumnValuesToNotBeNull(column="customer_id"), "every outfit has a customer")
+    known = pc.fill_null(pc.is_in(table.typed.column("customer_id"), value_set=valid_customer_ids), False)
+    frame["customer_id__is_valid_customer"] = known.to_numpy(zero_copy_only=False)
+    checks.add(
+        gxe.ExpectColumnValuesToBeInSet(column="customer_id__is_valid_customer", value_set=[True]),
+        "the customer exists and passed validation (else: references a quarantined/unknown customer)",
+    )
+    checks.add(gxe.ExpectColumnValuesToNotBeNull(column="article_ids"), "every outfit has article ids")
+    stats = _list_stats(table.typed.column("article_ids").combine_chunks(), valid_articles.column("article_id"))
+    frame["article_ids__n_items"] = _nullable(stats["n_items"], stats["null"])
+    checks.add(
+        gxe.ExpectColumnValuesToBeBetween(
+            column="article_ids__n_items", min_value=MIN_OUTFIT_SIZE, max_value=MAX_OUTFIT_SIZE
+        ),
+        f"an outfit has {MIN_OUTFIT_SIZE}-{MAX_OUTFIT_SIZE} articles",
+    )
+    frame["article_ids__n_distinct"] = _nullable(stats["n_distinct"], stats["null"])
+    checks.add(
+        gxe.ExpectColumnPairValuesToBeEqual(
+            column_A="article_ids__n_items", column_B="article_ids__n_distinct", ignore_row_if="either_value_is_missing"
+        ),
+        "no article twice in an outfit",
+    )
+    frame["article_ids__n_invalid_articles"] = _nullable(stats["n_outside"], stats["null"])
+    checks.add(
+        gxe.ExpectColumnValuesToBeInSet(column="article_ids__n_invalid_articles", value_set=[0]),
+        "every article exists and passed validation (else: references a quarantined/unknown article)",
+    )
+    context_checks(checks, table, schema, valid_articles)
+    _parse_checks(checks, table)
+    return checks
+
+
+# --- running: GE context, suites, checkpoints, Data Docs ---------------------------------------------
+
+
+class _GreatExpectations:
+    """One ephemeral GE context for a validation run, with a Data Docs site under `docs_dir`."""
+
+    def __init__(self, docs_dir: Path):
+        import great_expectations as gx
+        from great_expectations.data_context.types.base import (
+            DataContextConfig,
+            InMemoryStoreBackendDefaults,
+            ProgressBarsConfig,
+        )
+
+        self.gx = gx
+        site = {
+            "class_name": "SiteBuilder",
+            "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir.resolve())},
+            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder", "show_how_to_buttons": False},
+        }
+        config = DataContextConfig(
+            store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
+            data_docs_sites={"validation": site},
+            progress_bars=ProgressBarsConfig(globally=False),
+            analytics_enabled=False,
+        )
+        self.context = gx.get_context(mode="ephemeral", project_config=config)
+        self.datasource = self.context.data_sources.add_pandas("raw")
+
+    def failing_rows(self, name: str, checks: Checks) -> dict[str, np.ndarray]:
+        """Run the table's suite as a checkpoint (updating Data Docs); expectation name -> failing rows."""
+        gx = self.gx
+        batch = self.datasource.add_dataframe_asset(name).add_batch_definition_whole_dataframe("all rows")
+        suite = self.context.suites.add(gx.ExpectationSuite(name=name, expectations=checks.expectations))
+        definition = self.context.validation_definitions.add(gx.ValidationDefinition(data=batch, suite=suite, name=name))
+        checkpoint = self.context.checkpoints.add(
+            gx.Checkpoint(
+                name=f"validate_{name}",
+                validation_definitions=[definition],
+                actions=[gx.checkpoint.UpdateDataDocsAction(name="data_docs", site_names=["validation"])],
+                result_format={"result_format": "COMPLETE"},
+            )
+        )
+        result = checkpoint.run(batch_parameters={"dataframe": checks.frame})
+        failing = {}
+        for run in result.run_results.values():
+            for res in run.results:
+                name_ = res.expectation_config.meta["name"]
+                if res.exception_info.get("raised_exception"):
+                    raise RuntimeError(f"{name}: {name_} raised {res.exception_info.get('exception_message')}")
+                rows = res.result.get("unexpected_index_list") or []
+                failing[name_] = np.asarray(rows, dtype=np.int64)
+        return failing
+
+
+def _split(table: LoadedTable, failing: dict[str, np.ndarray]) -> tuple[np.ndarray, pa.Array]:
+    """Quarantine mask and, per quarantined row, the names of the expectations it failed."""
+    names = sorted(failing)
+    rows = np.concatenate([failing[n] for n in names] + [np.zeros(0, np.int64)])
+    which = np.concatenate([np.full(len(failing[n]), i) for i, n in enumerate(names)] + [np.zeros(0, np.int64)])
+    pairs = np.unique(np.stack([rows, which], axis=1), axis=0) if len(rows) else np.zeros((0, 2), np.int64)
+    quarantined = np.zeros(table.n_rows, dtype=bool)
+    quarantined[pairs[:, 0]] = True
+    bad_rows = np.flatnonzero(quarantined)
+    offsets = np.searchsorted(pairs[:, 0], np.append(bad_rows, table.n_rows)).astype(np.int32)
+    values = pa.array(np.asarray(names, dtype=object)[pairs[:, 1]] if len(pairs) else [], pa.string())
+    return quarantined, pa.ListArray.from_arrays(pa.array(offsets), values)
+
+
+def _write(table: pa.Table, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+
+
+def validate(raw_dir: Path, validated_dir: Path, quarantine_dir: Path, report_dir: Path, cfg: ValidateConfig) -> dict:
+    """Validate data/raw; write data/validated, data/quarantine, reports/validation/{summary.json,data_docs}.
+
+    Fails (ContextualBertError) when any table's quarantined share exceeds cfg.max_quarantine_share; the
+    quarantine, summary and Data Docs are written first, so the failure can be inspected."""
+    raw_dir, validated_dir, quarantine_dir, report_dir = map(Path, (raw_dir, validated_dir, quarantine_dir, report_dir))
+    schema = DataSchema.load(raw_dir)
+    tables = {name: read_table(find_table(raw_dir, name), name, schema.columns_of(name)) for name in TABLES}
+
+    docs_dir = report_dir / "data_docs"
+    shutil.rmtree(docs_dir, ignore_errors=True)
+    ge = _GreatExpectations(docs_dir)
+    summary: dict = {"source": schema.source, "max_quarantine_share": cfg.max_quarantine_share, "tables": {}}
+    valid: dict[str, pa.Table] = {}
+    for name in TABLES:
+        table = tables[name]
+        if name == "articles":
+            checks = article_checks(table)
+        elif name == "customers":
+            checks = customer_checks(table, schema, valid["articles"])
+        else:
+            valid_customers = valid["customers"].column("customer_id").combine_chunks()
+            checks = outfit_checks(table, schema, valid["articles"], valid_customers)
+        failing = ge.failing_rows(name, checks)
+        quarantined, reasons = _split(table, failing)
+        valid[name] = table.typed.filter(pa.array(~quarantined))
+        _write(table.raw.filter(pa.array(quarantined)).append_column(FAILED_COLUMN, reasons), quarantine_dir / f"{name}.parquet")
+        n_bad = int(quarantined.sum())
+        summary["tables"][name] = {
+            "file": str(table.path),
+            "rows_in": table.n_rows,
+            "valid": valid[name].num_rows,
+            "quarantined": n_bad,
+            "quarantined_share": round(n_bad / table.n_rows, 6),
+            "id_column": ID_COLUMN[name],
+            "failed_rows_by_expectation": {k: int(len(np.unique(v))) for k, v in sorted(failing.items()) if len(v)},
+            "expectations": len(checks.expectations),
+        }
+        assert summary["tables"][name]["rows_in"] == valid[name].num_rows + n_bad
+
+    over = {n: t["quarantined_share"] for n, t in summary["tables"].items() if t["quarantined_share"] > cfg.max_quarantine_share}
+    summary["passed"] = not over
+    summary["data_docs"] = str(docs_dir / "index.html")
+    report_dir.mkdir(parents=True, exist_ok=True)
+    (report_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    for name in TABLES:  # never leave validated tables behind that this run did not pass
+        (validated_dir / f"{name}.parquet").unlink(missing_ok=True)
+    if over:
+        worst = max(over, key=over.get)
+        raise ContextualBertError(
+            f"{over[worst]:.1%} of {worst} quarantined, above validate.max_quarantine_share "
+            f"{cfg.max_quarantine_share:.1%}; see {quarantine_dir / (worst + '.parquet')} and {report_dir / 'summary.json'}"
+        )
+    for name in TABLES:
+        _write(valid[name], validated_dir / f"{name}.parquet")
+    shutil.copyfile(raw_dir / SCHEMA_FILE, validated_dir / SCHEMA_FILE)
+    return summary
