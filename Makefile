@@ -34,3 +34,44 @@ test-fast: $(STAMP)
 
 benchmarks: $(STAMP)
 	$(BIN)/python benchmarks/train_throughput.py
+
+# --- Prefect: server, pools, deployments, workers (flows/, prefect.yaml, docs/scaling.md) -----------
+# The server keeps its SQLite database under PREFECT_HOME (.prefect/ here, ignored by git); for
+# PostgreSQL set PREFECT_API_DATABASE_CONNECTION_URL=postgresql+asyncpg://user:pass@host:5432/prefect.
+# Parallel trainings log through one MLflow server: start workers with MLFLOW_TRACKING_URI=http://...
+PREFECT_PORT ?= 4200
+PREFECT_HOME ?= $(CURDIR)/.prefect
+PREFECT_API_URL ?= http://127.0.0.1:$(PREFECT_PORT)/api
+GPUS ?=
+CPU_TRAININGS ?= 2
+POOL ?= cpu
+PREFECT_ENV = PREFECT_HOME=$(PREFECT_HOME) PREFECT_API_URL=$(PREFECT_API_URL)
+
+.PHONY: prefect-help prefect-server prefect-pools prefect-deploy prefect-worker prefect-ui prefect-run
+
+prefect-help:
+	@echo "make prefect-server                 Prefect server on 127.0.0.1:$(PREFECT_PORT) (SQLite in $(PREFECT_HOME))"
+	@echo "make prefect-pools [GPUS='0 1']     work pools cpu and gpu, slots train-cpu and gpu-<i>"
+	@echo "make prefect-deploy                 pools, then prefect deploy --all (prefect.yaml)"
+	@echo "make prefect-worker [POOL=gpu]      a process worker on the cpu (or gpu) pool"
+	@echo "make prefect-ui                     open the Prefect UI"
+	@echo "make prefect-run [SIZE=tiny]        run the nightly pipeline deployment now"
+
+prefect-server: $(STAMP)
+	$(PREFECT_ENV) $(BIN)/prefect server start --host 127.0.0.1 --port $(PREFECT_PORT)
+
+prefect-pools: $(STAMP)
+	$(PREFECT_ENV) $(BIN)/python -m flows.work_pools --gpus "$(GPUS)" --cpu-trainings $(CPU_TRAININGS)
+
+prefect-deploy: prefect-pools
+	$(PREFECT_ENV) $(BIN)/prefect --no-prompt deploy --all
+
+prefect-worker: $(STAMP)
+	$(PREFECT_ENV) $(BIN)/prefect worker start --pool $(POOL)
+
+prefect-ui:
+	@echo "Prefect UI: http://127.0.0.1:$(PREFECT_PORT)"
+	@-xdg-open "http://127.0.0.1:$(PREFECT_PORT)" >/dev/null 2>&1 || true
+
+prefect-run: $(STAMP)
+	$(PREFECT_ENV) $(BIN)/prefect deployment run pipeline/nightly $(if $(SIZE),--param size=$(SIZE))

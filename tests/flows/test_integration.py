@@ -1,0 +1,122 @@
+"""End to end through Prefect: a real `prefect server start` (127.0.0.1, a free port, a temporary
+PREFECT_HOME with SQLite), the pools made by `python -m flows.work_pools`, `prefect deploy --all` from
+prefect.yaml, a process worker on the cpu pool, and an `mlflow server`. The nightly deployment is
+triggered on tiny data in a temporary copy of the repository (never this workspace) and must end
+Completed, with the trainings in MLflow, a champion in the registry, and nothing left for `dvc repro`.
+
+Every process started here is ended by a finalizer, also on failure; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import pytest
+
+from flows_testkit import REPO, VENV_BIN, clean_env, free_port, git, run, wait_until
+
+pytestmark = pytest.mark.slow
+
+VARIANTS = ["none", "global_state"]
+TINY = {
+    "train.variants": VARIANTS,
+    "train.seeds": [0],
+    "train.max_epochs": 2,
+    "train.batch_size": 128,
+    "train.warmup_steps": 10,
+    "model.d_model": 32,
+    "model.n_blocks": 2,
+    "model.n_heads": 4,
+    "model.d_ff": 64,
+    "features.default_dim": 8,
+    "features.embedding_dims": {},
+}
+RUN_TIMEOUT = 480
+
+
+@pytest.fixture
+def repo_copy(tmp_path):
+    """The repository's working tree as it is (tracked and untracked, not ignored), committed anew."""
+    copy = tmp_path / "repo"
+    files = run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], REPO).split("\0")
+    for rel in filter(None, files):
+        src = REPO / rel
+        if src.is_file():
+            (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+            (copy / rel).write_bytes(src.read_bytes())
+    git(["init", "-q", "-b", "main"], copy)
+    git(["add", "-A"], copy)
+    git(["commit", "-q", "-m", "copy of the working tree"], copy)
+    return copy
+
+
+@pytest.fixture
+def mlflow_server(processes, tmp_path):
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    proc = processes.start(
+        "mlflow",
+        [str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{tmp_path}/mlflow-server.db",
+         "--artifacts-destination", str(tmp_path / "mlflow-artifacts"), "--host", "127.0.0.1",
+         "--port", str(port), "--workers", "1"],
+        tmp_path,
+        clean_env(),
+    )
+
+    def up() -> bool:
+        assert proc.alive(), proc.tail()
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    wait_until(up, 90, "mlflow server")
+    return uri
+
+
+def test_nightly_deployment_runs_the_pipeline_on_a_worker(prefect_server, processes, repo_copy, mlflow_server):
+    import mlflow
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    server = prefect_server
+    env = server.env(MLFLOW_TRACKING_URI=mlflow_server)
+    run([str(VENV_BIN / "python"), "-m", "flows.work_pools", "--cpu-trainings", "2"], repo_copy, env)
+    server.cli(["deploy", "--all"], repo_copy)
+    worker = server.start_worker(processes, "cpu", repo_copy, "cpu-worker-1", MLFLOW_TRACKING_URI=mlflow_server)
+
+    with temporary_settings(updates={PREFECT_API_URL: server.url}):
+        flow_run = run_deployment(
+            "pipeline/nightly", parameters={"size": "tiny", "params": TINY}, timeout=0, as_subflow=False
+        )
+        deadline = time.monotonic() + RUN_TIMEOUT
+        with get_client(sync_client=True) as client:
+            while True:
+                flow_run = client.read_flow_run(flow_run.id)
+                if flow_run.state.is_final() or time.monotonic() > deadline:
+                    break
+                assert worker.alive(), worker.tail()
+                time.sleep(3)
+            state = flow_run.state
+            children = client.read_flow_runs()
+    assert state.is_completed(), f"pipeline run ended {state.name}: {state.message}\n{worker.tail(120)}"
+    trainings = [r for r in children if r.parameters.get("workdir") == str(repo_copy)]
+    assert len(trainings) == len(VARIANTS) and all(r.state.is_completed() for r in trainings)
+
+    # MLflow: a finished, evaluated run per variant; the registry has a champion.
+    client = mlflow.MlflowClient(tracking_uri=mlflow_server, registry_uri=mlflow_server)
+    experiment = client.get_experiment_by_name("contextual-bert")
+    runs = client.search_runs([experiment.experiment_id])
+    assert sorted(r.data.params.get("variant") for r in runs) == sorted(VARIANTS)
+    assert all(r.info.status == "FINISHED" for r in runs)
+    champion = client.get_model_version_by_alias("outfit-completion", "champion")
+    assert champion.run_id in {r.info.run_id for r in runs}
+
+    # DVC recorded all of it: a later `dvc repro` in that workspace would run nothing.
+    status = run([str(VENV_BIN / "dvc"), "status", "--json"], repo_copy, clean_env())
+    assert json.loads(status.strip().splitlines()[-1]) == {}
+    assert (repo_copy / "reports/table1.md").exists()
