@@ -184,7 +184,10 @@ def test_outfits_of_quarantined_rows_are_quarantined_too(faulty):
     outfits = raw["outfits"]
     cascading = outfits[
         (outfits[TAG] == "clean")
-        & (outfits["customer_id"].isin(bad_customers) | outfits["article_ids"].map(lambda ids: ids is not None and bool(set(ids) & bad_articles)))
+        & (
+            outfits["customer_id"].isin(bad_customers)
+            | outfits["article_ids"].map(lambda ids: ids is not None and bool(set(ids) & bad_articles))
+        )
     ]
     assert len(cascading) > 0
     quarantined = _read(root, "quarantine", "outfits").set_index("outfit_id")
@@ -221,7 +224,8 @@ def test_too_much_quarantined_fails_with_a_clear_message(clean_raw, tmp_path):
     _write(tmp_path, clean_raw, tables)
     (tmp_path / "validated").mkdir()
     (tmp_path / "validated" / "outfits.parquet").write_text("stale")
-    with pytest.raises(ContextualBertError, match=r"10\.\d% of outfits quarantined, above validate\.max_quarantine_share 5\.0%"):
+    too_many = r"10\.\d% of outfits quarantined, above validate\.max_quarantine_share 5\.0%"
+    with pytest.raises(ContextualBertError, match=too_many):
         _run(tmp_path, ValidateConfig())
     summary = json.loads((tmp_path / "reports" / "summary.json").read_text())
     assert summary["passed"] is False and summary["tables"]["outfits"]["quarantined"] == len(o) // 10 + 1
@@ -302,10 +306,16 @@ def _rename(raw: Path, table: str, old: str, new: str):
     pq.write_table(frame.rename_columns([new if c == old else c for c in frame.column_names]), raw / f"{table}.parquet")
 
 
+LATIN1_CSV = b"article_id,product_type,brand,color,style,price\nA1,caf\xe9,b,c,s,2\n"
 MALFORMED = {
-    "missing file": (lambda raw: (raw / "outfits.parquet").unlink(), r"outfits: file not found: expected outfits\.parquet or outfits\.csv"),
+    "missing file": (
+        lambda raw: (raw / "outfits.parquet").unlink(),
+        r"outfits: file not found: expected outfits\.parquet or outfits\.csv",
+    ),
     "missing column": (
-        lambda raw: pq.write_table(pq.read_table(raw / "articles.parquet").drop_columns(["style"]), raw / "articles.parquet"),
+        lambda raw: pq.write_table(
+            pq.read_table(raw / "articles.parquet").drop_columns(["style"]), raw / "articles.parquet"
+        ),
         r"articles\.parquet, column 'style': required column missing",
     ),
     "misspelled column": (
@@ -316,7 +326,10 @@ MALFORMED = {
         _break_articles_price_to_text,
         r"articles\.parquet, column 'price': expected numbers, found text such as 'cheap'",
     ),
-    "numbers where text belongs": (_int_customer_ids, r"customers\.parquet, column 'customer_id': expected text, found int64"),
+    "numbers where text belongs": (
+        _int_customer_ids,
+        r"customers\.parquet, column 'customer_id': expected text, found int64",
+    ),
     "not parquet": (
         lambda raw: (raw / "articles.parquet").write_text("article_id,price\nA1,2.0\n"),
         r"articles\.parquet: not a readable Parquet file",
@@ -334,10 +347,9 @@ MALFORMED = {
         r"outfits\.csv: table is empty",
     ),
     "not utf-8": (
-        lambda raw: ((raw / "articles.parquet").unlink(),
-                     (raw / "articles.csv").write_bytes(b"article_id,product_type,brand,color,style,price\nA1,caf\xe9,b,c,s,2\n"))[0],
+        lambda raw: ((raw / "articles.parquet").unlink(), (raw / "articles.csv").write_bytes(LATIN1_CSV))[0],
         r"articles\.csv: not UTF-8 text \(line 2",
-    ),  # fmt: skip
+    ),
     "missing schema": (lambda raw: (raw / "schema.json").unlink(), r"schema\.json: schema file not found"),
 }
 

@@ -134,7 +134,8 @@ def _articles(source: Path, tx: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
 
 def _baskets(tx: pd.DataFrame, customers: set, articles: set, cfg: ImportHMConfig) -> tuple[pd.DataFrame, dict]:
     """Distinct articles per (customer, day); kept when min..max items and every reference is known."""
-    items = tx[["customer_id", "date", "article_id"]].drop_duplicates().sort_values(["customer_id", "date", "article_id"])
+    items = tx[["customer_id", "date", "article_id"]].drop_duplicates()
+    items = items.sort_values(["customer_id", "date", "article_id"])
     items["known_article"] = items["article_id"].isin(articles)
     by_basket = items.groupby(["customer_id", "date"], sort=False)
     baskets = by_basket.agg(size=("article_id", "size"), all_known=("known_article", "all")).reset_index()
