@@ -124,3 +124,10 @@ def test_occasion_drives_product_types(data):
     # men never get articles cut only for women
     women_only = {t for t, (_, cut, _) in PRODUCT_TYPES.items() if cut == "w"}
     assert not items.loc[items["gender_y"] == "male", "product_type"].isin(women_only).any()
+
+
+def test_too_few_articles_is_a_clear_error(tmp_path):
+    from contextual_bert.errors import ContextualBertError
+
+    with pytest.raises(ContextualBertError, match="n_articles is 10; at least"):
+        generate(GeneratorSize(n_outfits=10, n_articles=10, n_customers=5), seed=0, out_dir=tmp_path)

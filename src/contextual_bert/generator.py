@@ -45,6 +45,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from contextual_bert.config import GeneratorSize
+from contextual_bert.errors import ContextualBertError
 from contextual_bert.contract import (
     BOTTOM_SIZES,
     COUNTRIES,
@@ -237,7 +238,10 @@ def _make_articles(rng: np.random.Generator, n_articles: int) -> dict:
     # (type, gender) pairs that must exist: 0 women, 1 men, 2 unisex.
     required = [(t, g) for t, name in enumerate(type_names) for g in (0, 1) if "wm"[g] in PRODUCT_TYPES[name][1]]
     if n_articles < len(required):
-        raise ValueError(f"n_articles must be at least {len(required)} to cover every product type and gender")
+        raise ContextualBertError(
+            f"generate: n_articles is {n_articles}; at least {len(required)} are needed to cover every product type "
+            "for every gender it is cut for"
+        )
     n_brands = int(np.clip(n_articles // 40, 8, 1000))
 
     brand_styles = _mask_rows(rng, np.ones((n_brands, len(STYLES))), rng.integers(1, 3, n_brands))
