@@ -472,7 +472,7 @@ def _draw_articles(rng, draw_outfit, draw_type, customer, anchor, art, cus) -> n
             w = (style_w[:, :, None] * color_w[:, None, :]).reshape(len(rows), -1)[:, style_color]
             w *= pop_fit[cus["fit"][c, slot]]
             outside = (price[None, :] < cus["price_min"][c, None]) | (price[None, :] > cus["price_max"][c, None])
-            w[outside] *= OUT_OF_PRICE_RANGE
+            w *= np.where(outside, np.float32(OUT_OF_PRICE_RANGE), np.float32(1.0))
             r, cols = _preferred_brand_cells(c, brand_start, brand_cols, brand_first, pool_by_brand)
             w[r, cols] *= PREFERRED_BRAND_BOOST
             cum = np.cumsum(w, axis=1)
