@@ -1,5 +1,7 @@
 """Time the raw-data stages: generate and validate at the paper's size, import (and validate) the H&M sample.
 
+validate_paper_with_faults validates the same data with faults planted, so quarantine is exercised at scale.
+
 Each step runs in a process of its own, so its peak resident memory is its own. Writes
 reports/benchmarks/data_pipeline.json with wall and CPU seconds, peak RSS and row counts per step, the
 targets (generate and validate at the paper size each under 2 minutes on this 2-core machine), and the
@@ -40,10 +42,12 @@ def run_step(step: str, work: Path, size: str, hm_source: Path) -> dict:
 
         result = import_hm(hm_source, work / "hm" / "raw", ImportHMConfig())
         rows = result["rows"] | {"baskets": result["baskets"], "baskets_kept": result["baskets_kept"]}
-    else:  # validate_paper / validate_hm
+    else:  # validate_paper / validate_paper_with_faults / validate_hm
         from contextual_bert.validation import validate
 
-        root = work / ("paper" if step == "validate_paper" else "hm")
+        root = work / {"validate_paper": "paper", "validate_paper_with_faults": "faulty", "validate_hm": "hm"}[step]
+        if step == "validate_paper_with_faults":
+            _corrupt_copy(work / "paper" / "raw", root / "raw")
         summary = validate(root / "raw", root / "validated", root / "quarantine", root / "reports",
                            ValidateConfig(max_quarantine_share=1.0))  # fmt: skip
         rows = {name: {k: t[k] for k in ("rows_in", "valid", "quarantined")} for name, t in summary["tables"].items()}
@@ -53,6 +57,29 @@ def run_step(step: str, work: Path, size: str, hm_source: Path) -> dict:
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "rows": rows,
     }
+
+
+def _corrupt_copy(raw: Path, out: Path) -> None:
+    """The paper-size data with faults: 1% of articles priced -1, 2% of outfits for an unknown occasion
+    (and, through the bad articles, more outfits quarantined as referencing them)."""
+    import shutil
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shutil.copytree(raw, out)
+    articles = pq.read_table(out / "articles.parquet")
+    price = articles.column("price").to_numpy().copy()
+    price[::100] = -1.0
+    pq.write_table(articles.set_column(articles.column_names.index("price"), "price", pa.array(price)),
+                   out / "articles.parquet")  # fmt: skip
+    outfits = pq.read_table(out / "outfits.parquet")
+    occasion = np.array(outfits.column("occasion").to_pylist(), dtype=object)
+    occasion[::50] = "brunch"
+    column = outfits.column_names.index("occasion")
+    pq.write_table(outfits.set_column(column, "occasion", pa.array(occasion.tolist(), pa.string())),
+                   out / "outfits.parquet")  # fmt: skip
 
 
 def _child(step: str, work: Path, size: str, hm_source: Path) -> dict:
@@ -80,7 +107,7 @@ def main() -> None:
     load_before = os.getloadavg()
     steps = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for step in ("generate", "validate_paper", "import_hm", "validate_hm"):
+        for step in ("generate", "validate_paper", "validate_paper_with_faults", "import_hm", "validate_hm"):
             if step.endswith("hm") and not args.hm_source.is_dir():
                 steps[step] = {"skipped": f"{args.hm_source} is absent"}
                 continue

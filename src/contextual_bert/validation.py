@@ -8,7 +8,8 @@ Some checks are about lists (an outfit's article ids, a customer's preferred bra
 Great Expectations sees those through computed helper columns named `<column>__<what>` (e.g.
 `article_ids__n_items`), checked by ordinary GE expectations that report the failing rows; each failing row
 is quarantined with the names of the expectations it failed (`failed_expectations`). Quarantined rows are
-written as they were read (for a CSV: its text), so nothing is lost.
+written as they were read (for a CSV: its text), so nothing is lost. A duplicated id quarantines every row
+that carries it: which one is right cannot be told.
 
 Input: `<table>.parquet`, or `<table>.csv` with list columns as JSON (`["a", "b"]`) or `a|b` text (in a CSV
 an empty cell is an empty list; `null` is a missing one).
@@ -187,6 +188,8 @@ class Checks:
     def add(self, expectation, notes: str) -> None:
         columns = [c for c in (getattr(expectation, k, None) for k in ("column", "column_A", "column_B")) if c]
         name = f"{expectation.expectation_type}({', '.join(columns)})"
+        if any(e.meta["name"] == name for e in self.expectations):
+            raise RuntimeError(f"two expectations named {name}: failing rows could not be told apart")
         expectation.meta = {"name": name, "notes": {"format": "markdown", "content": [notes]}}
         self.expectations.append(expectation)
 
