@@ -205,7 +205,9 @@ def _categorical(rng: np.random.Generator, weights: np.ndarray) -> np.ndarray:
 
 
 def _mask_rows(rng: np.random.Generator, weights: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """(rows, vocab) bool: per row, `counts[row]` distinct columns drawn without replacement by weight."""
+    """(rows, vocab) bool: per row, `counts[row]` distinct columns drawn without replacement by weight
+    (fewer where fewer columns have a weight above zero)."""
+    counts = np.minimum(counts, (weights > 0).sum(axis=1))
     k = int(counts.max(initial=0))
     mask = np.zeros(weights.shape, dtype=bool)
     if k == 0:
@@ -297,12 +299,12 @@ def _make_customers(rng: np.random.Generator, n_customers: int, art: dict) -> di
     age = np.round(np.clip(rng.normal(38, 13, n), 16, 85))
     country = rng.choice(len(COUNTRIES), n, p=[0.3, 0.14, 0.1, 0.1, 0.08, 0.08, 0.05, 0.05, 0.05, 0.05])
 
-    young, old = (age < 30)[:, None], (age >= 50)[:, None]
+    young, old = age < 30, age >= 50
     style_w = np.ones((n, len(STYLES)))
     for s, f in {"streetwear": 3, "sporty": 2, "casual": 1.5}.items():
-        style_w[:, STYLES.index(s)] *= np.where(young[:, 0], f, 1)
+        style_w[:, STYLES.index(s)] *= np.where(young, f, 1)
     for s, f in {"classic": 3, "elegant": 2, "outdoor": 1.5}.items():
-        style_w[:, STYLES.index(s)] *= np.where(old[:, 0], f, 1)
+        style_w[:, STYLES.index(s)] *= np.where(old, f, 1)
     for s in ("romantic", "boho"):
         style_w[:, STYLES.index(s)] *= np.where(gender == 1, 0.3, 1.5)
     style_w *= np.isin(np.arange(len(STYLES)), art["style"])[None, :]  # only styles the catalogue has
