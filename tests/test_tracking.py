@@ -183,14 +183,16 @@ def test_three_trainings_at_once_log_through_one_mlflow_server(tiny_project, tmp
     bin_dir = Path(sys.executable).parent
     port = free_port()
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    # No background job runner (MLflow's GenAI jobs: eight more processes we do not use).
+    server_env = {**env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     server = subprocess.Popen(
         [str(bin_dir / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{tmp_path}/server.db",
          "--artifacts-destination", str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
          "--workers", "2"],  # fmt: skip
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        env=server_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     try:
-        _wait_for_http(f"http://127.0.0.1:{port}/health", server, timeout=90)
+        _wait_for_http(f"http://127.0.0.1:{port}/health", server, timeout=120)
         params = yaml.safe_load(tiny_project.params.read_text())
         params["paths"]["models_dir"] = str(tmp_path / "models")
         params["train"]["max_epochs"] = 1
