@@ -1,0 +1,362 @@
+"""Contextual BERT (Denk & Peleteiro Ramallo, 2020): a BERT encoder over a *set* of articles, conditioned on
+a customer context vector c in one of five ways.
+
+An outfit is a set, so there is no positional encoding; padding is hidden from attention by a key mask.
+Names follow the paper: c is the context vector (per-feature embeddings, concatenated), c~ the global state,
+V^V the per-block value projection of the global state, A^ the normalised self-attention output.
+
+    none                 the encoder alone: c is ignored
+    concat               [C]   every item embedding is concatenated with a projection of c, then projected
+    new_position         [NP]  a projection of c is prepended as an extra position every item may attend to
+    global_state         [GS]  c~ = FNN(c); every block adds B = V^V c~ to A^ between attention and FFN
+    global_state_update  [GSU] [GS], and c~ is updated by its own FFN between blocks
+
+The output layer is tied to the article embeddings (as in BERT), with a per-article bias, and is evaluated
+only at the positions to predict: over 30k articles it costs more than the whole encoder.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from contextual_bert.config import VARIANTS, ModelConfig
+from contextual_bert.errors import ContextualBertError
+from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, ContextSpec, FeatureSpec
+
+# The paper's sizes (Table 1 setting) and the parameter counts it reports for them, counted without the
+# article embeddings, the output layer and the customer-feature embeddings.
+PAPER_SIZES = {"d_model": 128, "n_blocks": 4, "n_heads": 8, "d_ff": 256, "d_context": 736}
+PAPER_PARAMETERS = {
+    "none": 546_432,
+    "concat": 673_664,
+    "new_position": 640_768,
+    "global_state": 723_328,
+    "global_state_update": 921_856,
+}
+GLOBAL_STATE_VARIANTS = ("global_state", "global_state_update")
+
+
+class ContextEncoder(nn.Module):
+    """c: one trainable embedding per context feature, concatenated in the spec's order.
+
+    Categorical and bucketized numeric features are one index each. A multi-categorical feature is a
+    0-padded row of indices and contributes the mean of its non-padding embeddings (zeros when empty).
+    """
+
+    def __init__(self, spec: ContextSpec):
+        super().__init__()
+        self.spec = spec
+        self.embeddings = nn.ModuleList(self._embedding(f) for f in spec.features)
+
+    @staticmethod
+    def _embedding(feature: FeatureSpec) -> nn.Module:
+        if feature.kind == "multi_categorical":
+            return nn.EmbeddingBag(feature.cardinality, feature.dim, mode="mean", padding_idx=PAD_INDEX)
+        return nn.Embedding(feature.cardinality, feature.dim, padding_idx=PAD_INDEX)
+
+    @property
+    def d_context(self) -> int:
+        return self.spec.d_context
+
+    def forward(self, context: dict[str, torch.Tensor]) -> torch.Tensor:
+        parts = []
+        for feature, embedding in zip(self.spec.features, self.embeddings):
+            if feature.name not in context:
+                raise ContextualBertError(f"context feature '{feature.name}' is missing from the input")
+            parts.append(embedding(context[feature.name]))
+        return torch.cat(parts, dim=-1)
+
+
+class MultiHeadSelfAttention(nn.Module):
+    """A = MultiHead(H): W^Q, W^K, W^V, W^O; padded keys get no attention."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__()
+        if d_model % n_heads:
+            raise ContextualBertError(f"d_model {d_model} is not divisible by n_heads {n_heads}")
+        self.n_heads, self.d_head = n_heads, d_model // n_heads
+        self.query = nn.Linear(d_model, d_model)
+        self.key = nn.Linear(d_model, d_model)
+        self.value = nn.Linear(d_model, d_model)
+        self.output = nn.Linear(d_model, d_model)
+        self.dropout = dropout
+
+    def forward(self, h: torch.Tensor, attend: torch.Tensor) -> torch.Tensor:
+        """h: (B, L, d); attend: (B, 1, 1, L) bool, False for padded keys."""
+        batch, length, _ = h.shape
+
+        def heads(x):  # (B, L, d) -> (B, heads, L, d_head)
+            return x.view(batch, length, self.n_heads, self.d_head).transpose(1, 2)
+
+        q, k, v = heads(self.query(h)), heads(self.key(h)), heads(self.value(h))
+        a = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attend, dropout_p=self.dropout if self.training else 0.0
+        )
+        return self.output(a.transpose(1, 2).reshape(batch, length, -1))
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = W_2 GELU(W_1 x), position-wise."""
+
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.intermediate = nn.Linear(d_model, d_ff)
+        self.output = nn.Linear(d_ff, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.output(F.gelu(self.intermediate(x)))
+
+
+class GlobalStateAttention(nn.Module):
+    """[GS] B = V^V c~, then LayerNorm(Dropout(B) + A^) without affine parameters.
+
+    Attention from a position over the single vector c~ gives weight 1 to it, so the result is its
+    value whatever V^Q and V^K are: they are left out, and B is the same for every position.
+    """
+
+    def __init__(self, d_model: int, dropout: float):
+        super().__init__()
+        self.value = nn.Linear(d_model, d_model)  # V^V
+        self.dropout = nn.Dropout(dropout)
+        self.norm = nn.LayerNorm(d_model, elementwise_affine=False)
+
+    def forward(self, a_hat: torch.Tensor, global_state: torch.Tensor) -> torch.Tensor:
+        b = self.value(global_state).unsqueeze(1)  # (B, 1, d), broadcast over positions
+        return self.norm(self.dropout(b) + a_hat)
+
+
+class Block(nn.Module):
+    """One post-norm Transformer block (as in BERT), with the [GS] sublayer between attention and FFN."""
+
+    def __init__(self, cfg: ModelConfig, global_state: bool):
+        super().__init__()
+        self.attention = MultiHeadSelfAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
+        self.attention_norm = nn.LayerNorm(cfg.d_model)
+        self.global_state_attention = GlobalStateAttention(cfg.d_model, cfg.dropout) if global_state else None
+        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff)
+        self.feed_forward_norm = nn.LayerNorm(cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, h, attend, global_state=None):
+        a_hat = self.attention_norm(self.dropout(self.attention(h, attend)) + h)
+        if self.global_state_attention is not None:
+            a_hat = self.global_state_attention(a_hat, global_state)
+        return self.feed_forward_norm(self.dropout(self.feed_forward(a_hat)) + a_hat)
+
+
+class GlobalState(nn.Module):
+    """[GS] c~ = FNN(c): d_context -> d_model -> d_model with a ReLU between."""
+
+    def __init__(self, d_context: int, d_model: int):
+        super().__init__()
+        self.hidden = nn.Linear(d_context, d_model)
+        self.output = nn.Linear(d_model, d_model)
+
+    def forward(self, c: torch.Tensor) -> torch.Tensor:
+        return self.output(F.relu(self.hidden(c)))
+
+
+class GlobalStateUpdate(nn.Module):
+    """[GSU] c~ <- LayerNorm(c~ + Dropout(FFN(c~))), between two blocks; weights not shared."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff)
+        self.norm = nn.LayerNorm(cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, global_state: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.dropout(self.feed_forward(global_state)) + global_state)
+
+
+class ConcatInput(nn.Module):
+    """[C] x_i = W [e_i; W_c c]: c projected to d_model, concatenated to every item embedding."""
+
+    def __init__(self, d_context: int, d_model: int):
+        super().__init__()
+        self.context_projection = nn.Linear(d_context, d_model)
+        self.projection = nn.Linear(2 * d_model, d_model)
+
+    def forward(self, e: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        projected = self.context_projection(c).unsqueeze(1).expand(-1, e.shape[1], -1)
+        return self.projection(torch.cat([e, projected], dim=-1))
+
+
+class ContextualBert(nn.Module):
+    """The encoder over a set of article indices (PAD_INDEX-padded), one of the five variants."""
+
+    def __init__(self, model_cfg: ModelConfig, variant: str, n_items: int, spec: ContextSpec):
+        super().__init__()
+        if variant not in VARIANTS:
+            raise ContextualBertError(f"unknown variant '{variant}' (one of {', '.join(VARIANTS)})")
+        if n_items <= N_SPECIAL:
+            raise ContextualBertError(f"n_items {n_items} leaves no real article after {N_SPECIAL} special rows")
+        self.model_cfg, self.variant, self.n_items, self.spec = model_cfg, variant, n_items, spec
+        d, d_context = model_cfg.d_model, spec.d_context
+        uses_context = variant != "none"
+        if uses_context and d_context == 0:
+            raise ContextualBertError(f"variant '{variant}' needs context features; the spec has none")
+
+        self.item_embeddings = nn.Embedding(n_items, d, padding_idx=PAD_INDEX)  # row MASK_INDEX is [MASK]
+        self.context_encoder = ContextEncoder(spec) if uses_context else None
+        self.concat_input = ConcatInput(d_context, d) if variant == "concat" else None
+        self.context_position = nn.Linear(d_context, d) if variant == "new_position" else None
+        global_state = variant in GLOBAL_STATE_VARIANTS
+        self.global_state = GlobalState(d_context, d) if global_state else None
+        self.embedding_dropout = nn.Dropout(model_cfg.dropout)
+        self.blocks = nn.ModuleList(Block(model_cfg, global_state) for _ in range(model_cfg.n_blocks))
+        self.global_state_updates = (
+            nn.ModuleList(GlobalStateUpdate(model_cfg) for _ in range(model_cfg.n_blocks - 1))
+            if variant == "global_state_update"
+            else None
+        )
+        self.head_transform = nn.Linear(d, d)
+        self.output_bias = nn.Parameter(torch.zeros(n_items))  # output weights: tied to item_embeddings
+        # PyTorch's default initialisation (N(0, 1) embeddings, as nn.Transformer-based implementations):
+        # with BERT's N(0, 0.02) and no embedding LayerNorm, the item embeddings barely reach the blocks.
+
+    # --- the encoder ---------------------------------------------------------------------------------
+
+    def forward(self, items: torch.Tensor, context: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """Hidden states (B, L, d_model) at the L item positions of `items` (B, L)."""
+        c = self.context_encoder(context) if self.context_encoder is not None else None
+        x = self.item_embeddings(items)
+        is_padding = items == PAD_INDEX
+        if self.concat_input is not None:
+            x = self.concat_input(x, c)
+        elif self.context_position is not None:
+            x = torch.cat([self.context_position(c).unsqueeze(1), x], dim=1)
+            is_padding = F.pad(is_padding, (1, 0), value=False)  # every position may attend to c
+        attend = ~is_padding[:, None, None, :]
+        global_state = self.global_state(c) if self.global_state is not None else None
+
+        h = self.embedding_dropout(x)
+        for i, block in enumerate(self.blocks):
+            if i > 0 and self.global_state_updates is not None:
+                global_state = self.global_state_updates[i - 1](global_state)
+            h = block(h, attend, global_state)
+        return h[:, 1:] if self.context_position is not None else h
+
+    # --- the output layer, only where needed ---------------------------------------------------------
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The head transform before the output layer: GELU(W h)."""
+        return F.gelu(self.head_transform(hidden))
+
+    def output_weight_and_bias(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The output layer restricted to real articles (rows N_SPECIAL..): specials are never predicted."""
+        return self.item_embeddings.weight[N_SPECIAL:], self.output_bias[N_SPECIAL:]
+
+    def article_logits(self, head_states: torch.Tensor) -> torch.Tensor:
+        """(M, n_items - N_SPECIAL) logits over the real articles for M head-transformed states."""
+        weight, bias = self.output_weight_and_bias()
+        return F.linear(head_states, weight.to(head_states.dtype), bias.to(head_states.dtype))
+
+    def masked_logits(self, items: torch.Tensor, context: dict[str, torch.Tensor] | None) -> torch.Tensor:
+        """(B, n_items) logits at the one MASK_INDEX of every row; the special indices get -inf."""
+        is_mask = items == MASK_INDEX
+        if not bool((is_mask.sum(dim=1) == 1).all()):
+            raise ContextualBertError("masked_logits needs exactly one [MASK] item in every row")
+        hidden = self.forward(items, context)[is_mask]
+        logits = self.article_logits(self.head(hidden))
+        return F.pad(logits, (N_SPECIAL, 0), value=float("-inf"))
+
+
+# --- parameter counts ---------------------------------------------------------------------------------
+
+
+def count_paper_parameters(model: ContextualBert) -> int:
+    """Parameters as the paper counts them: without the article embeddings, the output layer and the
+    customer-feature embeddings."""
+    excluded = {id(model.item_embeddings.weight), id(model.output_bias)}
+    if model.context_encoder is not None:
+        excluded |= {id(p) for p in model.context_encoder.parameters()}
+    return sum(p.numel() for p in model.parameters() if id(p) not in excluded)
+
+
+def describe_variants(model_cfg: ModelConfig, paper: bool = False, d_context: int | None = None) -> dict:
+    """Counted parameters of every variant, at the paper's sizes or at `model_cfg`'s (d_context: the
+    width of c, by default the paper's 736)."""
+    if paper:
+        sizes = dict(PAPER_SIZES)
+        model_cfg = model_cfg.model_copy(update={k: v for k, v in sizes.items() if k != "d_context"})
+    else:
+        sizes = {
+            "d_model": model_cfg.d_model,
+            "n_blocks": model_cfg.n_blocks,
+            "n_heads": model_cfg.n_heads,
+            "d_ff": model_cfg.d_ff,
+            "d_context": PAPER_SIZES["d_context"] if d_context is None else d_context,
+        }
+    # The counted parameters do not depend on the context features' split of d_context nor on n_items.
+    spec = ContextSpec((FeatureSpec("c", "categorical", "customer", N_SPECIAL + 1, sizes["d_context"]),))
+    variants = {}
+    for variant in VARIANTS:
+        counted = count_paper_parameters(ContextualBert(model_cfg, variant, N_SPECIAL + 1, spec))
+        row = {"parameters": counted, "paper_parameters": PAPER_PARAMETERS[variant]}
+        if paper:
+            row["matches_paper"] = counted == PAPER_PARAMETERS[variant]
+        variants[variant] = row
+    return {"sizes": sizes, "paper": paper, "variants": variants}
+
+
+# --- checkpoints --------------------------------------------------------------------------------------
+
+
+def atomic_save(obj, path: Path) -> None:
+    """torch.save to a temporary file, then rename: a run killed while saving leaves the old file intact."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def model_payload(model: ContextualBert) -> dict:
+    """What rebuilds the model with no other file: config, variant, n_items, spec and weights."""
+    return {
+        "model_config": model.model_cfg.model_dump(),
+        "variant": model.variant,
+        "n_items": model.n_items,
+        "spec": model.spec.to_json(),
+        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+    }
+
+
+def model_from_payload(payload: dict) -> ContextualBert:
+    model = ContextualBert(
+        ModelConfig(**payload["model_config"]),
+        payload["variant"],
+        payload["n_items"],
+        ContextSpec.from_json(payload["spec"]),
+    )
+    model.load_state_dict(payload["state_dict"])
+    return model
+
+
+def save_checkpoint(path: Path, model: ContextualBert, meta: dict) -> None:
+    atomic_save({**model_payload(model), "meta": meta}, path)
+
+
+def load_checkpoint(path: Path, map_location="cpu") -> tuple[ContextualBert, dict]:
+    """The model (in eval mode, on map_location) and the meta dict saved with it."""
+    path = Path(path)
+    if not path.exists():
+        raise ContextualBertError(f"{path}: checkpoint not found (train this run first)")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+        model = model_from_payload(payload)
+    except (RuntimeError, KeyError, TypeError, ValueError) as exc:
+        raise ContextualBertError(f"{path}: not a valid checkpoint ({exc})") from None
+    return model.to(map_location).eval(), payload.get("meta", {})

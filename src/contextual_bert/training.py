@@ -1,0 +1,370 @@
+"""Masked-item training: the loop, its checkpoints and exact resume.
+
+Every step masks at least one item of every outfit (each item with train.mask_prob, at least one), replaces
+the masked items BERT-style (80% [MASK], 10% a random article, 10% unchanged) and minimises the full-softmax
+cross-entropy over all real articles at the masked positions only. AdamW with linear warm-up (then a constant
+rate, so that the schedule does not depend on max_epochs and a run can be extended); early stopping on the
+validation cross-entropy (every item of every validation outfit masked in turn, as in evaluation).
+
+Determinism: one seed fixes the initial weights (`train`), the shuffling and masking (a generator of its own)
+and dropout (the global generator). last.pt holds everything that changes during a run - weights, optimizer,
+scheduler, both generators, history and early-stopping state - after every epoch, so a run killed mid-way and
+resumed repeats the interrupted epoch exactly and ends where an uninterrupted run ends.
+
+On CUDA: bf16 autocast, fused AdamW, the data kept on the GPU and batches indexed from it (no DataLoader).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from contextual_bert.config import ModelConfig, TrainConfig
+from contextual_bert.errors import ContextualBertError
+from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, EncodedOutfits
+from contextual_bert.model import ContextualBert, atomic_save, count_paper_parameters, save_checkpoint
+
+EpochHook = Callable[[int, dict], None]
+
+# Settings a run can change and still be resumed: they do not change what an epoch computes.
+RESUMABLE_CHANGES = ("variants", "seeds", "max_epochs", "patience", "device", "num_threads")
+
+
+# --- device ---------------------------------------------------------------------------------------------
+
+
+def select_device(name: str = "auto") -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ContextualBertError("train.device is 'cuda' but no CUDA device is available")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def keep_freed_memory() -> None:
+    """Ask glibc to reuse freed memory instead of returning it to the OS.
+
+    A training step allocates many tensors of a few MB; by default glibc maps each afresh, and touching new
+    pages costs more than the arithmetic (over 2x the step time in a VM). Harmless where it does not apply.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024)  # glibc's maximum: larger blocks are always mapped
+    libc.mallopt(m_trim_threshold, 1 << 30)
+
+
+def autocast(device: torch.device):
+    """bf16 autocast on CUDA; a no-op on the CPU (fp32)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+
+# --- masking and the loss -------------------------------------------------------------------------------
+
+
+def mask_items(
+    items: torch.Tensor, n_items: int, cfg: TrainConfig, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Choose the positions to predict and corrupt them BERT-style.
+
+    Returns (inputs, predict): the corrupted items and a bool mask of the positions whose original item is
+    the target. Each real, known item is chosen with cfg.mask_prob, and at least one per outfit: the one
+    with the smallest draw, so the forced choice is uniform. Unknown articles are never targets.
+    """
+    device = items.device
+    eligible = (items != PAD_INDEX) & (items != UNKNOWN_INDEX)
+    draw = torch.rand(items.shape, generator=generator, device=device)
+    predict = (draw < cfg.mask_prob) & eligible
+    first = torch.where(eligible, draw, 2.0).argmin(dim=1, keepdim=True)
+    predict.scatter_(1, first, eligible.any(dim=1, keepdim=True) | predict.gather(1, first))
+
+    how = torch.rand(items.shape, generator=generator, device=device)
+    random_items = torch.randint(N_SPECIAL, n_items, items.shape, generator=generator, device=device)
+    to_mask = predict & (how < cfg.mask_token_prob)
+    to_random = predict & (how >= cfg.mask_token_prob) & (how < cfg.mask_token_prob + cfg.random_token_prob)
+    inputs = torch.where(to_random, random_items, items).masked_fill(to_mask, MASK_INDEX)
+    return inputs, predict
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """mean_i CE(softmax(h_i W^T + b), t_i), computed in chunks of rows, gradients in the same pass.
+
+    The (M, n_articles) logits are the largest tensor of a step (160 MB at the paper's sizes); in chunks
+    they stay in cache and are never stored, and the softmax becomes the gradient in place. Used on the
+    CPU; the plain `F.cross_entropy(F.linear(...))` computes the same (tests check it).
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, targets, chunk_rows: int):
+        n = h.shape[0]
+        grad_h, grad_weight = torch.empty_like(h), torch.zeros_like(weight)
+        grad_bias = torch.zeros_like(bias)
+        loss = h.new_zeros((), dtype=torch.float64)
+        for start in range(0, n, chunk_rows):
+            h_chunk, t_chunk = h[start : start + chunk_rows], targets[start : start + chunk_rows, None]
+            probs = torch.addmm(bias, h_chunk, weight.t())
+            target_logit = probs.gather(1, t_chunk)
+            row_max = probs.max(dim=1, keepdim=True).values
+            probs.sub_(row_max).exp_()
+            row_sum = probs.sum(dim=1, keepdim=True)
+            loss += (row_max + row_sum.log() - target_logit).sum(dtype=torch.float64)
+            probs.div_(row_sum)
+            probs.scatter_add_(1, t_chunk, probs.new_full(t_chunk.shape, -1.0))  # softmax - one-hot
+            torch.mm(probs, weight, out=grad_h[start : start + chunk_rows])
+            grad_weight.addmm_(probs.t(), h_chunk)
+            grad_bias += probs.sum(dim=0)
+        ctx.save_for_backward(grad_h, grad_weight, grad_bias)
+        ctx.n = n
+        return (loss / n).to(h.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_h, grad_weight, grad_bias = ctx.saved_tensors
+        scale = grad_loss / ctx.n
+        return grad_h * scale, grad_weight * scale, grad_bias * scale, None, None
+
+
+def masked_item_loss(
+    model: ContextualBert, inputs: torch.Tensor, context: dict, predict: torch.Tensor, items: torch.Tensor
+) -> torch.Tensor:
+    """Full-softmax cross-entropy over the real articles at the positions to predict."""
+    head_states = model.head(model(inputs, context)[predict])
+    targets = items[predict] - N_SPECIAL
+    weight, bias = model.output_weight_and_bias()
+    if head_states.device.type == "cpu" and head_states.dtype == torch.float32 and torch.is_grad_enabled():
+        return LinearCrossEntropy.apply(head_states, weight, bias, targets, 128)
+    return F.cross_entropy(model.article_logits(head_states).float(), targets)
+
+
+# --- the loop -------------------------------------------------------------------------------------------
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices and embeddings only, not on biases and LayerNorm gains."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=cfg.learning_rate, fused=True if device.type == "cuda" else None)
+
+
+def warmup_then_constant(warmup_steps: int) -> Callable[[int], float]:
+    def factor(step: int) -> float:
+        return min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+
+    return factor
+
+
+def validation_cross_entropy(model: ContextualBert, data: EncodedOutfits, batch_size: int, device) -> float:
+    """Mean cross-entropy with every item of every outfit masked in turn (the evaluation's cases)."""
+    from contextual_bert.evaluation import case_ranks
+
+    cases = case_ranks(model, data, batch_size, device, with_ranks=False)
+    return float(-cases["log_prob"].mean()) if len(cases["log_prob"]) else float("nan")
+
+
+def _data_fingerprint(data: EncodedOutfits) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    for name, tensor in [("items", data.items), *sorted(data.context.items())]:
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def run_key(model: ContextualBert, train_cfg: TrainConfig, seed: int, train_data, val_data) -> dict:
+    """What must match for last.pt to be resumed; anything else starts the run afresh."""
+    train_settings = train_cfg.model_dump(exclude=set(RESUMABLE_CHANGES))
+    return {
+        "model_config": model.model_cfg.model_dump(),
+        "variant": model.variant,
+        "n_items": model.n_items,
+        "spec": model.spec.to_json(),
+        "train": train_settings,
+        "seed": seed,
+        "train_data": _data_fingerprint(train_data),
+        "val_data": _data_fingerprint(val_data),
+    }
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2))
+    tmp.replace(path)
+
+
+def fit(
+    model: ContextualBert,
+    train_data: EncodedOutfits,
+    val_data: EncodedOutfits,
+    train_cfg: TrainConfig,
+    out_dir: Path,
+    seed: int,
+    on_epoch_end: EpochHook | None = None,
+) -> dict:
+    """Train `model` in place; resume from out_dir/last.pt when it belongs to the same run.
+
+    Writes out_dir/checkpoint.pt (best validation cross-entropy), last.pt (resume state, every epoch),
+    history.json (one row per epoch) and metrics.json, which is also returned. A run that has already
+    stopped (early, or at max_epochs) is not trained further; raising max_epochs extends it.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if len(train_data) == 0 or len(val_data) == 0:
+        raise ContextualBertError(f"{out_dir}: the train and validation splits must not be empty")
+    device = select_device(train_cfg.device)
+    if train_cfg.num_threads > 0:
+        torch.set_num_threads(train_cfg.num_threads)
+    if device.type == "cpu":
+        keep_freed_memory()
+
+    key = run_key(model, train_cfg, seed, train_data, val_data)
+    model.to(device)
+    train_data, val_data = train_data.to(device), val_data.to(device)
+    optimizer = make_optimizer(model, train_cfg, device)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_then_constant(train_cfg.warmup_steps))
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    torch.manual_seed(seed)  # dropout
+    state = {"epoch": 0, "history": [], "best_val": math.inf, "best_epoch": 0, "bad_epochs": 0,
+             "stopped": False, "seconds": 0.0}  # fmt: skip
+
+    last_path = out_dir / "last.pt"
+    if last_path.exists():
+        saved = torch.load(last_path, map_location="cpu", weights_only=True)
+        if saved.get("run_key") == key:
+            model.load_state_dict(saved["model"])
+            optimizer.load_state_dict(saved["optimizer"])
+            scheduler.load_state_dict(saved["scheduler"])
+            generator.set_state(saved["generator"])
+            torch.set_rng_state(saved["torch_rng"])
+            if device.type == "cuda" and saved.get("cuda_rng") is not None:
+                torch.cuda.set_rng_state(saved["cuda_rng"], device)
+            state = saved["state"]
+        else:
+            for stale in ("last.pt", "checkpoint.pt", "history.json", "metrics.json"):
+                (out_dir / stale).unlink(missing_ok=True)
+
+    n_params = count_paper_parameters(model)
+    n_train = len(train_data)
+    steps_per_epoch = math.ceil(n_train / train_cfg.batch_size)
+    for epoch in range(state["epoch"] + 1, train_cfg.max_epochs + 1):
+        if state["stopped"]:
+            break
+        started = time.perf_counter()
+        model.train()
+        order = torch.randperm(n_train, generator=generator, device=device)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        n_targets = 0
+        bar = tqdm(total=n_train, desc=f"{model.variant} epoch {epoch}", unit="outfit", leave=False,
+                   mininterval=1.0, dynamic_ncols=True)  # fmt: skip
+        for step in range(steps_per_epoch):
+            index = order[step * train_cfg.batch_size : (step + 1) * train_cfg.batch_size]
+            items = train_data.items[index]
+            context = {name: values[index] for name, values in train_data.context.items()}
+            inputs, predict = mask_items(items, model.n_items, train_cfg, generator)
+            with autocast(device):
+                loss = masked_item_loss(model, inputs, context, predict, items)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            count = int(predict.sum()) if device.type == "cpu" else predict.sum()
+            loss_sum += loss.detach().double() * count
+            n_targets += count
+            bar.update(len(index))
+            if step % 20 == 0 or step == steps_per_epoch - 1:
+                elapsed = time.perf_counter() - started
+                bar.set_postfix(loss=f"{loss.item():.3f}", samples_per_s=f"{bar.n / max(elapsed, 1e-9):.0f}")
+        bar.close()
+        train_seconds = time.perf_counter() - started
+
+        val_ce = validation_cross_entropy(model, val_data, 4 * train_cfg.batch_size, device)
+        row = {
+            "epoch": epoch,
+            "train_loss": float(loss_sum / n_targets),
+            "val_cross_entropy": val_ce,
+            "learning_rate": scheduler.get_last_lr()[0],
+            "samples_per_s": n_train / train_seconds,
+            "seconds": time.perf_counter() - started,
+        }
+        state["history"].append(row)
+        state["epoch"] = epoch
+        state["seconds"] += row["seconds"]
+        if val_ce < state["best_val"]:
+            state.update(best_val=val_ce, best_epoch=epoch, bad_epochs=0)
+            save_checkpoint(out_dir / "checkpoint.pt", model,
+                            {"epoch": epoch, "val_cross_entropy": val_ce, "seed": seed, "parameters": n_params})  # fmt: skip
+        else:
+            state["bad_epochs"] += 1
+            state["stopped"] = state["bad_epochs"] >= train_cfg.patience
+        atomic_save(
+            {
+                "run_key": key,
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "generator": generator.get_state(),
+                "torch_rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+                "state": state,
+            },
+            last_path,
+        )
+        _write_json(out_dir / "history.json", state["history"])
+        if on_epoch_end is not None:
+            on_epoch_end(epoch, row)
+
+    metrics = {
+        "variant": model.variant,
+        "seed": seed,
+        "parameters": n_params,
+        "epochs": state["epoch"],
+        "best_epoch": state["best_epoch"],
+        "best_val_cross_entropy": state["best_val"],
+        "stopped_early": state["stopped"],
+        "seconds": state["seconds"],
+        "device": device.type,
+    }
+    _write_json(out_dir / "metrics.json", metrics)
+    return metrics
+
+
+def train(
+    features_dir: Path,
+    out_dir: Path,
+    variant: str,
+    seed: int,
+    model_cfg: ModelConfig,
+    train_cfg: TrainConfig,
+    on_epoch_end: EpochHook | None = None,
+) -> dict:
+    """Train one (variant, seed) run on the features stage's splits; see `fit`.
+
+    Resumes from out_dir/last.pt when it was written by the same run (same model and train settings, seed
+    and data; max_epochs, patience, device and threads may differ). A run that already finished is not
+    re-trained (its metrics are returned again); a run whose settings or data differ starts from scratch.
+    """
+    from contextual_bert.features import load_article_vocab, load_spec, load_split
+
+    spec = load_spec(features_dir)
+    n_items = len(load_article_vocab(features_dir))
+    train_data = load_split(features_dir, "train", model_cfg.max_set_size)
+    val_data = load_split(features_dir, "val", model_cfg.max_set_size)
+    torch.manual_seed(seed)
+    model = ContextualBert(model_cfg, variant, n_items, spec)
+    return fit(model, train_data, val_data, train_cfg, out_dir, seed, on_epoch_end)
