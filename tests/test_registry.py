@@ -94,7 +94,9 @@ def test_register_makes_one_tagged_version_per_run_and_is_idempotent(tiny_traine
     first = register_all(cfg)
     assert [(e["variant"], e["created"]) for e in first["versions"]] == [(STRONG[0], True), (WEAK[0], True)]
     again = register_all(cfg)
-    assert [(e["version"], e["created"]) for e in again["versions"]] == [(e["version"], False) for e in first["versions"]]
+    assert [(e["version"], e["created"]) for e in again["versions"]] == [
+        (e["version"], False) for e in first["versions"]
+    ]
 
     mlflow_client = client(cfg.mlflow)
     versions = mlflow_client.search_model_versions(f"name = '{cfg.mlflow.model_name}'")

@@ -196,7 +196,8 @@ def test_mlflow_models_serve_answers_the_champion(tiny_trained_runs, requests, t
         predictions = body["predictions"]
         assert len(predictions) == len(records)
         for record, prediction in zip(records, predictions):
-            assert len(prediction["article_ids"]) == 5 and not set(prediction["article_ids"]) & set(record["article_ids"])
+            assert len(prediction["article_ids"]) == 5
+            assert not set(prediction["article_ids"]) & set(record["article_ids"])
         assert predictions[1]["unknown_article_ids"] == ["NOT-AN-ARTICLE"]
 
         status, body = _post(url, {"dataframe_records": [{"article_ids": [f"A{i}" for i in range(9)]}]})

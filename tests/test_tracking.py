@@ -105,7 +105,9 @@ def test_a_cli_training_is_one_finished_run_with_params_epochs_lineage_and_artif
     manifest = json.loads((project.features_dir / "manifest.json").read_text())
     assert {f"features_input_sha256.{k}": v for k, v in manifest["inputs"].items()}.items() <= tags.items()
 
-    artifacts = {f.path for d in ("model", "features", "config") for f in mlflow_client.list_artifacts(run.info.run_id, d)}
+    artifacts = {
+        f.path for d in ("model", "features", "config") for f in mlflow_client.list_artifacts(run.info.run_id, d)
+    }
     assert {"model/checkpoint.pt", "model/history.json", "features/article_vocab.parquet",
             "features/context_vocab.json", "features/customers.parquet", "features/spec.json",
             "config/params.resolved.json", "config/params.yaml"} <= artifacts  # fmt: skip

@@ -28,7 +28,7 @@ import pandas as pd
 import torch
 
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX
+from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
 
 MAX_TOP_K = 250
 BATCH_ROWS = 1024  # rows scored per forward pass: bounds memory for large requests
@@ -104,7 +104,6 @@ class OutfitCompleterCore:
         self.context_encoder = context_encoder
         self.device = device
         self.max_set_size = model.model_cfg.max_set_size
-        self.context_columns = [f.name for f in context_encoder.spec.features]
 
     @classmethod
     def load(cls, checkpoint: Path, features_dir: Path, device: str = "auto") -> "OutfitCompleterCore":
@@ -125,13 +124,18 @@ class OutfitCompleterCore:
             raise ContextualBertError("the request has no 'article_ids' column (the partial outfit of each row)")
         max_items = self.max_set_size - 1
         outfits = [outfit_ids_of(v, i, max_items) for i, v in enumerate(rows["article_ids"].tolist())]
+        lengths = np.array([len(ids) for ids in outfits], dtype=np.int64)
+        flat = [a for ids in outfits for a in ids]
+        indices, _ = self.article_vocab.to_indices(flat)  # one lookup for the whole batch
+        rows_of = np.repeat(np.arange(len(outfits)), lengths)
+        slots = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         items = np.full((len(rows), self.max_set_size), PAD_INDEX, dtype=np.int64)
-        unknown_ids = []
-        for i, ids in enumerate(outfits):
-            indices, unknown = self.article_vocab.to_indices(ids)
-            items[i, : len(ids)] = indices
-            items[i, len(ids)] = MASK_INDEX
-            unknown_ids.append(unknown)
+        items[rows_of, slots] = indices
+        items[np.arange(len(outfits)), lengths] = MASK_INDEX
+        is_unknown = indices == UNKNOWN_INDEX
+        unknown_ids = [[] for _ in outfits]
+        for row, position in zip(rows_of[is_unknown].tolist(), np.flatnonzero(is_unknown).tolist()):
+            unknown_ids[row].append(flat[position])
         context, reports = self.context_encoder.encode(rows.reset_index(drop=True))
         return EncodedRequest(
             torch.from_numpy(items),

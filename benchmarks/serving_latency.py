@@ -1,0 +1,258 @@
+"""Latency and throughput of the served model: `mlflow models serve` answering /invocations over HTTP.
+
+By default the model is built here, through the real path: synthetic data of params' generate.size ->
+validate -> features -> a ContextualBert at params' model sizes (weights untrained: a forward pass costs the
+same whatever the weights) -> the pyfunc logged from code, registered and aliased 'champion' in a temporary
+MLflow store -> `mlflow models serve -m models:/outfit-completion@champion --env-manager local`. With
+--model-uri (and MLFLOW_TRACKING_URI) it serves an existing model instead, e.g. the repository's champion.
+
+Requests are real validation outfits with one article removed, with their customer's raw context. Measured:
+single-row request latency (p50/p99 over --requests sequential requests on one keep-alive connection, after
+a warm-up) and batch throughput (rows/s) for several batch sizes; the same batches scored in-process (no
+HTTP, no JSON) show what the server adds. Writes reports/benchmarks/serving.json, with the load average
+around the run: other work on this 2-core machine slows every number.
+
+    .venv/bin/python benchmarks/serving_latency.py [--size default] [--variant global_state_update]
+        [--model-uri models:/outfit-completion@champion] [--requests 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "reports" / "benchmarks" / "serving.json"
+MODEL_NAME = "outfit-completion"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build_project(work: Path, size: str, variant: str) -> tuple[dict, Path]:
+    """Data, features and an untrained model at params.yaml's sizes; (description, features_dir)."""
+    from contextual_bert.config import load_config
+    from contextual_bert.features import build_features, load_article_vocab, load_spec
+    from contextual_bert.generator import generate
+    from contextual_bert.model import ContextualBert, count_paper_parameters, save_checkpoint
+    from contextual_bert.validation import validate
+
+    cfg = load_config(REPO / "params.yaml")
+    generate(cfg.generate.sizes[size], seed=0, out_dir=work / "raw")
+    validate(work / "raw", work / "validated", work / "quarantine", work / "reports", cfg.validate_)
+    build_features(work / "validated", work / "features", cfg.features, max_set_size=cfg.model.max_set_size)
+    spec = load_spec(work / "features")
+    n_items = len(load_article_vocab(work / "features"))
+    model = ContextualBert(cfg.model_for(variant), variant, n_items, spec)
+    save_checkpoint(work / "checkpoint.pt", model, {"untrained": True})
+    description = {
+        "source": "built by this benchmark (untrained weights)",
+        "data_size": size,
+        "variant": variant,
+        "n_items": n_items,
+        "d_context": spec.d_context,
+        "model": cfg.model_for(variant).model_dump(),
+        "parameters_paper_count": count_paper_parameters(model),
+    }
+    return description, work / "features"
+
+
+def register_champion(work: Path, features_dir: Path) -> str:
+    """Log the pyfunc from code into a temporary store, register it and alias it champion."""
+    import mlflow
+
+    from contextual_bert.config import load_config
+    from contextual_bert.serving import example_request, log_pyfunc_model
+
+    cfg = load_config(REPO / "params.yaml")
+    mlflow_client = mlflow.MlflowClient()
+    exp_id = mlflow_client.create_experiment("benchmark", artifact_location=(work / "mlruns").as_uri())
+    logged = mlflow_client.create_logged_model(exp_id, name=MODEL_NAME)
+    log_pyfunc_model(work / "checkpoint.pt", features_dir, model_name=MODEL_NAME, top_k=cfg.mlflow.top_k,
+                     model_id=logged.model_id, input_example=example_request(features_dir))  # fmt: skip
+    mlflow_client.create_registered_model(MODEL_NAME)
+    version = mlflow_client.create_model_version(MODEL_NAME, f"models:/{logged.model_id}", model_id=logged.model_id)
+    mlflow_client.set_registered_model_alias(MODEL_NAME, "champion", version.version)
+    return f"models:/{MODEL_NAME}@champion"
+
+
+def request_rows(validated_dir: Path, features_dir: Path, n: int, seed: int = 0) -> list[dict]:
+    """Validation outfits minus one random article, with their customer's raw context, as JSON records."""
+    rng = np.random.default_rng(seed)
+    split = pd.read_parquet(features_dir / "outfits.parquet", columns=["outfit_id", "split"])
+    val_ids = set(split.loc[split["split"] == "val", "outfit_id"].astype(str))
+    outfits = pd.read_parquet(validated_dir / "outfits.parquet")
+    outfits = outfits[outfits["outfit_id"].astype(str).isin(val_ids)]
+    rows = outfits.merge(pd.read_parquet(validated_dir / "customers.parquet"), on="customer_id")
+    rows = rows.sample(n=n, replace=len(rows) < n, random_state=seed).reset_index(drop=True)
+    partial = []
+    for ids in rows["article_ids"]:
+        ids = list(ids)
+        ids.pop(int(rng.integers(len(ids))))
+        partial.append(ids)
+    rows["article_ids"] = partial
+    return json.loads(rows.drop(columns=["outfit_id", "customer_id"]).to_json(orient="records"))
+
+
+class Client:
+    """One keep-alive HTTP connection to the scoring server."""
+
+    def __init__(self, port: int):
+        self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+
+    def invoke(self, records: list[dict]) -> tuple[int, dict]:
+        body = json.dumps({"dataframe_records": records})
+        self.connection.request("POST", "/invocations", body, {"Content-Type": "application/json"})
+        response = self.connection.getresponse()
+        return response.status, json.loads(response.read())
+
+
+def wait_until_up(port: int, process: subprocess.Popen, timeout: float) -> float:
+    started = time.perf_counter()
+    while time.perf_counter() - started < timeout:
+        if process.poll() is not None:
+            raise SystemExit(f"the server exited with {process.returncode}")
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            connection.request("GET", "/ping")
+            if connection.getresponse().status == 200:
+                return time.perf_counter() - started
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"the server did not answer /ping within {timeout} s")
+
+
+def percentiles(seconds: list[float]) -> dict:
+    ms = np.asarray(seconds) * 1000
+    return {"n": len(ms), "p50_ms": round(float(np.percentile(ms, 50)), 2),
+            "p99_ms": round(float(np.percentile(ms, 99)), 2), "mean_ms": round(float(ms.mean()), 2),
+            "max_ms": round(float(ms.max()), 2)}  # fmt: skip
+
+
+def single_request_latency(client: Client, records: list[dict], n: int, warmup: int = 20) -> dict:
+    for record in records[:warmup]:
+        client.invoke([record])
+    seconds = []
+    for i in range(n):
+        started = time.perf_counter()
+        status, body = client.invoke([records[(warmup + i) % len(records)]])
+        seconds.append(time.perf_counter() - started)
+        if status != 200:
+            raise SystemExit(f"request {i} failed: {status} {body}")
+    return percentiles(seconds)
+
+
+def batch_throughput(score, records: list[dict], batch_size: int, min_seconds: float = 4.0) -> dict:
+    """Rows per second scoring batches of `batch_size` rows, repeated for at least min_seconds (and 3 times)."""
+    seconds, rows = [], 0
+    score(records[:batch_size])  # warm-up
+    start = 0
+    while sum(seconds) < min_seconds or len(seconds) < 3:
+        batch = [records[(start + i) % len(records)] for i in range(batch_size)]
+        start += batch_size
+        began = time.perf_counter()
+        score(batch)
+        seconds.append(time.perf_counter() - began)
+        rows += batch_size
+    return {"batch_size": batch_size, "requests": len(seconds), "rows_per_s": round(rows / sum(seconds), 1),
+            **{k: v for k, v in percentiles(seconds).items() if k != "n"}}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default=None, help="generate size for the built model (default: params')")
+    parser.add_argument("--variant", default="global_state_update", help="variant of the built model")
+    parser.add_argument("--model-uri", help="serve this model instead of building one (MLFLOW_TRACKING_URI)")
+    parser.add_argument("--requests", type=int, default=300, help="single-row requests timed")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 128, 1024])
+    args = parser.parse_args()
+
+    import torch
+
+    from contextual_bert.config import load_config
+
+    cfg = load_config(REPO / "params.yaml")
+    size = args.size or cfg.generate.size
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="serving-bench-") as tmp:
+        work = Path(tmp)
+        if args.model_uri:  # requests from the repository's data, which that model was trained on
+            model_uri, model = args.model_uri, {"source": args.model_uri}
+            validated_dir, features_dir = REPO / cfg.paths.validated_dir, REPO / cfg.paths.features_dir
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{work}/mlflow.db"
+            built = time.perf_counter()
+            model, features_dir = build_project(work, size, args.variant)
+            model_uri = register_champion(work, features_dir)
+            model["build_and_register_s"] = round(time.perf_counter() - built, 1)
+            validated_dir = work / "validated"
+        records = request_rows(validated_dir, features_dir, n=max(2048, max(args.batch_sizes)))
+
+        port = free_port()
+        bin_dir = Path(sys.executable).parent
+        env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+        server = subprocess.Popen(
+            [str(bin_dir / "mlflow"), "models", "serve", "-m", model_uri, "--env-manager", "local",
+             "--host", "127.0.0.1", "--port", str(port)],  # fmt: skip
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        try:
+            startup_s = wait_until_up(port, server, timeout=300)
+            client = Client(port)
+            single = single_request_latency(client, records, args.requests)
+
+            def served(batch):
+                status, body = client.invoke(batch)
+                if status != 200:
+                    raise SystemExit(f"batch failed: {status} {body}")
+
+            http_batches = [batch_throughput(served, records, b) for b in args.batch_sizes]
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)  # the server and its uvicorn worker
+            server.wait(timeout=60)
+
+        import mlflow
+
+        core = mlflow.pyfunc.load_model(model_uri).unwrap_python_model().core
+
+        def in_process(batch):
+            core.recommend(pd.DataFrame(batch), cfg.mlflow.top_k)
+
+        local_single = batch_throughput(in_process, records, 1, min_seconds=2.0)
+        local_batches = [batch_throughput(in_process, records, b) for b in args.batch_sizes]
+
+    result = {
+        "what": "mlflow models serve --env-manager local (one uvicorn worker), POST /invocations, dataframe_records",
+        "model": model,
+        "top_k": cfg.mlflow.top_k,
+        "server_startup_s": round(startup_s, 1),
+        "single_request": single,
+        "batch_throughput_http": http_batches,
+        "in_process": {"single_row": local_single, "batches": local_batches},
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "device": "cpu", "load_average_before": [round(x, 2) for x in load_before],
+                    "load_average_after": [round(x, 2) for x in os.getloadavg()]},  # fmt: skip
+    }
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
