@@ -96,26 +96,20 @@ def tiny_project(tmp_path_factory) -> TinyProject:
     from contextual_bert.config import load_config
     from contextual_bert.features import build_features
     from contextual_bert.generator import generate
+    from contextual_bert.validation import validate
 
     root = tmp_path_factory.mktemp("project")
     params = root / "params.yaml"
     params.write_text(yaml.safe_dump(_params(root)))
     cfg = load_config(params)
     generate(cfg.generate.chosen, seed=cfg.generate.seed, out_dir=cfg.paths.raw_dir)
-    try:
-        from contextual_bert.validation import validate
-    except ImportError:  # until validation.py lands: the generated data as is
-        import shutil
-
-        shutil.copytree(cfg.paths.raw_dir, cfg.paths.validated_dir)
-    else:
-        validate(
-            raw_dir=cfg.paths.raw_dir,
-            validated_dir=cfg.paths.validated_dir,
-            quarantine_dir=cfg.paths.quarantine_dir,
-            report_dir=cfg.paths.reports_dir / "validation",
-            cfg=cfg.validate_,
-        )
+    validate(
+        raw_dir=cfg.paths.raw_dir,
+        validated_dir=cfg.paths.validated_dir,
+        quarantine_dir=cfg.paths.quarantine_dir,
+        report_dir=cfg.paths.reports_dir / "validation",
+        cfg=cfg.validate_,
+    )
     build_features(cfg.paths.validated_dir, cfg.paths.features_dir, cfg.features, max_set_size=cfg.model.max_set_size)
     return TinyProject(root, params)
 
