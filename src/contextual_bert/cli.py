@@ -142,7 +142,8 @@ def _cmd_promote(cfg: Config, args) -> None:
 def _cmd_describe_model(cfg: Config, args) -> None:
     from contextual_bert.model import describe_variants
 
-    _print_json(describe_variants(cfg.model, paper=args.paper))
+    d_context = sum(cfg.features.embedding_dims.values()) or None  # the width of c for params' features
+    _print_json(describe_variants(cfg.model, paper=args.paper, d_context=d_context))
 
 
 def build_parser() -> argparse.ArgumentParser:

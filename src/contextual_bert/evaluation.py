@@ -74,6 +74,7 @@ def case_ranks(model, data: EncodedOutfits, batch_size: int, device, with_ranks:
             masked = items[o].clone()
             masked[torch.arange(len(o), device=device), p] = MASK_INDEX
             logits = model.masked_logits(masked, {name: values[o] for name, values in context.items()}).float()
+            logits[:, :N_SPECIAL] = float("-inf")  # never ranked, whatever the scorer says
             target_logit = logits.gather(1, t)
             log_probs.append(target_logit - torch.logsumexp(logits[:, N_SPECIAL:], dim=1, keepdim=True))
             if with_ranks:

@@ -18,6 +18,7 @@ only at the positions to predict: over 30k articles it costs more than the whole
 from __future__ import annotations
 
 import os
+import pickle
 import tempfile
 from pathlib import Path
 
@@ -357,6 +358,6 @@ def load_checkpoint(path: Path, map_location="cpu") -> tuple[ContextualBert, dic
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
         model = model_from_payload(payload)
-    except (RuntimeError, KeyError, TypeError, ValueError) as exc:
+    except (RuntimeError, KeyError, TypeError, ValueError, EOFError, pickle.UnpicklingError) as exc:
         raise ContextualBertError(f"{path}: not a valid checkpoint ({exc})") from None
     return model.to(map_location).eval(), payload.get("meta", {})

@@ -1,0 +1,138 @@
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from contextual_bert.config import EvaluateConfig, ModelConfig
+from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, UNKNOWN_INDEX, ContextSpec, EncodedOutfits, FeatureSpec
+from contextual_bert.evaluation import (
+    PopularityModel,
+    case_ranks,
+    evaluate_popularity,
+    evaluate_run,
+    metrics_from_ranks,
+    recall_curve,
+)
+from contextual_bert.model import ContextualBert, count_paper_parameters, save_checkpoint
+
+# Articles 3..8 with fixed scores; the special indices get the highest scores and must still never be ranked.
+SCORES = torch.tensor([9.0, 9.0, 9.0, 0.5, 2.0, 1.0, 3.0, 1.0, -1.0])
+# By score, ties by index: 6 (3.0), 4 (2.0), 5 (1.0), 7 (1.0), 3 (0.5), 8 (-1.0).
+OUTFITS = torch.tensor([[4, 6, 3, 0], [5, UNKNOWN_INDEX, 8, 0], [7, 3, 0, 0]])
+# Case by case (others in the outfit excluded):
+#   outfit 0: 4 among {4,5,7,8} -> 1;  6 among {5,6,7,8} -> 1;  3 among {3,5,7,8} -> 3
+#   outfit 1: 5 among {3,4,5,6,7} -> 3;  [UNK] skipped;  8 among {3,4,6,7,8} -> 5
+#   outfit 2: 7 among {4,5,6,7,8} -> 4 (5 ties and comes first);  3 among {3,4,5,6,8} -> 4
+EXPECTED_RANKS = [1, 1, 3, 3, 5, 4, 4]
+EXPECTED_TARGETS = [4, 6, 3, 5, 8, 7, 3]
+
+
+class FixedScores:
+    """A scorer that ignores its input but checks what case_ranks feeds it."""
+
+    n_items = len(SCORES)
+
+    def __init__(self):
+        self.seen = []
+
+    def eval(self):
+        return self
+
+    def masked_logits(self, items, context):
+        assert ((items == MASK_INDEX).sum(dim=1) == 1).all()
+        self.seen.append(items.clone())
+        return SCORES.expand(len(items), -1).clone()
+
+
+def test_case_ranks_match_ranks_computed_by_hand():
+    scorer = FixedScores()
+    cases = case_ranks(scorer, EncodedOutfits(OUTFITS), batch_size=3, device="cpu")
+    assert cases["rank"].tolist() == EXPECTED_RANKS
+    assert cases["target"].tolist() == EXPECTED_TARGETS
+    assert cases["outfit"].tolist() == [0, 0, 0, 1, 1, 2, 2]
+    assert cases["position"].tolist() == [0, 1, 2, 0, 2, 0, 1]
+    assert int(cases["n_unknown_targets"]) == 1
+    log_z = math.log(sum(math.exp(s) for s in SCORES[N_SPECIAL:].tolist()))  # specials not in the softmax
+    np.testing.assert_allclose(cases["log_prob"], [SCORES[t].item() - log_z for t in EXPECTED_TARGETS], rtol=1e-6)
+    # Every case is its outfit with exactly the target masked.
+    fed = torch.cat(scorer.seen)
+    assert fed[3].tolist() == [MASK_INDEX, UNKNOWN_INDEX, 8, 0] and fed[5].tolist() == [MASK_INDEX, 3, 0, 0]
+
+
+def test_metrics_match_hand_computation():
+    log_probs = np.log([0.5, 0.25, 0.1, 0.1, 0.05, 0.2, 0.2])
+    m = metrics_from_ranks(EXPECTED_RANKS, log_probs, ks=(1, 3, 5))
+    assert m["n_cases"] == 7
+    assert m["recall@1"] == pytest.approx(2 / 7)
+    assert m["recall@3"] == pytest.approx(4 / 7)
+    assert m["recall@5"] == pytest.approx(1.0)
+    assert m["mrr"] == pytest.approx((1 + 1 + 1 / 3 + 1 / 3 + 1 / 5 + 1 / 4 + 1 / 4) / 7)
+    assert m["ndcg@10"] == pytest.approx((1 + 1 + 0.5 + 0.5 + 1 / math.log2(6) + 2 / math.log2(5)) / 7)
+    assert m["cross_entropy"] == pytest.approx(-np.mean(log_probs))
+
+    beyond = metrics_from_ranks([1, 2, 11], [-1.0, -2.0, -3.0], ks=(1, 2, 10))
+    assert beyond["recall@2"] == pytest.approx(2 / 3) and beyond["recall@10"] == pytest.approx(2 / 3)
+    assert beyond["ndcg@10"] == pytest.approx((1 + 1 / math.log2(3)) / 3)  # rank 11 adds nothing
+    assert beyond["mrr"] == pytest.approx((1 + 1 / 2 + 1 / 11) / 3)
+    assert beyond["cross_entropy"] == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        metrics_from_ranks([0, 1], [0.0, 0.0])
+
+
+def test_recall_curve_is_the_recall_at_every_k():
+    curve = recall_curve(np.array(EXPECTED_RANKS), max_k=6)
+    assert curve["k"] == [1, 2, 3, 4, 5, 6]
+    assert curve["values"] == pytest.approx([2 / 7, 2 / 7, 4 / 7, 6 / 7, 1.0, 1.0])
+
+
+def test_popularity_ranks_by_count_ties_by_index_and_smooths_the_probability():
+    counts = np.array([0, 0, 0, 5, 9, 5, 0, 1, 2])
+    cases = case_ranks(PopularityModel(counts), EncodedOutfits(OUTFITS), batch_size=2, device="cpu")
+    # Order: 4 (9), 3 (5), 5 (5), 8 (2), 7 (1), 6 (0); the same exclusions as above.
+    assert cases["rank"].tolist() == [1, 4, 1, 3, 3, 4, 2]
+    smoothed = counts[N_SPECIAL:] + 1
+    expected = np.log(smoothed[np.array(EXPECTED_TARGETS) - N_SPECIAL] / smoothed.sum())
+    np.testing.assert_allclose(cases["log_prob"], expected, rtol=1e-6)
+
+
+def test_evaluation_json_of_a_run_and_of_the_baseline(tmp_path, monkeypatch):
+    import contextual_bert.features as features
+
+    spec = ContextSpec((FeatureSpec("gender", "categorical", "customer", N_SPECIAL + 2, 4),))
+    splits = {
+        "test": EncodedOutfits(OUTFITS, {"gender": torch.tensor([3, 4, 3])}),
+        "val": EncodedOutfits(OUTFITS[:2], {"gender": torch.tensor([4, 4])}),
+    }
+
+    class Vocab:
+        counts = np.array([0, 0, 0, 5, 9, 5, 0, 1, 2])
+
+        def __len__(self):
+            return len(self.counts)
+
+    monkeypatch.setattr(features, "load_split", lambda d, split, max_set_size: splits[split])
+    monkeypatch.setattr(features, "load_article_vocab", lambda d: Vocab())
+    torch.manual_seed(0)
+    bert = ContextualBert(ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=16), "global_state", 9, spec)
+    save_checkpoint(tmp_path / "global_state-s0" / "checkpoint.pt", bert, {"seed": 0})
+    cfg = EvaluateConfig(ks=[1, 5], batch_size=4)
+
+    result = evaluate_run(tmp_path, tmp_path / "global_state-s0", tmp_path / "eval" / "global_state-s0.json", cfg)
+    assert json.loads((tmp_path / "eval" / "global_state-s0.json").read_text()) == result
+    assert (result["name"], result["variant"], result["seed"]) == ("global_state-s0", "global_state", 0)
+    assert result["parameters"] == count_paper_parameters(bert)
+    keys = {"n_outfits", "n_cases", "n_unknown_targets", "cross_entropy", "recall@1", "recall@5", "mrr", "ndcg@10"}
+    assert set(result["test"]) == keys and set(result["val"]) == keys
+    assert (result["test"]["n_outfits"], result["test"]["n_cases"], result["test"]["n_unknown_targets"]) == (3, 7, 1)
+    assert result["val"]["n_cases"] == 5
+    assert result["recall_curve"]["k"] == list(range(1, 251)) and result["recall_curve"]["test"][-1] == 1.0
+
+    baseline = evaluate_popularity(tmp_path, tmp_path / "eval" / "popularity.json", cfg)
+    assert (baseline["variant"], baseline["seed"], baseline["parameters"]) == ("popularity", None, 0)
+    assert baseline["test"]["recall@1"] == pytest.approx(2 / 7)  # ranks from the popularity test above
+
+    monkeypatch.setattr(features, "load_article_vocab", lambda d: [0] * 12)
+    with pytest.raises(Exception, match="features changed"):
+        evaluate_run(tmp_path, tmp_path / "global_state-s0", tmp_path / "x.json", cfg)

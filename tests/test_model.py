@@ -1,0 +1,198 @@
+import json
+
+import pytest
+import torch
+
+from contextual_bert.cli import main
+from contextual_bert.config import VARIANTS, ModelConfig
+from contextual_bert.errors import ContextualBertError
+from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, ContextSpec, FeatureSpec
+from contextual_bert.model import (
+    PAPER_PARAMETERS,
+    ContextEncoder,
+    ContextualBert,
+    count_paper_parameters,
+    describe_variants,
+    load_checkpoint,
+    save_checkpoint,
+)
+
+CONTEXT_VARIANTS = [v for v in VARIANTS if v != "none"]
+SMALL = ModelConfig(d_model=16, n_blocks=2, n_heads=4, d_ff=32, dropout=0.1, max_set_size=8)
+N_ITEMS = N_SPECIAL + 30
+SPEC = ContextSpec(
+    (
+        FeatureSpec("gender", "categorical", "customer", N_SPECIAL + 2, 4),
+        FeatureSpec("brands", "multi_categorical", "customer", N_SPECIAL + 5, 6, max_values=3),
+        FeatureSpec("age", "numeric", "customer", N_SPECIAL + 10, 3),
+        FeatureSpec("occasion", "categorical", "outfit", N_SPECIAL + 4, 5),
+    )
+)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: a second thread only adds synchronisation
+    yield
+    torch.set_num_threads(threads)
+
+
+def paper_spec() -> ContextSpec:
+    """The paper's thirteen features with made-up cardinalities; their dims sum to d_context = 736."""
+    dims = {"age": 32, "gender": 16, "country": 32, "preferred_brands": 160, "preferred_colors": 64,
+            "preferred_styles": 160, "nogo_product_types": 64, "size_top": 32, "size_bottom": 32,
+            "size_shoes": 32, "price_min": 32, "price_max": 32, "occasion": 48}  # fmt: skip
+    multi = {"preferred_brands", "preferred_colors", "preferred_styles", "nogo_product_types"}
+    return ContextSpec(
+        tuple(
+            FeatureSpec(name, "multi_categorical" if name in multi else "categorical", "customer", 40, dim,
+                        max_values=8 if name in multi else 1)  # fmt: skip
+            for name, dim in dims.items()
+        )
+    )
+
+
+def context(batch: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "gender": torch.randint(N_SPECIAL, N_SPECIAL + 2, (batch,), generator=g),
+        "brands": torch.randint(0, N_SPECIAL + 5, (batch, 3), generator=g),
+        "age": torch.randint(1, N_SPECIAL + 10, (batch,), generator=g),
+        "occasion": torch.randint(N_SPECIAL, N_SPECIAL + 4, (batch,), generator=g),
+    }
+
+
+def outfits_with_one_mask(batch: int, size: int, length: int, seed: int = 0) -> torch.Tensor:
+    """(batch, length) distinct real articles, the last `length - size` padding, [MASK] at position 0."""
+    g = torch.Generator().manual_seed(seed)
+    items = torch.stack([torch.randperm(N_ITEMS - N_SPECIAL, generator=g)[:size] + N_SPECIAL for _ in range(batch)])
+    items[:, 0] = MASK_INDEX
+    return torch.nn.functional.pad(items, (0, length - size), value=PAD_INDEX)
+
+
+def model(variant: str, seed: int = 0) -> ContextualBert:
+    torch.manual_seed(seed)
+    return ContextualBert(SMALL, variant, N_ITEMS, SPEC).eval()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_paper_parameter_counts_are_reproduced_exactly(variant):
+    paper = ModelConfig(d_model=128, n_blocks=4, n_heads=8, d_ff=256)
+    bert = ContextualBert(paper, variant, n_items=N_SPECIAL + 1000, spec=paper_spec())
+    assert paper_spec().d_context == 736
+    assert count_paper_parameters(bert) == PAPER_PARAMETERS[variant]
+
+
+def test_counted_parameters_leave_out_articles_output_and_context_embeddings():
+    small, large = (ContextualBert(SMALL, "global_state", n, SPEC) for n in (N_SPECIAL + 10, N_SPECIAL + 500))
+    assert count_paper_parameters(small) == count_paper_parameters(large)
+    assert sum(p.numel() for p in large.parameters()) - count_paper_parameters(large) == (
+        (N_SPECIAL + 500) * (SMALL.d_model + 1) + sum(f.cardinality * f.dim for f in SPEC.features)
+    )
+
+
+def test_describe_variants_at_paper_sizes_and_from_the_cli(capsys, tmp_path):
+    described = describe_variants(ModelConfig(d_model=64), paper=True)
+    assert described["sizes"]["d_context"] == 736
+    assert all(row["matches_paper"] for row in described["variants"].values())
+    params = tmp_path / "params.yaml"
+    params.write_text("model:\n  d_model: 64\n  n_heads: 4\nfeatures:\n  embedding_dims: {a: 10, b: 22}\n")
+    assert main(["--params", str(params), "describe-model"]) == 0
+    own = json.loads(capsys.readouterr().out)
+    assert own["sizes"]["d_model"] == 64 and own["sizes"]["d_context"] == 32
+    # [None] at d_model 64, d_ff 256: 4 blocks of attention + FFN + 2 LayerNorms, and the head transform.
+    block = 4 * (64 * 64 + 64) + (64 * 256 + 256) + (256 * 64 + 64) + 2 * 2 * 64
+    assert own["variants"]["none"]["parameters"] == 4 * block + 64 * 64 + 64
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_padding_changes_no_output(variant):
+    bert = model(variant)
+    items = outfits_with_one_mask(6, size=5, length=5)
+    ctx = context(6)
+    with torch.no_grad():
+        unpadded = bert.masked_logits(items, ctx)
+        padded = bert.masked_logits(torch.nn.functional.pad(items, (0, 3), value=PAD_INDEX), ctx)
+        hidden = bert(torch.nn.functional.pad(items, (0, 3), value=PAD_INDEX), ctx)
+    torch.testing.assert_close(padded, unpadded, rtol=1e-5, atol=1e-5)
+    assert hidden.shape == (6, 8, SMALL.d_model)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_shuffling_an_outfit_leaves_the_masked_prediction_unchanged(variant):
+    bert = model(variant)
+    items = outfits_with_one_mask(6, size=7, length=8)
+    ctx = context(6)
+    shuffled = items[:, torch.tensor([5, 2, 0, 7, 1, 6, 3, 4])]  # [MASK] moves, padding moves to the middle
+    with torch.no_grad():
+        torch.testing.assert_close(bert.masked_logits(shuffled, ctx), bert.masked_logits(items, ctx),
+                                   rtol=1e-5, atol=1e-5)  # fmt: skip
+        changed = items.clone()
+        changed[:, 1] = torch.where(changed[:, 1] == N_SPECIAL, N_SPECIAL + 1, N_SPECIAL)
+        assert not torch.allclose(bert.masked_logits(changed, ctx), bert.masked_logits(items, ctx))
+
+
+@pytest.mark.parametrize("variant", CONTEXT_VARIANTS)
+def test_context_variants_depend_on_the_context(variant):
+    bert = model(variant)
+    items = outfits_with_one_mask(8, size=4, length=8)
+    with torch.no_grad():
+        a, b = bert.masked_logits(items, context(8, seed=1)), bert.masked_logits(items, context(8, seed=2))
+    assert (a - b)[:, N_SPECIAL:].abs().max() > 1e-3
+
+
+def test_none_ignores_the_context():
+    bert = model("none")
+    items = outfits_with_one_mask(8, size=4, length=8)
+    with torch.no_grad():
+        torch.testing.assert_close(bert.masked_logits(items, context(8, seed=1)), bert.masked_logits(items, None))
+    assert bert.context_encoder is None
+
+
+def test_context_encoder_concatenates_features_and_averages_multi_values():
+    encoder = ContextEncoder(SPEC)
+    ctx = {"gender": torch.tensor([3, 4]), "brands": torch.tensor([[3, 5, 0], [0, 0, 0]]),
+           "age": torch.tensor([1, 7]), "occasion": torch.tensor([3, 3])}  # fmt: skip
+    c = encoder(ctx)
+    assert c.shape == (2, SPEC.d_context)
+    brands = encoder.embeddings[1].weight
+    torch.testing.assert_close(c[0, 4:10], (brands[3] + brands[5]) / 2)
+    assert torch.equal(c[1, 4:10], torch.zeros(6))  # a customer with no values: the padding embedding
+    torch.testing.assert_close(c[1, :4], encoder.embeddings[0].weight[4])
+    with pytest.raises(ContextualBertError, match="occasion"):
+        encoder({k: v for k, v in ctx.items() if k != "occasion"})
+
+
+def test_masked_logits_rank_only_real_articles_and_need_one_mask():
+    bert = model("concat")
+    items = outfits_with_one_mask(3, size=4, length=8)
+    with torch.no_grad():
+        logits = bert.masked_logits(items, context(3))
+    assert logits.shape == (3, N_ITEMS)
+    assert torch.isinf(logits[:, :N_SPECIAL]).all() and torch.isfinite(logits[:, N_SPECIAL:]).all()
+    items[0, 1] = MASK_INDEX
+    with pytest.raises(ContextualBertError, match="exactly one"):
+        bert.masked_logits(items, context(3))
+
+
+def test_checkpoint_round_trip_needs_no_other_file(tmp_path):
+    bert = model("global_state_update", seed=3)
+    save_checkpoint(tmp_path / "checkpoint.pt", bert, {"epoch": 4})
+    loaded, meta = load_checkpoint(tmp_path / "checkpoint.pt")
+    assert meta == {"epoch": 4} and loaded.variant == "global_state_update" and loaded.spec == SPEC
+    items, ctx = outfits_with_one_mask(4, size=6, length=8), context(4)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.masked_logits(items, ctx), bert.masked_logits(items, ctx))
+    with pytest.raises(ContextualBertError, match="not found"):
+        load_checkpoint(tmp_path / "missing.pt")
+    (tmp_path / "broken.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ContextualBertError, match="broken.pt"):
+        load_checkpoint(tmp_path / "broken.pt")
+
+
+def test_unknown_variant_and_context_free_spec_are_clear_errors():
+    with pytest.raises(ContextualBertError, match="unknown variant"):
+        ContextualBert(SMALL, "gsu", N_ITEMS, SPEC)
+    with pytest.raises(ContextualBertError, match="needs context"):
+        ContextualBert(SMALL, "global_state", N_ITEMS, ContextSpec(()))

@@ -1,0 +1,222 @@
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import contextual_bert.training as training
+from contextual_bert.config import ModelConfig, TrainConfig
+from contextual_bert.evaluation import PopularityModel, case_ranks, metrics_from_ranks
+from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec, EncodedOutfits, FeatureSpec
+from contextual_bert.model import ContextualBert, load_checkpoint
+from contextual_bert.training import LinearCrossEntropy, fit, mask_items
+
+# Planted data: an outfit is 3 of 6 "shared" articles (uninformative about the customer) and one "style"
+# article, drawn from the 4 articles of the customer's style (8 styles). Only the context tells which style.
+N_STYLES, PER_STYLE, N_SHARED = 8, 4, 6
+N_ITEMS = N_SPECIAL + N_STYLES * PER_STYLE + N_SHARED
+SPEC = ContextSpec(
+    (
+        FeatureSpec("style", "categorical", "customer", N_SPECIAL + N_STYLES, 8),
+        FeatureSpec("brands", "multi_categorical", "customer", N_SPECIAL + 6, 4, max_values=3),  # noise
+        FeatureSpec("age", "numeric", "customer", N_SPECIAL + 5, 4),  # noise
+    )
+)
+TINY = ModelConfig(d_model=32, n_blocks=2, n_heads=4, d_ff=64, dropout=0.0, max_set_size=6)
+
+
+def planted(n: int, seed: int) -> EncodedOutfits:
+    g = torch.Generator().manual_seed(seed)
+    style = torch.randint(0, N_STYLES, (n,), generator=g)
+    style_item = N_SPECIAL + style * PER_STYLE + torch.randint(0, PER_STYLE, (n,), generator=g)
+    shared = N_SPECIAL + N_STYLES * PER_STYLE + torch.rand(n, N_SHARED, generator=g).argsort(dim=1)[:, :3]
+    items = torch.zeros(n, TINY.max_set_size, dtype=torch.long)
+    items[:, :4] = torch.cat([shared, style_item[:, None]], dim=1)[:, torch.randperm(4, generator=g)]
+    brands = torch.randint(N_SPECIAL, N_SPECIAL + 6, (n, 3), generator=g)
+    brands[torch.rand(n, 3, generator=g) < 0.3] = PAD_INDEX
+    context = {
+        "style": style + N_SPECIAL,
+        "brands": brands,
+        "age": torch.randint(N_SPECIAL, N_SPECIAL + 5, (n,), generator=g),
+    }
+    return EncodedOutfits(items, context)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: a second thread only adds synchronisation
+    yield
+    torch.set_num_threads(threads)
+
+
+def new_model(variant: str, seed: int = 0, cfg: ModelConfig = TINY) -> ContextualBert:
+    torch.manual_seed(seed)
+    return ContextualBert(cfg, variant, N_ITEMS, SPEC)
+
+
+# --- masking and the loss -------------------------------------------------------------------------------
+
+
+def test_mask_items_masks_at_least_one_real_item_per_outfit_bert_style():
+    g = torch.Generator().manual_seed(0)
+    items = torch.randint(N_SPECIAL, 1000, (20_000, 8))
+    items[:, 6:] = PAD_INDEX
+    items[::2, 4:] = PAD_INDEX  # outfits of 4 and 6 items
+    items[::7, 1] = UNKNOWN_INDEX
+    cfg = TrainConfig(mask_prob=0.15, mask_token_prob=0.8, random_token_prob=0.1)
+    inputs, predict = mask_items(items, 1000, cfg, g)
+
+    assert (predict.sum(dim=1) >= 1).all()
+    assert not predict[(items == PAD_INDEX) | (items == UNKNOWN_INDEX)].any()
+    assert torch.equal(inputs[~predict], items[~predict])
+    # Each real item with 0.15, plus one forced where none was drawn: 0.15 n + 0.85^n expected per outfit.
+    n = ((items != PAD_INDEX) & (items != UNKNOWN_INDEX)).sum(dim=1).double()
+    assert predict.sum().item() / (0.15 * n + 0.85**n).sum().item() == pytest.approx(1.0, abs=0.02)
+    # The forced choice is not biased to a position: in outfits of 4, each position is chosen as often.
+    rows = torch.arange(len(items))
+    per_position = predict[(rows % 2 == 0) & (rows % 7 != 0), :4].double().mean(dim=0)
+    torch.testing.assert_close(per_position, torch.full((4,), (0.15 * 4 + 0.85**4) / 4, dtype=torch.double),
+                               atol=0.02, rtol=0)  # fmt: skip
+    chosen_inputs = inputs[predict]
+    assert (chosen_inputs == MASK_INDEX).float().mean().item() == pytest.approx(0.8, abs=0.01)
+    replaced = (chosen_inputs != MASK_INDEX) & (chosen_inputs != items[predict])
+    assert replaced.float().mean().item() == pytest.approx(0.1, abs=0.01)
+    assert (chosen_inputs[chosen_inputs != MASK_INDEX] >= N_SPECIAL).all()
+    again_inputs, again_predict = mask_items(items, 1000, cfg, torch.Generator().manual_seed(0))
+    assert torch.equal(again_inputs, inputs) and torch.equal(again_predict, predict)
+
+
+def test_fused_cross_entropy_equals_the_plain_one_with_gradients():
+    torch.manual_seed(0)
+    table = torch.randn(N_SPECIAL + 300, 16, requires_grad=True)  # tied: the output layer is rows 3..
+    bias = torch.randn(N_SPECIAL + 300, requires_grad=True)
+    h = torch.randn(70, 16, requires_grad=True)
+    targets = torch.randint(0, 300, (70,))
+
+    def grads(loss):
+        loss.backward()
+        out = [t.grad.clone() for t in (h, table, bias)]
+        for t in (h, table, bias):
+            t.grad = None
+        return loss.detach(), out
+
+    fused, fused_grads = grads(LinearCrossEntropy.apply(h, table[N_SPECIAL:], bias[N_SPECIAL:], targets, 16))
+    plain, plain_grads = grads(F.cross_entropy(F.linear(h, table[N_SPECIAL:], bias[N_SPECIAL:]), targets))
+    torch.testing.assert_close(fused, plain)
+    for a, b in zip(fused_grads, plain_grads):
+        torch.testing.assert_close(a, b)
+    assert fused_grads[1][:N_SPECIAL].abs().sum() == 0  # the special rows are never an output
+
+
+# --- the loop -------------------------------------------------------------------------------------------
+
+PLANTED_TRAIN = TrainConfig(batch_size=64, max_epochs=8, learning_rate=3e-3, warmup_steps=20, patience=8,
+                            device="cpu")  # fmt: skip
+
+
+def test_training_on_a_planted_context_signal_learns_it(tmp_path):
+    train, val, test = planted(2000, 0), planted(300, 1), planted(400, 2)
+    counts = torch.bincount(train.items.flatten(), minlength=N_ITEMS).numpy()
+    popularity = case_ranks(PopularityModel(counts), test, 512, "cpu")
+    results = {"popularity": metrics_from_ranks(popularity["rank"], popularity["log_prob"])}
+    for variant in ("none", "global_state_update"):
+        model = new_model(variant)
+        untrained = case_ranks(model, test, 512, "cpu")
+        fit(model, train, val, PLANTED_TRAIN, tmp_path / variant, seed=0)
+        history = json.loads((tmp_path / variant / "history.json").read_text())
+        assert history[-1]["train_loss"] < history[0]["train_loss"] - 0.3
+        best, _ = load_checkpoint(tmp_path / variant / "checkpoint.pt")
+        cases = case_ranks(best, test, 512, "cpu")
+        results[variant] = metrics_from_ranks(cases["rank"], cases["log_prob"])
+        assert results[variant]["cross_entropy"] < -untrained["log_prob"].mean() - 0.5
+
+    # The optimum is ln 4 + (ln 32 - ln 4) / 4 ~ 1.91 nats without the context and ln 4 ~ 1.39 with it.
+    assert results["none"]["cross_entropy"] < results["popularity"]["cross_entropy"] - 0.3
+    assert results["global_state_update"]["cross_entropy"] < results["none"]["cross_entropy"] - 0.15
+    assert results["global_state_update"]["recall@5"] > results["none"]["recall@5"] + 0.1
+    assert results["global_state_update"]["recall@5"] > results["popularity"]["recall@5"] + 0.1
+
+
+SHORT = TrainConfig(batch_size=32, max_epochs=3, learning_rate=3e-3, warmup_steps=5, patience=5, device="cpu")
+DROPOUT = TINY.model_copy(update={"dropout": 0.2})  # dropout draws from the global generator: resume restores it
+
+
+def test_a_resumed_run_ends_where_an_uninterrupted_run_ends(tmp_path):
+    train, val = planted(300, 0), planted(60, 1)
+    whole = new_model("global_state_update", cfg=DROPOUT)
+    whole_metrics = fit(whole, train, val, SHORT, tmp_path / "whole", seed=7)
+
+    # "Killed" after epoch 1; the resumed process starts from a differently initialised model.
+    fit(new_model("global_state_update", cfg=DROPOUT), train, val,
+        SHORT.model_copy(update={"max_epochs": 1}), tmp_path / "resumed", seed=7)  # fmt: skip
+    logged = []
+    resumed = new_model("global_state_update", seed=2, cfg=DROPOUT)
+    resumed_metrics = fit(resumed, train, val, SHORT, tmp_path / "resumed", seed=7,
+                          on_epoch_end=lambda epoch, row: logged.append(epoch))  # fmt: skip
+
+    assert logged == [2, 3]
+    for name, value in whole.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[name]), name
+    history = [json.loads((tmp_path / run / "history.json").read_text()) for run in ("whole", "resumed")]
+    for key in ("epoch", "train_loss", "val_cross_entropy", "learning_rate"):
+        assert [row[key] for row in history[0]] == [row[key] for row in history[1]], key
+    for key in ("best_epoch", "best_val_cross_entropy", "epochs", "parameters"):
+        assert whole_metrics[key] == resumed_metrics[key]
+
+
+def test_killed_inside_the_epoch_hook_resumes_exactly(tmp_path):
+    train, val = planted(200, 0), planted(40, 1)
+    whole = new_model("concat", cfg=DROPOUT)
+    fit(whole, train, val, SHORT, tmp_path / "whole", seed=3)
+
+    def kill(epoch, row):
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fit(new_model("concat", cfg=DROPOUT), train, val, SHORT, tmp_path / "killed", seed=3, on_epoch_end=kill)
+    resumed = new_model("concat", seed=5, cfg=DROPOUT)
+    fit(resumed, train, val, SHORT, tmp_path / "killed", seed=3)
+    for name, value in whole.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[name]), name
+
+
+def test_a_finished_run_is_not_retrained_and_a_changed_one_restarts(tmp_path):
+    train, val = planted(200, 0), planted(40, 1)
+    first = fit(new_model("new_position"), train, val, SHORT, tmp_path, seed=0)
+    files = {p.name for p in tmp_path.iterdir()}
+    assert {"checkpoint.pt", "last.pt", "history.json", "metrics.json"} <= files
+    row = json.loads((tmp_path / "history.json").read_text())[0]
+    assert set(row) == {"epoch", "train_loss", "val_cross_entropy", "learning_rate", "samples_per_s", "seconds"}
+    assert json.loads((tmp_path / "metrics.json").read_text()) == first
+
+    calls = []
+    again = fit(new_model("new_position"), train, val, SHORT, tmp_path, seed=0,
+                on_epoch_end=lambda e, r: calls.append(e))  # fmt: skip
+    assert calls == [] and again == first
+
+    changed = SHORT.model_copy(update={"learning_rate": 1e-3})
+    fit(new_model("new_position"), train, val, changed, tmp_path, seed=0, on_epoch_end=lambda e, r: calls.append(e))
+    assert calls == [1, 2, 3]
+    assert json.loads((tmp_path / "history.json").read_text())[0]["train_loss"] != row["train_loss"]
+
+
+def test_early_stopping_keeps_the_best_epoch(tmp_path, monkeypatch):
+    curve = iter([3.0, 2.5, 2.6, 2.7, 2.4, 2.3])
+    monkeypatch.setattr(training, "validation_cross_entropy", lambda *args: next(curve))
+    train, val = planted(100, 0), planted(20, 1)
+    cfg = SHORT.model_copy(update={"max_epochs": 6, "patience": 2})
+    metrics = fit(new_model("none"), train, val, cfg, tmp_path, seed=0)
+    assert (metrics["epochs"], metrics["best_epoch"], metrics["best_val_cross_entropy"]) == (4, 2, 2.5)
+    assert metrics["stopped_early"]
+    _, meta = load_checkpoint(tmp_path / "checkpoint.pt")
+    assert meta["epoch"] == 2
+    # Extending max_epochs does not revive a run that stopped early.
+    assert fit(new_model("none"), train, val, cfg.model_copy(update={"max_epochs": 9}), tmp_path, seed=0)["epochs"] == 4
+
+
+def test_the_learning_rate_warms_up_then_stays():
+    factor = training.warmup_then_constant(4)
+    assert [factor(s) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert training.warmup_then_constant(0)(0) == 1.0
