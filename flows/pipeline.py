@@ -173,9 +173,9 @@ def fan_out_units(
         if not is_server(uri):
             logger.warning("MLflow store %s is not a server: trainings run one at a time", uri)
     with get_client(sync_client=True) as client:
-        gpu_ready, devices = read_cluster(client)
-    mode = _resolve_fan_out(fan_out, gpu_ready)
-    placements = dict(zip(todo, place(len(todo), gpu_ready, devices)))
+        cluster = read_cluster(client)
+    mode = _resolve_fan_out(fan_out, cluster.gpu_ready)
+    placements = dict(zip(todo, place(len(todo), cluster.gpu_ready, cluster.devices, cluster.pin_devices)))
     logger.info("fan-out (%s): %d units, pool %s, %d at a time", mode, len(todo),
                 placements[todo[0]].pool if mode == "deployments" else "none", max_parallel)
 

@@ -4,8 +4,11 @@
   elsewhere, see docs/scaling.md). A pool is READY while at least one of its workers sends heartbeats.
 - GPUs are global concurrency limits `gpu-0`, `gpu-1`, ... of one slot each: a training on GPU i holds
   slot `gpu-i` for its whole run, so at most one training runs per GPU at a time, however many
-  workers there are. The device is handed to the run as `CUDA_VISIBLE_DEVICES=i` in the flow run's
-  job variables (the process worker puts them in the run's environment).
+  workers there are. On a `process` pool the device is handed to the run as `CUDA_VISIBLE_DEVICES=i`
+  in the flow run's job variables (the worker puts them in the run's environment); on a Kubernetes or
+  Docker pool the device plugin picks the GPU and the slots only cap how many trainings run at once.
+- The gpu pool counts as up while it is READY; Prefect marks a worker offline only after three missed
+  heartbeats (90 s by default), so runs sent just after the last GPU worker died wait for one.
 - CPU trainings hold a slot of `train-cpu` (N slots: N trainings at once on the CPU workers) and run
   with `CUDA_VISIBLE_DEVICES=""`, so a CPU run on a GPU host leaves the GPUs to the gpu pool.
 
@@ -53,14 +56,20 @@ def gpu_devices(limit_names: list[str]) -> list[int]:
     return sorted(int(m.group(1)) for name in limit_names if (m := GPU_SLOT.match(name)))
 
 
-def place(n_units: int, gpu_pool_ready: bool, devices: list[int]) -> list[Placement]:
-    """One placement per unit: round robin over the GPUs (each guarded by its slot), or the CPU pool."""
+def place(n_units: int, gpu_pool_ready: bool, devices: list[int], pin_devices: bool = True) -> list[Placement]:
+    """One placement per unit: round robin over the GPUs (each guarded by its slot), or the CPU pool.
+
+    pin_devices: hand GPU i to the run as CUDA_VISIBLE_DEVICES=i. Right for `process` pools, where
+    every run sees all of its host's GPUs; wrong for Kubernetes or Docker pools, where the device plugin
+    gives each container its own GPU (as device 0): there the slots only cap how many run at once.
+    """
     pool = choose_pool(gpu_pool_ready, devices)
     if pool == CPU_POOL:
         return [Placement(CPU_POOL, TRAIN_DEPLOYMENT[CPU_POOL], CPU_SLOT, {"CUDA_VISIBLE_DEVICES": ""})
                 for _ in range(n_units)]
     return [
-        Placement(GPU_POOL, TRAIN_DEPLOYMENT[GPU_POOL], f"gpu-{d}", {"CUDA_VISIBLE_DEVICES": str(d)})
+        Placement(GPU_POOL, TRAIN_DEPLOYMENT[GPU_POOL], f"gpu-{d}",
+                  {"CUDA_VISIBLE_DEVICES": str(d)} if pin_devices else {})
         for d in (devices[i % len(devices)] for i in range(n_units))
     ]
 
@@ -68,17 +77,25 @@ def place(n_units: int, gpu_pool_ready: bool, devices: list[int]) -> list[Placem
 # --- what the Prefect API says (needs a server) ---------------------------------------------------
 
 
-def read_cluster(client) -> tuple[bool, list[int]]:
-    """(is the gpu pool READY, the GPU indices with a slot) from a sync Prefect client."""
+@dataclass(frozen=True)
+class Cluster:
+    gpu_ready: bool  # the gpu pool has a live worker (READY)
+    devices: list[int]  # GPU indices with an active slot gpu-<i>
+    pin_devices: bool  # the gpu pool is a `process` pool (see `place`)
+
+
+def read_cluster(client) -> Cluster:
+    """What a sync Prefect client says about the gpu pool and the GPU slots."""
     from prefect.client.schemas.objects import WorkPoolStatus
     from prefect.exceptions import ObjectNotFound
 
     try:
-        ready = client.read_work_pool(GPU_POOL).status == WorkPoolStatus.READY
+        pool = client.read_work_pool(GPU_POOL)
+        ready, pin = pool.status == WorkPoolStatus.READY, pool.type == "process"
     except ObjectNotFound:
-        ready = False
+        ready, pin = False, True
     names = [gcl.name for gcl in client.read_global_concurrency_limits(limit=200) if gcl.active]
-    return ready, gpu_devices(names)
+    return Cluster(ready, gpu_devices(names), pin)
 
 
 def deployments_exist(client, pools: set[str]) -> bool:

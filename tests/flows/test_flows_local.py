@@ -9,7 +9,7 @@ import pytest
 
 from flows import dvc_stages
 from flows.pipeline import pipeline, tracking_uri, training
-from flows.work_pools import CPU_SLOT, ensure_pools, read_cluster
+from flows.work_pools import CPU_SLOT, Cluster, ensure_pools, read_cluster
 
 
 def test_pipeline_runs_what_dvc_finds_stale_and_nothing_twice(prefect_api, toy_repo):
@@ -23,16 +23,17 @@ def test_pipeline_runs_what_dvc_finds_stale_and_nothing_twice(prefect_api, toy_r
         assert ckpt["mlflow_tracking_uri"] == tracking_uri(toy_repo)  # ... logging to the parent's store
     assert not list((toy_repo / ".dvc/tmp/checkouts").iterdir())  # checkouts removed once brought back
 
-    again = pipeline(workdir=str(toy_repo), fan_out="local")
-    assert (again["ran"], again["trained"], again["stale"]) == ([], [], [])
-
-    # A new variant (a parameter of the run, written to params.yaml): only its unit trains.
+    # A new variant (a parameter of the run, written to params.yaml): only its unit trains, nothing
+    # upstream runs again.
     more = pipeline(workdir=str(toy_repo), fan_out="local",
                     params={"train.variants": ["none", "concat", "global_state"]})
     assert more["params_changed"] == {"train.variants": ["none", "concat", "global_state"]}
     assert sorted(more["trained"]) == ["evaluate@global_state-0", "train@global_state-0"]
     assert more["ran"] == ["report", "register", "promote"]
     assert dvc_stages.status_all(toy_repo) == {}
+
+    again = pipeline(workdir=str(toy_repo), fan_out="local")
+    assert (again["ran"], again["trained"], again["stale"]) == ([], [], [])
 
 
 def test_training_only_refuses_stale_features(prefect_api, toy_repo):
@@ -51,8 +52,9 @@ def test_pools_and_slots_are_created_once_and_read_back(prefect_api):
             again = ensure_pools(client, gpus=[0, 1], cpu_trainings=2)
             assert "pool cpu: exists" in again and "limit gpu-1: 1" in again
             assert client.read_global_concurrency_limit_by_name(CPU_SLOT).limit == 2
-            assert read_cluster(client) == (False, [0, 1])  # no GPU worker: the gpu pool is not ready
+            # No GPU worker: the gpu pool is not ready.
+            assert read_cluster(client) == Cluster(gpu_ready=False, devices=[0, 1], pin_devices=True)
             assert "limit gpu-1: deactivated" in ensure_pools(client, gpus=[0], cpu_trainings=2)
-            assert read_cluster(client) == (False, [0])
+            assert read_cluster(client).devices == [0]
         finally:
             ensure_pools(client, gpus=[], cpu_trainings=2)  # leave no GPU slot to later tests

@@ -37,7 +37,7 @@ def test_trainings_go_to_gpu_workers_one_per_gpu_at_a_time(prefect_api, gpu_slot
     server.cli(["deploy", "--all"], repo)
     server.start_worker(processes, "gpu", repo, "gpu-worker-1", TOY_TRAIN_SECONDS="2")
     with get_client(sync_client=True) as client:
-        wait_until(lambda: read_cluster(client)[0], 60, "gpu pool ready")
+        wait_until(lambda: read_cluster(client).gpu_ready, 60, "gpu pool ready")
 
     result = pipeline(workdir=str(repo), fan_out="auto", max_parallel=3, train_timeout_s=240)
 

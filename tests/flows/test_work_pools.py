@@ -28,3 +28,9 @@ def test_gpu_placement_round_robin_one_slot_per_device():
     assert [p.slot for p in placements] == ["gpu-0", "gpu-3", "gpu-0", "gpu-3", "gpu-0"]
     assert {p.deployment for p in placements} == {"train-run-gpu"}
     assert placements[1].job_variables == {"env": {"CUDA_VISIBLE_DEVICES": "3"}}
+
+
+def test_container_pools_get_no_device_index_the_scheduler_assigns_it():
+    placements = place(3, gpu_pool_ready=True, devices=[0, 1], pin_devices=False)
+    assert [p.env for p in placements] == [{}, {}, {}]
+    assert [p.slot for p in placements] == ["gpu-0", "gpu-1", "gpu-0"]  # still at most one per slot
