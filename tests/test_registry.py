@@ -16,7 +16,6 @@ from contextual_bert.registry import (
     promote,
     recall_k,
     register_all,
-    rollback,
     validation_cases,
 )
 from contextual_bert.tracking import client, directory_sha256, read_run_file
@@ -138,6 +137,25 @@ def test_a_model_trained_without_tracking_gets_a_run_when_registered(tiny_traine
     assert run.data.tags["logged_after_training"] == "true" and run.info.status == "FINISHED"
     assert run.data.params["variant"] == WEAK[0] and "train_loss" in run.data.metrics
     assert register_all(cfg)["versions"][0]["version"] == entry["version"]  # found again by checkpoint hash
+
+
+def test_a_run_trained_on_other_features_is_not_registered(tiny_trained_runs, tmp_path):
+    """Its pyfunc would bundle today's vocabularies with weights fit to others."""
+    import shutil
+
+    from contextual_bert.tracking import experiment_id, write_run_file
+
+    cfg = tiny_trained_runs.cfg
+    models = tmp_path / "models"
+    shutil.copytree(cfg.paths.models_dir / "none-s0", models / "none-s0")
+    mlflow_client = client(cfg.mlflow)
+    exp_id = experiment_id(mlflow_client, cfg.mlflow.experiment)
+    run = mlflow_client.create_run(exp_id, tags={"features_sha256": "0" * 64})
+    write_run_file(models / "none-s0", run.info.run_id, exp_id, "")
+    cfg = _with(cfg, "registry-other-features", [WEAK[0]])
+    cfg = cfg.model_copy(update={"paths": cfg.paths.model_copy(update={"models_dir": models})})
+    entry = register_all(cfg)["versions"][0]
+    assert "trained on other features" in entry["skipped"] and "version" not in entry
 
 
 # --- promote and rollback --------------------------------------------------------------------------------

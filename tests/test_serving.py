@@ -14,8 +14,15 @@ from mlflow.exceptions import MlflowException
 
 from conftest import STRONG, free_port
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.features import load_article_vocab, load_spec
-from contextual_bert.serving import MAX_TOP_K, OUTPUT_COLUMNS, OutfitCompleterCore, log_pyfunc_model, signature
+from contextual_bert.features import load_spec
+from contextual_bert.serving import (
+    MAX_TOP_K,
+    OUTPUT_COLUMNS,
+    OutfitCompleterCore,
+    example_request,
+    log_pyfunc_model,
+    signature,
+)
 from contextual_bert.tracking import client, experiment_id
 
 
@@ -127,7 +134,7 @@ def logged_pyfunc(tiny_trained_runs):
     logged = mlflow_client.create_logged_model(exp_id, name="serving-test")
     checkpoint = cfg.paths.models_dir / f"{STRONG[0]}-s{STRONG[1]}" / "checkpoint.pt"
     return log_pyfunc_model(checkpoint, cfg.paths.features_dir, model_name="serving-test", top_k=4,
-                            model_id=logged.model_id)  # fmt: skip
+                            model_id=logged.model_id, input_example=example_request(cfg.paths.features_dir))
 
 
 def test_the_logged_pyfunc_is_code_not_a_pickle_and_answers_like_the_core(logged_pyfunc, core, requests):

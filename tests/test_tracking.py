@@ -82,7 +82,9 @@ def test_a_cli_training_is_one_finished_run_with_params_epochs_lineage_and_artif
     run = _run_of(project, variant, seed)
     mlflow_client = client(cfg.mlflow)
     assert run.info.status == "FINISHED"
-    assert mlflow_client.get_experiment(run.info.experiment_id).name == cfg.mlflow.experiment
+    experiment = mlflow_client.get_experiment(run.info.experiment_id)
+    assert experiment.name == cfg.mlflow.experiment
+    assert experiment.artifact_location == artifact_location(os.environ["MLFLOW_TRACKING_URI"])
     assert run.data.params == training_params(cfg, variant, seed)
 
     history = json.loads((cfg.paths.models_dir / f"{variant}-s{seed}" / "history.json").read_text())

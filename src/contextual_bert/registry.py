@@ -32,7 +32,6 @@ from contextual_bert.tracking import (
     file_sha256,
     experiment_id,
     find_run,
-    flatten,
     metric_key,
     numeric_items,
 )
@@ -140,6 +139,10 @@ def register_run(mlflow_client, cfg: Config, variant: str, seed: int, features_s
     report = json.loads(eval_file.read_text())
     run, checkpoint_sha = _training_run(mlflow_client, cfg, variant, seed, model_dir)
     run_id = run.info.run_id
+    trained_on = run.data.tags.get("features_sha256", features_sha)
+    if trained_on != features_sha:  # the served model bundles today's vocabularies: they must be its own
+        return {"variant": variant, "seed": seed, "run_id": run_id,
+                "skipped": f"trained on other features than {cfg.paths.features_dir} now holds; train it again"}
     name = cfg.mlflow.model_name
     tags = {"variant": variant, "seed": str(seed), "run_id": run_id, "features_sha256": features_sha,
             "checkpoint_sha256": checkpoint_sha}
