@@ -59,8 +59,11 @@ def test_environment_overrides_the_params_tracking_uri(monkeypatch):
 
 
 def test_sqlite_artifacts_live_beside_the_database(tmp_path):
-    assert artifact_location(f"sqlite:///{tmp_path}/m.db") == (tmp_path / "mlruns").as_uri()
-    assert artifact_location("http://127.0.0.1:5000") is None
+    assert artifact_location(f"sqlite:///{tmp_path}/m.db", "contextual-bert") == (
+        tmp_path / "mlruns" / "contextual-bert"
+    ).as_uri()
+    assert artifact_location(f"sqlite:///{tmp_path}/m.db", "a b/c").endswith("/mlruns/a_b_c")
+    assert artifact_location("http://127.0.0.1:5000", "contextual-bert") is None
 
 
 def test_dvc_locked_md5_reads_the_features_output(tmp_path):
@@ -84,7 +87,7 @@ def test_a_cli_training_is_one_finished_run_with_params_epochs_lineage_and_artif
     assert run.info.status == "FINISHED"
     experiment = mlflow_client.get_experiment(run.info.experiment_id)
     assert experiment.name == cfg.mlflow.experiment
-    assert experiment.artifact_location == artifact_location(os.environ["MLFLOW_TRACKING_URI"])
+    assert experiment.artifact_location == artifact_location(os.environ["MLFLOW_TRACKING_URI"], experiment.name)
     assert run.data.params == training_params(cfg, variant, seed)
 
     history = json.loads((cfg.paths.models_dir / f"{variant}-s{seed}" / "history.json").read_text())

@@ -56,13 +56,13 @@ def client(cfg: MlflowConfig):
     return mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
-def artifact_location(uri: str) -> str | None:
-    """For a SQLite store: artifacts in mlruns/ beside the database file (MLflow's default is ./mlruns of
-    whatever the working directory is). For a server: None, the server decides."""
+def artifact_location(uri: str, experiment: str) -> str | None:
+    """For a SQLite store: artifacts in mlruns/<experiment>/ beside the database file (MLflow's default is
+    ./mlruns of whatever the working directory is). For a server: None, the server decides."""
     if not uri.startswith("sqlite:///"):
         return None
     db_path = Path(uri[len("sqlite:///") :])
-    return (db_path.resolve().parent / "mlruns").as_uri()
+    return (db_path.resolve().parent / "mlruns" / re.sub(r"[^\w.\-]", "_", experiment)).as_uri()
 
 
 def experiment_id(mlflow_client, name: str) -> str:
@@ -70,7 +70,8 @@ def experiment_id(mlflow_client, name: str) -> str:
     if experiment is not None:
         return experiment.experiment_id
     try:
-        return mlflow_client.create_experiment(name, artifact_location=artifact_location(mlflow_client.tracking_uri))
+        location = artifact_location(mlflow_client.tracking_uri, name)
+        return mlflow_client.create_experiment(name, artifact_location=location)
     except Exception:  # another process created it first
         experiment = mlflow_client.get_experiment_by_name(name)
         if experiment is None:
