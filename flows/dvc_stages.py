@@ -177,9 +177,11 @@ def stale(stages: list[str] | tuple[str, ...], workdir: Path) -> dict[str, list]
 
 
 def status_all(workdir: Path) -> dict[str, list]:
-    """`dvc status` of the whole pipeline: {} when `dvc repro` would run nothing."""
+    """`dvc status` of the whole pipeline, less stages marked `always_changed` that changed in no other
+    way: {} when `dvc repro` would redo no work."""
     out = run_dvc(["status", "--json"], workdir)
-    return json.loads(out.strip().splitlines()[-1] or "{}")
+    changes = json.loads(out.strip().splitlines()[-1] or "{}")
+    return {stage: c for stage, c in changes.items() if c != ["always changed"]}
 
 
 def lock_entry(workdir: Path, stage: str) -> dict | None:

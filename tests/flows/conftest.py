@@ -5,12 +5,14 @@ Every process a test starts is ended by a finalizer, also when the test fails (s
 
 from __future__ import annotations
 
+import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from flows_testkit import (
+    REPO,
     SERVER_START_TIMEOUT,
     VENV_BIN,
     Processes,
@@ -19,6 +21,18 @@ from flows_testkit import (
     make_toy_repo,
     wait_until,
 )
+
+
+def pytest_plugin_registered(plugin, plugin_name, manager):
+    """Keep the module name `conftest` on tests/conftest.py.
+
+    pytest imports every conftest.py that is not in a package as module `conftest`, the last one loaded
+    winning (this one), while tests/test_*.py import their helpers with `from conftest import ...`.
+    This hook runs as this file is registered (and for every plugin registered after it), before any
+    test module is imported."""
+    root = manager.get_plugin(str(REPO / "tests" / "conftest.py"))
+    if root is not None and sys.modules.get("conftest") is not root:
+        sys.modules["conftest"] = root
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +45,9 @@ def prefect_server(tmp_path_factory):
     try:
         proc = processes.start(
             "server",
-            [str(VENV_BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"],
+            # No scheduler: the nightly schedule must not start a run of its own while a test runs.
+            [str(VENV_BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui",
+             "--no-scheduler"],
             home,
             server.env(),
         )

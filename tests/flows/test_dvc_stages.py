@@ -93,3 +93,9 @@ def test_stage_env_runs_the_checkouts_code_with_the_venvs_tools(tmp_path):
 def test_run_dvc_raises_with_the_output_tail(tmp_path):
     with pytest.raises(StageFailed, match="not inside of a DVC repository|you are not inside"):
         dvc_stages.run_dvc(["status"], tmp_path)
+
+
+def test_status_all_ignores_stages_that_are_only_always_changed(monkeypatch):
+    out = '{"promote": ["always changed"], "report": [{"changed deps": {"reports/eval": "modified"}}]}\n'
+    monkeypatch.setattr(dvc_stages, "run_dvc", lambda args, workdir: out)
+    assert list(dvc_stages.status_all(REPO)) == ["report"]

@@ -78,6 +78,11 @@ def test_nightly_deployment_runs_the_pipeline_on_a_worker(prefect_server, proces
     run([str(VENV_BIN / "python"), "-m", "flows.work_pools", "--cpu-trainings", "2"], repo_copy, env)
     server.cli(["deploy", "--all"], repo_copy)
     worker = server.start_worker(processes, "cpu", repo_copy, "cpu-worker-1", MLFLOW_TRACKING_URI=mlflow_server)
+    with temporary_settings(updates={PREFECT_API_URL: server.url}), get_client(sync_client=True) as client:
+        nightly = client.read_deployment_by_name("pipeline/nightly")
+        assert [s.schedule.cron for s in nightly.schedules] == ["0 2 * * *"]
+        assert nightly.work_pool_name == "cpu"
+        assert client.read_deployment_by_name("train-run/train-run-gpu").work_pool_name == "gpu"
 
     with temporary_settings(updates={PREFECT_API_URL: server.url}):
         flow_run = run_deployment(
