@@ -40,8 +40,8 @@ from flows import dvc_stages
 from flows.params_file import pipeline_overrides
 from flows.tasks import (
     TASK_DEFAULTS,
-    _log_output,
-    _not_user_error,
+    log_output,
+    not_user_error,
     apply_params,
     bring_back,
     plan_stages,
@@ -54,6 +54,7 @@ from flows.tasks import (
 from flows.train_run import train_unit
 from flows.work_pools import (
     CPU_POOL,
+    GPU_POOL,
     TRAIN_FLOW,
     Placement,
     deployments_exist,
@@ -128,7 +129,7 @@ def _resolve_fan_out(fan_out: str, gpu_ready: bool) -> str:
     if fan_out != "auto":
         return fan_out
     with get_client(sync_client=True) as client:
-        pools = {CPU_POOL} | ({"gpu"} if gpu_ready else set())
+        pools = {CPU_POOL} | ({GPU_POOL} if gpu_ready else set())
         return "deployments" if deployments_exist(client, pools) else "local"
 
 
@@ -233,7 +234,7 @@ def final_status(workdir: Path) -> dict:
 
 
 @task(name="contextual-bert", task_run_name="contextual-bert {args}", retries=3,
-      retry_delay_seconds=[10, 30, 60], retry_condition_fn=_not_user_error, **TASK_DEFAULTS)
+      retry_delay_seconds=[10, 30, 60], retry_condition_fn=not_user_error, **TASK_DEFAULTS)
 def cli(args: list[str], workdir: Path) -> str:
     """A `contextual-bert` command outside DVC: an operator's action (rollback), or register/promote
     while dvc.yaml has no such stages. Both are idempotent against the registry."""
@@ -241,7 +242,7 @@ def cli(args: list[str], workdir: Path) -> str:
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         raise dvc_stages.StageFailed(["contextual-bert", *args], proc.returncode, proc.stdout)
-    _log_output(proc.stdout)
+    log_output(proc.stdout)
     return proc.stdout
 
 

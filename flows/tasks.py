@@ -22,12 +22,12 @@ from flows.params_file import apply_overrides
 TASK_DEFAULTS = dict(cache_policy=NO_CACHE, persist_result=False)
 
 
-def _not_user_error(task, task_run, state) -> bool:
+def not_user_error(task, task_run, state) -> bool:
     exc = state.result(raise_on_failure=False)
     return not getattr(exc, "user_error", False)
 
 
-def _log_output(output: str, lines: int = 40) -> None:
+def log_output(output: str, lines: int = 40) -> None:
     logger = get_run_logger()
     for line in output.strip().splitlines()[-lines:]:
         logger.info(line)
@@ -55,13 +55,13 @@ def repro_stage(stage: str, workdir: Path, env: dict[str, str] | None = None) ->
     """`dvc repro --single-item <stage>` in `workdir`; DVC skips it when nothing it depends on changed.
     `env`: variables added to the stage's environment."""
     output = dvc_stages.repro(stage, Path(workdir), dvc_stages.stage_env(Path(workdir), env))
-    _log_output(output)
+    log_output(output)
     return output
 
 
 # The same, retried: for stages that talk to the MLflow server (a restart, a server not up yet).
 repro_mlflow_stage = repro_stage.with_options(
-    name="dvc-repro-mlflow", retries=3, retry_delay_seconds=[10, 30, 60], retry_condition_fn=_not_user_error
+    name="dvc-repro-mlflow", retries=3, retry_delay_seconds=[10, 30, 60], retry_condition_fn=not_user_error
 )
 
 

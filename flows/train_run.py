@@ -25,7 +25,7 @@ from prefect import flow, get_run_logger, task
 from prefect.concurrency.sync import concurrency
 
 from flows import checkouts
-from flows.tasks import TASK_DEFAULTS, _log_output, repro_stage
+from flows.tasks import TASK_DEFAULTS, log_output, repro_stage
 from flows.work_pools import TRAIN_FLOW
 
 
@@ -38,7 +38,7 @@ def prepare_checkout(workdir: Path, checkout: Path) -> str:
 
 @task(name="link-inputs", **TASK_DEFAULTS)
 def link_inputs(checkout: Path, stages: list[str]) -> None:
-    _log_output(checkouts.checkout_inputs(Path(checkout), stages))
+    log_output(checkouts.checkout_inputs(Path(checkout), stages))
 
 
 def train_unit(

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 

@@ -19,7 +19,7 @@ import flows.tasks
 import flows.train_run
 from flows.dvc_stages import StageFailed
 from flows.pipeline import _crashed, is_server, tracking_uri
-from flows.tasks import _not_user_error, repro_mlflow_stage, repro_stage, wait_for_mlflow
+from flows.tasks import not_user_error, repro_mlflow_stage, repro_stage, wait_for_mlflow
 from flows_testkit import REPO, free_port
 
 
@@ -64,9 +64,9 @@ def _failed(exc):
 def test_retries_are_for_transient_faults_only():
     user = StageFailed(["dvc"], 255, "contextual-bert register: error: reports/eval/x.json: missing\n")
     transient = StageFailed(["dvc"], 255, "requests.exceptions.ConnectionError: refused\n")
-    assert _not_user_error(None, None, _failed(transient)) is True
-    assert _not_user_error(None, None, _failed(user)) is False
-    assert repro_mlflow_stage.retries == 3 and repro_mlflow_stage.retry_condition_fn is _not_user_error
+    assert not_user_error(None, None, _failed(transient)) is True
+    assert not_user_error(None, None, _failed(user)) is False
+    assert repro_mlflow_stage.retries == 3 and repro_mlflow_stage.retry_condition_fn is not_user_error
     assert repro_stage.retries == 0
     assert wait_for_mlflow.retries >= 5
 
