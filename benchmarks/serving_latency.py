@@ -8,8 +8,9 @@ MLflow store -> `mlflow models serve -m models:/outfit-completion@champion --env
 
 Requests are real validation outfits with one article removed, with their customer's raw context. Measured:
 single-row request latency (p50/p99 over --requests sequential requests on one keep-alive connection, after
-a warm-up) and batch throughput (rows/s) for several batch sizes; the same batches scored in-process (no
-HTTP, no JSON) show what the server adds. Writes reports/benchmarks/serving.json, with the load average
+a warm-up) and batch throughput (rows/s) for several batch sizes; the same batches through the same pyfunc
+in-process (no HTTP, no JSON) show what the server adds. Torch threads per request: serving.serving_threads
+(1 unless CONTEXTUAL_BERT_SERVING_THREADS says otherwise). Writes reports/benchmarks/serving.json, with the load average
 around the run: other work on this 2-core machine slows every number.
 
     .venv/bin/python benchmarks/serving_latency.py [--size default] [--variant global_state_update]
@@ -183,9 +184,8 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 128, 1024])
     args = parser.parse_args()
 
-    import torch
-
     from contextual_bert.config import load_config
+    from contextual_bert.serving import serving_threads
 
     cfg = load_config(REPO / "params.yaml")
     size = args.size or cfg.generate.size
@@ -229,10 +229,10 @@ def main() -> None:
 
         import mlflow
 
-        core = mlflow.pyfunc.load_model(model_uri).unwrap_python_model().core
+        pyfunc = mlflow.pyfunc.load_model(model_uri)
 
-        def in_process(batch):
-            core.recommend(pd.DataFrame(batch), cfg.mlflow.top_k)
+        def in_process(batch):  # the same pyfunc (schema enforcement included), without HTTP and JSON
+            pyfunc.predict(pd.DataFrame(batch))
 
         local_single = batch_throughput(in_process, records, 1, min_seconds=2.0)
         local_batches = [batch_throughput(in_process, records, b) for b in args.batch_sizes]
@@ -245,7 +245,7 @@ def main() -> None:
         "single_request": single,
         "batch_throughput_http": http_batches,
         "in_process": {"single_row": local_single, "batches": local_batches},
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": serving_threads(),
                     "device": "cpu", "load_average_before": [round(x, 2) for x in load_before],
                     "load_average_after": [round(x, 2) for x in os.getloadavg()]},  # fmt: skip
     }

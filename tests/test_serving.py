@@ -114,6 +114,23 @@ def test_no_request_row_needs_a_column_but_article_ids(core):
         core.recommend(pd.DataFrame({"gender": ["female"]}), top_k=5)
 
 
+def test_requests_run_on_the_serving_threads_and_give_the_callers_back(monkeypatch):
+    import torch
+
+    from contextual_bert.serving import cpu_threads, serving_threads
+
+    assert serving_threads() == 1
+    monkeypatch.setenv("CONTEXTUAL_BERT_SERVING_THREADS", "2")
+    assert serving_threads() == 2
+    monkeypatch.setenv("CONTEXTUAL_BERT_SERVING_THREADS", "many")
+    with pytest.raises(ContextualBertError, match="CONTEXTUAL_BERT_SERVING_THREADS"):
+        serving_threads()
+    before = torch.get_num_threads()
+    with cpu_threads(torch.device("cpu"), 1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+
+
 def test_signature_declares_the_outfit_every_context_feature_and_top_k(tiny_project):
     spec = load_spec(tiny_project.features_dir)
     sig = signature(spec, top_k=12)

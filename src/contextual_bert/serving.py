@@ -17,8 +17,10 @@ features files serving needs, its code the `contextual_bert` package as it was a
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -206,9 +208,38 @@ class OutfitCompleter(mlflow.pyfunc.PythonModel):
         if not isinstance(model_input, pd.DataFrame):
             model_input = pd.DataFrame(model_input)
         try:
-            return self.core.recommend(model_input, int(top_k))
+            with cpu_threads(self.core.device, serving_threads()):
+                return self.core.recommend(model_input, int(top_k))
         except ContextualBertError as exc:
             raise MlflowException(str(exc), error_code=INVALID_PARAMETER_VALUE) from None
+
+
+def serving_threads() -> int:
+    """Torch CPU threads per request: CONTEXTUAL_BERT_SERVING_THREADS, default 1.
+
+    A request is a few small matrix products: one thread answers it fastest, and several threads contend
+    badly with anything else on the machine (5x slower on the shared 2-core test machine). Scale a server
+    out with workers (`mlflow models serve --workers N`) instead.
+    """
+    value = os.environ.get("CONTEXTUAL_BERT_SERVING_THREADS", "1")
+    try:
+        return max(1, int(value))
+    except ValueError:
+        raise ContextualBertError(f"CONTEXTUAL_BERT_SERVING_THREADS must be a whole number, got '{value}'") from None
+
+
+@contextmanager
+def cpu_threads(device: torch.device, n: int):
+    """Run the body with n torch threads on the CPU, restoring the caller's setting after."""
+    if device.type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def signature(spec, top_k: int):
