@@ -101,12 +101,17 @@ def test_fused_cross_entropy_equals_the_plain_one_with_gradients():
             t.grad = None
         return loss.detach(), out
 
-    fused, fused_grads = grads(LinearCrossEntropy.apply(h, table[N_SPECIAL:], bias[N_SPECIAL:], targets, 16))
-    plain, plain_grads = grads(F.cross_entropy(F.linear(h, table[N_SPECIAL:], bias[N_SPECIAL:]), targets))
-    torch.testing.assert_close(fused, plain)
-    for a, b in zip(fused_grads, plain_grads):
-        torch.testing.assert_close(a, b)
-    assert fused_grads[1][:N_SPECIAL].abs().sum() == 0  # the special rows are never an output
+    for grad_loss in (1.0, 2.5):
+        fused, fused_grads = grads(
+            grad_loss * LinearCrossEntropy.apply(h, table, bias, targets + N_SPECIAL, N_SPECIAL, 16)
+        )
+        plain, plain_grads = grads(
+            grad_loss * F.cross_entropy(F.linear(h, table[N_SPECIAL:], bias[N_SPECIAL:]), targets)
+        )
+        torch.testing.assert_close(fused, plain)
+        for a, b in zip(fused_grads, plain_grads):
+            torch.testing.assert_close(a, b)
+        assert fused_grads[1][:N_SPECIAL].abs().sum() == 0  # the special rows are never an output
 
 
 # --- the loop -------------------------------------------------------------------------------------------

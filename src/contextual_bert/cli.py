@@ -116,7 +116,10 @@ def _cmd_baseline(cfg: Config, args) -> None:
 
     _print_json(
         evaluate_popularity(
-            features_dir=cfg.paths.features_dir, out_path=eval_path(cfg, "popularity"), cfg=cfg.evaluate
+            features_dir=cfg.paths.features_dir,
+            out_path=eval_path(cfg, "popularity"),
+            cfg=cfg.evaluate,
+            max_set_size=cfg.model.max_set_size,
         )
     )
 

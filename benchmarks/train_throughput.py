@@ -1,0 +1,226 @@
+"""Training and inference throughput (samples/s) of every variant at the paper's sizes.
+
+Paper sizes: 30,000 articles, d_model 128, 4 blocks, 8 heads, d_ff 256, d_context 736 (the paper's thirteen
+features), batches of 1,024 outfits of 4-8 articles. Training runs the real step (`training.train_step`:
+masking, forward, loss, backward, AdamW); inference is `masked_logits` on outfits with one [MASK].
+
+In the same run, a reference of the same size built the common way: `torch.nn.TransformerEncoder` (which
+has the fused fast path for inference), an untied `nn.Linear` output layer and logits at every position,
+the loss then taken at the masked positions. Writes reports/benchmarks/throughput.json with the torch
+version, the threads and the load average around the run: other work on the machine slows every number.
+
+    .venv/bin/python benchmarks/train_throughput.py [--threads 2] [--steps 8] [--variants ...] [--note "..."]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from contextual_bert.config import VARIANTS, ModelConfig, TrainConfig
+from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, ContextSpec, FeatureSpec
+from contextual_bert.model import PAPER_SIZES, ContextualBert, count_paper_parameters
+from contextual_bert.training import keep_freed_memory, make_optimizer, mask_items, train_step, warmup_then_constant
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "reports" / "benchmarks" / "throughput.json"
+N_ARTICLES, BATCH, MAX_SET = 30_000, 1024, 8
+N_ITEMS = N_SPECIAL + N_ARTICLES
+
+# The paper's features (dims sum to 736) with plausible cardinalities; multi-valued ones hold up to 8 values.
+PAPER_FEATURES = [
+    ("age", "numeric", 13, 32), ("gender", "categorical", 5, 16), ("country", "categorical", 25, 32),
+    ("preferred_brands", "multi_categorical", 400, 160), ("preferred_colors", "multi_categorical", 25, 64),
+    ("preferred_styles", "multi_categorical", 60, 160), ("nogo_product_types", "multi_categorical", 40, 64),
+    ("size_top", "categorical", 12, 32), ("size_bottom", "categorical", 20, 32), ("size_shoes", "categorical", 20, 32),
+    ("price_min", "numeric", 13, 32), ("price_max", "numeric", 13, 32), ("occasion", "categorical", 10, 48),
+]  # fmt: skip
+SPEC = ContextSpec(
+    tuple(FeatureSpec(name, kind, "customer", card, dim, max_values=8 if kind == "multi_categorical" else 1)
+          for name, kind, card, dim in PAPER_FEATURES)  # fmt: skip
+)
+MODEL = ModelConfig(d_model=128, n_blocks=4, n_heads=8, d_ff=256, dropout=0.1, max_set_size=MAX_SET)
+TRAIN = TrainConfig(batch_size=BATCH, learning_rate=1e-3, warmup_steps=200, device="cpu")
+
+
+def make_batches(n: int, seed: int = 0) -> list[tuple[torch.Tensor, dict]]:
+    """Outfits of 4-8 distinct-enough random articles, padded to 8, with random customer contexts."""
+    g = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(n):
+        items = torch.randint(N_SPECIAL, N_ITEMS, (BATCH, MAX_SET), generator=g)
+        sizes = torch.randint(4, MAX_SET + 1, (BATCH, 1), generator=g)
+        items[torch.arange(MAX_SET) >= sizes] = PAD_INDEX
+        context = {}
+        for f in SPEC.features:
+            shape = (BATCH, f.max_values) if f.kind == "multi_categorical" else (BATCH,)
+            context[f.name] = torch.randint(0 if f.kind == "multi_categorical" else 1, f.cardinality, shape, generator=g)
+        batches.append((items, context))
+    return batches
+
+
+def with_one_mask(items: torch.Tensor) -> torch.Tensor:
+    """Each outfit with its first article replaced by [MASK] (what serving sends)."""
+    masked = items.clone()
+    masked[:, 0] = MASK_INDEX
+    return masked
+
+
+def timed(fn, batches, warmup: int) -> float:
+    """Seconds per call of fn over the batches, after `warmup` calls."""
+    for items, context in batches[:warmup]:
+        fn(items, context)
+    started = time.perf_counter()
+    for items, context in batches[warmup:]:
+        fn(items, context)
+    return (time.perf_counter() - started) / (len(batches) - warmup)
+
+
+def bench_variant(variant: str, batches, warmup: int) -> dict:
+    torch.manual_seed(0)
+    model = ContextualBert(MODEL, variant, N_ITEMS, SPEC)
+    optimizer = make_optimizer(model, TRAIN, torch.device("cpu"))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_then_constant(TRAIN.warmup_steps))
+    generator = torch.Generator().manual_seed(0)
+    masked_per_batch = []
+
+    def step(items, context):
+        _, predict = train_step(model, optimizer, scheduler, items, context, TRAIN, generator)
+        masked_per_batch.append(int(predict.sum()))
+
+    model.train()
+    train_s = timed(step, batches, warmup)
+    model.eval()
+
+    def infer(items, context):
+        with torch.no_grad():
+            model.masked_logits(with_one_mask(items), context)
+
+    infer_s = timed(infer, batches, warmup)
+    return {
+        "parameters": count_paper_parameters(model),
+        "train_samples_per_s": round(BATCH / train_s, 1),
+        "train_step_ms": round(train_s * 1e3, 1),
+        "inference_samples_per_s": round(BATCH / infer_s, 1),
+        "inference_batch_ms": round(infer_s * 1e3, 1),
+        "masked_positions_per_batch": round(sum(masked_per_batch) / len(masked_per_batch), 1),
+    }
+
+
+class ReferenceEncoder(nn.Module):
+    """The common implementation: nn.TransformerEncoder, output layer applied at every position."""
+
+    def __init__(self):
+        super().__init__()
+        self.embeddings = nn.Embedding(N_ITEMS, MODEL.d_model, padding_idx=PAD_INDEX)
+        layer = nn.TransformerEncoderLayer(MODEL.d_model, MODEL.n_heads, MODEL.d_ff, MODEL.dropout,
+                                           activation="gelu", batch_first=True)  # fmt: skip
+        self.encoder = nn.TransformerEncoder(layer, MODEL.n_blocks, enable_nested_tensor=False)
+        self.head = nn.Sequential(nn.Linear(MODEL.d_model, MODEL.d_model), nn.GELU())
+        self.output = nn.Linear(MODEL.d_model, N_ITEMS)
+
+    def forward(self, items):  # (B, L) -> (B, L, n_items)
+        hidden = self.encoder(self.embeddings(items), src_key_padding_mask=items == PAD_INDEX)
+        return self.output(self.head(hidden))
+
+
+def bench_reference(batches, warmup: int) -> dict:
+    torch.manual_seed(0)
+    model = ReferenceEncoder()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(0)
+
+    def step(items, context):
+        inputs, predict = mask_items(items, N_ITEMS, TRAIN, generator)
+        labels = items.masked_fill(~predict, -100)
+        loss = F.cross_entropy(model(inputs).flatten(0, 1), labels.flatten(), ignore_index=-100)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    model.train()
+    train_s = timed(step, batches, warmup)
+    model.eval()
+
+    def infer(items, context):
+        with torch.no_grad():
+            masked = with_one_mask(items)
+            model(masked)[masked == MASK_INDEX]
+
+    infer_s = timed(infer, batches, warmup)
+    return {
+        "what": "nn.TransformerEncoder (same sizes, GELU, post-norm), untied nn.Linear output at every position",
+        "parameters_total": sum(p.numel() for p in model.parameters()),
+        "train_samples_per_s": round(BATCH / train_s, 1),
+        "train_step_ms": round(train_s * 1e3, 1),
+        "inference_samples_per_s": round(BATCH / infer_s, 1),
+        "inference_batch_ms": round(infer_s * 1e3, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=8, help="timed batches per variant (after warm-up)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--reference-steps", type=int, default=3)
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    parser.add_argument("--no-reference", action="store_true")
+    parser.add_argument("--note", default="", help="e.g. whether other work shared the machine")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as training does
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    batches = make_batches(args.warmup + args.steps)
+    results = {}
+    for variant in args.variants:
+        results[variant] = bench_variant(variant, batches, args.warmup)
+        print(variant, json.dumps(results[variant]), flush=True)
+    reference = None
+    if not args.no_reference:
+        reference = bench_reference(batches[: 1 + args.reference_steps], warmup=1)
+        print("reference", json.dumps(reference), flush=True)
+
+    report = {
+        "what": "training and inference samples/s at the paper's sizes, CPU, fp32",
+        "settings": {"n_articles": N_ARTICLES, "batch_size": BATCH, "outfit_sizes": "uniform 4..8",
+                     **PAPER_SIZES, "dropout": MODEL.dropout, "mask_prob": TRAIN.mask_prob,
+                     "timed_batches": args.steps, "warmup_batches": args.warmup,
+                     "reference_timed_batches": args.reference_steps},  # fmt: skip
+        "machine": {
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "cpu": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        },
+        "note": args.note,
+        "variants": results,
+        "reference": reference,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    if reference:
+        report["speedup_vs_reference"] = {
+            v: {"train": round(r["train_samples_per_s"] / reference["train_samples_per_s"], 1),
+                "inference": round(r["inference_samples_per_s"] / reference["inference_samples_per_s"], 1)}
+            for v, r in results.items()
+        }  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
