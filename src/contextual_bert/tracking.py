@@ -32,9 +32,10 @@ from contextual_bert.config import Config, MlflowConfig
 from contextual_bert.errors import ContextualBertError
 
 RUN_FILE = "mlflow_run.json"
-# Files of the features directory a trained model needs at inference (the rest are the encoded tables).
-SERVING_FEATURE_FILES = ("article_vocab.parquet", "context_vocab.json", "spec.json", "manifest.json")
-RUN_ARTIFACT_FEATURE_FILES = SERVING_FEATURE_FILES + ("customers.parquet",)
+# The vocabularies and context tables of the features stage (not the encoded outfits: the data, not the model).
+RUN_ARTIFACT_FEATURE_FILES = (
+    "article_vocab.parquet", "context_vocab.json", "spec.json", "manifest.json", "customers.parquet"
+)
 RUN_ARTIFACT_MODEL_FILES = ("checkpoint.pt", "history.json", "metrics.json")
 
 
