@@ -132,10 +132,11 @@ def test_a_failing_training_marks_its_run_failed(tiny_project, tmp_path):
     assert run.info.status == "FAILED"
 
 
-def test_a_repeated_training_logs_to_the_same_run_and_a_changed_one_to_a_new_run(tiny_project, tmp_path):
+def test_a_resumed_training_logs_to_the_same_run_and_a_changed_or_fresh_one_to_a_new_run(tiny_project, tmp_path):
     cfg = tiny_project.cfg
     with track_training(cfg, "concat", 8, tmp_path / "run") as first:
         first.log_epoch(1, {"epoch": 1, "train_loss": 2.0})
+    (tmp_path / "run" / "last.pt").write_bytes(b"resume state")  # what training leaves to resume from
     with track_training(cfg, "concat", 8, tmp_path / "run") as again:
         again.log_epoch(2, {"epoch": 2, "train_loss": 1.5})
     assert again.run_id == first.run_id
@@ -148,6 +149,33 @@ def test_a_repeated_training_logs_to_the_same_run_and_a_changed_one_to_a_new_run
         pass
     assert other.run_id != first.run_id
     assert read_run_file(tmp_path / "run")["run_id"] == other.run_id
+
+    (tmp_path / "run" / "last.pt").unlink()  # nothing to resume: the same settings train afresh, in a new run
+    with track_training(changed, "concat", 8, tmp_path / "run") as fresh:
+        pass
+    assert fresh.run_id != other.run_id
+
+
+def test_a_training_extended_by_more_epochs_logs_its_whole_history_in_its_new_run(tiny_project, tmp_path):
+    """max_epochs changed: training resumes from last.pt, MLflow opens a run (a param changed) and the epochs
+    trained before are logged there from history.json."""
+    from contextual_bert.cli import main
+
+    raw = yaml.safe_load(tiny_project.params.read_text())
+    raw["paths"]["models_dir"] = str(tmp_path / "models")
+    raw["train"]["max_epochs"] = 1
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(raw))
+    args = ["--params", str(params), "train", "--variant", "concat", "--seed", "3"]
+    assert main(args) == 0
+    first = read_run_file(tmp_path / "models" / "concat-s3")["run_id"]
+    raw["train"]["max_epochs"] = 2
+    params.write_text(yaml.safe_dump(raw))
+    assert main(args) == 0
+    second = read_run_file(tmp_path / "models" / "concat-s3")["run_id"]
+    assert second != first
+    history = client(tiny_project.cfg.mlflow).get_metric_history(second, "train_loss")
+    assert sorted(m.step for m in history) == [1, 2]
 
 
 def test_the_run_file_is_beside_the_checkpoint(tiny_trained_runs):

@@ -318,8 +318,10 @@ def log_params(mlflow_client, run_id: str, params: dict[str, str]) -> None:
 
 
 def _same_training_run(mlflow_client, run_dir: Path, params: dict[str, str], features_sha: str):
-    """The run of mlflow_run.json when it logged this very training (same params and features): a resumed
-    or repeated training goes on logging there instead of opening a second run."""
+    """The run of mlflow_run.json when it logged this very training (same params and features) and the
+    training can resume (last.pt is there): it goes on logging there instead of opening a second run."""
+    if not (Path(run_dir) / "last.pt").exists():  # training starts from scratch: a run of its own
+        return None
     run = find_run(mlflow_client, run_dir)
     if run is None or run.info.lifecycle_stage != "active":
         return None
