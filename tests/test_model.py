@@ -196,3 +196,14 @@ def test_unknown_variant_and_context_free_spec_are_clear_errors():
         ContextualBert(SMALL, "gsu", N_ITEMS, SPEC)
     with pytest.raises(ContextualBertError, match="needs context"):
         ContextualBert(SMALL, "global_state", N_ITEMS, ContextSpec(()))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_selected_positions_equal_the_full_output_there(variant):
+    bert = model(variant)
+    items = outfits_with_one_mask(5, size=6, length=8)
+    select = torch.zeros(5, 8, dtype=torch.bool)
+    select[:, 0] = True
+    select[1, 3] = select[4, 5] = True
+    with torch.no_grad():
+        torch.testing.assert_close(bert(items, context(5), select=select), bert(items, context(5))[select])

@@ -116,8 +116,9 @@ class MultiHeadSelfAttention(nn.Module):
         self.output = nn.Linear(d_model, d_model)
         self.dropout = Dropout(dropout)
 
-    def forward(self, h: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
-        """h: (B, L, d); key_bias: (B, 1, 1, L), 0 for real keys and -inf for padding."""
+    def forward(self, h: torch.Tensor, key_bias: torch.Tensor, select: torch.Tensor | None = None) -> torch.Tensor:
+        """h: (B, L, d); key_bias: (B, 1, 1, L), 0 for real keys and -inf for padding. Returns (B, L, d),
+        or (M, d) at the positions where `select` (bool, (B, L)) is true."""
         batch, length, d_model = h.shape
 
         def heads(x):  # (B, L, d) -> (B, heads, L, d_head)
@@ -126,8 +127,8 @@ class MultiHeadSelfAttention(nn.Module):
         q, k, v = heads(self.query(h)), heads(self.key(h)), heads(self.value(h))
         scores = torch.matmul(q, k.transpose(-1, -2)).mul_(self.d_head**-0.5).add_(key_bias)
         probs = torch.softmax(scores.permute(3, 0, 1, 2), dim=0).permute(1, 2, 3, 0)  # over the keys
-        a = torch.matmul(self.dropout(probs), v)
-        return self.output(a.transpose(1, 2).reshape(batch, length, d_model))
+        a = torch.matmul(self.dropout(probs), v).transpose(1, 2).reshape(batch, length, d_model)
+        return self.output(a if select is None else a[select])
 
 
 class FeedForward(nn.Module):
@@ -155,9 +156,10 @@ class GlobalStateAttention(nn.Module):
         self.dropout = Dropout(dropout)
         self.norm = nn.LayerNorm(d_model, elementwise_affine=False)
 
-    def forward(self, a_hat: torch.Tensor, global_state: torch.Tensor) -> torch.Tensor:
-        b = self.value(global_state).unsqueeze(1)  # (B, 1, d), broadcast over positions
-        return self.norm(self.dropout(b) + a_hat)
+    def forward(self, a_hat: torch.Tensor, global_state: torch.Tensor, rows: torch.Tensor | None = None):
+        """a_hat: (B, L, d), or (M, d) for positions in outfits `rows`; global_state: (B, d)."""
+        b = self.dropout(self.value(global_state))  # one per outfit, the same for all its positions
+        return self.norm((b.unsqueeze(1) if rows is None else b[rows]) + a_hat)
 
 
 class Block(nn.Module):
@@ -172,10 +174,13 @@ class Block(nn.Module):
         self.feed_forward_norm = nn.LayerNorm(cfg.d_model)
         self.dropout = Dropout(cfg.dropout)
 
-    def forward(self, h, key_bias, global_state=None):
-        a_hat = self.attention_norm(self.dropout(self.attention(h, key_bias)) + h)
+    def forward(self, h, key_bias, global_state=None, select=None):
+        """(B, L, d) -> (B, L, d); with `select` (bool, (B, L)) only those positions come out, (M, d), and
+        everything after attention is computed for them alone."""
+        residual, rows = (h, None) if select is None else (h[select], select.nonzero()[:, 0])
+        a_hat = self.attention_norm(self.dropout(self.attention(h, key_bias, select)) + residual)
         if self.global_state_attention is not None:
-            a_hat = self.global_state_attention(a_hat, global_state)
+            a_hat = self.global_state_attention(a_hat, global_state, rows)
         return self.feed_forward_norm(self.dropout(self.feed_forward(a_hat)) + a_hat)
 
 
@@ -252,8 +257,12 @@ class ContextualBert(nn.Module):
 
     # --- the encoder ---------------------------------------------------------------------------------
 
-    def forward(self, items: torch.Tensor, context: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-        """Hidden states (B, L, d_model) at the L item positions of `items` (B, L)."""
+    def forward(
+        self, items: torch.Tensor, context: dict[str, torch.Tensor] | None = None, select: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Hidden states (B, L, d_model) at the L item positions of `items` (B, L); or, given `select`
+        (bool, (B, L)), (M, d_model) at those positions only, in row-major order. Only they are needed for
+        a prediction, and the last block then computes just them after its attention."""
         c = self.context_encoder(context) if self.context_encoder is not None else None
         x = self.item_embeddings(items)
         is_padding = items == PAD_INDEX
@@ -262,15 +271,19 @@ class ContextualBert(nn.Module):
         elif self.context_position is not None:
             x = torch.cat([self.context_position(c).unsqueeze(1), x], dim=1)
             is_padding = F.pad(is_padding, (1, 0), value=False)  # every position may attend to c
+            select = None if select is None else F.pad(select, (1, 0), value=False)
         key_bias = torch.zeros(is_padding.shape, dtype=x.dtype, device=x.device)
         key_bias = key_bias.masked_fill_(is_padding, float("-inf"))[:, None, None, :]
         global_state = self.global_state(c) if self.global_state is not None else None
 
         h = self.embedding_dropout(x)
+        last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
             if i > 0 and self.global_state_updates is not None:
                 global_state = self.global_state_updates[i - 1](global_state)
-            h = block(h, key_bias, global_state)
+            h = block(h, key_bias, global_state, select if i == last else None)
+        if select is not None:
+            return h
         return h[:, 1:] if self.context_position is not None else h
 
     # --- the output layer, only where needed ---------------------------------------------------------
@@ -293,7 +306,7 @@ class ContextualBert(nn.Module):
         is_mask = items == MASK_INDEX
         if not bool((is_mask.sum(dim=1) == 1).all()):
             raise ContextualBertError("masked_logits needs exactly one [MASK] item in every row")
-        head_states = self.head(self.forward(items, context)[is_mask])
+        head_states = self.head(self.forward(items, context, select=is_mask))
         weight, bias = self.item_embeddings.weight, self.output_bias
         logits = F.linear(head_states, weight.to(head_states.dtype), bias.to(head_states.dtype))
         return logits.index_fill_(1, torch.arange(N_SPECIAL, device=logits.device), float("-inf"))

@@ -153,7 +153,7 @@ def masked_item_loss(
     model: ContextualBert, inputs: torch.Tensor, context: dict, predict: torch.Tensor, items: torch.Tensor
 ) -> torch.Tensor:
     """Full-softmax cross-entropy over the real articles at the positions to predict."""
-    head_states = model.head(model(inputs, context)[predict])
+    head_states = model.head(model(inputs, context, select=predict))
     targets = items[predict]
     if head_states.device.type == "cpu" and head_states.dtype == torch.float32 and torch.is_grad_enabled():
         weight, bias = model.item_embeddings.weight, model.output_bias  # the tied output layer, specials included
