@@ -8,7 +8,7 @@ import json
 import pytest
 
 from flows import dvc_stages
-from flows.pipeline import pipeline, tracking_uri, training
+from flows.pipeline import pipeline, promotion, tracking_uri, training
 from flows.work_pools import CPU_SLOT, Cluster, ensure_pools, read_cluster
 
 
@@ -34,6 +34,12 @@ def test_pipeline_runs_what_dvc_finds_stale_and_nothing_twice(prefect_api, toy_r
 
     again = pipeline(workdir=str(toy_repo), fan_out="local")
     assert (again["ran"], again["trained"], again["stale"]) == ([], [], [])
+
+    # The promotion flow runs the register and promote stages: DVC finds nothing new to register.
+    assert promotion(workdir=str(toy_repo)) == {"ran": []}
+    (toy_repo / "reports/register.txt").unlink()
+    # register runs again; it writes what it wrote before, so promote's input is unchanged: DVC skips it.
+    assert promotion(workdir=str(toy_repo)) == {"ran": ["register"]}
 
 
 def test_training_only_refuses_stale_features(prefect_api, toy_repo):
