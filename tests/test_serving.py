@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from mlflow.exceptions import MlflowException
 
-from conftest import STRONG, free_port
+from conftest import STRONG, free_port, stop_process_group, wait_for_http
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.features import load_spec
 from contextual_bert.serving import (
@@ -192,8 +192,6 @@ def _post(url: str, payload) -> tuple[int, dict]:
 
 @pytest.mark.slow
 def test_mlflow_models_serve_answers_the_champion(tiny_trained_runs, requests, tmp_path):
-    from test_tracking import _stop, _wait_for_http
-
     from contextual_bert.registry import promote, register_all
 
     cfg = tiny_trained_runs.cfg
@@ -212,7 +210,7 @@ def test_mlflow_models_serve_answers_the_champion(tiny_trained_runs, requests, t
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     try:
-        _wait_for_http(f"http://127.0.0.1:{port}/ping", server, timeout=120)
+        wait_for_http(f"http://127.0.0.1:{port}/ping", server, timeout=120)
         url = f"http://127.0.0.1:{port}/invocations"
         records = json.loads(requests.to_json(orient="records"))
         status, body = _post(url, {"dataframe_records": records, "params": {"top_k": 5}})
@@ -234,5 +232,5 @@ def test_mlflow_models_serve_answers_the_champion(tiny_trained_runs, requests, t
         status, body = _post(url, {"dataframe_records": records[:1]})
         assert status == 200 and len(body["predictions"][0]["article_ids"]) == cfg.mlflow.top_k
     finally:
-        _stop(server)
+        stop_process_group(server)
         log.close()

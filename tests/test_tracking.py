@@ -2,14 +2,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import mlflow
 import pytest
 import yaml
 
-from conftest import STRONG, WEAK, free_port
+from conftest import STRONG, WEAK, free_port, stop_process_group, wait_for_http
 from contextual_bert.config import Config, MlflowConfig
 from contextual_bert.tracking import (
     RUN_FILE,
@@ -184,34 +183,6 @@ def test_the_run_file_is_beside_the_checkpoint(tiny_trained_runs):
     assert record["tracking_uri"] == os.environ["MLFLOW_TRACKING_URI"]
 
 
-def _wait_for_http(url: str, process: subprocess.Popen, timeout: float) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"server exited with {process.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise AssertionError(f"{url} did not answer within {timeout} s")
-
-
-def _stop(process: subprocess.Popen) -> None:
-    import signal
-
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)  # the server and the workers it started, nothing else
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
-
-
 @pytest.mark.slow
 def test_three_trainings_at_once_log_through_one_mlflow_server(tiny_project, tmp_path):
     """Three `contextual-bert train` processes, one `mlflow server` on SQLite: no 'database is locked'."""
@@ -227,7 +198,7 @@ def test_three_trainings_at_once_log_through_one_mlflow_server(tiny_project, tmp
         env=server_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     try:
-        _wait_for_http(f"http://127.0.0.1:{port}/health", server, timeout=120)
+        wait_for_http(f"http://127.0.0.1:{port}/health", server, timeout=120)
         params = yaml.safe_load(tiny_project.params.read_text())
         params["paths"]["models_dir"] = str(tmp_path / "models")
         params["train"]["max_epochs"] = 1
@@ -255,4 +226,4 @@ def test_three_trainings_at_once_log_through_one_mlflow_server(tiny_project, tmp
             assert "train_loss" in run.data.metrics and "final/best_val_cross_entropy" in run.data.metrics
             assert "model/checkpoint.pt" in {f.path for f in server_client.list_artifacts(run.info.run_id, "model")}
     finally:
-        _stop(server)
+        stop_process_group(server)
