@@ -269,6 +269,12 @@ def _reencoded_validation(cfg: Config, core):
 
     from contextual_bert.feature_spec import PAD_INDEX, EncodedOutfits
 
+    for path in (cfg.paths.validated_dir / "outfits.parquet", cfg.paths.validated_dir / "customers.parquet"):
+        if not path.exists():
+            raise ContextualBertError(
+                f"{path}: not found; the champion was trained on other features, and comparing it on today's "
+                "validation outfits needs them as validated (run `contextual-bert validate`)"
+            )
     features = pd.read_parquet(cfg.paths.features_dir / "outfits.parquet", columns=["outfit_id", "split"])
     val_ids = features.loc[features["split"] == "val", "outfit_id"].astype(str)
     outfits = pd.read_parquet(cfg.paths.validated_dir / "outfits.parquet")
