@@ -80,8 +80,11 @@ def prefect_api(prefect_server):
     """Point this process's flows at the session server (in-process flow runs)."""
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
+    from prefect.logging.handlers import APILogWorker
+
     with temporary_settings(updates={PREFECT_API_URL: prefect_server.url, PREFECT_HOME: prefect_server.home}):
         yield prefect_server
+        APILogWorker.drain_all(timeout=10)  # send this test's flow logs while the server is up
 
 
 @pytest.fixture
