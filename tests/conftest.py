@@ -13,71 +13,12 @@ no test writes mlflow.db or mlruns/ in the repository.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
-TINY_MODEL = {"d_model": 32, "n_blocks": 2, "n_heads": 4, "d_ff": 64, "dropout": 0.1, "max_set_size": 8}
-STRONG, WEAK = ("global_state", 0), ("none", 0)
-
-
-@dataclass(frozen=True)
-class TinyProject:
-    root: Path
-    params: Path  # the project's params.yaml (absolute paths into root)
-
-    @property
-    def cfg(self):
-        from contextual_bert.config import load_config
-
-        return load_config(self.params)
-
-    @property
-    def features_dir(self) -> Path:
-        return self.root / "data" / "features"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for_http(url: str, process: subprocess.Popen, timeout: float) -> None:
-    """Poll `url` until it answers 200; fail when the server exits or `timeout` seconds pass."""
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"server exited with {process.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise AssertionError(f"{url} did not answer within {timeout} s")
-
-
-def stop_process_group(process: subprocess.Popen) -> None:
-    """Stop a server started with start_new_session=True: its group is it and the workers it started."""
-    import signal
-
-    try:
-        os.killpg(process.pid, signal.SIGTERM)  # the server and the workers it started, nothing else
-    except ProcessLookupError:  # the whole group has exited already
-        return
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
+from helpers import STRONG, TINY_MODEL, WEAK, TinyProject
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import STRONG, WEAK
+from helpers import STRONG, WEAK
 from contextual_bert.cli import main
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.features import load_split

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from mlflow.exceptions import MlflowException
 
-from conftest import STRONG, free_port, stop_process_group, wait_for_http
+from helpers import STRONG, free_port, stop_process_group, wait_for_http
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.features import load_spec
 from contextual_bert.serving import (

@@ -8,7 +8,7 @@ import mlflow
 import pytest
 import yaml
 
-from conftest import STRONG, WEAK, free_port, stop_process_group, wait_for_http
+from helpers import STRONG, WEAK, free_port, stop_process_group, wait_for_http
 from contextual_bert.config import Config, MlflowConfig
 from contextual_bert.tracking import (
     RUN_FILE,

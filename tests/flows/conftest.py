@@ -5,14 +5,12 @@ Every process a test starts is ended by a finalizer, also when the test fails (s
 
 from __future__ import annotations
 
-import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from flows_testkit import (
-    REPO,
     SERVER_START_TIMEOUT,
     VENV_BIN,
     Processes,
@@ -21,18 +19,6 @@ from flows_testkit import (
     make_toy_repo,
     wait_until,
 )
-
-
-def pytest_plugin_registered(plugin, plugin_name, manager):
-    """Keep the module name `conftest` on tests/conftest.py.
-
-    pytest imports every conftest.py that is not in a package as module `conftest`, the last one loaded
-    winning (this one), while tests/test_*.py import their helpers with `from conftest import ...`.
-    This hook runs as this file is registered (and for every plugin registered after it), before any
-    test module is imported."""
-    root = manager.get_plugin(str(REPO / "tests" / "conftest.py"))
-    if root is not None and sys.modules.get("conftest") is not root:
-        sys.modules["conftest"] = root
 
 
 @pytest.fixture(scope="session")
