@@ -24,6 +24,7 @@ from contextual_bert.config import EvaluateConfig, ModelConfig
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, EncodedOutfits
 from contextual_bert.model import count_paper_parameters, load_checkpoint
+from contextual_bert.training import keep_freed_memory
 
 RECALL_CURVE_MAX_K = 250
 
@@ -37,7 +38,7 @@ class PopularityModel(nn.Module):
 
     def __init__(self, counts):
         super().__init__()
-        counts = torch.as_tensor(np.asarray(counts), dtype=torch.float64)
+        counts = torch.tensor(np.array(counts, dtype=np.float64))
         scores = torch.log1p(counts).float()
         scores[:N_SPECIAL] = float("-inf")
         self.register_buffer("scores", scores)
@@ -138,6 +139,8 @@ def _evaluate(model, name, variant, seed, parameters, features_dir, max_set_size
     from contextual_bert.features import load_split
 
     device = evaluation_device()
+    if device.type == "cpu":
+        keep_freed_memory()
     model.to(device)
     test, test_ranks = evaluate_split(model, load_split(features_dir, "test", max_set_size), cfg, device)
     val, _ = evaluate_split(model, load_split(features_dir, "val", max_set_size), cfg, device)

@@ -252,8 +252,14 @@ class ContextualBert(nn.Module):
         )
         self.head_transform = nn.Linear(d, d)
         self.output_bias = nn.Parameter(torch.zeros(n_items))  # output weights: tied to item_embeddings
-        # PyTorch's default initialisation (N(0, 1) embeddings, as nn.Transformer-based implementations):
-        # with BERT's N(0, 0.02) and no embedding LayerNorm, the item embeddings barely reach the blocks.
+        # Item embeddings N(0, 1/d), multiplied by sqrt(d) at the input (as in Vaswani et al.): unit scale
+        # into the blocks, which have no embedding LayerNorm, and small first logits from the tied output
+        # layer. (BERT's N(0, 0.02) barely reaches the blocks; N(0, 1) starts far above uniform loss.)
+        # Everything else keeps PyTorch's default initialisation.
+        nn.init.normal_(self.item_embeddings.weight, std=d**-0.5)
+        with torch.no_grad():
+            self.item_embeddings.weight[PAD_INDEX].zero_()
+        self.input_scale = d**0.5
 
     # --- the encoder ---------------------------------------------------------------------------------
 
@@ -264,7 +270,7 @@ class ContextualBert(nn.Module):
         (bool, (B, L)), (M, d_model) at those positions only, in row-major order. Only they are needed for
         a prediction, and the last block then computes just them after its attention."""
         c = self.context_encoder(context) if self.context_encoder is not None else None
-        x = self.item_embeddings(items)
+        x = self.item_embeddings(items) * self.input_scale
         is_padding = items == PAD_INDEX
         if self.concat_input is not None:
             x = self.concat_input(x, c)

@@ -11,7 +11,9 @@ and dropout (the global generator). last.pt holds everything that changes during
 scheduler, both generators, history and early-stopping state - after every epoch, so a run killed mid-way and
 resumed repeats the interrupted epoch exactly and ends where an uninterrupted run ends.
 
-On CUDA: bf16 autocast, fused AdamW, the data kept on the GPU and batches indexed from it (no DataLoader).
+Devices: the data is moved to the device once and batches are indexed from it with a shuffled permutation
+(no DataLoader); fused AdamW. On CUDA, bf16 autocast. On the CPU, fp32, the output layer's loss computed in
+chunks of rows (`LinearCrossEntropy`), and glibc told to keep freed memory (`keep_freed_memory`).
 """
 
 from __future__ import annotations
