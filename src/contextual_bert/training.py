@@ -157,6 +157,8 @@ def masked_item_loss(
     """Full-softmax cross-entropy over the real articles at the positions to predict."""
     head_states = model.head(model(inputs, context, select=predict))
     targets = items[predict]
+    if len(targets) == 0:  # a batch of unknown articles only: nothing to learn from
+        return head_states.sum() * 0.0
     if head_states.device.type == "cpu" and head_states.dtype == torch.float32 and torch.is_grad_enabled():
         weight, bias = model.item_embeddings.weight, model.output_bias  # the tied output layer, specials included
         return LinearCrossEntropy.apply(head_states, weight, bias, targets, N_SPECIAL, 128)
