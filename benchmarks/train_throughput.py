@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import time
 import warnings
 from pathlib import Path
@@ -75,14 +76,26 @@ def with_one_mask(items: torch.Tensor) -> torch.Tensor:
     return masked
 
 
-def timed(fn, batches, warmup: int) -> float:
-    """Seconds per call of fn over the batches, after `warmup` calls."""
+def timed(fn, batches, warmup: int) -> list[float]:
+    """Seconds of each call of fn over the batches, after `warmup` calls."""
     for items, context in batches[:warmup]:
         fn(items, context)
-    started = time.perf_counter()
+    seconds = []
     for items, context in batches[warmup:]:
+        started = time.perf_counter()
         fn(items, context)
-    return (time.perf_counter() - started) / (len(batches) - warmup)
+        seconds.append(time.perf_counter() - started)
+    return seconds
+
+
+def rates(prefix: str, seconds: list[float]) -> dict:
+    """samples/s from the mean time per batch (the headline), and the median and fastest batch."""
+    mean = sum(seconds) / len(seconds)
+    return {
+        f"{prefix}_samples_per_s": round(BATCH / mean, 1),
+        f"{prefix}_batch_ms": {"mean": round(mean * 1e3, 1), "median": round(statistics.median(seconds) * 1e3, 1),
+                               "min": round(min(seconds) * 1e3, 1)},  # fmt: skip
+    }
 
 
 def bench_variant(variant: str, batches, warmup: int) -> dict:
@@ -108,10 +121,8 @@ def bench_variant(variant: str, batches, warmup: int) -> dict:
     infer_s = timed(infer, batches, warmup)
     return {
         "parameters": count_paper_parameters(model),
-        "train_samples_per_s": round(BATCH / train_s, 1),
-        "train_step_ms": round(train_s * 1e3, 1),
-        "inference_samples_per_s": round(BATCH / infer_s, 1),
-        "inference_batch_ms": round(infer_s * 1e3, 1),
+        **rates("train", train_s),
+        **rates("inference", infer_s),
         "masked_positions_per_batch": round(sum(masked_per_batch) / len(masked_per_batch), 1),
     }
 
@@ -161,11 +172,19 @@ def bench_reference(batches, warmup: int) -> dict:
     return {
         "what": "nn.TransformerEncoder (same sizes, GELU, post-norm), untied nn.Linear output at every position",
         "parameters_total": sum(p.numel() for p in model.parameters()),
-        "train_samples_per_s": round(BATCH / train_s, 1),
-        "train_step_ms": round(train_s * 1e3, 1),
-        "inference_samples_per_s": round(BATCH / infer_s, 1),
-        "inference_batch_ms": round(infer_s * 1e3, 1),
+        **rates("train", train_s),
+        **rates("inference", infer_s),
     }
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def main() -> None:
@@ -203,7 +222,7 @@ def main() -> None:
         "machine": {
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
-            "cpu": platform.processor() or platform.machine(),
+            "cpu": cpu_name(),
             "cpu_count": os.cpu_count(),
             "load_average_before": [round(x, 2) for x in load_before],
             "load_average_after": [round(x, 2) for x in os.getloadavg()],
