@@ -21,9 +21,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# DVC needs a repository; a fresh clone has .dvc/ committed, so `dvc repro` runs the DAG in dvc.yaml.
+# The stages call `contextual-bert`, so the venv's bin goes first on PATH (as `source .venv/bin/activate`).
 repro: $(STAMP)
-	$(BIN)/dvc repro
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
 	@echo; cat reports/table1.md
 
 test: $(STAMP)

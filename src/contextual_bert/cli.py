@@ -15,18 +15,13 @@ from contextual_bert.config import VARIANTS, Config, load_config
 from contextual_bert.errors import ContextualBertError
 
 
-def run_dir(cfg: Config, variant: str, seed: int) -> Path:
-    """Where one training run (variant, seed) keeps its checkpoints and history."""
-    return cfg.paths.models_dir / f"{variant}-s{seed}"
-
-
-def eval_path(cfg: Config, name: str) -> Path:
-    """Where the evaluation of one model (or the popularity baseline) is written."""
-    return cfg.paths.reports_dir / "eval" / f"{name}.json"
-
-
 def _print_json(obj) -> None:
     print(json.dumps(obj, indent=2, default=str))
+
+
+def _without_curve(report: dict) -> dict:
+    """An evaluation as printed: its metrics; the 250-point recall curve stays in the file."""
+    return {k: v for k, v in report.items() if k != "recall_curve"}
 
 
 # --- stage handlers: each owns its arguments and calls exactly one library entry point ---------------
@@ -81,7 +76,7 @@ def _cmd_train(cfg: Config, args) -> None:
     from contextual_bert.training import train
 
     # Every training is an MLflow run (tracking.py): per-epoch metrics as it goes, the rest at the end.
-    out_dir = run_dir(cfg, args.variant, args.seed)
+    out_dir = cfg.run_dir(args.variant, args.seed)
     with track_training(cfg, args.variant, args.seed, out_dir, params_file=Path(args.params)) as tracker:
         result = train(
             features_dir=cfg.paths.features_dir,
@@ -102,26 +97,25 @@ def _cmd_evaluate(cfg: Config, args) -> None:
 
     report = evaluate_run(
         features_dir=cfg.paths.features_dir,
-        run_dir=run_dir(cfg, args.variant, args.seed),
-        out_path=eval_path(cfg, f"{args.variant}-s{args.seed}"),
+        run_dir=cfg.run_dir(args.variant, args.seed),
+        out_path=cfg.eval_path(f"{args.variant}-s{args.seed}"),
         cfg=cfg.evaluate,
     )
     # The metrics also go to the training's MLflow run (found through models/<run>/mlflow_run.json).
-    log_evaluation(cfg, run_dir(cfg, args.variant, args.seed), report, eval_path(cfg, f"{args.variant}-s{args.seed}"))
-    _print_json(report)
+    log_evaluation(cfg, cfg.run_dir(args.variant, args.seed), report, cfg.eval_path(f"{args.variant}-s{args.seed}"))
+    _print_json(_without_curve(report))
 
 
 def _cmd_baseline(cfg: Config, args) -> None:
     from contextual_bert.evaluation import evaluate_popularity
 
-    _print_json(
-        evaluate_popularity(
-            features_dir=cfg.paths.features_dir,
-            out_path=eval_path(cfg, "popularity"),
-            cfg=cfg.evaluate,
-            max_set_size=cfg.model.max_set_size,
-        )
+    report = evaluate_popularity(
+        features_dir=cfg.paths.features_dir,
+        out_path=cfg.eval_path("popularity"),
+        cfg=cfg.evaluate,
+        max_set_size=cfg.model.max_set_size,
     )
+    _print_json(_without_curve(report))
 
 
 def _cmd_report(cfg: Config, args) -> None:

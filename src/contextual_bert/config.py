@@ -152,6 +152,14 @@ class Config(Section):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=())
 
+    def run_dir(self, variant: str, seed: int) -> Path:
+        """Where one training run (variant, seed) keeps its checkpoints and history."""
+        return self.paths.models_dir / f"{variant}-s{seed}"
+
+    def eval_path(self, name: str) -> Path:
+        """Where the evaluation of one run ("<variant>-s<seed>") or of the popularity baseline is written."""
+        return self.paths.reports_dir / "eval" / f"{name}.json"
+
     def train_for(self, variant: str) -> TrainConfig:
         """Train settings for one variant, its overrides applied."""
         overrides = self.variants.get(variant, VariantOverrides()).model_dump(exclude_none=True)

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 
-from contextual_bert.cli import eval_path, run_dir
 from contextual_bert.config import Config
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.tracking import (
@@ -130,8 +129,8 @@ def _logged_pyfunc(mlflow_client, cfg: Config, run, model_dir: Path):
 
 def register_run(mlflow_client, cfg: Config, variant: str, seed: int, features_sha: str) -> dict:
     """Register one evaluated training as a version (or find its version); its summary."""
-    model_dir = run_dir(cfg, variant, seed)
-    eval_file = eval_path(cfg, f"{variant}-s{seed}")
+    model_dir = cfg.run_dir(variant, seed)
+    eval_file = cfg.eval_path(f"{variant}-s{seed}")
     if not (model_dir / "checkpoint.pt").exists():
         return {"variant": variant, "seed": seed, "skipped": f"{model_dir / 'checkpoint.pt'} not found (not trained)"}
     if not eval_file.exists():

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 
-from contextual_bert.cli import eval_path, run_dir
 from contextual_bert.config import Config
 from contextual_bert.errors import ContextualBertError, DataError
 
@@ -348,9 +347,9 @@ def build_report(cfg: Config) -> dict:
     variants, seeds = list(cfg.train.variants), list(cfg.train.seeds)
     if not variants or not seeds:
         raise ContextualBertError("params.yaml: train.variants and train.seeds must not be empty")
-    evals = {v: [read_eval(eval_path(cfg, f"{v}-s{s}")) for s in seeds] for v in variants}
-    popularity = read_eval(eval_path(cfg, "popularity"))
-    histories = {v: {s: read_history(run_dir(cfg, v, s) / "history.json") for s in seeds} for v in variants}
+    evals = {v: [read_eval(cfg.eval_path(f"{v}-s{s}")) for s in seeds] for v in variants}
+    popularity = read_eval(cfg.eval_path("popularity"))
+    histories = {v: {s: read_history(cfg.run_dir(v, s) / "history.json") for s in seeds} for v in variants}
 
     summary = {v: summarize_runs(runs) for v, runs in evals.items()}
     context_variants = [v for v in variants if v != "none"]
