@@ -21,6 +21,17 @@ import yaml
 from helpers import STRONG, TINY_MODEL, WEAK, TinyProject
 
 
+@pytest.fixture
+def one_torch_thread():
+    """For tests of tiny models, where a second thread only adds synchronisation."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def mlflow_tracking_uri(tmp_path_factory):
     """A SQLite MLflow store of this session's own; the previous MLFLOW_TRACKING_URI is restored after."""

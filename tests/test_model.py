@@ -17,6 +17,8 @@ from contextual_bert.model import (
     save_checkpoint,
 )
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: a second thread only adds synchronisation
+
 CONTEXT_VARIANTS = [v for v in VARIANTS if v != "none"]
 SMALL = ModelConfig(d_model=16, n_blocks=2, n_heads=4, d_ff=32, dropout=0.1, max_set_size=8)
 N_ITEMS = N_SPECIAL + 30
@@ -28,14 +30,6 @@ SPEC = ContextSpec(
         FeatureSpec("occasion", "categorical", "outfit", N_SPECIAL + 4, 5),
     )
 )
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: a second thread only adds synchronisation
-    yield
-    torch.set_num_threads(threads)
 
 
 def paper_spec() -> ContextSpec:

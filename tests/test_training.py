@@ -11,6 +11,8 @@ from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNO
 from contextual_bert.model import ContextualBert, load_checkpoint
 from contextual_bert.training import LinearCrossEntropy, fit, mask_items
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: a second thread only adds synchronisation
+
 # Planted data: an outfit is 3 of 6 "shared" articles (uninformative about the customer) and one "style"
 # article, drawn from the 4 articles of the customer's style (8 styles). Only the context tells which style.
 N_STYLES, PER_STYLE, N_SHARED = 8, 4, 6
@@ -40,14 +42,6 @@ def planted(n: int, seed: int) -> EncodedOutfits:
         "age": torch.randint(N_SPECIAL, N_SPECIAL + 5, (n,), generator=g),
     }
     return EncodedOutfits(items, context)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: a second thread only adds synchronisation
-    yield
-    torch.set_num_threads(threads)
 
 
 def new_model(variant: str, seed: int = 0, cfg: ModelConfig = TINY) -> ContextualBert:

@@ -280,7 +280,7 @@ def load_article_vocab(features_dir: Path) -> ArticleVocab:
 # --- the stage -------------------------------------------------------------------------------------------
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -462,8 +462,8 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
         "spec": json.loads(spec.to_json())["features"],
         "max_set_size": max_set_size,
         "params": cfg.model_dump(),
-        "inputs": {f"{t}.parquet": _sha256(validated_dir / f"{t}.parquet") for t in TABLES}
-        | {SCHEMA_FILE: _sha256(validated_dir / SCHEMA_FILE)},
+        "inputs": {f"{t}.parquet": file_sha256(validated_dir / f"{t}.parquet") for t in TABLES}
+        | {SCHEMA_FILE: file_sha256(validated_dir / SCHEMA_FILE)},
     }
     (features_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
     return manifest

@@ -30,6 +30,7 @@ import yaml
 
 from contextual_bert.config import Config, MlflowConfig
 from contextual_bert.errors import ContextualBertError
+from contextual_bert.features import file_sha256
 
 RUN_FILE = "mlflow_run.json"
 # The vocabularies and context tables of the features stage (not the encoded outfits: the data, not the model).
@@ -143,14 +144,6 @@ def git_state(repo: Path = Path(".")) -> dict[str, str]:
     except (OSError, subprocess.TimeoutExpired):
         return {"git_commit": "unknown", "git_dirty": "unknown"}
     return {"git_commit": head.stdout.strip(), "git_dirty": str(bool(status.stdout.strip())).lower()}
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def directory_sha256(directory: Path) -> str:
