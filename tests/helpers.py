@@ -65,3 +65,18 @@ def stop_process_group(process: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=10)
+
+
+HM_FIXTURE_FILES = ("articles", "customers", "transactions_train")
+
+
+def hm_fixture(directory: Path) -> Path:
+    """The hand-written H&M-format fixture, laid out in `directory` under the Kaggle file names.
+
+    Stored as tests/fixtures/hm/<name>.fixture.csv so that nothing in git looks like real H&M data.
+    """
+    source = Path(__file__).parent / "fixtures" / "hm"
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in HM_FIXTURE_FILES:
+        (directory / f"{name}.csv").write_bytes((source / f"{name}.fixture.csv").read_bytes())
+    return directory

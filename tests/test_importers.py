@@ -14,15 +14,15 @@ from contextual_bert.config import ImportHMConfig
 from contextual_bert.contract import HM_SCHEMA, DataSchema
 from contextual_bert.errors import DataError
 from contextual_bert.importers import import_hm, normalize_article_ids
+from helpers import hm_fixture
 
-FIXTURE = Path(__file__).parent / "fixtures" / "hm"
 HM_SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "hm_sample"
 
 
 @pytest.fixture(scope="module")
 def fixture_import(tmp_path_factory):
     out = tmp_path_factory.mktemp("hm_raw")
-    report = import_hm(FIXTURE, out, ImportHMConfig())
+    report = import_hm(hm_fixture(tmp_path_factory.mktemp("hm_source")), out, ImportHMConfig())
     return out, report
 
 
@@ -73,23 +73,23 @@ def test_fixture_articles_and_customers_mapped(fixture_import):
 
 
 def test_min_max_items_from_config(tmp_path):
-    report = import_hm(FIXTURE, tmp_path, ImportHMConfig(min_items=3, max_items=9))
+    report = import_hm(hm_fixture(tmp_path / "hm"), tmp_path / "out", ImportHMConfig(min_items=3, max_items=9))
     assert report["baskets_kept"] == 5  # the 3-item and the 9-item baskets now count
     assert report["baskets_dropped"]["too_small"] == 0 and report["baskets_dropped"]["too_large"] == 0
 
 
 def test_missing_file_and_column_are_one_line_errors(tmp_path):
-    source = tmp_path / "hm"
-    shutil.copytree(FIXTURE, source)
+    source = hm_fixture(tmp_path / "hm")
+    pristine = hm_fixture(tmp_path / "pristine")
     (source / "customers.csv").unlink()
     with pytest.raises(DataError, match=r"customers\.csv.*file not found"):
         import_hm(source, tmp_path / "out", ImportHMConfig())
-    shutil.copy(FIXTURE / "customers.csv", source)
+    shutil.copy(pristine / "customers.csv", source)
     text = (source / "articles.csv").read_text().replace("colour_group_name", "color_group_name", 1)
     (source / "articles.csv").write_text(text)
     with pytest.raises(DataError, match=r"articles\.csv, column 'colour_group_name': required column missing"):
         import_hm(source, tmp_path / "out", ImportHMConfig())
-    header = (FIXTURE / "articles.csv").read_bytes().splitlines()[0]
+    header = (pristine / "articles.csv").read_bytes().splitlines()[0]
     (source / "articles.csv").write_bytes(header + b"\n" + b"1,caf\xe9" + b"," * 24 + b"\n")
     with pytest.raises(DataError, match="not UTF-8"):
         import_hm(source, tmp_path / "out", ImportHMConfig())

@@ -22,6 +22,7 @@ from contextual_bert.errors import ContextualBertError, DataError
 from contextual_bert.generator import generate
 from contextual_bert.importers import import_hm
 from contextual_bert.validation import FAILED_COLUMN, validate
+from helpers import hm_fixture
 
 SMALL = GeneratorSize(n_outfits=400, n_articles=200, n_customers=60)
 TAG = "_tag"  # an extra column the tests add to every table: which fault a row carries ("clean" otherwise)
@@ -270,7 +271,7 @@ def test_csv_input_with_list_columns_as_json_or_pipes(clean_raw, tmp_path):
 
 
 def test_imported_hm_fixture_validates(tmp_path):
-    import_hm(Path(__file__).parent / "fixtures" / "hm", tmp_path / "raw", ImportHMConfig())
+    import_hm(hm_fixture(tmp_path / "hm_source"), tmp_path / "raw", ImportHMConfig())
     summary = _run(tmp_path, ValidateConfig())
     assert summary["source"] == "hm" and summary["passed"]
     assert summary["tables"]["outfits"]["valid"] == 3
