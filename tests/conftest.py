@@ -78,25 +78,14 @@ def _params(root: Path) -> dict:
 
 @pytest.fixture(scope="session")
 def tiny_project(tmp_path_factory) -> TinyProject:
-    """generate -> validate -> features with the real library, tiny size."""
-    from contextual_bert.config import load_config
-    from contextual_bert.features import build_features
-    from contextual_bert.generator import generate
-    from contextual_bert.validation import validate
+    """generate -> validate -> features through the CLI stages, tiny size."""
+    from contextual_bert.cli import main
 
     root = tmp_path_factory.mktemp("project")
     params = root / "params.yaml"
     params.write_text(yaml.safe_dump(_params(root)))
-    cfg = load_config(params)
-    generate(cfg.generate.chosen, seed=cfg.generate.seed, out_dir=cfg.paths.raw_dir)
-    validate(
-        raw_dir=cfg.paths.raw_dir,
-        validated_dir=cfg.paths.validated_dir,
-        quarantine_dir=cfg.paths.quarantine_dir,
-        report_dir=cfg.paths.reports_dir / "validation",
-        cfg=cfg.validate_,
-    )
-    build_features(cfg.paths.validated_dir, cfg.paths.features_dir, cfg.features, max_set_size=cfg.model.max_set_size)
+    for stage in ("generate", "validate", "features"):
+        assert main(["--params", str(params), stage]) == 0, stage
     return TinyProject(root, params)
 
 
