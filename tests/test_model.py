@@ -9,6 +9,7 @@ from contextual_bert.errors import ContextualBertError
 from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, ContextSpec, FeatureSpec
 from contextual_bert.model import (
     PAPER_PARAMETERS,
+    build_model,
     ContextEncoder,
     ContextualBert,
     count_paper_parameters,
@@ -201,3 +202,80 @@ def test_selected_positions_equal_the_full_output_there(variant):
     select[1, 3] = select[4, 5] = True
     with torch.no_grad():
         torch.testing.assert_close(bert(items, context(5), select=select), bert(items, context(5))[select])
+
+
+# --- [GSU]'s state and [GS]'s dropout ----------------------------------------------------------------
+
+
+def _states_read_by_blocks(bert: ContextualBert, items, ctx) -> list[torch.Tensor]:
+    """The global state c~ that each block's [GS] sublayer reads, in block order."""
+    seen = []
+    hooks = [block.global_state_attention.register_forward_hook(lambda m, args, out: seen.append(args[1]))
+             for block in bert.blocks]  # fmt: skip
+    with torch.no_grad():
+        bert.masked_logits(items, ctx)
+    for hook in hooks:
+        hook.remove()
+    return seen
+
+
+def test_gsu_starts_out_as_gs_and_its_blocks_read_a_state_of_one_scale():
+    paper = ModelConfig(d_model=128, n_blocks=4, n_heads=8, d_ff=256, dropout=0.1)
+    torch.manual_seed(0)
+    gs = ContextualBert(paper, "global_state", N_ITEMS, SPEC).eval()
+    gsu = ContextualBert(paper, "global_state_update", N_ITEMS, SPEC).eval()
+    missing, unexpected = gsu.load_state_dict(gs.state_dict(), strict=False)
+    assert not unexpected and all(name.startswith("global_state_updates.") for name in missing)
+    items, ctx = outfits_with_one_mask(64, size=6, length=8), context(64)
+    with torch.no_grad():
+        torch.testing.assert_close(gsu.masked_logits(items, ctx), gs.masked_logits(items, ctx))
+    states = _states_read_by_blocks(gsu, items, ctx)
+    first = float(states[0].std())
+    assert all(float(s.std()) == pytest.approx(first, rel=0.05) for s in states[1:])
+    # The count stays the paper's: the updates' norm is 256 parameters each, learned from a zero gain.
+    assert count_paper_parameters(gsu) - count_paper_parameters(gs) == 3 * (128 * 256 + 256 + 256 * 128 + 128 + 256)
+
+
+def test_gs_dropout_draws_a_mask_per_position():
+    layer = ContextualBert(SMALL, "global_state", N_ITEMS, SPEC).blocks[0].global_state_attention.train()
+    layer.dropout.p = 0.5
+    a_hat = torch.zeros(2, 6, SMALL.d_model)
+    out = layer(a_hat, torch.randn(2, SMALL.d_model))
+    dropped = out == out.min(dim=-1, keepdim=True).values  # zeroed units sit at the normalised minimum
+    assert not torch.equal(dropped[:, 0], dropped[:, 1])
+
+
+# --- the bag-of-items baseline ------------------------------------------------------------------------
+
+
+def test_bag_of_items_scores_from_the_mean_of_the_other_articles():
+    torch.manual_seed(0)
+    bag = build_model(SMALL, "bag_of_items", N_ITEMS, SPEC).eval()
+    items = outfits_with_one_mask(4, size=5, length=8)
+    with torch.no_grad():
+        hidden = bag(items, None, select=items == MASK_INDEX)
+        expected = bag.item_embeddings(items[:, 1:5]).mean(dim=1)
+        torch.testing.assert_close(hidden, expected)
+        logits = bag.masked_logits(items, None)
+        torch.testing.assert_close(logits[:, N_SPECIAL:], expected @ bag.output_embeddings.weight[N_SPECIAL:].T)
+        shuffled = items[:, torch.tensor([3, 0, 6, 1, 7, 2, 4, 5])]
+        torch.testing.assert_close(bag.masked_logits(shuffled, None), logits)
+    # Its own articles and output layer are not counted, as for the paper's variants.
+    assert count_paper_parameters(bag) == 0
+
+
+def test_bag_of_items_with_context_depends_on_it_and_round_trips(tmp_path):
+    torch.manual_seed(1)
+    bag = build_model(SMALL, "bag_of_items_context", N_ITEMS, SPEC).eval()
+    items = outfits_with_one_mask(8, size=4, length=8)
+    with torch.no_grad():
+        a, b = bag.masked_logits(items, context(8, seed=1)), bag.masked_logits(items, context(8, seed=2))
+    assert (a - b)[:, N_SPECIAL:].abs().max() > 1e-3
+    assert count_paper_parameters(bag) == SPEC.d_context * SMALL.d_model + SMALL.d_model
+    save_checkpoint(tmp_path / "checkpoint.pt", bag, {})
+    loaded, _ = load_checkpoint(tmp_path / "checkpoint.pt")
+    assert type(loaded).__name__ == "BagOfItems"
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.masked_logits(items, context(8, seed=1)), a)
+    with pytest.raises(ContextualBertError, match="needs context"):
+        build_model(SMALL, "bag_of_items_context", N_ITEMS, ContextSpec(()))

@@ -1,4 +1,6 @@
+import itertools
 import json
+import math
 
 import pytest
 import torch
@@ -158,9 +160,13 @@ def test_a_resumed_run_ends_where_an_uninterrupted_run_ends(tmp_path):
     whole = new_model("global_state_update", cfg=DROPOUT)
     whole_metrics = fit(whole, train, val, SHORT, tmp_path / "whole", seed=7)
 
-    # "Killed" after epoch 1; the resumed process starts from a differently initialised model.
-    fit(new_model("global_state_update", cfg=DROPOUT), train, val,
-        SHORT.model_copy(update={"max_epochs": 1}), tmp_path / "resumed", seed=7)  # fmt: skip
+    # Killed after epoch 1; the resumed process starts from a differently initialised model.
+    def kill(epoch, row):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fit(new_model("global_state_update", cfg=DROPOUT), train, val, SHORT, tmp_path / "resumed", seed=7,
+            on_epoch_end=kill)  # fmt: skip
     logged = []
     resumed = new_model("global_state_update", seed=2, cfg=DROPOUT)
     resumed_metrics = fit(resumed, train, val, SHORT, tmp_path / "resumed", seed=7,
@@ -170,7 +176,7 @@ def test_a_resumed_run_ends_where_an_uninterrupted_run_ends(tmp_path):
     for name, value in whole.state_dict().items():
         assert torch.equal(value, resumed.state_dict()[name]), name
     history = [json.loads((tmp_path / run / "history.json").read_text()) for run in ("whole", "resumed")]
-    for key in ("epoch", "train_loss", "val_cross_entropy", "learning_rate"):
+    for key in ("epoch", "train_loss", "train_cross_entropy", "val_cross_entropy", "learning_rate"):
         assert [row[key] for row in history[0]] == [row[key] for row in history[1]], key
     for key in ("best_epoch", "best_val_cross_entropy", "epochs", "parameters"):
         assert whole_metrics[key] == resumed_metrics[key]
@@ -199,7 +205,8 @@ def test_a_finished_run_is_not_retrained_and_a_changed_one_restarts(tmp_path):
     files = {p.name for p in tmp_path.iterdir()}
     assert {"checkpoint.pt", "last.pt", "history.json", "metrics.json"} <= files
     row = json.loads((tmp_path / "history.json").read_text())[0]
-    assert set(row) == {"epoch", "train_loss", "val_cross_entropy", "learning_rate", "samples_per_s", "seconds"}
+    assert set(row) == {"epoch", "train_loss", "train_cross_entropy", "val_cross_entropy", "learning_rate",
+                        "samples_per_s", "seconds"}  # fmt: skip
     assert json.loads((tmp_path / "metrics.json").read_text()) == first
 
     calls = []
@@ -215,19 +222,64 @@ def test_a_finished_run_is_not_retrained_and_a_changed_one_restarts(tmp_path):
 
 def test_early_stopping_keeps_the_best_epoch(tmp_path, monkeypatch):
     curve = iter([3.0, 2.5, 2.6, 2.7, 2.4, 2.3])
-    monkeypatch.setattr(training, "validation_cross_entropy", lambda *args: next(curve))
+    calls = itertools.count()
+    # Each epoch measures the validation split, then the training sample: the first follows the curve.
+    monkeypatch.setattr(training, "validation_cross_entropy",
+                        lambda *args: next(curve) if next(calls) % 2 == 0 else 9.0)  # fmt: skip
     train, val = planted(100, 0), planted(20, 1)
     cfg = SHORT.model_copy(update={"max_epochs": 6, "patience": 2})
     metrics = fit(new_model("none"), train, val, cfg, tmp_path, seed=0)
     assert (metrics["epochs"], metrics["best_epoch"], metrics["best_val_cross_entropy"]) == (4, 2, 2.5)
-    assert metrics["stopped_early"]
+    assert metrics["stopped_early"] and metrics["converged"] == "early_stopping"
     _, meta = load_checkpoint(tmp_path / "checkpoint.pt")
     assert meta["epoch"] == 2
-    # Extending max_epochs does not revive a run that stopped early.
-    assert fit(new_model("none"), train, val, cfg.model_copy(update={"max_epochs": 9}), tmp_path, seed=0)["epochs"] == 4
+    # A longer patience does not revive a run that stopped early.
+    assert fit(new_model("none"), train, val, cfg.model_copy(update={"patience": 5}), tmp_path, seed=0)["epochs"] == 4
 
 
-def test_the_learning_rate_warms_up_then_stays():
-    factor = training.warmup_then_constant(4)
-    assert [factor(s) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-    assert training.warmup_then_constant(0)(0) == 1.0
+def test_convergence_is_early_stopping_or_a_plateau_of_three_epochs():
+    rows = lambda *values: [{"val_cross_entropy": v} for v in values]  # noqa: E731
+    assert training.convergence(rows(3.0, 2.5), stopped_early=True) == "early_stopping"
+    assert training.convergence(rows(3.0, 2.5, 2.4), stopped_early=False) is None  # too short to tell
+    assert training.convergence(rows(3.0, 2.5, 2.497, 2.495, 2.491), stopped_early=False) == "plateau"
+    assert training.convergence(rows(3.0, 2.5, 2.497, 2.495, 2.489), stopped_early=False) is None  # 0.011
+    assert training.convergence(rows(3.0, 2.5, 2.6, 2.7, 2.55), stopped_early=False) == "plateau"
+
+
+def test_the_learning_rate_warms_up_then_decays_to_its_floor():
+    cosine = TrainConfig(warmup_steps=4, schedule="cosine", min_lr_fraction=0.1)
+    factor = training.lr_factor(cosine, total_steps=14)
+    assert [factor(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    decay = [factor(s) for s in range(4, 15)]
+    assert decay[0] == 1.0 and all(a > b for a, b in zip(decay, decay[1:]))  # strictly falling from the peak
+    assert decay[5] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))  # half-way: the midpoint
+    assert decay[-1] == pytest.approx(0.1) and factor(100) == pytest.approx(0.1)  # held at the floor
+    linear = training.lr_factor(cosine.model_copy(update={"schedule": "linear", "min_lr_fraction": 0.0}), 14)
+    assert linear(9) == pytest.approx(0.5) and linear(14) == pytest.approx(0.0)
+    constant = training.lr_factor(cosine.model_copy(update={"schedule": "constant"}), 14)
+    assert [constant(s) for s in (3, 4, 13, 100)] == [1.0, 1.0, 1.0, 1.0]
+    assert training.lr_factor(TrainConfig(warmup_steps=0), 10)(0) == 1.0
+
+
+def test_the_optimizer_follows_the_schedule_and_clips_the_gradient(tmp_path):
+    train, val = planted(64, 0), planted(20, 1)
+    cfg = SHORT.model_copy(update={"batch_size": 16, "max_epochs": 2, "warmup_steps": 2, "grad_clip": 1e-3})
+    history = []
+    fit(new_model("none"), train, val, cfg, tmp_path, seed=0, on_epoch_end=lambda e, row: history.append(row))
+    factor = training.lr_factor(cfg, total_steps=8)
+    assert [row["learning_rate"] for row in history] == pytest.approx([cfg.learning_rate * factor(3),
+                                                                       cfg.learning_rate * factor(7)])
+    # One plain SGD step at lr 1 from the same weights, unclipped and clipped: the step is the gradient.
+    model, clipped = new_model("none"), new_model("none")
+    clipped.load_state_dict(model.state_dict())
+    grads = []
+    for net, clip in ((model, 0.0), (clipped, 1e-3)):
+        opt = torch.optim.SGD(net.parameters(), lr=1.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        before = [p.detach().clone() for p in net.parameters()]
+        training.train_step(net, opt, sched, train.items[:16], {k: v[:16] for k, v in train.context.items()},
+                            cfg.model_copy(update={"grad_clip": clip}), torch.Generator().manual_seed(0))
+        moved = torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(net.parameters(), before)))
+        grads.append(float(moved))
+    assert grads[1] == pytest.approx(1e-3, rel=1e-3)  # SGD at lr 1: the step is the clipped gradient
+    assert grads[0] > 10 * grads[1]

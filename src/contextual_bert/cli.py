@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from contextual_bert.config import VARIANTS, Config, load_config
+from contextual_bert.config import MODELS, Config, load_config
 from contextual_bert.errors import ContextualBertError
 
 
@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("evaluate", _cmd_evaluate, "evaluate one trained run on the test split (full ranking)"),
     ):
         p = add(name, handler, help_)
-        p.add_argument("--variant", required=True, choices=VARIANTS)
+        p.add_argument("--variant", required=True, choices=MODELS)
         p.add_argument("--seed", type=int, required=True)
     add("baseline", _cmd_baseline, "evaluate the popularity baseline on the test split")
     add("report", _cmd_report, "Table 1, metrics.json and plots under reports/")

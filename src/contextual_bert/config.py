@@ -14,8 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from contextual_bert.errors import ContextualBertError
 
-VARIANTS = ("none", "concat", "new_position", "global_state", "global_state_update")
-Variant = Literal["none", "concat", "new_position", "global_state", "global_state_update"]
+VARIANTS = ("none", "concat", "new_position", "global_state", "global_state_update")  # the paper's five
+BASELINE_MODELS = ("bag_of_items", "bag_of_items_context")  # learned baselines, trained by the same code
+MODELS = VARIANTS + BASELINE_MODELS
+Variant = Literal["none", "concat", "new_position", "global_state", "global_state_update", "bag_of_items",
+                  "bag_of_items_context"]  # fmt: skip
 
 
 class Section(BaseModel):
@@ -93,13 +96,16 @@ class ModelConfig(Section):
 
 
 class TrainConfig(Section):
-    variants: list[Variant] = list(VARIANTS)
+    variants: list[Variant] = list(MODELS)
     seeds: list[int] = [0, 1, 2]
     batch_size: int = Field(256, ge=1)
     max_epochs: int = Field(5, ge=1)
     learning_rate: float = Field(3e-3, gt=0)
     weight_decay: float = Field(0.01, ge=0)
     warmup_steps: int = Field(100, ge=0)
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"  # after warm-up, down to min_lr_fraction
+    min_lr_fraction: float = Field(0.0, ge=0, le=1)  # ... of learning_rate, reached at max_epochs
+    grad_clip: float = Field(1.0, ge=0)  # global gradient norm; 0: no clipping
     patience: int = Field(2, ge=1)
     mask_prob: float = Field(0.3, ge=0, le=1)  # per item; at least one item per outfit is always masked
     mask_token_prob: float = Field(0.8, ge=0, le=1)  # BERT 80/10/10: of masked items, replaced by [MASK]
@@ -145,7 +151,7 @@ class Config(Section):
     features: FeaturesConfig = FeaturesConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
-    variants: dict[Variant, VariantOverrides] = {v: VariantOverrides() for v in VARIANTS}
+    variants: dict[Variant, VariantOverrides] = {v: VariantOverrides() for v in MODELS}
     evaluate: EvaluateConfig = EvaluateConfig()
     mlflow: MlflowConfig = MlflowConfig()
     promote: PromoteConfig = PromoteConfig()

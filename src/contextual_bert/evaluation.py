@@ -68,7 +68,7 @@ def case_ranks(model, data: EncodedOutfits, batch_size: int, device, with_ranks:
 
     ranks, log_probs = [], []
     article_index = torch.arange(getattr(model, "n_items"), device=device)
-    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+    with torch.no_grad():  # fp32 on every device: bf16 logits tie, and ties would be broken by article index
         for start in range(0, len(target), batch_size):
             rows = slice(start, start + batch_size)
             o, p, t = outfit[rows], position[rows], target[rows, None]

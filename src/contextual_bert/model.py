@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from contextual_bert.config import VARIANTS, ModelConfig
+from contextual_bert.config import BASELINE_MODELS, VARIANTS, ModelConfig
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, ContextSpec, FeatureSpec
 
@@ -158,8 +158,11 @@ class GlobalStateAttention(nn.Module):
 
     def forward(self, a_hat: torch.Tensor, global_state: torch.Tensor, rows: torch.Tensor | None = None):
         """a_hat: (B, L, d), or (M, d) for positions in outfits `rows`; global_state: (B, d)."""
-        b = self.dropout(self.value(global_state))  # one per outfit, the same for all its positions
-        return self.norm((b.unsqueeze(1) if rows is None else b[rows]) + a_hat)
+        b = self.value(global_state)  # one per outfit, the same for all its positions
+        b = b.unsqueeze(1).expand_as(a_hat) if rows is None else b[rows]
+        # Dropout after broadcasting: each position gets its own mask, as dropout on any other sublayer
+        # output does (one mask per outfit would silence the same units of c~ at all its positions).
+        return self.norm(self.dropout(b) + a_hat)
 
 
 class Block(nn.Module):
@@ -197,16 +200,26 @@ class GlobalState(nn.Module):
 
 
 class GlobalStateUpdate(nn.Module):
-    """[GSU] c~ <- LayerNorm(c~ + Dropout(FFN(c~))), between two blocks; weights not shared."""
+    """[GSU] c~(l+1) = c~(l) + Dropout(g * Norm(FFN(c~(l))) + b), between two blocks; weights not shared.
+
+    The paper writes c~(l+1) := FNN(c~(l)) and counts 256 parameters per update besides the FFN: a
+    LayerNorm's gain g and bias b. Where the norm sits decides the state's scale. LayerNorm(c~ + FFN(c~))
+    (post-norm, as in the blocks) brings the state to std ~1 while c~(1) = FNN(c) starts at ~0.2, so blocks
+    2-4 would read an offset B five times larger than block 1 and than [GS]. Here the norm shapes the
+    update only, and g = b = 0 at initialisation (as ReZero / LayerScale): every update starts as the
+    identity, [GSU] starts out exactly as [GS], and the state's scale changes only as far as training finds
+    it useful. Same parameter count as the paper's.
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff)
-        self.norm = nn.LayerNorm(cfg.d_model)
+        self.norm = nn.LayerNorm(cfg.d_model)  # g, b: the update's scale, learned from zero
         self.dropout = Dropout(cfg.dropout)
+        nn.init.zeros_(self.norm.weight)
 
     def forward(self, global_state: torch.Tensor) -> torch.Tensor:
-        return self.norm(self.dropout(self.feed_forward(global_state)) + global_state)
+        return global_state + self.dropout(self.norm(self.feed_forward(global_state)))
 
 
 class ConcatInput(nn.Module):
@@ -222,7 +235,27 @@ class ConcatInput(nn.Module):
         return self.projection(torch.cat([e, projected], dim=-1))
 
 
-class ContextualBert(nn.Module):
+class ArticleScores:
+    """The output side shared by the models: logits over the real articles from head states, and the
+    logits at the one [MASK] of every row. Needs `forward`, `head` and `output_layer`."""
+
+    def article_logits(self, head_states: torch.Tensor) -> torch.Tensor:
+        """(M, n_items - N_SPECIAL) logits over the real articles (specials are never predicted)."""
+        weight, bias = self.output_layer()
+        return F.linear(head_states, weight[N_SPECIAL:].to(head_states.dtype), bias[N_SPECIAL:].to(head_states.dtype))
+
+    def masked_logits(self, items: torch.Tensor, context: dict[str, torch.Tensor] | None) -> torch.Tensor:
+        """(B, n_items) logits at the one MASK_INDEX of every row; the special indices get -inf."""
+        is_mask = items == MASK_INDEX
+        if not bool((is_mask.sum(dim=1) == 1).all()):
+            raise ContextualBertError("masked_logits needs exactly one [MASK] item in every row")
+        head_states = self.head(self.forward(items, context, select=is_mask))
+        weight, bias = self.output_layer()
+        logits = F.linear(head_states, weight.to(head_states.dtype), bias.to(head_states.dtype))
+        return logits.index_fill_(1, torch.arange(N_SPECIAL, device=logits.device), float("-inf"))
+
+
+class ContextualBert(ArticleScores, nn.Module):
     """The encoder over a set of article indices (PAD_INDEX-padded), one of the five variants."""
 
     def __init__(self, model_cfg: ModelConfig, variant: str, n_items: int, spec: ContextSpec):
@@ -298,33 +331,75 @@ class ContextualBert(nn.Module):
         """The head transform before the output layer: GELU(W h)."""
         return F.gelu(self.head_transform(hidden))
 
-    def output_weight_and_bias(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The output layer restricted to real articles (rows N_SPECIAL..): specials are never predicted."""
-        return self.item_embeddings.weight[N_SPECIAL:], self.output_bias[N_SPECIAL:]
+    def output_layer(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight (n_items, d), bias (n_items,)) of the output layer: tied to the article embeddings."""
+        return self.item_embeddings.weight, self.output_bias
 
-    def article_logits(self, head_states: torch.Tensor) -> torch.Tensor:
-        """(M, n_items - N_SPECIAL) logits over the real articles for M head-transformed states."""
-        weight, bias = self.output_weight_and_bias()
-        return F.linear(head_states, weight.to(head_states.dtype), bias.to(head_states.dtype))
 
-    def masked_logits(self, items: torch.Tensor, context: dict[str, torch.Tensor] | None) -> torch.Tensor:
-        """(B, n_items) logits at the one MASK_INDEX of every row; the special indices get -inf."""
-        is_mask = items == MASK_INDEX
-        if not bool((is_mask.sum(dim=1) == 1).all()):
-            raise ContextualBertError("masked_logits needs exactly one [MASK] item in every row")
-        head_states = self.head(self.forward(items, context, select=is_mask))
-        weight, bias = self.item_embeddings.weight, self.output_bias
-        logits = F.linear(head_states, weight.to(head_states.dtype), bias.to(head_states.dtype))
-        return logits.index_fill_(1, torch.arange(N_SPECIAL, device=logits.device), float("-inf"))
+# --- the learned baseline -----------------------------------------------------------------------------
+
+
+class BagOfItems(ArticleScores, nn.Module):
+    """A learned baseline beside popularity (item2vec / CBOW): the article at a position is scored from the
+    mean of the other articles' embeddings (plus W_c c in the context version), dotted with output
+    embeddings of its own. No attention and no interaction between articles: what co-occurrence alone (and
+    c) explains. Same interface as ContextualBert, so the same training, early stopping and evaluation run
+    it; a transformer that does not beat it has not earned its parameters.
+    """
+
+    def __init__(self, model_cfg: ModelConfig, variant: str, n_items: int, spec: ContextSpec):
+        super().__init__()
+        if variant not in BASELINE_MODELS:
+            raise ContextualBertError(f"unknown baseline '{variant}' (one of {', '.join(BASELINE_MODELS)})")
+        self.model_cfg, self.variant, self.n_items, self.spec = model_cfg, variant, n_items, spec
+        d = model_cfg.d_model
+        uses_context = variant == "bag_of_items_context"
+        if uses_context and spec.d_context == 0:
+            raise ContextualBertError(f"'{variant}' needs context features; the spec has none")
+        self.item_embeddings = nn.Embedding(n_items, d, padding_idx=PAD_INDEX)
+        self.output_embeddings = nn.Embedding(n_items, d)
+        self.output_bias = nn.Parameter(torch.zeros(n_items))
+        self.context_encoder = ContextEncoder(spec) if uses_context else None
+        self.context_projection = nn.Linear(spec.d_context, d) if uses_context else None
+        self.dropout = Dropout(model_cfg.dropout)
+        for table in (self.item_embeddings, self.output_embeddings):
+            nn.init.normal_(table.weight, std=d**-0.5)  # small first logits, as in ContextualBert
+
+    def forward(self, items: torch.Tensor, context: dict | None = None, select: torch.Tensor | None = None):
+        """(B, L, d): at every position, the mean embedding of the outfit's other articles ([MASK] and
+        padding left out), plus W_c c; (M, d) at the `select` positions only."""
+        e = self.item_embeddings(items)
+        seen = ((items != PAD_INDEX) & (items != MASK_INDEX)).unsqueeze(-1).to(e.dtype)
+        e = e * seen
+        n_others = (seen.sum(dim=1, keepdim=True) - seen).clamp_min(1.0)
+        h = (e.sum(dim=1, keepdim=True) - e) / n_others
+        if self.context_projection is not None:
+            h = h + self.context_projection(self.context_encoder(context)).unsqueeze(1)
+        h = self.dropout(h)
+        return h if select is None else h[select]
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden
+
+    def output_layer(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.output_embeddings.weight, self.output_bias
+
+
+def build_model(model_cfg: ModelConfig, variant: str, n_items: int, spec: ContextSpec) -> nn.Module:
+    """A paper variant (ContextualBert) or a learned baseline (BagOfItems), by name."""
+    model_class = BagOfItems if variant in BASELINE_MODELS else ContextualBert
+    return model_class(model_cfg, variant, n_items, spec)
 
 
 # --- parameter counts ---------------------------------------------------------------------------------
 
 
-def count_paper_parameters(model: ContextualBert) -> int:
+def count_paper_parameters(model: nn.Module) -> int:
     """Parameters as the paper counts them: without the article embeddings, the output layer and the
     customer-feature embeddings."""
     excluded = {id(model.item_embeddings.weight), id(model.output_bias)}
+    if getattr(model, "output_embeddings", None) is not None:  # the bag of items' untied output layer
+        excluded.add(id(model.output_embeddings.weight))
     if model.context_encoder is not None:
         excluded |= {id(p) for p in model.context_encoder.parameters()}
     return sum(p.numel() for p in model.parameters() if id(p) not in excluded)
@@ -373,7 +448,7 @@ def atomic_save(obj, path: Path) -> None:
         raise
 
 
-def model_payload(model: ContextualBert) -> dict:
+def model_payload(model: nn.Module) -> dict:
     """What rebuilds the model with no other file: config, variant, n_items, spec and weights."""
     return {
         "model_config": model.model_cfg.model_dump(),
@@ -384,8 +459,8 @@ def model_payload(model: ContextualBert) -> dict:
     }
 
 
-def model_from_payload(payload: dict) -> ContextualBert:
-    model = ContextualBert(
+def model_from_payload(payload: dict) -> nn.Module:
+    model = build_model(
         ModelConfig(**payload["model_config"]),
         payload["variant"],
         payload["n_items"],
@@ -399,7 +474,7 @@ def save_checkpoint(path: Path, model: ContextualBert, meta: dict) -> None:
     atomic_save({**model_payload(model), "meta": meta}, path)
 
 
-def load_checkpoint(path: Path, map_location="cpu") -> tuple[ContextualBert, dict]:
+def load_checkpoint(path: Path, map_location="cpu") -> tuple[nn.Module, dict]:
     """The model (in eval mode, on map_location) and the meta dict saved with it."""
     path = Path(path)
     if not path.exists():

@@ -2,9 +2,16 @@
 
 Every step masks at least one item of every outfit (each item with train.mask_prob, at least one), replaces
 the masked items BERT-style (80% [MASK], 10% a random article, 10% unchanged) and minimises the full-softmax
-cross-entropy over all real articles at the masked positions only. AdamW with linear warm-up (then a constant
-rate, so that the schedule does not depend on max_epochs and a run can be extended); early stopping on the
-validation cross-entropy (every item of every validation outfit masked in turn, as in evaluation).
+cross-entropy over all real articles at the masked positions only. AdamW with linear warm-up, then a cosine
+(or linear) decay to train.min_lr_fraction of the rate at max_epochs; gradients clipped to a global norm;
+early stopping on the validation cross-entropy (every item of every validation outfit masked in turn, as in
+evaluation).
+
+The objective's loss is not comparable with validation: 10% of the masked positions keep their article, so
+the answer is in the input, and several items are masked at once. Every epoch therefore also reports
+`train_cross_entropy`, the validation's measure on a fixed sample of training outfits: their gap is the
+overfitting. A run records whether it converged: early stopping fired, or its last CONVERGENCE_EPOCHS epochs
+together improved the best validation cross-entropy by less than CONVERGENCE_NATS.
 
 Determinism: one seed fixes the initial weights (`train`), the shuffling and masking (a generator of its own)
 and dropout (the global generator). last.pt holds everything that changes during a run - weights, optimizer,
@@ -34,13 +41,15 @@ from tqdm.auto import tqdm
 from contextual_bert.config import ModelConfig, TrainConfig
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, EncodedOutfits
-from contextual_bert.model import ContextualBert, atomic_save, count_paper_parameters, save_checkpoint
+from contextual_bert.model import ContextualBert, atomic_save, build_model, count_paper_parameters, save_checkpoint
 
 EpochHook = Callable[[int, dict], None]
 
 # Settings a run can change and still be resumed: they do not change what an epoch computes. (The device
 # the run trains on is part of the key instead: its random streams differ.)
-RESUMABLE_CHANGES = ("variants", "seeds", "max_epochs", "patience", "device", "num_threads")
+# (max_epochs is not among them: it sets the decay's horizon.)
+RESUMABLE_CHANGES = ("variants", "seeds", "patience", "device", "num_threads")
+CONVERGENCE_EPOCHS, CONVERGENCE_NATS = 3, 0.01
 
 
 # --- device ---------------------------------------------------------------------------------------------
@@ -160,7 +169,7 @@ def masked_item_loss(
     if len(targets) == 0:  # a batch of unknown articles only: nothing to learn from
         return head_states.sum() * 0.0
     if head_states.device.type == "cpu" and head_states.dtype == torch.float32 and torch.is_grad_enabled():
-        weight, bias = model.item_embeddings.weight, model.output_bias  # the tied output layer, specials included
+        weight, bias = model.output_layer()  # specials included
         return LinearCrossEntropy.apply(head_states, weight, bias, targets, N_SPECIAL, 128)
     return F.cross_entropy(model.article_logits(head_states).float(), targets - N_SPECIAL)
 
@@ -185,16 +194,41 @@ def train_step(model, optimizer, scheduler, items, context, cfg: TrainConfig, ge
         loss = masked_item_loss(model, inputs, context, predict, items)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    if cfg.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip, foreach=True)
     optimizer.step()
     scheduler.step()
     return loss.detach(), predict
 
 
-def warmup_then_constant(warmup_steps: int) -> Callable[[int], float]:
+def lr_factor(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
+    """The learning rate's multiplier at optimizer step `step` (0-based): linear warm-up over
+    cfg.warmup_steps, then cfg.schedule ("cosine", "linear" or "constant") from 1 down to
+    cfg.min_lr_fraction at total_steps (and held there)."""
+    warmup, floor = cfg.warmup_steps, cfg.min_lr_fraction
+
     def factor(step: int) -> float:
-        return min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+        if step < warmup:
+            return (step + 1) / warmup
+        if cfg.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        decay = 0.5 * (1.0 + math.cos(math.pi * progress)) if cfg.schedule == "cosine" else 1.0 - progress
+        return floor + (1.0 - floor) * decay
 
     return factor
+
+
+def convergence(history: list[dict], stopped_early: bool) -> str | None:
+    """How a run converged: "early_stopping", "plateau" (its last CONVERGENCE_EPOCHS epochs improved the
+    best validation cross-entropy by less than CONVERGENCE_NATS together), or None (still improving)."""
+    if stopped_early:
+        return "early_stopping"
+    values = [row["val_cross_entropy"] for row in history]
+    if len(values) <= CONVERGENCE_EPOCHS:
+        return None
+    gained = min(values[:-CONVERGENCE_EPOCHS]) - min(values)
+    return "plateau" if gained < CONVERGENCE_NATS else None
 
 
 def validation_cross_entropy(model: ContextualBert, data: EncodedOutfits, batch_size: int, device) -> float:
@@ -203,6 +237,12 @@ def validation_cross_entropy(model: ContextualBert, data: EncodedOutfits, batch_
 
     cases = case_ranks(model, data, batch_size, device, with_ranks=False)
     return float(-cases["log_prob"].mean()) if len(cases["log_prob"]) else float("nan")
+
+
+def train_sample(train_data: EncodedOutfits, n: int) -> EncodedOutfits:
+    """A fixed sample of n training outfits, evenly spaced (the split's order is already a hash order)."""
+    n = min(n, len(train_data))
+    return train_data.subset(torch.linspace(0, len(train_data) - 1, n).round().long().unique())
 
 
 def _data_fingerprint(data: EncodedOutfits) -> str:
@@ -248,7 +288,8 @@ def fit(
 
     Writes out_dir/checkpoint.pt (best validation cross-entropy), last.pt (resume state, every epoch),
     history.json (one row per epoch) and metrics.json, which is also returned. A run that has already
-    stopped (early, or at max_epochs) is not trained further; raising max_epochs extends it.
+    stopped (early, or at max_epochs) is not trained further; a new max_epochs (the decay's horizon) starts
+    it afresh.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -264,7 +305,12 @@ def fit(
     model.to(device)
     train_data, val_data = train_data.to(device), val_data.to(device)
     optimizer = make_optimizer(model, train_cfg, device)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_then_constant(train_cfg.warmup_steps))
+    n_train = len(train_data)
+    steps_per_epoch = math.ceil(n_train / train_cfg.batch_size)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_factor(train_cfg, steps_per_epoch * train_cfg.max_epochs)
+    )
+    train_probe = train_sample(train_data, len(val_data))
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
     torch.manual_seed(seed)  # dropout
@@ -288,8 +334,6 @@ def fit(
                 (out_dir / stale).unlink(missing_ok=True)
 
     n_params = count_paper_parameters(model)
-    n_train = len(train_data)
-    steps_per_epoch = math.ceil(n_train / train_cfg.batch_size)
     for epoch in range(state["epoch"] + 1, train_cfg.max_epochs + 1):
         if state["stopped"]:
             break
@@ -304,6 +348,7 @@ def fit(
             index = order[step * train_cfg.batch_size : (step + 1) * train_cfg.batch_size]
             items = train_data.items[index]
             context = {name: values[index] for name, values in train_data.context.items()}
+            learning_rate = scheduler.get_last_lr()[0]  # the rate this step uses
             loss, predict = train_step(model, optimizer, scheduler, items, context, train_cfg, generator)
             count = int(predict.sum()) if device.type == "cpu" else predict.sum()
             loss_sum += loss.detach().double() * count
@@ -319,8 +364,9 @@ def fit(
         row = {
             "epoch": epoch,
             "train_loss": float(loss_sum / n_targets),
+            "train_cross_entropy": validation_cross_entropy(model, train_probe, 4 * train_cfg.batch_size, device),
             "val_cross_entropy": val_ce,
-            "learning_rate": scheduler.get_last_lr()[0],
+            "learning_rate": learning_rate,  # at the epoch's last step
             "samples_per_s": n_train / train_seconds,
             "seconds": time.perf_counter() - started,
         }
@@ -359,6 +405,7 @@ def fit(
         "best_epoch": state["best_epoch"],
         "best_val_cross_entropy": state["best_val"],
         "stopped_early": state["stopped"],
+        "converged": convergence(state["history"], state["stopped"]),
         "seconds": state["seconds"],
         "device": device.type,
     }
@@ -378,7 +425,7 @@ def train(
     """Train one (variant, seed) run on the features stage's splits; see `fit`.
 
     Resumes from out_dir/last.pt when it was written by the same run (same model and train settings, seed
-    and data; max_epochs, patience, device and threads may differ). A run that already finished is not
+    and data; patience, device and threads may differ). A run that already finished is not
     re-trained (its metrics are returned again); a run whose settings or data differ starts from scratch.
     """
     from contextual_bert.features import load_article_vocab, load_spec, load_split
@@ -388,5 +435,5 @@ def train(
     train_data = load_split(features_dir, "train", model_cfg.max_set_size)
     val_data = load_split(features_dir, "val", model_cfg.max_set_size)
     torch.manual_seed(seed)
-    model = ContextualBert(model_cfg, variant, n_items, spec)
+    model = build_model(model_cfg, variant, n_items, spec)
     return fit(model, train_data, val_data, train_cfg, out_dir, seed, on_epoch_end)
