@@ -21,8 +21,16 @@ FAKE = {
     "global_state_update": {"cross_entropy": [4.74, 4.76, 4.75], "recall@1": [0.120, 0.124, 0.122],
                             "recall@5": [0.31, 0.32, 0.33]},
 }
+# The learned baselines: [None] beats the bag of items; the best context variant ([GSU] by cross-entropy)
+# does not beat the bag of items with c on recall@5.
+BASELINES = {
+    "bag_of_items": {"cross_entropy": [5.50, 5.52, 5.48], "recall@1": [0.06, 0.061, 0.059],
+                     "recall@5": [0.15, 0.16, 0.14]},
+    "bag_of_items_context": {"cross_entropy": [4.90, 4.91, 4.89], "recall@1": [0.11, 0.11, 0.11],
+                             "recall@5": [0.33, 0.34, 0.32]},
+}
 PARAMETERS = {"none": 546_432, "concat": 673_664, "new_position": 640_768, "global_state": 723_328,
-              "global_state_update": 921_856}
+              "global_state_update": 921_856, "bag_of_items": 0, "bag_of_items_context": 94_336}
 
 
 def _metrics(ce, r1, r5):
@@ -44,7 +52,7 @@ def write_fake_runs(root, seeds=(0, 1, 2), variants=tuple(FAKE)):
     (root / "reports" / "eval").mkdir(parents=True)
     for variant in variants:
         for i, seed in enumerate(seeds):
-            numbers = {m: FAKE[variant][m][i] for m in ("cross_entropy", "recall@1", "recall@5")}
+            numbers = {m: {**FAKE, **BASELINES}[variant][m][i] for m in ("cross_entropy", "recall@1", "recall@5")}
             test = _metrics(numbers["cross_entropy"], numbers["recall@1"], numbers["recall@5"])
             result = {"name": f"{variant}-s{seed}", "variant": variant, "seed": seed,
                       "parameters": PARAMETERS[variant], "test": test, "val": test,
@@ -159,3 +167,34 @@ def test_recall_given_in_percent_is_rejected(tmp_path):
     path.write_text(json.dumps(result))
     with pytest.raises(DataError, match=r"popularity\.json, column 'test.recall@5'.*fraction"):
         build_report(cfg)
+
+
+def test_optimum_rows_convergence_and_learned_baselines(tmp_path):
+    cfg = write_fake_runs(tmp_path, variants=("none", "global_state_update", "bag_of_items", "bag_of_items_context"))
+    eval_dir = tmp_path / "reports" / "eval"
+    for name, ce, r1, r5 in (("optimum_context", 4.5, 0.15, 0.4), ("optimum_no_context", 5.0, 0.1, 0.3)):
+        result = {"name": name, "variant": name, "seed": None, "parameters": 0, "test": _metrics(ce, r1, r5),
+                  "val": _metrics(ce, r1, r5), "recall_curve": _curve(r1, r5)}
+        (eval_dir / f"{name}.json").write_text(json.dumps(result))
+    ways = {0: "early_stopping", 1: "plateau", 2: None}
+    for variant in ("none", "global_state_update", "bag_of_items", "bag_of_items_context"):
+        for seed in (0, 1, 2):
+            converged = ways[seed] if variant == "none" else "plateau"
+            (tmp_path / "models" / f"{variant}-s{seed}" / "metrics.json").write_text(
+                json.dumps({"converged": converged, "best_epoch": 4, "epochs": 6}))
+    result = build_report(cfg)
+    table = (tmp_path / "reports" / "table1.md").read_text()
+    assert "| Optimum, with context | 4.50 | – | 15.00 |" in table
+    assert "| Optimum, without context | 5.00 |" in table
+    assert table.index("Optimum, with context") < table.index("| Popularity") < table.index("| [None]")
+    assert "| 2/3 (early stop, plateau) |" in table and "| 3/3 (plateau) |" in table
+    assert "[None]: +0.250 to the optimum, without context" in table  # 5.25 - 5.00
+    assert "[GSU]: +0.250 to the optimum, with context" in table  # 4.75 - 4.50
+    checks = result["vs_learned_baselines"]
+    assert checks["none_vs_bag_of_items"]["cross_entropy"]["beats_by_more_than_se"] == 1
+    assert checks["global_state_update_vs_bag_of_items_context"]["recall@5"]["beats_by_more_than_se"] == 0
+    assert "[GSU] against Bag of items + c: cross-entropy better by +0.15" in table
+    metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
+    assert metrics["optimum_context"]["test"]["cross_entropy"] == 4.5 and metrics["none"]["converged_runs"] == 2
+    # The baselines are not context variants of the paper: no "beats [None]" verdict for them.
+    assert "bag_of_items" not in metrics["none"] and "vs_none" not in metrics["bag_of_items_context"]

@@ -1,9 +1,12 @@
 """The report stage: the paper's Table 1 for this data, reports/metrics.json and plots.
 
 Reads reports/eval/<variant>-s<seed>.json for every variant x seed in params (train.variants, train.seeds),
-reports/eval/popularity.json and models/<variant>-s<seed>/history.json. Each number is a mean over seeds
-with its standard error, SE = sample std / sqrt(n). "Beats [None] by more than the standard error" means
-the difference of the means exceeds the standard error of that difference, sqrt(SE_a^2 + SE_b^2).
+reports/eval/popularity.json, the optimum's results where the data's optimum is known
+(reports/eval/optimum_context.json, optimum_no_context.json) and models/<variant>-s<seed>/history.json and
+metrics.json. Each number is a mean over seeds with its standard error, SE = sample std / sqrt(n). "Beats
+[None] by more than the standard error" means the difference of the means exceeds the standard error of that
+difference, sqrt(SE_a^2 + SE_b^2). Every model is read against yardsticks: popularity, the learned
+bag-of-items baselines, and, where known, the best possible.
 """
 
 from __future__ import annotations
@@ -15,11 +18,15 @@ from pathlib import Path
 
 import numpy as np
 
-from contextual_bert.config import Config
+from contextual_bert.config import BASELINE_MODELS, VARIANTS, Config
 from contextual_bert.errors import ContextualBertError, DataError
 
 LABELS = {
     "popularity": "Popularity",
+    "optimum_context": "Optimum, with context",
+    "optimum_no_context": "Optimum, without context",
+    "bag_of_items": "Bag of items",
+    "bag_of_items_context": "Bag of items + c",
     "none": "[None]",
     "concat": "[C]",
     "new_position": "[NP]",
@@ -39,6 +46,9 @@ REQUIRED_METRICS = ("cross_entropy", "recall@1", "recall@5")
 METRIC_LABELS = {"cross_entropy": "cross-entropy", "recall@5": "recall@5"}
 # (metric, True when higher is better) for the "beats [None]" verdicts.
 VERDICT_METRICS = (("cross_entropy", False), ("recall@5", True))
+# Single-result yardsticks beside the trained models, in table order; the optimum only where it is known.
+REFERENCES = ("optimum_context", "optimum_no_context", "popularity")
+CONVERGENCE_LABELS = {"early_stopping": "early stop", "plateau": "plateau"}
 
 
 # --- reading ---------------------------------------------------------------------------------------------
@@ -74,6 +84,22 @@ def read_history(path: Path) -> list[dict]:
     if not isinstance(history, list):
         raise DataError("expected a list of epochs", path=path)
     return history
+
+
+def read_references(cfg: Config) -> dict[str, dict]:
+    """Popularity, and the optimum's two results when their files exist (data whose optimum is known)."""
+    found = {"popularity": read_eval(cfg.eval_path("popularity"))}
+    for name in REFERENCES:
+        if name != "popularity" and cfg.eval_path(name).exists():
+            found[name] = read_eval(cfg.eval_path(name))
+    return {name: found[name] for name in REFERENCES if name in found}
+
+
+def convergence_summary(metrics: list[dict]) -> dict:
+    """How many of a variant's runs converged (training.convergence), and how."""
+    ways = [m.get("converged") for m in metrics]
+    return {"converged": sum(w is not None for w in ways), "n": len(ways), "ways": ways,
+            "best_epochs": [m.get("best_epoch") for m in metrics], "epochs": [m.get("epochs") for m in metrics]}
 
 
 # --- statistics ------------------------------------------------------------------------------------------
@@ -154,7 +180,15 @@ def _data_lines(cfg: Config) -> list[str]:
     return lines
 
 
-def render_table1(cfg: Config, summary: dict, popularity: dict, verdicts: dict, order: dict) -> str:
+def _converged_text(c: dict | None) -> str:
+    if not c:
+        return "?"
+    ways = sorted({CONVERGENCE_LABELS[w] for w in c["ways"] if w is not None})
+    return f"{c['converged']}/{c['n']}" + (f" ({', '.join(ways)})" if ways else "")
+
+
+def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, order: dict,
+                  baseline_verdicts: dict | None = None) -> str:
     variants = list(summary)
     seeds = cfg.train.seeds
     n = len(seeds)
@@ -171,16 +205,20 @@ def render_table1(cfg: Config, summary: dict, popularity: dict, verdicts: dict, 
         "- Recall in %. Paper columns: Denk & Peleteiro Ramallo (2020), Table 1, 17k held-out of 380k outfits, "
         "mean of 3 runs (their own data; compare the pattern, not the numbers).",
         "",
+        "- Converged: runs whose early stopping fired or whose last 3 epochs improved validation "
+        "cross-entropy by less than 0.01 nats together.",
+        "",
         "| Model | Cross-entropy | (paper) | Recall@1 % | (paper) | Recall@5 % | Recall@250 % | Parameters | "
-        "(paper) | Recall@1 gain vs [None] | (paper) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "(paper) | Recall@1 gain vs [None] | (paper) | Converged |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    pop = {k: {"mean": v, "se": None} for k, v in popularity["test"].items() if isinstance(v, (int, float))}
-    lines.append(
-        f"| {LABELS['popularity']} | {_fmt(pop.get('cross_entropy'), False, 2)} | – | "
-        f"{_fmt(pop.get('recall@1'), True, 2)} | – | {_fmt(pop.get('recall@5'), True, 2)} | "
-        f"{_fmt(pop.get('recall@250'), True, 2)} | 0 | – | – | – |"
-    )
+    for name, result in references.items():
+        ref = {k: {"mean": v, "se": None} for k, v in result["test"].items() if isinstance(v, (int, float))}
+        lines.append(
+            f"| {LABELS.get(name, name)} | {_fmt(ref.get('cross_entropy'), False, 2)} | – | "
+            f"{_fmt(ref.get('recall@1'), True, 2)} | – | {_fmt(ref.get('recall@5'), True, 2)} | "
+            f"{_fmt(ref.get('recall@250'), True, 2)} | – | – | – | – | – |"
+        )
     paper_none = PAPER_TABLE1["none"]["recall@1"]
     for v in variants:
         s, paper = summary[v], PAPER_TABLE1.get(v, {})
@@ -199,9 +237,25 @@ def render_table1(cfg: Config, summary: dict, popularity: dict, verdicts: dict, 
                 f"{paper['parameters']:,}" if paper else "–",
                 "–" if gain is None else f"{gain * 100:+.1f} %",
                 "–" if paper_gain is None else f"{paper_gain * 100:+.1f} %",
+                _converged_text(s.get("convergence")),
             ]) + " |"
         )
 
+    if "optimum_context" in references or "optimum_no_context" in references:
+        lines += ["", "## Distance to the optimum", "",
+                  "- The data's exact Bayes-optimal predictor is known: its rows are the best any model can do on "
+                  "these test cases, with and without the customer. Gap in cross-entropy (nats):"]
+        for v in variants:
+            ce = summary[v]["test"]["cross_entropy"]["mean"]
+            uses_context = v not in ("none", "bag_of_items")
+            name = "optimum_context" if uses_context else "optimum_no_context"
+            if name in references and ce is not None:
+                gap = ce - references[name]["test"]["cross_entropy"]
+                lines.append(f"  - {LABELS.get(v, v)}: {gap:+.3f} to the {LABELS[name].lower()}")
+    if baseline_verdicts:
+        lines += ["", "## Against the learned baselines", ""]
+        for text in baseline_verdicts["lines"]:
+            lines.append(f"- {text}")
     lines += ["", "## Does context help?", ""]
     if not verdicts:
         lines.append("- [None] is not among train.variants (or no context variant is), so there is nothing to "
@@ -301,13 +355,17 @@ def write_plots(plots_dir: Path, evals: dict[str, list[dict]], popularity: dict,
         for i, (seed, history) in enumerate(sorted(per_seed.items())):
             epochs = [h["epoch"] for h in history]
             label = LABELS.get(variant, variant) if i == 0 else None
-            ax_train.plot(epochs, [_num(h.get("train_loss")) for h in history], color=colors.get(variant),
+            # The training sample's cross-entropy, measured as validation's (older runs: the objective's loss).
+            train_key = "train_cross_entropy" if all("train_cross_entropy" in h for h in history) else "train_loss"
+            ax_train.plot(epochs, [_num(h.get(train_key)) for h in history], color=colors.get(variant),
                           label=label, alpha=0.85, marker=".")
             ax_val.plot(epochs, [_num(h.get("val_cross_entropy")) for h in history], color=colors.get(variant),
                         label=label, alpha=0.85, marker=".")
             rows += [{"variant": variant, "seed": seed, "epoch": h["epoch"], "train_loss": h.get("train_loss"),
+                      "train_cross_entropy": h.get("train_cross_entropy"),
                       "val_cross_entropy": h.get("val_cross_entropy")} for h in history]
-    for ax, title in ((ax_train, "Training loss (masked items)"), (ax_val, "Validation cross-entropy")):
+    for ax, title in ((ax_train, "Training cross-entropy (a fixed sample, measured as validation)"),
+                      (ax_val, "Validation cross-entropy")):
         ax.set_xlabel("epoch")
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
@@ -324,9 +382,37 @@ def write_plots(plots_dir: Path, evals: dict[str, list[dict]], popularity: dict,
 # --- the stage -------------------------------------------------------------------------------------------
 
 
-def _metrics_json(summary: dict, popularity: dict, verdicts: dict) -> dict:
+def against_learned_baselines(summary: dict, context_variants: list[str]) -> dict | None:
+    """[None] against the bag of items, and the best context variant (by cross-entropy) against the bag of
+    items with c: a transformer that does not beat them has not earned its parameters."""
+    pairs = []
+    if "none" in summary and "bag_of_items" in summary:
+        pairs.append(("none", "bag_of_items"))
+    if context_variants and "bag_of_items_context" in summary:
+        best = min(context_variants, key=lambda v: summary[v]["test"]["cross_entropy"]["mean"])
+        pairs.append((best, "bag_of_items_context"))
+    if not pairs:
+        return None
+    checks, lines = {}, []
+    for model, baseline in pairs:
+        per_metric = {m: compare(summary[model]["test"][m], summary[baseline]["test"][m], higher)
+                      for m, higher in VERDICT_METRICS}
+        checks[f"{model}_vs_{baseline}"] = {m: {k: (int(v) if isinstance(v, bool) else v) for k, v in c.items()
+                                                if v is not None} for m, c in per_metric.items()}
+        parts = []
+        for metric, c in per_metric.items():
+            scale, unit = (100, " pts") if metric.startswith("recall") else (1, "")
+            se = "no SE" if c["se"] is None else f"SE {c['se'] * scale:.2f}{unit}"
+            parts.append(f"{METRIC_LABELS[metric]} better by {c['improvement'] * scale:+.2f}{unit} ({se}): "
+                         f"{_verdict_text(c['beats_by_more_than_se'])}")
+        lines.append(f"{LABELS.get(model, model)} against {LABELS[baseline]}: " + "; ".join(parts))
+    return {"checks": checks, "lines": lines}
+
+
+def _metrics_json(summary: dict, references: dict, verdicts: dict) -> dict:
     """Nested dicts of numbers only, for `dvc metrics show`."""
-    out = {"popularity": {"test": {k: v for k, v in popularity["test"].items() if isinstance(v, (int, float))}}}
+    out = {name: {"test": {k: v for k, v in result["test"].items() if isinstance(v, (int, float))}}
+           for name, result in references.items()}
     for variant, s in summary.items():
         # Counts (n_outfits, n_cases, ...) are the same for every seed: one number, no SE.
         entry = {"test": {m: stat["mean"] if m.startswith("n_") else
@@ -335,6 +421,8 @@ def _metrics_json(summary: dict, popularity: dict, verdicts: dict) -> dict:
                  "parameters": s["parameters"], "n_seeds": s["n_seeds"]}
         if s.get("recall@1_gain_vs_none") is not None:
             entry["recall@1_gain_vs_none"] = s["recall@1_gain_vs_none"]
+        if s.get("convergence"):
+            entry["converged_runs"] = s["convergence"]["converged"]
         for metric, c in verdicts.get("per_variant", {}).get(variant, {}).items():
             entry.setdefault("vs_none", {})[metric] = {
                 k: (int(v) if isinstance(v, bool) else v) for k, v in c.items() if v is not None}
@@ -348,11 +436,16 @@ def build_report(cfg: Config) -> dict:
     if not variants or not seeds:
         raise ContextualBertError("params.yaml: train.variants and train.seeds must not be empty")
     evals = {v: [read_eval(cfg.eval_path(f"{v}-s{s}")) for s in seeds] for v in variants}
-    popularity = read_eval(cfg.eval_path("popularity"))
+    references = read_references(cfg)
+    popularity = references["popularity"]
     histories = {v: {s: read_history(cfg.run_dir(v, s) / "history.json") for s in seeds} for v in variants}
 
     summary = {v: summarize_runs(runs) for v, runs in evals.items()}
-    context_variants = [v for v in variants if v != "none"]
+    for v in variants:
+        paths = [cfg.run_dir(v, s) / "metrics.json" for s in seeds]
+        if all(p.exists() for p in paths):
+            summary[v]["convergence"] = convergence_summary([_read_json(p, "training metrics") for p in paths])
+    context_variants = [v for v in variants if v in VARIANTS and v != "none"]
     verdicts, order = {}, {}
     if "none" in summary:
         none = summary["none"]["test"]
@@ -374,10 +467,16 @@ def build_report(cfg: Config) -> dict:
                       "beats_by_more_than_se"] is False]
         order = {"ours": ours, "paper": paper, "matches_paper": ours == paper, "within_se": within}
 
+    baseline_verdicts = against_learned_baselines(summary, context_variants)
+
     reports_dir = cfg.paths.reports_dir
     reports_dir.mkdir(parents=True, exist_ok=True)
-    (reports_dir / "table1.md").write_text(render_table1(cfg, summary, popularity, verdicts, order))
-    (reports_dir / "metrics.json").write_text(json.dumps(_metrics_json(summary, popularity, verdicts), indent=2))
+    (reports_dir / "table1.md").write_text(
+        render_table1(cfg, summary, references, verdicts, order, baseline_verdicts))
+    metrics = _metrics_json(summary, references, verdicts)
+    if baseline_verdicts:
+        metrics["vs_learned_baselines"] = baseline_verdicts["checks"]
+    (reports_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     plots = write_plots(reports_dir / "plots", evals, popularity, histories)
     return {
         "table": str(reports_dir / "table1.md"),
@@ -386,6 +485,7 @@ def build_report(cfg: Config) -> dict:
         "summary": {v: {m: s["test"][m] for m in REQUIRED_METRICS} | {"parameters": s["parameters"]}
                     for v, s in summary.items()},
         "all_beat_none_by_more_than_se": verdicts.get("all_beat_none_by_more_than_se"),
+        "vs_learned_baselines": (baseline_verdicts or {}).get("checks"),
         "order_by_recall@1": order.get("ours"),
         "order_matches_paper": order.get("matches_paper"),
     }
