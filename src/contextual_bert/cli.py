@@ -88,6 +88,9 @@ def _cmd_train(cfg: Config, args) -> None:
             on_epoch_end=tracker.log_epoch,
         )
         tracker.log_result(result)
+    metrics_path = cfg.train_metrics_path(args.variant, args.seed)
+    metrics_path.parent.mkdir(parents=True, exist_ok=True)
+    metrics_path.write_text(json.dumps(result, indent=2))
     _print_json(result)
 
 

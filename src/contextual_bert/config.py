@@ -120,7 +120,19 @@ class VariantOverrides(Section):
     learning_rate: float | None = None
     batch_size: int | None = None
     max_epochs: int | None = None
+    weight_decay: float | None = None
     dropout: float | None = None
+
+
+class SweepConfig(Section):
+    """The per-variant sweep (flows/sweep.py through DVC experiments): every combination of `grid` for every
+    variant, one seed, chosen on validation cross-entropy; the choice is written to `variants:`."""
+
+    seed: int = 0  # one of train.seeds: each setting trains train@<variant>-<seed>
+    variants: list[Variant] = []  # empty: train.variants
+    grid: dict[Literal["learning_rate", "dropout", "weight_decay", "batch_size"], list[float]] = {
+        "learning_rate": [1e-3, 2e-3, 4e-3]
+    }
 
 
 class EvaluateConfig(Section):
@@ -152,6 +164,7 @@ class Config(Section):
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     variants: dict[Variant, VariantOverrides] = {v: VariantOverrides() for v in MODELS}
+    sweep: SweepConfig = SweepConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     mlflow: MlflowConfig = MlflowConfig()
     promote: PromoteConfig = PromoteConfig()
@@ -161,6 +174,10 @@ class Config(Section):
     def run_dir(self, variant: str, seed: int) -> Path:
         """Where one training run (variant, seed) keeps its checkpoints and history."""
         return self.paths.models_dir / f"{variant}-s{seed}"
+
+    def train_metrics_path(self, variant: str, seed: int) -> Path:
+        """The training's result as a DVC metric (`dvc exp show`, the sweep): a copy of the run's metrics.json."""
+        return self.paths.reports_dir / "train" / f"{variant}-s{seed}.json"
 
     def eval_path(self, name: str) -> Path:
         """Where the evaluation of one run ("<variant>-s<seed>") or of the popularity baseline is written."""

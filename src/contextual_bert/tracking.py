@@ -255,6 +255,8 @@ class TrainingTracker:
         metrics = [Metric(metric_key(k, "final"), v, now, 0) for k, v in values.items()]
         if metrics:
             self.mlflow_client.log_batch(self.run_id, metrics=metrics)
+        if "converged" in result:  # how it converged, or "no": a tag to filter runs by in the MLflow UI
+            self.mlflow_client.set_tag(self.run_id, "converged", result["converged"] or "no")
         checkpoint = self.run_dir / "checkpoint.pt"
         if checkpoint.exists():  # lets register find this run from the checkpoint alone
             self.mlflow_client.set_tag(self.run_id, "checkpoint_sha256", file_sha256(checkpoint))

@@ -1,0 +1,104 @@
+"""The per-variant sweep through DVC experiments, as a DVC user runs it by hand:
+
+    dvc exp run --queue -n sweep-none-0 -S ++variants.none.learning_rate=0.001 train@none-0   (one per setting)
+    dvc queue start -j <jobs>      # then wait until the queue is empty
+    dvc exp show --json            # every experiment's params and reports/train/<run>.json
+
+then the setting with the lowest validation cross-entropy of each variant is written to `variants:` in
+params.yaml (contextual_bert.sweep chooses; nothing is chosen on test) and the table and plot go to
+reports/sweep/. `dvc repro` afterwards re-trains exactly the variants whose settings changed: DVC, not
+this flow, decides what is stale.
+
+    python -m flows.sweep [--jobs 2] [--no-apply]      # or the Prefect deployment `sweep`
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from prefect import flow, get_run_logger, task
+
+from contextual_bert.config import load_config
+from contextual_bert.sweep import choose, experiments, rows_from_exp_show, write_report
+from flows.params_file import apply_overrides
+from flows.tasks import TASK_DEFAULTS
+
+
+def _dvc(args: list[str], workdir: Path) -> str:
+    done = subprocess.run(["dvc", *args], cwd=workdir, capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})
+    if done.returncode != 0:
+        raise RuntimeError(f"dvc {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    return done.stdout
+
+
+def _queued_or_running(workdir: Path) -> int:
+    status = _dvc(["queue", "status"], workdir)
+    return sum(1 for line in status.splitlines() if " Queued " in f" {line} " or " Running " in f" {line} ")
+
+
+@task(name="queue-sweep", **TASK_DEFAULTS)
+def queue_experiments(workdir: Path) -> list[str]:
+    """`dvc exp run --queue` once per (variant, setting) of params.yaml's sweep section."""
+    names = []
+    for planned in experiments(load_config(workdir / "params.yaml")):
+        sets = [arg for p in planned["set_params"] for arg in ("-S", p)]
+        _dvc(["exp", "run", "--queue", "-n", planned["name"], *sets, planned["target"]], workdir)
+        names.append(planned["name"])
+    return names
+
+
+@task(name="run-queue", **TASK_DEFAULTS)
+def run_queue(workdir: Path, jobs: int, poll_s: float = 5.0) -> None:
+    """`dvc queue start -j jobs`, then wait until nothing is queued or running."""
+    _dvc(["queue", "start", "-j", str(jobs)], workdir)
+    while _queued_or_running(workdir):
+        time.sleep(poll_s)
+
+
+@task(name="choose-settings", **TASK_DEFAULTS)
+def choose_and_apply(workdir: Path, apply: bool) -> dict:
+    cfg = load_config(workdir / "params.yaml")
+    rows = rows_from_exp_show(json.loads(_dvc(["exp", "show", "--json", "-A"], workdir)), cfg)
+    expected = {e["name"] for e in experiments(cfg)}
+    missing = sorted(expected - {r["experiment"] for r in rows})
+    if missing:
+        raise RuntimeError(f"sweep experiments without a result: {missing} (see `dvc queue logs <name>`)")
+    choice = choose(rows)
+    write_report(rows, choice, workdir / cfg.paths.reports_dir / "sweep")
+    if apply:
+        overrides = {f"variants.{v}.{k}": value for v, setting in choice.items() for k, value in setting.items()}
+        apply_overrides(workdir / "params.yaml", overrides)
+    return choice
+
+
+@flow(name="sweep", log_prints=True)
+def sweep(workdir: str = ".", jobs: int = 1, apply: bool = True) -> dict:
+    """Queue, run and read back the sweep; write the winners into params.yaml (unless apply is false)."""
+    root = Path(workdir).resolve()
+    names = queue_experiments(root)
+    get_run_logger().info("queued %d experiments", len(names))
+    run_queue(root, jobs)
+    choice = choose_and_apply(root, apply)
+    get_run_logger().info("chosen: %s", choice)
+    return choice
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", default=".")
+    parser.add_argument("--jobs", type=int, default=1, help="experiments run at once (dvc queue start -j)")
+    parser.add_argument("--no-apply", action="store_true", help="report the choice, leave params.yaml as is")
+    args = parser.parse_args(argv)
+    print(json.dumps(sweep(args.workdir, args.jobs, not args.no_apply), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""The per-variant sweep: its settings, its choice and its report (no orchestration here).
+
+Each variant gets its own settings (learning rate first), chosen on the validation split and never on test:
+every combination of `sweep.grid` trains `train@<variant>-<sweep.seed>` as one DVC experiment
+(`dvc exp run --queue -S ++variants.<variant>.<key>=<value> ...`, flows/sweep.py runs the queue), and the
+setting with the lowest best-epoch validation cross-entropy wins. The winners go to `variants:` in
+params.yaml, so `dvc repro` then re-trains exactly the variants whose settings changed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+from contextual_bert.config import Config
+from contextual_bert.errors import ContextualBertError
+
+OBJECTIVE = "best_val_cross_entropy"  # from reports/train/<run>.json; lower is better
+INTEGER_KEYS = ("batch_size",)
+
+
+def sweep_variants(cfg: Config) -> list[str]:
+    variants = list(cfg.sweep.variants or cfg.train.variants)
+    unknown = [v for v in variants if v not in cfg.train.variants]
+    if unknown:
+        raise ContextualBertError(f"params.yaml: sweep.variants {unknown} are not in train.variants")
+    if cfg.sweep.seed not in cfg.train.seeds:
+        raise ContextualBertError(f"params.yaml: sweep.seed {cfg.sweep.seed} is not one of train.seeds "
+                                  f"{cfg.train.seeds} (the sweep trains train@<variant>-<seed>)")
+    return variants
+
+
+def settings_grid(cfg: Config) -> list[dict]:
+    """Every combination of the grid's values, as {key: value}, in the grid's order."""
+    keys = list(cfg.sweep.grid)
+    if not keys or any(not cfg.sweep.grid[k] for k in keys):
+        raise ContextualBertError("params.yaml: sweep.grid needs at least one value for each key")
+    combos = itertools.product(*(cfg.sweep.grid[k] for k in keys))
+    return [{k: int(v) if k in INTEGER_KEYS else float(v) for k, v in zip(keys, values)} for values in combos]
+
+
+def experiments(cfg: Config) -> list[dict]:
+    """One experiment per (variant, setting): its name, DVC target and `-S` parameter overrides."""
+    planned = []
+    for variant in sweep_variants(cfg):
+        for i, setting in enumerate(settings_grid(cfg)):
+            planned.append({
+                "name": f"sweep-{variant.replace('_', '-')}-{i}",
+                "variant": variant,
+                "setting": setting,
+                "target": f"train@{variant}-{cfg.sweep.seed}",  # the matrix stage
+                "set_params": [f"++variants.{variant}.{k}={v}" for k, v in setting.items()],
+            })
+    return planned
+
+
+def rows_from_exp_show(exp_show: list[dict], cfg: Config) -> list[dict]:
+    """(variant, setting, objective, convergence) of every finished sweep experiment in `dvc exp show --json`.
+
+    An experiment is recognised by its name (`sweep-<variant>-<i>`); its setting is read back from its params,
+    its result from reports/train/<variant>-s<seed>.json. Failed or unfinished ones are skipped.
+    """
+    names = {e["name"]: e for e in experiments(cfg)}
+    rows = []
+    for commit in exp_show:
+        for exp in [commit] + [e for branch in commit.get("experiments") or [] for e in branch.get("revs", [])]:
+            name = exp.get("name")
+            if name not in names or not exp.get("data"):
+                continue
+            planned, data = names[name], exp["data"]
+            metrics_file = str(cfg.train_metrics_path(planned["variant"], cfg.sweep.seed))
+            result = (data.get("metrics") or {}).get(metrics_file, {}).get("data") or {}
+            params = (data.get("params") or {}).get("params.yaml", {}).get("data") or {}
+            overrides = ((params.get("variants") or {}).get(planned["variant"]) or {})
+            setting = {k: overrides.get(k) for k in planned["setting"]}
+            objective = result.get(OBJECTIVE)
+            if objective is None or not math.isfinite(float(objective)):
+                continue
+            rows.append({"experiment": name, "rev": exp.get("rev"), "variant": planned["variant"],
+                         "setting": setting, OBJECTIVE: float(objective), "converged": result.get("converged"),
+                         "best_epoch": result.get("best_epoch"), "epochs": result.get("epochs")})
+    return rows
+
+
+def choose(rows: list[dict]) -> dict[str, dict]:
+    """variant -> the setting with the lowest objective (ties: the first in grid order)."""
+    best: dict[str, dict] = {}
+    for row in rows:
+        if row["variant"] not in best or row[OBJECTIVE] < best[row["variant"]][OBJECTIVE]:
+            best[row["variant"]] = row
+    return {variant: dict(row["setting"]) for variant, row in best.items()}
+
+
+def write_report(rows: list[dict], choice: dict[str, dict], out_dir: Path) -> list[Path]:
+    """reports/sweep/: sweep.json (every row and the choice), sweep.md (a table) and sweep.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "sweep.json").write_text(json.dumps({"objective": OBJECTIVE, "rows": rows, "choice": choice},
+                                                   indent=2))
+    keys = sorted({k for row in rows for k in row["setting"]})
+    lines = ["# Sweep: validation cross-entropy per variant and setting", "",
+             f"One seed per setting; the lowest best-epoch validation cross-entropy wins (marked **). "
+             f"Never chosen on test.", "",
+             "| Variant | " + " | ".join(keys) + " | Val cross-entropy | Best epoch / epochs | Converged |",
+             "|---|" + "---|" * (len(keys) + 3)]
+    for row in sorted(rows, key=lambda r: (r["variant"], [r["setting"].get(k) or 0 for k in keys])):
+        chosen = choice.get(row["variant"]) == row["setting"]
+        value = f"{row[OBJECTIVE]:.4f}"
+        lines.append(f"| {row['variant']} | " + " | ".join(str(row["setting"].get(k)) for k in keys)
+                     + f" | {'**' + value + '**' if chosen else value} | {row['best_epoch']} / {row['epochs']} | "
+                     f"{row['converged'] or 'no'} |")
+    (out_dir / "sweep.md").write_text("\n".join(lines) + "\n")
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    x_key = "learning_rate" if "learning_rate" in keys else keys[0]
+    for variant in sorted({r["variant"] for r in rows}):
+        points = sorted((r["setting"][x_key], r[OBJECTIVE]) for r in rows if r["variant"] == variant)
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=variant)
+    ax.set_xscale("log")
+    ax.set_xlabel(x_key)
+    ax.set_ylabel("best validation cross-entropy (nats)")
+    ax.set_title("Sweep, one seed per setting")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "sweep.png")
+    plt.close(fig)
+    return [out_dir / "sweep.json", out_dir / "sweep.md", out_dir / "sweep.png"]

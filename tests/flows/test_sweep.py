@@ -1,0 +1,130 @@
+"""The sweep through real DVC experiments on a toy project: queued, run, read back with `dvc exp show`, the
+winner per variant written into params.yaml; and the choice rules of contextual_bert.sweep."""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from contextual_bert.config import Config
+from contextual_bert.sweep import choose, experiments, rows_from_exp_show, settings_grid
+from flows_testkit import VENV_BIN, git, run
+
+# A stand-in training: its validation cross-entropy is a parabola in log10(learning rate) with its minimum
+# at 10^-2.5 for [None] and 10^-3 for [GS]; it writes reports/train/<variant>-s<seed>.json as train does.
+TOY_TRAIN = textwrap.dedent('''\
+    import json, math, sys
+    from pathlib import Path
+    import yaml
+    variant, seed = sys.argv[1], sys.argv[2]
+    params = yaml.safe_load(Path("params.yaml").read_text())
+    lr = (params.get("variants", {}).get(variant) or {}).get("learning_rate") or params["train"]["learning_rate"]
+    best = {"none": -2.5, "global_state": -3.0}[variant]
+    ce = 5.0 + (math.log10(lr) - best) ** 2
+    Path("models").mkdir(exist_ok=True)
+    Path(f"models/{variant}-s{seed}.txt").write_text(str(lr))
+    Path("reports/train").mkdir(parents=True, exist_ok=True)
+    Path(f"reports/train/{variant}-s{seed}.json").write_text(json.dumps(
+        {"best_val_cross_entropy": ce, "converged": "plateau", "best_epoch": 3, "epochs": 4}))
+    ''')
+TOY_DVC_YAML = textwrap.dedent("""\
+    stages:
+      train:
+        matrix:
+          variant: ${train.variants}
+          seed: ${train.seeds}
+        cmd: python toy_train.py ${item.variant} ${item.seed}
+        deps: [toy_train.py]
+        params:
+          - train.learning_rate
+          - variants.${item.variant}
+        outs:
+          - models/${item.variant}-s${item.seed}.txt
+        metrics:
+          - reports/train/${item.variant}-s${item.seed}.json:
+              cache: false
+    """)
+TOY_PARAMS = textwrap.dedent("""\
+    # A toy project for the sweep: a valid contextual-bert params.yaml.
+    train:
+      variants: [none, global_state]
+      seeds: [0]
+      learning_rate: 0.003   # the shared default
+    variants:
+      none: {}
+      global_state: {dropout: 0.1}   # a comment that must survive
+    sweep:
+      seed: 0
+      grid:
+        learning_rate: [0.0003, 0.001, 0.003]
+    """)
+
+
+def _toy_sweep_repo(root: Path) -> Path:
+    root.mkdir(parents=True)
+    git(["init", "-q", "-b", "main"], root)
+    run([str(VENV_BIN / "dvc"), "init", "-q"], root)
+    (root / "toy_train.py").write_text(TOY_TRAIN)
+    (root / "dvc.yaml").write_text(TOY_DVC_YAML)
+    (root / "params.yaml").write_text(TOY_PARAMS)
+    (root / ".gitignore").write_text("__pycache__/\n")
+    git(["add", "-A"], root)
+    git(["commit", "-q", "-m", "toy sweep project"], root)
+    return root
+
+
+@pytest.mark.slow
+def test_the_sweep_runs_dvc_experiments_and_writes_its_choice_into_params(prefect_api, tmp_path):
+    from flows.sweep import sweep
+
+    repo = _toy_sweep_repo(tmp_path / "toy")
+    choice = sweep(workdir=str(repo), jobs=2)
+    assert choice == {"none": {"learning_rate": 0.003}, "global_state": {"learning_rate": 0.001}}
+
+    params_text = (repo / "params.yaml").read_text()
+    params = yaml.safe_load(params_text)
+    assert params["variants"]["none"] == {"learning_rate": 0.003}
+    assert params["variants"]["global_state"] == {"dropout": 0.1, "learning_rate": 0.001}
+    assert "# a comment that must survive" in params_text
+    report = json.loads((repo / "reports/sweep/sweep.json").read_text())
+    assert len(report["rows"]) == 6 and report["choice"] == choice
+    assert (repo / "reports/sweep/sweep.png").stat().st_size > 0
+    assert "**5.0000**" in (repo / "reports/sweep/sweep.md").read_text()  # [GS] at 1e-3: its minimum
+
+
+def _cfg(**sweep) -> Config:
+    return Config.model_validate({"train": {"variants": ["none", "global_state"], "seeds": [0, 1]},
+                                  "sweep": {"seed": 1, **sweep}})
+
+
+def test_the_grid_is_every_combination_for_every_variant():
+    cfg = _cfg(grid={"learning_rate": [1e-3, 2e-3], "dropout": [0.1, 0.2, 0.3]}, variants=["global_state"])
+    assert len(settings_grid(cfg)) == 6
+    planned = experiments(cfg)
+    assert [e["target"] for e in planned] == ["train@global_state-1"] * 6
+    assert planned[1]["set_params"] == ["++variants.global_state.learning_rate=0.001",
+                                        "++variants.global_state.dropout=0.2"]
+    with pytest.raises(Exception, match="sweep.seed 5 is not one of train.seeds"):
+        experiments(_cfg(seed=5))
+
+
+def test_choose_takes_the_lowest_validation_loss_and_skips_failed_runs():
+    cfg = _cfg(grid={"learning_rate": [1e-3, 2e-3]})
+    metrics_file = str(cfg.train_metrics_path("none", 1))
+
+    def exp(name, lr, ce):
+        return {"name": name, "rev": name, "data": {
+            "params": {"params.yaml": {"data": {"variants": {"none": {"learning_rate": lr}}}}},
+            "metrics": {metrics_file: {"data": {"best_val_cross_entropy": ce, "converged": None}}}}}
+
+    shown = [{"name": "workspace", "data": {}, "experiments": [
+        {"revs": [exp("sweep-none-0", 0.001, 5.2)]}, {"revs": [exp("sweep-none-1", 0.002, 5.1)]},
+        {"revs": [exp("unrelated", 0.5, 1.0)]}, {"revs": [exp("sweep-none-1", 0.002, math.inf)]}]}]
+    rows = rows_from_exp_show(shown, cfg)
+    assert [r["experiment"] for r in rows] == ["sweep-none-0", "sweep-none-1"]
+    assert choose(rows) == {"none": {"learning_rate": 0.002}}
