@@ -21,16 +21,12 @@ import torch
 from torch import nn
 
 from contextual_bert.config import EvaluateConfig, ModelConfig
+from contextual_bert.devices import autocast, evaluation_device, keep_freed_memory
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, EncodedOutfits
 from contextual_bert.model import count_paper_parameters, load_checkpoint
-from contextual_bert.training import keep_freed_memory
 
 RECALL_CURVE_MAX_K = 250
-
-
-def evaluation_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 class PopularityModel(nn.Module):
@@ -68,7 +64,7 @@ def case_ranks(model, data: EncodedOutfits, batch_size: int, device, with_ranks:
 
     ranks, log_probs = [], []
     article_index = torch.arange(getattr(model, "n_items"), device=device)
-    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+    with torch.no_grad(), autocast(device):
         for start in range(0, len(target), batch_size):
             rows = slice(start, start + batch_size)
             o, p, t = outfit[rows], position[rows], target[rows, None]

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from contextual_bert.devices import autocast, select_device
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
 
@@ -44,12 +45,6 @@ MODEL_ARTIFACTS = {
 }
 PACKAGE_DIR = Path(__file__).resolve().parent
 PYFUNC_CODE = PACKAGE_DIR / "pyfunc_model.py"
-
-
-def pick_device(device: str = "auto") -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 # --- checking and encoding a request --------------------------------------------------------------------
@@ -112,7 +107,7 @@ class OutfitCompleterCore:
         from contextual_bert.features import ContextEncoder, load_article_vocab
         from contextual_bert.model import load_checkpoint
 
-        torch_device = pick_device(device)
+        torch_device = select_device(device)
         model, _ = load_checkpoint(checkpoint, map_location=torch_device)
         vocab = load_article_vocab(features_dir)
         if len(vocab) != model.n_items:
@@ -152,7 +147,7 @@ class OutfitCompleterCore:
         """(B, n_items) log-probabilities of the article to add; -inf for specials and the outfit's articles."""
         items = items.to(self.device)
         context = {k: v.to(self.device) for k, v in context.items()}
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+        with autocast(self.device):
             logits = self.model.masked_logits(items, context).float()
         # Never recommend what the outfit holds; [UNK] and the other specials are already -inf.
         logits.scatter_(1, items, float("-inf"))
