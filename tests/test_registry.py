@@ -7,7 +7,7 @@ import torch
 from helpers import STRONG, WEAK
 from contextual_bert.cli import main
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.features import load_split
+from contextual_bert.feature_store import load_split
 from contextual_bert.registry import (
     CHAMPION,
     PREVIOUS,

@@ -14,7 +14,7 @@ from mlflow.exceptions import MlflowException
 
 from helpers import STRONG, free_port, stop_process_group, wait_for_http
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.features import load_spec
+from contextual_bert.feature_store import load_spec
 from contextual_bert.serving import (
     MAX_TOP_K,
     OUTPUT_COLUMNS,

@@ -132,7 +132,7 @@ def evaluate_split(model, data: EncodedOutfits, cfg: EvaluateConfig, device) -> 
 
 
 def _evaluate(model, name, variant, seed, parameters, features_dir, max_set_size, out_path, cfg) -> dict:
-    from contextual_bert.features import load_split
+    from contextual_bert.feature_store import load_split
 
     device = evaluation_device()
     if device.type == "cpu":
@@ -158,7 +158,7 @@ def _evaluate(model, name, variant, seed, parameters, features_dir, max_set_size
 
 def evaluate_run(features_dir: Path, run_dir: Path, out_path: Path, cfg: EvaluateConfig) -> dict:
     """Evaluate run_dir/checkpoint.pt on the test (and validation) split; write out_path (JSON)."""
-    from contextual_bert.features import load_article_vocab
+    from contextual_bert.feature_store import load_article_vocab
 
     run_dir = Path(run_dir)
     model, meta = load_checkpoint(run_dir / "checkpoint.pt")
@@ -176,7 +176,7 @@ def evaluate_popularity(
     features_dir: Path, out_path: Path, cfg: EvaluateConfig, max_set_size: int = ModelConfig().max_set_size
 ) -> dict:
     """The popularity baseline (training counts) through the same ranking code; write out_path (JSON)."""
-    from contextual_bert.features import load_article_vocab
+    from contextual_bert.feature_store import load_article_vocab
 
     counts = np.asarray(load_article_vocab(features_dir).counts)
     if not math.isfinite(float(counts.sum())) or (counts < 0).any():

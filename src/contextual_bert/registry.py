@@ -254,7 +254,7 @@ def validation_cases(cfg: Config, core, model_features_sha: str, features_sha: s
     vocabularies) gets the same outfits re-encoded from data/validated through its own vocabularies, so
     both sides of the paired test see the same cases.
     """
-    from contextual_bert.features import load_split
+    from contextual_bert.feature_store import load_split
 
     max_set_size = core.max_set_size
     if model_features_sha == features_sha:

@@ -32,17 +32,11 @@ import torch
 from contextual_bert.devices import autocast, select_device
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
+from contextual_bert.feature_store import MODEL_FEATURE_FILES
 
 MAX_TOP_K = 250
 BATCH_ROWS = 1024  # rows scored per forward pass: bounds memory for large requests
 OUTPUT_COLUMNS = ("article_ids", "scores", "unknown_article_ids", "missing_features", "unknown_features")
-MODEL_ARTIFACTS = {
-    "checkpoint": "checkpoint.pt",
-    "article_vocab": "article_vocab.parquet",
-    "context_vocab": "context_vocab.json",
-    "spec": "spec.json",
-    "manifest": "manifest.json",
-}
 PACKAGE_DIR = Path(__file__).resolve().parent
 PYFUNC_CODE = PACKAGE_DIR / "pyfunc_model.py"
 
@@ -104,7 +98,7 @@ class OutfitCompleterCore:
 
     @classmethod
     def load(cls, checkpoint: Path, features_dir: Path, device: str = "auto") -> "OutfitCompleterCore":
-        from contextual_bert.features import ContextEncoder, load_article_vocab
+        from contextual_bert.feature_store import ContextEncoder, load_article_vocab
         from contextual_bert.model import load_checkpoint
 
         torch_device = select_device(device)
@@ -290,7 +284,7 @@ def log_pyfunc_model(
     With `model_id` the files go into that existing LoggedModel (created with its source run), so the
     training run's status is never touched.
     """
-    from contextual_bert.features import load_spec
+    from contextual_bert.feature_store import load_spec
 
     spec = load_spec(features_dir)
     with tempfile.TemporaryDirectory() as tmp:
@@ -298,9 +292,8 @@ def log_pyfunc_model(
         settings = tmp / "settings.json"
         settings.write_text(json.dumps({"top_k": int(top_k)}))
         artifacts = {"checkpoint": str(checkpoint), "settings": str(settings)}
-        for key, name in MODEL_ARTIFACTS.items():
-            if key != "checkpoint":
-                artifacts[key] = str(Path(features_dir) / name)
+        for name in MODEL_FEATURE_FILES:  # keyed by stem: "article_vocab", "context_vocab", "spec", "manifest"
+            artifacts[Path(name).stem] = str(Path(features_dir) / name)
         for path in artifacts.values():
             if not Path(path).exists():
                 raise ContextualBertError(f"{path}: not found; the served model needs it")
@@ -318,7 +311,7 @@ def log_pyfunc_model(
 
 def example_request(features_dir: Path, n_rows: int = 2) -> pd.DataFrame:
     """A request built from real articles of the vocabulary, context left to the caller (all optional)."""
-    from contextual_bert.features import load_article_vocab
+    from contextual_bert.feature_store import load_article_vocab
 
     vocab = load_article_vocab(features_dir)
     real = vocab.ids[N_SPECIAL:]

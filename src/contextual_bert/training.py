@@ -347,7 +347,7 @@ def train(
     and data; max_epochs, patience, device and threads may differ). A run that already finished is not
     re-trained (its metrics are returned again); a run whose settings or data differ starts from scratch.
     """
-    from contextual_bert.features import load_article_vocab, load_spec, load_split
+    from contextual_bert.feature_store import load_article_vocab, load_spec, load_split
 
     spec = load_spec(features_dir)
     n_items = len(load_article_vocab(features_dir))
