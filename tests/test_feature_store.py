@@ -6,7 +6,7 @@ import pytest
 
 from contextual_bert.errors import ContextualBertError, DataError
 from contextual_bert.feature_spec import MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
-from contextual_bert.feature_store import ContextEncoder, load_article_vocab, load_split
+from contextual_bert.feature_store import ContextIndexer, load_article_vocab, load_split
 from feature_data import build_paper_features
 
 
@@ -35,9 +35,9 @@ def test_load_split_round_trip_matches_the_tables(paper):
     assert vocab.to_ids(split.items[0, : len(first)]) == [a if a in known else "[UNK]" for a in first]
 
 
-def test_context_encoder_matches_training_rows_and_reports_unknowns(paper):
+def test_context_indexer_matches_training_rows_and_reports_unknowns(paper):
     features_dir, _, (_, customers, outfits) = paper
-    encoder = ContextEncoder.load(features_dir)
+    encoder = ContextIndexer.load(features_dir)
     split = load_split(features_dir, "test", max_set_size=8)
     raw = outfits.set_index("outfit_id").loc[split.outfit_ids].reset_index()
     rows = raw[["customer_id", "occasion"]].merge(customers, on="customer_id", how="left")

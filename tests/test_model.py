@@ -9,7 +9,7 @@ from contextual_bert.errors import ContextualBertError
 from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, ContextSpec, FeatureSpec
 from contextual_bert.model import (
     PAPER_PARAMETERS,
-    ContextEncoder,
+    ContextEmbedding,
     ContextualBert,
     count_paper_parameters,
     describe_variants,
@@ -144,8 +144,8 @@ def test_none_ignores_the_context():
     assert bert.context_encoder is None
 
 
-def test_context_encoder_concatenates_features_and_averages_multi_values():
-    encoder = ContextEncoder(SPEC)
+def test_context_embedding_concatenates_features_and_averages_multi_values():
+    encoder = ContextEmbedding(SPEC)
     ctx = {"gender": torch.tensor([3, 4]), "brands": torch.tensor([[3, 5, 0], [0, 0, 0]]),
            "age": torch.tensor([1, 7]), "occasion": torch.tensor([3, 3])}  # fmt: skip
     c = encoder(ctx)

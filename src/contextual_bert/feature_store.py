@@ -4,7 +4,7 @@ File names, the encoders that turn raw values into the stored indices, and the l
 evaluation, tracking, the registry and serving read data/features only through this module; the stage
 that writes it is `features.py`.
 
-Encoding rules (one code path, `ContextEncoder`, for the stored tables and for serving):
+Encoding rules (one code path, `ContextIndexer`, for the stored tables and for serving):
 - categorical: the value as a string; vocabulary = train values seen at least `min_context_count` times,
   sorted, index = position + N_SPECIAL. None/NaN/"" -> MISSING_INDEX, anything else unseen -> UNKNOWN_INDEX.
 - multi_categorical: each value encoded as above, duplicate indices dropped keeping the first, then the
@@ -125,7 +125,7 @@ def encode_numeric(values, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     return idx, missing, unknown
 
 
-class ContextEncoder:
+class ContextIndexer:
     """Raw context values -> index tensors, exactly as the features stage stored them for training."""
 
     def __init__(self, spec: ContextSpec, vocab: dict[str, dict]):
@@ -136,7 +136,7 @@ class ContextEncoder:
                        if "bucket_edges" in v}
 
     @classmethod
-    def load(cls, features_dir: Path) -> "ContextEncoder":
+    def load(cls, features_dir: Path) -> "ContextIndexer":
         features_dir = Path(features_dir)
         path = _require(features_dir / CONTEXT_VOCAB_FILE)
         return cls(load_spec(features_dir), json.loads(path.read_text()))

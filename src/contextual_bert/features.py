@@ -36,7 +36,7 @@ from contextual_bert.feature_store import (
     SPEC_FILE,
     SPLITS,
     ArticleVocab,
-    ContextEncoder,
+    ContextIndexer,
     as_object_series,
     explode_values,
     file_sha256,
@@ -225,7 +225,7 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
     # Context vocabularies from the train rows: the outfits of the train split and their customers.
     train_customers = customers.iloc[np.unique(customer_pos[is_train])]
     spec, context_vocab = _fit_context(schema, cfg, train_customers, outfits[is_train])
-    encoder = ContextEncoder(spec, context_vocab)
+    encoder = ContextIndexer(spec, context_vocab)
     cust_idx, cust_missing, cust_unknown = encoder.encode_arrays(customers, source="customer")
     outfit_idx, outfit_missing, outfit_unknown = encoder.encode_arrays(outfits, source="outfit")
 

@@ -66,7 +66,7 @@ class Dropout(nn.Dropout):
         return _DropoutFunction.apply(x, self.p)
 
 
-class ContextEncoder(nn.Module):
+class ContextEmbedding(nn.Module):
     """c: one trainable embedding per context feature, concatenated in the spec's order.
 
     Categorical and bucketized numeric features are one index each. A multi-categorical feature is a
@@ -238,7 +238,8 @@ class ContextualBert(nn.Module):
             raise ContextualBertError(f"variant '{variant}' needs context features; the spec has none")
 
         self.item_embeddings = nn.Embedding(n_items, d, padding_idx=PAD_INDEX)  # row MASK_INDEX is [MASK]
-        self.context_encoder = ContextEncoder(spec) if uses_context else None
+        # (attribute named as before the class was renamed: checkpoints' state_dict keys carry it)
+        self.context_encoder = ContextEmbedding(spec) if uses_context else None
         self.concat_input = ConcatInput(d_context, d) if variant == "concat" else None
         self.context_position = nn.Linear(d_context, d) if variant == "new_position" else None
         global_state = variant in GLOBAL_STATE_VARIANTS

@@ -98,7 +98,7 @@ class OutfitCompleterCore:
 
     @classmethod
     def load(cls, checkpoint: Path, features_dir: Path, device: str = "auto") -> "OutfitCompleterCore":
-        from contextual_bert.feature_store import ContextEncoder, load_article_vocab
+        from contextual_bert.feature_store import ContextIndexer, load_article_vocab
         from contextual_bert.model import load_checkpoint
 
         torch_device = select_device(device)
@@ -108,7 +108,7 @@ class OutfitCompleterCore:
             raise ContextualBertError(
                 f"{features_dir}: the article vocabulary has {len(vocab)} rows, the model {model.n_items}"
             )
-        return cls(model, vocab, ContextEncoder.load(features_dir), torch_device)
+        return cls(model, vocab, ContextIndexer.load(features_dir), torch_device)
 
     def encode(self, rows: pd.DataFrame) -> EncodedRequest:
         if "article_ids" not in rows.columns:
