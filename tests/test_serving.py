@@ -192,7 +192,8 @@ def _post(url: str, payload) -> tuple[int, dict]:
 
 @pytest.mark.slow
 def test_mlflow_models_serve_answers_the_champion(tiny_trained_runs, requests, tmp_path):
-    from contextual_bert.registry import promote, register_all
+    from contextual_bert.promotion import promote
+    from contextual_bert.registry import register_all
 
     cfg = tiny_trained_runs.cfg
     cfg = cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"model_name": "serving-champion"}),

@@ -131,7 +131,7 @@ def _cmd_register(cfg: Config, args) -> None:
 
 
 def _cmd_promote(cfg: Config, args) -> None:
-    from contextual_bert.registry import promote, rollback
+    from contextual_bert.promotion import promote, rollback
 
     _print_json(rollback(cfg) if args.rollback else promote(cfg))
 
