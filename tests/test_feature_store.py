@@ -3,10 +3,11 @@
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from contextual_bert.errors import ContextualBertError, DataError
-from contextual_bert.feature_spec import MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
-from contextual_bert.feature_store import ContextIndexer, load_article_vocab, load_split
+from contextual_bert.feature_spec import MASK_INDEX, MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
+from contextual_bert.feature_store import ContextIndexer, OutfitEncoder, load_article_vocab, load_split
 from feature_data import build_paper_features
 
 
@@ -71,3 +72,36 @@ def test_reading_features_that_are_not_there_is_a_clear_error(tmp_path):
         load_split(tmp_path, "train", 8)
     with pytest.raises(ContextualBertError, match="unknown split"):
         load_split(tmp_path, "holdout", 8)
+
+
+def test_the_outfit_encoder_gives_whole_outfits_as_load_split_does(paper):
+    features_dir, _, (_, customers, outfits) = paper
+    stored = load_split(features_dir, "val", max_set_size=8)
+    rows = outfits.set_index("outfit_id").loc[stored.outfit_ids].reset_index().merge(
+        customers, on="customer_id", how="left")
+    encoded = OutfitEncoder.load(features_dir, max_set_size=8).encode(rows, with_mask=False, id_column="outfit_id")
+    assert encoded.outfits.outfit_ids == stored.outfit_ids
+    assert torch.equal(encoded.outfits.items, stored.items)
+    for name, values in stored.context.items():
+        assert torch.equal(encoded.outfits.context[name], values), name
+
+
+def test_the_outfit_encoder_puts_a_mask_after_a_partial_outfit_and_reports_what_it_cannot_use(paper):
+    features_dir, _, _ = paper
+    encoder = OutfitEncoder.load(features_dir, max_set_size=8)
+    vocab = encoder.article_vocab
+    rows = pd.DataFrame({
+        "article_ids": [["a0000", "never-seen"], np.array(["a0001"]), ["a0002", "a0003", "a0004"]],
+        "gender": ["f", None, "martian"],
+    })
+    encoded = encoder.encode(rows, with_mask=True)
+    items = encoded.outfits.items
+    assert items.shape == (3, 8)
+    assert items[0, :3].tolist() == [vocab.to_indices(["a0000"])[0][0], UNKNOWN_INDEX, MASK_INDEX]
+    assert items[1, :2].tolist() == [vocab.to_indices(["a0001"])[0][0], MASK_INDEX]
+    assert (items[2, 4:] == PAD_INDEX).all() and items[2, 3] == MASK_INDEX
+    assert encoded.unknown_article_ids == [["never-seen"], [], []]
+    assert "gender" in encoded.missing_features[1] and encoded.unknown_features[2] == ["gender"]
+    with pytest.raises(ContextualBertError, match="row 0: 'article_ids' has 8 ids; an outfit to complete has at most 7"):
+        encoder.encode(pd.DataFrame({"article_ids": [[f"a{i:04d}" for i in range(8)]]}), with_mask=True)
+    assert encoder.encode(pd.DataFrame({"article_ids": [[f"a{i:04d}" for i in range(8)]]}), with_mask=False)

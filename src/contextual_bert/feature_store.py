@@ -31,6 +31,7 @@ import torch
 
 from contextual_bert.errors import ContextualBertError, DataError
 from contextual_bert.feature_spec import (
+    MASK_INDEX,
     MISSING_INDEX,
     N_SPECIAL,
     PAD_INDEX,
@@ -55,69 +56,111 @@ MODEL_FEATURE_FILES = (ARTICLE_VOCAB_FILE, CONTEXT_VOCAB_FILE, SPEC_FILE, MANIFE
 
 # --- encoding: the one code path for stored tables and serving -------------------------------------------
 
-def as_object_series(values) -> pd.Series:
-    return pd.Series(list(values) if not isinstance(values, pd.Series) else values.to_numpy(), dtype=object)
+# Plain numpy and Python over object arrays, no pandas Series per feature: a one-row request pays
+# microseconds per feature, and the stage's hundreds of thousands of rows stay vectorised where it counts.
+
+LIST_LIKE = (list, tuple, np.ndarray, pd.Series)  # cells that hold several values (as pandas' explode)
 
 
-def missing_scalar(s: pd.Series) -> np.ndarray:
-    missing = s.isna().to_numpy()
-    text = s.where(~missing, "").astype(str)
-    return missing | (text.str.len() == 0).to_numpy()
+def as_object_array(values) -> np.ndarray:
+    """Any column (Series, array, list) as a 1-D object array, one cell per element."""
+    if isinstance(values, pd.Series):
+        values = values.to_numpy()
+    if isinstance(values, np.ndarray) and values.dtype == object and values.ndim == 1:
+        return values
+    return np.fromiter(values, dtype=object, count=len(values))
 
 
-def _lookup(text: pd.Series, values: pd.Index) -> np.ndarray:
-    """Index of each string in the vocabulary, UNKNOWN_INDEX when absent."""
-    pos = values.get_indexer(text) if len(values) else np.full(len(text), -1)
-    return np.where(pos < 0, UNKNOWN_INDEX, pos + N_SPECIAL).astype(np.int64)
+def text_of(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(each cell as a string, missing): None/NaN/NA and "" are missing (text "")."""
+    missing = np.asarray(pd.isna(cells), dtype=bool)
+    text = np.fromiter(("" if m else str(v) for v, m in zip(cells, missing)), dtype=object, count=len(cells))
+    return text, missing | (text == "")
 
 
-def encode_categorical(values, vocab: pd.Index) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def index_of(values) -> dict[str, int]:
+    """A vocabulary (its values in index order, specials excluded) as value -> index."""
+    return {value: position + N_SPECIAL for position, value in enumerate(values)}
+
+
+def _lookup(text: np.ndarray, vocab: dict[str, int]) -> np.ndarray:
+    """Index of each string in the vocabulary, UNKNOWN_INDEX when absent. (A dict: pandas' get_indexer
+    costs milliseconds per call on a one-row request.)"""
+    get = vocab.get
+    return np.fromiter((get(t, UNKNOWN_INDEX) for t in text), dtype=np.int64, count=len(text))
+
+
+def encode_categorical(values, vocab: dict[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(indices (N,), missing (N,), unknown (N,)) for one categorical column."""
-    s = as_object_series(values)
-    missing = missing_scalar(s)
-    idx = _lookup(s.where(~missing, "").astype(str), vocab)
+    text, missing = text_of(as_object_array(values))
+    idx = _lookup(text, vocab)
     unknown = (idx == UNKNOWN_INDEX) & ~missing
     idx[missing] = MISSING_INDEX
     return idx, missing, unknown
 
 
-def explode_values(values) -> tuple[np.ndarray, pd.Series]:
-    """(row of each value, the value as a string) for list-valued cells, missing and empty values dropped."""
-    exploded = as_object_series(values).explode()
-    exploded = exploded[~missing_scalar(exploded)]
-    return exploded.index.to_numpy(dtype=np.int64), exploded.astype(str).reset_index(drop=True)
+def explode_values(values) -> tuple[np.ndarray, np.ndarray]:
+    """(row of each value, the value as a string) for list-valued cells, missing and empty values dropped.
+
+    A cell that is not list-like (a plain string) counts as a one-value list."""
+    rows, flat = [], []
+    for row, cell in enumerate(as_object_array(values)):
+        if isinstance(cell, LIST_LIKE):
+            flat.extend(cell)
+            rows.extend([row] * len(cell))
+        else:
+            flat.append(cell)
+            rows.append(row)
+    text, missing = text_of(np.fromiter(flat, dtype=object, count=len(flat)))
+    return np.asarray(rows, dtype=np.int64)[~missing], text[~missing]
 
 
-def encode_multi(values, vocab: pd.Index, max_values: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def encode_multi(values, vocab: dict[str, int], max_values: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(indices (N, max_values) PAD-padded, missing (N,), unknown (N,)) for one list-valued column."""
     n = len(values)
     rows, text = explode_values(values)
     idx = _lookup(text, vocab)
     unknown = np.zeros(n, dtype=bool)
     unknown[rows[idx == UNKNOWN_INDEX]] = True
-    pairs = pd.DataFrame({"row": rows, "idx": idx}).drop_duplicates()  # keeps the first occurrence
-    slot = pairs.groupby("row", sort=False).cumcount().to_numpy()
+    # Duplicate (row, index) pairs dropped keeping the first; rows ascend, so a row's slots are its
+    # position among the kept pairs minus where the row starts.
+    first = np.zeros(len(rows), dtype=bool)
+    first[np.unique(rows * (len(vocab) + N_SPECIAL) + idx, return_index=True)[1]] = True
+    rows, idx = rows[first], idx[first]
+    slot = np.arange(len(rows)) - np.searchsorted(rows, rows, side="left")
     keep = slot < max_values
     out = np.full((n, max_values), PAD_INDEX, dtype=np.int64)
-    out[pairs["row"].to_numpy()[keep], slot[keep]] = pairs["idx"].to_numpy()[keep]
+    out[rows[keep], slot[keep]] = idx[keep]
     missing = np.ones(n, dtype=bool)
     missing[rows] = False
     out[missing, 0] = MISSING_INDEX
     return out, missing, unknown
 
 
-def to_float(s: pd.Series) -> pd.Series:
-    try:
-        return pd.to_numeric(s, errors="coerce").astype(np.float64)
-    except (TypeError, ValueError):  # cells that are lists or other objects: one by one
-        return pd.Series([pd.to_numeric(v, errors="coerce") if np.isscalar(v) else np.nan for v in s], dtype=float)
+def to_float(cells: np.ndarray) -> np.ndarray:
+    """Numbers and numeric strings as float64; anything else (words, lists) NaN."""
+    out = np.full(len(cells), np.nan)
+    for i, cell in enumerate(cells):
+        if isinstance(cell, (int, float, np.number, np.bool_)):
+            out[i] = float(cell)
+        elif isinstance(cell, str):
+            try:
+                out[i] = float(cell)
+            except ValueError:
+                pass
+    return out
 
 
 def encode_numeric(values, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(bucket indices (N,), missing (N,), unknown (N,)) for one numeric column."""
-    s = as_object_series(values)
-    missing = missing_scalar(s)
-    number = to_float(s).to_numpy()
+    array = values.to_numpy() if isinstance(values, pd.Series) else np.asarray(values)
+    if array.dtype.kind in "iuf":  # a numeric column (the stage's tables): NaN is missing
+        number = array.astype(np.float64)
+        missing = np.isnan(number)
+    else:
+        cells = as_object_array(values)
+        _, missing = text_of(cells)
+        number = to_float(cells)
     unknown = np.isnan(number) & ~missing
     idx = (np.searchsorted(edges, number, side="right") + N_SPECIAL).astype(np.int64)
     idx[missing] = MISSING_INDEX
@@ -131,7 +174,7 @@ class ContextIndexer:
     def __init__(self, spec: ContextSpec, vocab: dict[str, dict]):
         self.spec = spec
         self.vocab = vocab
-        self._index = {name: pd.Index(v["values"], dtype=object) for name, v in vocab.items() if "values" in v}
+        self._index = {name: index_of(v["values"]) for name, v in vocab.items() if "values" in v}
         self._edges = {name: np.asarray(v["bucket_edges"], dtype=np.float64) for name, v in vocab.items()
                        if "bucket_edges" in v}
 
@@ -159,7 +202,7 @@ class ContextIndexer:
         for feature in self.spec.features:
             if source is not None and feature.source != source:
                 continue
-            column = rows[feature.name] if feature.name in rows.columns else pd.Series([None] * n, dtype=object)
+            column = rows[feature.name] if feature.name in rows.columns else np.full(n, None, dtype=object)
             name = feature.name
             indices[name], missing[name], unknown[name] = self.encode_feature(feature, column)
         return indices, missing, unknown
@@ -168,13 +211,11 @@ class ContextIndexer:
         """Index tensors for every context feature, and per row the features that were missing or unknown."""
         indices, missing, unknown = self.encode_arrays(rows.reset_index(drop=True))
         tensors = {name: torch.from_numpy(a) for name, a in indices.items()}
-        reports = [
-            {
-                "missing": [name for name in indices if missing[name][i]],
-                "unknown": [name for name in indices if unknown[name][i]],
-            }
-            for i in range(len(rows))
-        ]
+        names = np.array(list(indices), dtype=object)
+        shape = (len(rows), len(names))
+        missing = np.stack(list(missing.values()), axis=1) if len(names) else np.zeros(shape, dtype=bool)
+        unknown = np.stack(list(unknown.values()), axis=1) if len(names) else np.zeros(shape, dtype=bool)
+        reports = [{"missing": names[m].tolist(), "unknown": names[u].tolist()} for m, u in zip(missing, unknown)]
         return tensors, reports
 
 
@@ -189,14 +230,15 @@ class ArticleVocab:
     counts: np.ndarray
 
     def __post_init__(self):
-        object.__setattr__(self, "_index", pd.Index(self.ids[N_SPECIAL:], dtype=object))
+        object.__setattr__(self, "_index", index_of(self.ids[N_SPECIAL:]))
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def to_indices(self, article_ids) -> tuple[np.ndarray, list[str]]:
         """(int64 indices, the ids not in the vocabulary); those map to UNKNOWN_INDEX."""
-        ids = as_object_series(article_ids).astype(str)
+        cells = as_object_array(article_ids)
+        ids = np.fromiter((str(a) for a in cells), dtype=object, count=len(cells))
         idx = _lookup(ids, self._index)
         return idx, ids[idx == UNKNOWN_INDEX].tolist()
 
@@ -209,6 +251,98 @@ class ArticleVocab:
 def load_article_vocab(features_dir: Path) -> ArticleVocab:
     table = pd.read_parquet(_require(Path(features_dir) / ARTICLE_VOCAB_FILE)).sort_values("index")
     return ArticleVocab(table["article_id"].astype(str).tolist(), table["count"].to_numpy(dtype=np.int64))
+
+
+# --- the one outfit encoder: raw outfits + context -> model tensors ----------------------------------------
+
+
+def _is_missing(value) -> bool:
+    return value is None or (isinstance(value, float) and np.isnan(value))
+
+
+def outfit_ids_of(value, row: int, max_items: int, what: str = "an outfit") -> list[str]:
+    """One row's outfit as a list of id strings, or a one-line error naming the row."""
+    if isinstance(value, LIST_LIKE):
+        ids = list(value)
+    elif _is_missing(value):
+        ids = []
+    else:
+        raise ContextualBertError(
+            f"row {row}: 'article_ids' must be a list of article ids, got {type(value).__name__} {value!r:.60}"
+        )
+    if not ids:
+        raise ContextualBertError(f"row {row}: 'article_ids' is empty; give the partial outfit, 1 to {max_items} ids")
+    if len(ids) > max_items:
+        raise ContextualBertError(f"row {row}: 'article_ids' has {len(ids)} ids; {what} has at most {max_items}")
+    out = []
+    for item in ids:
+        if isinstance(item, (bool, np.bool_)) or not isinstance(item, (str, int, np.integer)) or item == "":
+            raise ContextualBertError(f"row {row}: 'article_ids' holds {item!r:.60}, not an article id")
+        out.append(str(item))
+    if len(set(out)) < len(out):
+        seen = set()
+        for item in out:
+            if item in seen:
+                raise ContextualBertError(f"row {row}: article id '{item}' appears twice in 'article_ids'")
+            seen.add(item)
+    return out
+
+
+@dataclass
+class EncodedRows:
+    """Raw rows as the model reads them, and what the encoding could not use, per row."""
+
+    outfits: EncodedOutfits
+    unknown_article_ids: list[list[str]]
+    missing_features: list[list[str]]
+    unknown_features: list[list[str]]
+
+
+class OutfitEncoder:
+    """Raw outfits (column `article_ids`, lists of ids) with their context columns -> model tensors, through
+    one model's article vocabulary and context vocabularies.
+
+    The one path from raw rows to a model's input: serving requests (partial outfits, `with_mask`: a
+    [MASK] after the last item, the slot to predict) and whole outfits re-encoded from data/validated for
+    a model trained on other features (promotion). Vectorised over rows: the per-row work is checking the
+    ids."""
+
+    def __init__(self, article_vocab: ArticleVocab, context: ContextIndexer, max_set_size: int):
+        self.article_vocab = article_vocab
+        self.context = context
+        self.max_set_size = max_set_size
+
+    @classmethod
+    def load(cls, features_dir: Path, max_set_size: int) -> "OutfitEncoder":
+        return cls(load_article_vocab(features_dir), ContextIndexer.load(features_dir), max_set_size)
+
+    def encode(self, rows: pd.DataFrame, with_mask: bool, id_column: str | None = None) -> EncodedRows:
+        if "article_ids" not in rows.columns:
+            raise ContextualBertError("the request has no 'article_ids' column (the partial outfit of each row)")
+        rows = rows.reset_index(drop=True)
+        max_items = self.max_set_size - 1 if with_mask else self.max_set_size
+        what = "an outfit to complete" if with_mask else "an outfit"
+        outfits = [outfit_ids_of(v, i, max_items, what) for i, v in enumerate(rows["article_ids"].tolist())]
+        lengths = np.fromiter((len(ids) for ids in outfits), dtype=np.int64, count=len(outfits))
+        flat = [a for ids in outfits for a in ids]
+        indices, _ = self.article_vocab.to_indices(flat)  # one lookup for the whole batch
+        rows_of = np.repeat(np.arange(len(outfits)), lengths)
+        slots = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        items = np.full((len(rows), self.max_set_size), PAD_INDEX, dtype=np.int64)
+        items[rows_of, slots] = indices
+        if with_mask:
+            items[np.arange(len(outfits)), lengths] = MASK_INDEX
+        unknown_ids = [[] for _ in outfits]
+        for position in np.flatnonzero(indices == UNKNOWN_INDEX).tolist():
+            unknown_ids[rows_of[position]].append(flat[position])
+        context, reports = self.context.encode(rows)
+        ids = rows[id_column].astype(str).tolist() if id_column else None
+        return EncodedRows(
+            EncodedOutfits(torch.from_numpy(items), context, ids),
+            unknown_ids,
+            [r["missing"] for r in reports],
+            [r["unknown"] for r in reports],
+        )
 
 
 # --- reading data/features ------------------------------------------------------------------------------

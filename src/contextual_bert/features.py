@@ -37,10 +37,10 @@ from contextual_bert.feature_store import (
     SPLITS,
     ArticleVocab,
     ContextIndexer,
-    as_object_series,
+    as_object_array,
     explode_values,
     file_sha256,
-    missing_scalar,
+    text_of,
     to_float,
 )
 
@@ -76,22 +76,23 @@ def assign_splits(outfit_ids, val_fraction: float, test_fraction: float, seed: i
 
 
 def fit_categorical(values, min_count: int) -> list[str]:
-    s = as_object_series(values)
-    counts = s[~missing_scalar(s)].astype(str).value_counts()
+    text, missing = text_of(as_object_array(values))
+    counts = pd.Series(text[~missing], dtype=object).value_counts()
     return sorted(counts.index[counts >= min_count].tolist())
 
 
 def fit_multi(values, min_count: int) -> tuple[list[str], int]:
     """(vocabulary, the longest list of distinct values in a row)."""
     rows, text = explode_values(values)
-    pairs = pd.DataFrame({"row": rows, "value": text.to_numpy()}).drop_duplicates()
+    pairs = pd.DataFrame({"row": rows, "value": text}).drop_duplicates()
     counts = pairs["value"].value_counts()
     longest = int(pairs.groupby("row").size().max()) if len(pairs) else 1
     return sorted(counts.index[counts >= min_count].tolist()), longest
 
 
 def fit_numeric(values, n_buckets: int) -> list[float]:
-    number = to_float(as_object_series(values)).to_numpy()
+    array = values.to_numpy() if isinstance(values, pd.Series) else np.asarray(values)
+    number = array.astype(np.float64) if array.dtype.kind in "iuf" else to_float(as_object_array(values))
     number = number[~np.isnan(number)]
     if len(number) == 0:
         return []

@@ -114,9 +114,8 @@ def validation_cases(cfg: Config, core, model_features_sha: str, features_sha: s
 
 def _reencoded_validation(cfg: Config, core):
     import pandas as pd
-    import torch
 
-    from contextual_bert.feature_spec import PAD_INDEX, EncodedOutfits
+    from contextual_bert.feature_store import OUTFITS_FILE
 
     for path in (cfg.paths.validated_dir / "outfits.parquet", cfg.paths.validated_dir / "customers.parquet"):
         if not path.exists():
@@ -124,22 +123,19 @@ def _reencoded_validation(cfg: Config, core):
                 f"{path}: not found; the champion was trained on other features, and comparing it on today's "
                 "validation outfits needs them as validated (run `contextual-bert validate`)"
             )
-    features = pd.read_parquet(cfg.paths.features_dir / "outfits.parquet", columns=["outfit_id", "split"])
+    features = pd.read_parquet(cfg.paths.features_dir / OUTFITS_FILE, columns=["outfit_id", "split"])
     val_ids = features.loc[features["split"] == "val", "outfit_id"].astype(str)
     outfits = pd.read_parquet(cfg.paths.validated_dir / "outfits.parquet")
     customers = pd.read_parquet(cfg.paths.validated_dir / "customers.parquet")
     outfits = outfits.assign(outfit_id=outfits["outfit_id"].astype(str)).set_index("outfit_id").loc[val_ids]
     rows = outfits.reset_index().merge(customers, on="customer_id", how="left", suffixes=("", "_customer"))
-    items = np.full((len(rows), core.max_set_size), PAD_INDEX, dtype=np.int64)
-    for i, ids in enumerate(rows["article_ids"]):
-        if len(ids) > core.max_set_size:
-            raise ContextualBertError(
-                f"validation outfit '{rows['outfit_id'].iloc[i]}' has {len(ids)} items, more than the champion's "
-                f"max_set_size {core.max_set_size}"
-            )
-        items[i, : len(ids)] = core.article_vocab.to_indices(list(ids))[0]
-    context, _ = core.context_encoder.encode(rows)
-    return EncodedOutfits(torch.from_numpy(items), context, rows["outfit_id"].tolist())
+    # the champion's own vocabularies, through the one outfit encoder (whole outfits: no [MASK] slot)
+    try:
+        return core.encoder.encode(rows, with_mask=False, id_column="outfit_id").outfits
+    except ContextualBertError as exc:  # name the file and whose vocabularies: a row number alone is unclear
+        raise ContextualBertError(
+            f"{cfg.paths.validated_dir / 'outfits.parquet'}, validation outfits encoded for the champion: {exc}"
+        ) from None
 
 
 def version_case_hits(cfg: Config, version, k: int, features_sha: str) -> dict[tuple[str, int], bool]:
