@@ -24,7 +24,8 @@ import pyarrow.parquet as pq
 
 from contextual_bert.config import load_config
 from contextual_bert.contract import PAPER_SCHEMA
-from contextual_bert.features import build_features, load_split
+from contextual_bert.feature_store import load_split
+from contextual_bert.features import build_features
 
 REPO = Path(__file__).resolve().parents[1]
 

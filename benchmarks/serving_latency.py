@@ -49,7 +49,8 @@ def free_port() -> int:
 def build_project(work: Path, size: str, variant: str) -> tuple[dict, Path]:
     """Data, features and an untrained model at params.yaml's sizes; (description, features_dir)."""
     from contextual_bert.config import load_config
-    from contextual_bert.features import build_features, load_article_vocab, load_spec
+    from contextual_bert.feature_store import load_article_vocab, load_spec
+    from contextual_bert.features import build_features
     from contextual_bert.generator import generate
     from contextual_bert.model import ContextualBert, count_paper_parameters, save_checkpoint
     from contextual_bert.validation import validate

@@ -30,7 +30,8 @@ from torch import nn
 from contextual_bert.config import VARIANTS, ModelConfig, TrainConfig
 from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, ContextSpec, FeatureSpec
 from contextual_bert.model import PAPER_SIZES, ContextualBert, count_paper_parameters
-from contextual_bert.training import keep_freed_memory, make_optimizer, mask_items, train_step, warmup_then_constant
+from contextual_bert.devices import keep_freed_memory
+from contextual_bert.training import make_optimizer, mask_items, train_step, warmup_then_constant
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "reports" / "benchmarks" / "throughput.json"

@@ -98,7 +98,7 @@ def test_popularity_ranks_by_count_ties_by_index_and_smooths_the_probability():
 
 
 def test_evaluation_json_of_a_run_and_of_the_baseline(tmp_path, monkeypatch):
-    import contextual_bert.features as features
+    import contextual_bert.feature_store as features
 
     spec = ContextSpec((FeatureSpec("gender", "categorical", "customer", N_SPECIAL + 2, 4),))
     splits = {

@@ -4,91 +4,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from contextual_bert.config import FeaturesConfig, load_config
-from contextual_bert.contract import HM_SCHEMA, PAPER_SCHEMA, DataSchema
-from contextual_bert.errors import ContextualBertError, DataError
-from contextual_bert.feature_spec import MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
-from contextual_bert.features import (
-    ContextEncoder,
-    assign_splits,
-    build_features,
-    load_article_vocab,
-    load_manifest,
-    load_spec,
-    load_split,
-)
-
-PAPER_DIMS = load_config("params.yaml").features.embedding_dims
-BRANDS = [f"brand_{i}" for i in range(12)]
-
-
-def paper_tables(n_customers=300, n_outfits=2400, n_articles=200, seed=0):
-    """A small validated data set with the paper's columns, some missing values and one rare article."""
-    rng = np.random.default_rng(seed)
-    articles = pd.DataFrame({
-        "article_id": [f"a{i:04d}" for i in range(n_articles)],
-        "product_type": rng.choice(["top", "trousers", "shoes", "bag"], n_articles),
-        "brand": rng.choice(BRANDS, n_articles),
-        "color": rng.choice(["red", "blue", "black"], n_articles),
-        "style": rng.choice(["casual", "formal"], n_articles),
-        "price": rng.uniform(5, 200, n_articles),
-    })
-
-    def some(options, low, high):
-        return [list(rng.choice(options, rng.integers(low, high + 1), replace=False)) for _ in range(n_customers)]
-
-    age = rng.integers(18, 80, n_customers).astype(float)
-    age[::17] = np.nan
-    gender = rng.choice(["f", "m", "d"], n_customers).astype(object)
-    gender[::13] = None
-    customers = pd.DataFrame({
-        "customer_id": [f"c{i:04d}" for i in range(n_customers)],
-        "age": age,
-        "gender": gender,
-        "country": rng.choice(["de", "fr", "it", "es"], n_customers),
-        "preferred_brands": some(BRANDS, 0, 10),
-        "preferred_colors": some(["red", "blue", "black", "white"], 1, 3),
-        "preferred_styles": some(["casual", "formal", "sporty"], 0, 2),
-        "nogo_product_types": some(["top", "shoes", "bag"], 0, 2),
-        "size_top": rng.choice(["S", "M", "L"], n_customers),
-        "size_bottom": rng.choice(["34", "36", "38"], n_customers),
-        "size_shoes": rng.choice(["38", "40", "42"], n_customers),
-        "price_min": rng.uniform(5, 30, n_customers),
-        "price_max": rng.uniform(50, 300, n_customers),
-    })
-    # Article a0199 is only in one outfit, so a min count of 2 sends it to [UNK].
-    common = [f"a{i:04d}" for i in range(n_articles - 1)]
-    article_ids = [list(rng.choice(common, rng.integers(4, 9), replace=False)) for _ in range(n_outfits)]
-    article_ids[5] = article_ids[5][:-1] + [f"a{n_articles - 1:04d}"]
-    outfits = pd.DataFrame({
-        "outfit_id": [f"o{i:06d}" for i in range(n_outfits)],
-        "customer_id": rng.choice(customers["customer_id"], n_outfits),
-        "article_ids": article_ids,
-        "occasion": rng.choice(["work", "party", "leisure"], n_outfits),
-    })
-    return articles, customers, outfits
-
-
-def write_validated(directory, schema: DataSchema, articles, customers, outfits):
-    directory.mkdir(parents=True, exist_ok=True)
-    articles.to_parquet(directory / "articles.parquet")
-    customers.to_parquet(directory / "customers.parquet")
-    outfits.to_parquet(directory / "outfits.parquet")
-    schema.save(directory)
-    return directory
-
-
-def paper_cfg(**overrides):
-    return FeaturesConfig(embedding_dims=PAPER_DIMS, **overrides)
+from contextual_bert.config import FeaturesConfig
+from contextual_bert.contract import HM_SCHEMA, PAPER_SCHEMA
+from contextual_bert.errors import DataError
+from contextual_bert.feature_spec import MISSING_INDEX, N_SPECIAL, UNKNOWN_INDEX
+from contextual_bert.feature_store import load_article_vocab, load_manifest, load_spec, load_split
+from contextual_bert.features import assign_splits, build_features
+from feature_data import PAPER_DIMS, build_paper_features, paper_cfg, paper_tables, write_validated
 
 
 @pytest.fixture(scope="module")
 def paper(tmp_path_factory):
-    root = tmp_path_factory.mktemp("paper")
-    tables = paper_tables()
-    validated = write_validated(root / "validated", PAPER_SCHEMA, *tables)
-    manifest = build_features(validated, root / "features", paper_cfg(min_article_count=2), max_set_size=8)
-    return root / "features", manifest, tables
+    return build_paper_features(tmp_path_factory.mktemp("paper"))
 
 
 def test_files_manifest_and_paper_d_context(paper):
@@ -191,26 +118,6 @@ def test_split_is_stored_and_held_out_outfits_are_disjoint(paper):
     assert 0.02 < manifest["rows"]["val"] / manifest["rows"]["outfits"] < 0.08
 
 
-def test_load_split_round_trip_matches_the_tables(paper):
-    features_dir, _, (_, customers, outfits) = paper
-    vocab = load_article_vocab(features_dir)
-    split = load_split(features_dir, "val", max_set_size=8)
-    raw = outfits.set_index("outfit_id").loc[split.outfit_ids]
-    assert split.items.shape == (len(split), 8) and split.items.dtype.is_floating_point is False
-    for row, article_ids in enumerate(raw["article_ids"]):
-        expected, _ = vocab.to_indices(article_ids)
-        assert split.items[row, : len(article_ids)].tolist() == expected.tolist()
-        assert (split.items[row, len(article_ids):] == PAD_INDEX).all()
-    stored_customers = pd.read_parquet(features_dir / "customers.parquet").set_index("customer_id")
-    expected_country = stored_customers.loc[raw["customer_id"], "country"].to_numpy()
-    np.testing.assert_array_equal(split.context["country"].numpy(), expected_country)
-    assert split.context["preferred_brands"].shape == (len(split), 8)
-    assert split.context["occasion"].shape == (len(split),)
-    known = set(vocab.ids[N_SPECIAL:])
-    first = list(raw["article_ids"].iloc[0])
-    assert vocab.to_ids(split.items[0, : len(first)]) == [a if a in known else "[UNK]" for a in first]
-
-
 def test_article_vocab_min_count_counts_and_specials(paper):
     features_dir, manifest, (_, _, outfits) = paper
     vocab = load_article_vocab(features_dir)
@@ -231,37 +138,6 @@ def test_article_vocab_min_count_counts_and_specials(paper):
     assert (np.diff(vocab.counts[N_SPECIAL:]) <= 0).all()  # most frequent first
 
 
-def test_context_encoder_matches_training_rows_and_reports_unknowns(paper):
-    features_dir, _, (_, customers, outfits) = paper
-    encoder = ContextEncoder.load(features_dir)
-    split = load_split(features_dir, "test", max_set_size=8)
-    raw = outfits.set_index("outfit_id").loc[split.outfit_ids].reset_index()
-    rows = raw[["customer_id", "occasion"]].merge(customers, on="customer_id", how="left")
-    tensors, reports = encoder.encode(rows)
-    assert set(tensors) == set(split.context)
-    for name, stored in split.context.items():
-        assert tensors[name].dtype == stored.dtype
-        assert (tensors[name] == stored).all(), name
-
-    request = pd.DataFrame({
-        "age": [34, None, "not a number"],
-        "gender": ["f", "martian", None],
-        "preferred_brands": [["brand_1", "no-such-brand"], "brand_2", []],
-        "occasion": ["work", "wedding", None],
-    })
-    tensors, reports = encoder.encode(request)
-    assert tensors["gender"][1] == UNKNOWN_INDEX and tensors["gender"][2] == MISSING_INDEX
-    assert tensors["age"].tolist()[1:] == [MISSING_INDEX, UNKNOWN_INDEX]
-    assert tensors["preferred_brands"][0, :2].tolist()[1] == UNKNOWN_INDEX
-    assert tensors["preferred_brands"][2, 0] == MISSING_INDEX
-    assert tensors["country"].tolist() == [MISSING_INDEX] * 3  # column absent from the request
-    assert set(reports[0]["unknown"]) == {"preferred_brands"}
-    assert "country" in reports[0]["missing"] and "age" not in reports[0]["missing"]
-    assert set(reports[1]["unknown"]) == {"gender", "occasion"}
-    assert {"gender", "preferred_brands", "occasion"} <= set(reports[2]["missing"])
-    assert reports[2]["unknown"] == ["age"]
-
-
 def test_outfit_longer_than_max_set_size_names_file_and_row(tmp_path):
     articles, customers, outfits = paper_tables(n_outfits=300)
     validated = write_validated(tmp_path / "validated", PAPER_SCHEMA, articles, customers, outfits)
@@ -273,7 +149,3 @@ def test_outfit_longer_than_max_set_size_names_file_and_row(tmp_path):
 def test_missing_inputs_and_features_are_clear_errors(tmp_path):
     with pytest.raises(DataError, match="schema.json"):
         build_features(tmp_path / "nothing", tmp_path / "features", paper_cfg(), max_set_size=8)
-    with pytest.raises(DataError, match="spec.json.*contextual-bert features"):
-        load_split(tmp_path, "train", 8)
-    with pytest.raises(ContextualBertError, match="unknown split"):
-        load_split(tmp_path, "holdout", 8)

@@ -73,7 +73,7 @@ def test_fixture_articles_and_customers_mapped(fixture_import):
 
 
 def test_min_max_items_from_config(tmp_path):
-    report = import_hm(hm_fixture(tmp_path / "hm"), tmp_path / "out", ImportHMConfig(min_items=3, max_items=9))
+    report = import_hm(hm_fixture(tmp_path / "hm"), tmp_path / "out", ImportHMConfig(min_items=3), max_set_size=9)
     assert report["baskets_kept"] == 5  # the 3-item and the 9-item baskets now count
     assert report["baskets_dropped"]["too_small"] == 0 and report["baskets_dropped"]["too_large"] == 0
 

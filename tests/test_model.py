@@ -10,7 +10,7 @@ from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, Conte
 from contextual_bert.model import (
     PAPER_PARAMETERS,
     build_model,
-    ContextEncoder,
+    ContextEmbedding,
     ContextualBert,
     count_paper_parameters,
     describe_variants,
@@ -92,13 +92,25 @@ def test_describe_variants_at_paper_sizes_and_from_the_cli(capsys, tmp_path):
     assert described["sizes"]["d_context"] == 736
     assert all(row["matches_paper"] for row in described["variants"].values())
     params = tmp_path / "params.yaml"
-    params.write_text("model:\n  d_model: 64\n  n_heads: 4\nfeatures:\n  embedding_dims: {a: 10, b: 22}\n")
+    params.write_text("model:\n  d_model: 64\n  n_heads: 4\nfeatures:\n  embedding_dims: {a: 10, b: 22}\n"
+                      f"paths:\n  features_dir: {tmp_path / 'features'}\n")  # no features built yet
     assert main(["--params", str(params), "describe-model"]) == 0
     own = json.loads(capsys.readouterr().out)
     assert own["sizes"]["d_model"] == 64 and own["sizes"]["d_context"] == 32
     # [None] at d_model 64, d_ff 256: 4 blocks of attention + FFN + 2 LayerNorms, and the head transform.
     block = 4 * (64 * 64 + 64) + (64 * 256 + 256) + (256 * 64 + 64) + 2 * 2 * 64
     assert own["variants"]["none"]["parameters"] == 4 * block + 64 * 64 + 64
+
+
+def test_describe_model_takes_d_context_from_the_feature_spec(capsys, tmp_path):
+    """Built features know the true width of c (default_dim included), which params' embedding_dims do not."""
+    (tmp_path / "features").mkdir()
+    SPEC.save(tmp_path / "features" / "spec.json")
+    params = tmp_path / "params.yaml"
+    params.write_text("features:\n  default_dim: 16\n  embedding_dims: {a: 10}\n"
+                      f"paths:\n  features_dir: {tmp_path / 'features'}\n")
+    assert main(["--params", str(params), "describe-model"]) == 0
+    assert json.loads(capsys.readouterr().out)["sizes"]["d_context"] == SPEC.d_context != 10
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -145,8 +157,8 @@ def test_none_ignores_the_context():
     assert bert.context_encoder is None
 
 
-def test_context_encoder_concatenates_features_and_averages_multi_values():
-    encoder = ContextEncoder(SPEC)
+def test_context_embedding_concatenates_features_and_averages_multi_values():
+    encoder = ContextEmbedding(SPEC)
     ctx = {"gender": torch.tensor([3, 4]), "brands": torch.tensor([[3, 5, 0], [0, 0, 0]]),
            "age": torch.tensor([1, 7]), "occasion": torch.tensor([3, 3])}  # fmt: skip
     c = encoder(ctx)

@@ -14,7 +14,7 @@ from mlflow.exceptions import MlflowException
 
 from helpers import STRONG, free_port, stop_process_group, wait_for_http
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.features import load_spec
+from contextual_bert.feature_store import load_spec
 from contextual_bert.serving import (
     MAX_TOP_K,
     OUTPUT_COLUMNS,
@@ -65,13 +65,13 @@ def test_unknown_ids_and_missing_or_unseen_features_are_reported(core, requests)
     assert "country" in out.loc[3, "unknown_features"]
     # A request with no context at all is answered too: every feature reported missing.
     bare = core.recommend(pd.DataFrame({"article_ids": [requests.loc[0, "article_ids"]]}), top_k=3)
-    assert set(bare.loc[0, "missing_features"]) == {f.name for f in core.context_encoder.spec.features}
+    assert set(bare.loc[0, "missing_features"]) == {f.name for f in core.encoder.context.spec.features}
     assert len(bare.loc[0, "article_ids"]) == 3
 
 
 def test_scores_are_the_models_probabilities_in_order(core, requests):
     """The top article is the argmax of the model's own masked logits, outfit items excluded."""
-    request = core.encode(requests)
+    request = core.encode(requests).outfits
     logits = core.model.masked_logits(request.items, request.context).detach()
     logits.scatter_(1, request.items, float("-inf"))
     best = core.article_vocab.to_ids(logits.argmax(dim=1))
@@ -192,7 +192,8 @@ def _post(url: str, payload) -> tuple[int, dict]:
 
 @pytest.mark.slow
 def test_mlflow_models_serve_answers_the_champion(tiny_trained_runs, requests, tmp_path):
-    from contextual_bert.registry import promote, register_all
+    from contextual_bert.promotion import promote
+    from contextual_bert.registry import register_all
 
     cfg = tiny_trained_runs.cfg
     cfg = cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"model_name": "serving-champion"}),

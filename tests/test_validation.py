@@ -389,3 +389,16 @@ def test_console_script_one_line_error_no_traceback(clean_raw, tmp_path):
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert "customers.parquet, column 'customer_id': required column missing" in result.stderr
+
+
+def test_the_outfit_size_limit_is_model_max_set_size(clean_raw, tmp_path):
+    """One setting: with model.max_set_size 10 an outfit of 9 is valid; with 8 it is quarantined."""
+    tables = _tables(clean_raw)
+    outfits, articles = tables["outfits"], tables["articles"]
+    outfits.at[0, "article_ids"] = list(articles["article_id"][:9])
+    for max_set_size, quarantined in ((10, 0), (8, 1)):
+        root = tmp_path / str(max_set_size)
+        _write(root, clean_raw, tables)
+        summary = validate(root / "raw", root / "validated", root / "quarantine", root / "reports", LENIENT,
+                           max_set_size=max_set_size)
+        assert summary["tables"]["outfits"]["quarantined"] == quarantined, max_set_size

@@ -38,14 +38,15 @@ def _cmd_ingest(cfg: Config, args) -> None:
 def _cmd_generate(cfg: Config, args) -> None:
     from contextual_bert.generator import generate
 
-    _print_json(generate(cfg.generate.chosen, seed=cfg.generate.seed, out_dir=cfg.paths.raw_dir))
+    _print_json(generate(cfg.generate.chosen, seed=cfg.generate.seed, out_dir=cfg.paths.raw_dir,
+                         max_set_size=cfg.model.max_set_size))
 
 
 def _cmd_import_hm(cfg: Config, args) -> None:
     from contextual_bert.importers import import_hm
 
     source = Path(args.source) if getattr(args, "source", None) else cfg.import_hm.source
-    _print_json(import_hm(source, out_dir=cfg.paths.raw_dir, cfg=cfg.import_hm))
+    _print_json(import_hm(source, out_dir=cfg.paths.raw_dir, cfg=cfg.import_hm, max_set_size=cfg.model.max_set_size))
 
 
 def _cmd_validate(cfg: Config, args) -> None:
@@ -58,6 +59,7 @@ def _cmd_validate(cfg: Config, args) -> None:
             quarantine_dir=cfg.paths.quarantine_dir,
             report_dir=cfg.paths.reports_dir / "validation",
             cfg=cfg.validate_,
+            max_set_size=cfg.model.max_set_size,
         )
     )
 
@@ -134,7 +136,7 @@ def _cmd_register(cfg: Config, args) -> None:
 
 
 def _cmd_promote(cfg: Config, args) -> None:
-    from contextual_bert.registry import promote, rollback
+    from contextual_bert.promotion import promote, rollback
 
     _print_json(rollback(cfg) if args.rollback else promote(cfg))
 
@@ -142,7 +144,14 @@ def _cmd_promote(cfg: Config, args) -> None:
 def _cmd_describe_model(cfg: Config, args) -> None:
     from contextual_bert.model import describe_variants
 
-    d_context = sum(cfg.features.embedding_dims.values()) or None  # the width of c for params' features
+    from contextual_bert.feature_store import SPEC_FILE, load_spec
+
+    # The width of c: the features stage's spec when there is one (default_dim included); before the
+    # features stage has run, the sum of params' embedding_dims; the paper's when there are none.
+    if (cfg.paths.features_dir / SPEC_FILE).exists():
+        d_context = load_spec(cfg.paths.features_dir).d_context
+    else:
+        d_context = sum(cfg.features.embedding_dims.values()) or None
     _print_json(describe_variants(cfg.model, paper=args.paper, d_context=d_context))
 
 

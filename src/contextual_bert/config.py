@@ -66,8 +66,7 @@ class GenerateConfig(Section):
 
 class ImportHMConfig(Section):
     source: Path = Path("../shared/data/hm_sample")
-    min_items: int = 4
-    max_items: int = 8
+    min_items: int = 4  # the largest basket kept is model.max_set_size
 
 
 class ValidateConfig(Section):

@@ -33,7 +33,9 @@ REQUIRED_COLUMNS: dict[str, dict[str, str]] = {
     "outfits": {"outfit_id": "string", "customer_id": "string", "article_ids": "list[string]"},
 }
 ID_COLUMN = {"articles": "article_id", "customers": "customer_id", "outfits": "outfit_id"}
-MIN_OUTFIT_SIZE, MAX_OUTFIT_SIZE = 4, 8
+# The smallest outfit; the largest is the model's `model.max_set_size` (params), the one setting read by
+# the generator, the importer, validation and the features stage.
+MIN_OUTFIT_SIZE = 4
 
 ContextKind = Literal["categorical", "multi_categorical", "numeric"]
 KIND_TO_TYPE = {"categorical": "string", "multi_categorical": "list[string]", "numeric": "float"}

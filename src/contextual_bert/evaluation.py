@@ -21,16 +21,12 @@ import torch
 from torch import nn
 
 from contextual_bert.config import EvaluateConfig, ModelConfig
+from contextual_bert.devices import evaluation_device, keep_freed_memory
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, EncodedOutfits
 from contextual_bert.model import count_paper_parameters, load_checkpoint
-from contextual_bert.training import keep_freed_memory
 
 RECALL_CURVE_MAX_K = 250
-
-
-def evaluation_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 class PopularityModel(nn.Module):
@@ -136,7 +132,7 @@ def evaluate_split(model, data: EncodedOutfits, cfg: EvaluateConfig, device) -> 
 
 
 def _evaluate(model, name, variant, seed, parameters, features_dir, max_set_size, out_path, cfg) -> dict:
-    from contextual_bert.features import load_split
+    from contextual_bert.feature_store import load_split
 
     device = evaluation_device()
     if device.type == "cpu":
@@ -162,7 +158,7 @@ def _evaluate(model, name, variant, seed, parameters, features_dir, max_set_size
 
 def evaluate_run(features_dir: Path, run_dir: Path, out_path: Path, cfg: EvaluateConfig) -> dict:
     """Evaluate run_dir/checkpoint.pt on the test (and validation) split; write out_path (JSON)."""
-    from contextual_bert.features import load_article_vocab
+    from contextual_bert.feature_store import load_article_vocab
 
     run_dir = Path(run_dir)
     model, meta = load_checkpoint(run_dir / "checkpoint.pt")
@@ -180,7 +176,7 @@ def evaluate_popularity(
     features_dir: Path, out_path: Path, cfg: EvaluateConfig, max_set_size: int = ModelConfig().max_set_size
 ) -> dict:
     """The popularity baseline (training counts) through the same ranking code; write out_path (JSON)."""
-    from contextual_bert.features import load_article_vocab
+    from contextual_bert.feature_store import load_article_vocab
 
     counts = np.asarray(load_article_vocab(features_dir).counts)
     if not math.isfinite(float(counts.sum())) or (counts < 0).any():

@@ -1,7 +1,7 @@
 """Import the H&M Kaggle files ("H&M Personalized Fashion Recommendations") into the raw data contract.
 
 An outfit is the set of distinct articles one customer bought on one day, kept when it has
-`min_items`..`max_items` of them. Every other basket is dropped and counted under the first reason that
+`import_hm.min_items`..`model.max_set_size` of them. Every other basket is dropped and counted under the first reason that
 applies, in this order: too_small, too_large, unknown_customer (not in customers.csv), unknown_article (not
 in articles.csv). The counts go to ingest_report.json.
 
@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from contextual_bert.config import ImportHMConfig
+from contextual_bert.config import ImportHMConfig, ModelConfig
 from contextual_bert.contract import HM_SCHEMA
 from contextual_bert.errors import DataError
 
@@ -132,7 +132,8 @@ def _articles(source: Path, tx: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     return articles[priced].reset_index(drop=True), counts
 
 
-def _baskets(tx: pd.DataFrame, customers: set, articles: set, cfg: ImportHMConfig) -> tuple[pd.DataFrame, dict]:
+def _baskets(tx: pd.DataFrame, customers: set, articles: set, cfg: ImportHMConfig,
+             max_items: int) -> tuple[pd.DataFrame, dict]:
     """Distinct articles per (customer, day); kept when min..max items and every reference is known."""
     items = tx[["customer_id", "date", "article_id"]].drop_duplicates()
     items = items.sort_values(["customer_id", "date", "article_id"])
@@ -142,7 +143,7 @@ def _baskets(tx: pd.DataFrame, customers: set, articles: set, cfg: ImportHMConfi
     reason = np.select(
         [
             baskets["size"] < cfg.min_items,
-            baskets["size"] > cfg.max_items,
+            baskets["size"] > max_items,
             ~baskets["customer_id"].isin(customers),
             ~baskets["all_known"],
         ],
@@ -166,18 +167,18 @@ def _baskets(tx: pd.DataFrame, customers: set, articles: set, cfg: ImportHMConfi
     return outfits, {"baskets": len(baskets), "kept": int(counted.get("kept", 0)), "dropped": dropped}
 
 
-def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig) -> dict:
+def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig, max_set_size: int = ModelConfig().max_set_size) -> dict:
     """Read transactions_train.csv, customers.csv and articles.csv from `source`; write the raw contract
     (articles/customers/outfits.parquet, schema.json = HM_SCHEMA, ingest_report.json) into `out_dir`."""
     source, out_dir = Path(source), Path(out_dir)
     if not source.is_dir():
         raise DataError("H&M source folder not found", path=source)
-    if cfg.min_items > cfg.max_items:
-        raise DataError(f"import_hm.min_items ({cfg.min_items}) is above max_items ({cfg.max_items})")
+    if cfg.min_items > max_set_size:
+        raise DataError(f"import_hm.min_items ({cfg.min_items}) is above model.max_set_size ({max_set_size})")
     customers, duplicate_customers = _customers(source)
     tx, malformed_rows = _transactions(source)
     articles, article_counts = _articles(source, tx)
-    outfits, basket_counts = _baskets(tx, set(customers["customer_id"]), set(articles["article_id"]), cfg)
+    outfits, basket_counts = _baskets(tx, set(customers["customer_id"]), set(articles["article_id"]), cfg, max_set_size)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     articles.to_parquet(out_dir / "articles.parquet", index=False)
@@ -197,7 +198,7 @@ def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig) -> dict:
         "baskets_kept": basket_counts["kept"],
         "baskets_dropped": basket_counts["dropped"],
         "min_items": cfg.min_items,
-        "max_items": cfg.max_items,
+        "max_items": max_set_size,
         **article_counts,
         "customers_duplicate_dropped": duplicate_customers,
         "rows": {"articles": len(articles), "customers": len(customers), "outfits": len(outfits)},

@@ -66,7 +66,7 @@ class Dropout(nn.Dropout):
         return _DropoutFunction.apply(x, self.p)
 
 
-class ContextEncoder(nn.Module):
+class ContextEmbedding(nn.Module):
     """c: one trainable embedding per context feature, concatenated in the spec's order.
 
     Categorical and bucketized numeric features are one index each. A multi-categorical feature is a
@@ -271,7 +271,8 @@ class ContextualBert(ArticleScores, nn.Module):
             raise ContextualBertError(f"variant '{variant}' needs context features; the spec has none")
 
         self.item_embeddings = nn.Embedding(n_items, d, padding_idx=PAD_INDEX)  # row MASK_INDEX is [MASK]
-        self.context_encoder = ContextEncoder(spec) if uses_context else None
+        # (attribute named as before the class was renamed: checkpoints' state_dict keys carry it)
+        self.context_encoder = ContextEmbedding(spec) if uses_context else None
         self.concat_input = ConcatInput(d_context, d) if variant == "concat" else None
         self.context_position = nn.Linear(d_context, d) if variant == "new_position" else None
         global_state = variant in GLOBAL_STATE_VARIANTS
@@ -359,7 +360,7 @@ class BagOfItems(ArticleScores, nn.Module):
         self.item_embeddings = nn.Embedding(n_items, d, padding_idx=PAD_INDEX)
         self.output_embeddings = nn.Embedding(n_items, d)
         self.output_bias = nn.Parameter(torch.zeros(n_items))
-        self.context_encoder = ContextEncoder(spec) if uses_context else None
+        self.context_encoder = ContextEmbedding(spec) if uses_context else None
         self.context_projection = nn.Linear(spec.d_context, d) if uses_context else None
         self.dropout = Dropout(model_cfg.dropout)
         for table in (self.item_embeddings, self.output_embeddings):

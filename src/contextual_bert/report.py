@@ -20,6 +20,7 @@ import numpy as np
 
 from contextual_bert.config import BASELINE_MODELS, VARIANTS, Config
 from contextual_bert.errors import ContextualBertError, DataError
+from contextual_bert.feature_store import MANIFEST_FILE
 
 LABELS = {
     "popularity": "Popularity",
@@ -161,7 +162,7 @@ def _verdict_text(value) -> str:
 
 def _data_lines(cfg: Config) -> list[str]:
     lines = []
-    manifest_path = cfg.paths.features_dir / "manifest.json"
+    manifest_path = cfg.paths.features_dir / MANIFEST_FILE
     if manifest_path.exists():
         m = json.loads(manifest_path.read_text())
         rows = m.get("rows", {})

@@ -21,7 +21,6 @@ import os
 import shutil
 import tempfile
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow.pyfunc
@@ -29,130 +28,52 @@ import numpy as np
 import pandas as pd
 import torch
 
+from contextual_bert.devices import autocast, select_device
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
+from contextual_bert.feature_spec import N_SPECIAL
+from contextual_bert.feature_store import MODEL_FEATURE_FILES, EncodedRows, OutfitEncoder
 
 MAX_TOP_K = 250
 BATCH_ROWS = 1024  # rows scored per forward pass: bounds memory for large requests
 OUTPUT_COLUMNS = ("article_ids", "scores", "unknown_article_ids", "missing_features", "unknown_features")
-MODEL_ARTIFACTS = {
-    "checkpoint": "checkpoint.pt",
-    "article_vocab": "article_vocab.parquet",
-    "context_vocab": "context_vocab.json",
-    "spec": "spec.json",
-    "manifest": "manifest.json",
-}
 PACKAGE_DIR = Path(__file__).resolve().parent
 PYFUNC_CODE = PACKAGE_DIR / "pyfunc_model.py"
-
-
-def pick_device(device: str = "auto") -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-# --- checking and encoding a request --------------------------------------------------------------------
-
-
-def _is_missing(value) -> bool:
-    return value is None or (isinstance(value, float) and np.isnan(value))
-
-
-def outfit_ids_of(value, row: int, max_items: int) -> list[str]:
-    """One row's partial outfit as a list of id strings, or a one-line error naming the row."""
-    if isinstance(value, (list, tuple, np.ndarray, pd.Series)):
-        ids = list(value)
-    elif _is_missing(value):
-        ids = []
-    else:
-        raise ContextualBertError(
-            f"row {row}: 'article_ids' must be a list of article ids, got {type(value).__name__} {value!r:.60}"
-        )
-    if not ids:
-        raise ContextualBertError(f"row {row}: 'article_ids' is empty; give the partial outfit, 1 to {max_items} ids")
-    if len(ids) > max_items:
-        raise ContextualBertError(
-            f"row {row}: 'article_ids' has {len(ids)} ids; an outfit to complete has at most {max_items}"
-        )
-    out = []
-    for item in ids:
-        if isinstance(item, (bool, np.bool_)) or not isinstance(item, (str, int, np.integer)) or item == "":
-            raise ContextualBertError(f"row {row}: 'article_ids' holds {item!r:.60}, not an article id")
-        out.append(str(item))
-    seen = set()
-    for item in out:
-        if item in seen:
-            raise ContextualBertError(f"row {row}: article id '{item}' appears twice in 'article_ids'")
-        seen.add(item)
-    return out
-
-
-@dataclass
-class EncodedRequest:
-    items: torch.Tensor  # (B, max_set_size): the outfit's indices, then one MASK_INDEX, PAD-padded
-    context: dict[str, torch.Tensor]
-    unknown_article_ids: list[list[str]]
-    missing_features: list[list[str]]
-    unknown_features: list[list[str]]
 
 
 class OutfitCompleterCore:
     """Model + vocabularies: request rows in, ranked articles out. No MLflow in here."""
 
-    def __init__(self, model, article_vocab, context_encoder, device: torch.device):
+    def __init__(self, model, encoder: OutfitEncoder, device: torch.device):
         self.model = model.to(device).eval()
-        self.article_vocab = article_vocab
-        self.context_encoder = context_encoder
+        self.encoder = encoder
+        self.article_vocab = encoder.article_vocab
+        self._vocab_ids = np.asarray(encoder.article_vocab.ids, dtype=object)  # index -> id, for whole batches
         self.device = device
         self.max_set_size = model.model_cfg.max_set_size
 
     @classmethod
     def load(cls, checkpoint: Path, features_dir: Path, device: str = "auto") -> "OutfitCompleterCore":
-        from contextual_bert.features import ContextEncoder, load_article_vocab
         from contextual_bert.model import load_checkpoint
 
-        torch_device = pick_device(device)
+        torch_device = select_device(device)
         model, _ = load_checkpoint(checkpoint, map_location=torch_device)
-        vocab = load_article_vocab(features_dir)
-        if len(vocab) != model.n_items:
+        encoder = OutfitEncoder.load(features_dir, model.model_cfg.max_set_size)
+        if len(encoder.article_vocab) != model.n_items:
             raise ContextualBertError(
-                f"{features_dir}: the article vocabulary has {len(vocab)} rows, the model {model.n_items}"
+                f"{features_dir}: the article vocabulary has {len(encoder.article_vocab)} rows, the model {model.n_items}"
             )
-        return cls(model, vocab, ContextEncoder.load(features_dir), torch_device)
+        return cls(model, encoder, torch_device)
 
-    def encode(self, rows: pd.DataFrame) -> EncodedRequest:
-        if "article_ids" not in rows.columns:
-            raise ContextualBertError("the request has no 'article_ids' column (the partial outfit of each row)")
-        max_items = self.max_set_size - 1
-        outfits = [outfit_ids_of(v, i, max_items) for i, v in enumerate(rows["article_ids"].tolist())]
-        lengths = np.array([len(ids) for ids in outfits], dtype=np.int64)
-        flat = [a for ids in outfits for a in ids]
-        indices, _ = self.article_vocab.to_indices(flat)  # one lookup for the whole batch
-        rows_of = np.repeat(np.arange(len(outfits)), lengths)
-        slots = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        items = np.full((len(rows), self.max_set_size), PAD_INDEX, dtype=np.int64)
-        items[rows_of, slots] = indices
-        items[np.arange(len(outfits)), lengths] = MASK_INDEX
-        is_unknown = indices == UNKNOWN_INDEX
-        unknown_ids = [[] for _ in outfits]
-        for row, position in zip(rows_of[is_unknown].tolist(), np.flatnonzero(is_unknown).tolist()):
-            unknown_ids[row].append(flat[position])
-        context, reports = self.context_encoder.encode(rows.reset_index(drop=True))
-        return EncodedRequest(
-            torch.from_numpy(items),
-            context,
-            unknown_ids,
-            [r["missing"] for r in reports],
-            [r["unknown"] for r in reports],
-        )
+    def encode(self, rows: pd.DataFrame) -> EncodedRows:
+        """Partial outfits with a [MASK] slot to fill, through the model's own vocabularies."""
+        return self.encoder.encode(rows, with_mask=True)
 
     @torch.inference_mode()
     def log_probs(self, items: torch.Tensor, context: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, n_items) log-probabilities of the article to add; -inf for specials and the outfit's articles."""
         items = items.to(self.device)
         context = {k: v.to(self.device) for k, v in context.items()}
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+        with autocast(self.device):
             logits = self.model.masked_logits(items, context).float()
         # Never recommend what the outfit holds; [UNK] and the other specials are already -inf.
         logits.scatter_(1, items, float("-inf"))
@@ -164,19 +85,24 @@ class OutfitCompleterCore:
         if len(rows) == 0:
             return pd.DataFrame({c: pd.Series([], dtype=object) for c in OUTPUT_COLUMNS})
         request = self.encode(rows)
+        items, context = request.outfits.items, request.outfits.context
         k = min(int(top_k), len(self.article_vocab) - N_SPECIAL)
         ids, scores = [], []
         for start in range(0, len(rows), BATCH_ROWS):
             stop = start + BATCH_ROWS
-            log_probs = self.log_probs(
-                request.items[start:stop], {n: t[start:stop] for n, t in request.context.items()}
-            )
+            log_probs = self.log_probs(items[start:stop], {n: t[start:stop] for n, t in context.items()})
             top = torch.topk(log_probs, k, dim=1)
-            for row_values, row_indices in zip(top.values.cpu().tolist(), top.indices.cpu().tolist()):
-                # Fewer candidates than k (a tiny vocabulary): drop the excluded, -inf ones.
-                kept = [(v, i) for v, i in zip(row_values, row_indices) if v != float("-inf")]
-                ids.append(self.article_vocab.to_ids([i for _, i in kept]))
-                scores.append([float(np.exp(v)) for v, _ in kept])
+            # Whole batches at once: ids by fancy indexing, probabilities by one exp. A row with fewer
+            # candidates than k (a tiny vocabulary) drops its excluded, -inf ones.
+            values, indices = top.values.cpu().numpy(), top.indices.cpu().numpy()
+            kept = np.isfinite(values)
+            batch_ids, batch_scores = self._vocab_ids[indices], np.exp(values.astype(np.float64))
+            if kept.all():
+                ids += batch_ids.tolist()
+                scores += batch_scores.tolist()
+            else:
+                ids += [row[keep].tolist() for row, keep in zip(batch_ids, kept)]
+                scores += [row[keep].tolist() for row, keep in zip(batch_scores, kept)]
         return pd.DataFrame(
             {
                 "article_ids": ids,
@@ -295,7 +221,7 @@ def log_pyfunc_model(
     With `model_id` the files go into that existing LoggedModel (created with its source run), so the
     training run's status is never touched.
     """
-    from contextual_bert.features import load_spec
+    from contextual_bert.feature_store import load_spec
 
     spec = load_spec(features_dir)
     with tempfile.TemporaryDirectory() as tmp:
@@ -303,9 +229,8 @@ def log_pyfunc_model(
         settings = tmp / "settings.json"
         settings.write_text(json.dumps({"top_k": int(top_k)}))
         artifacts = {"checkpoint": str(checkpoint), "settings": str(settings)}
-        for key, name in MODEL_ARTIFACTS.items():
-            if key != "checkpoint":
-                artifacts[key] = str(Path(features_dir) / name)
+        for name in MODEL_FEATURE_FILES:  # keyed by stem: "article_vocab", "context_vocab", "spec", "manifest"
+            artifacts[Path(name).stem] = str(Path(features_dir) / name)
         for path in artifacts.values():
             if not Path(path).exists():
                 raise ContextualBertError(f"{path}: not found; the served model needs it")
@@ -323,7 +248,7 @@ def log_pyfunc_model(
 
 def example_request(features_dir: Path, n_rows: int = 2) -> pd.DataFrame:
     """A request built from real articles of the vocabulary, context left to the caller (all optional)."""
-    from contextual_bert.features import load_article_vocab
+    from contextual_bert.feature_store import load_article_vocab
 
     vocab = load_article_vocab(features_dir)
     real = vocab.ids[N_SPECIAL:]

@@ -30,13 +30,11 @@ import yaml
 
 from contextual_bert.config import Config, MlflowConfig
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.features import file_sha256
+from contextual_bert.feature_store import CUSTOMERS_FILE, MANIFEST_FILE, MODEL_FEATURE_FILES, file_sha256
 
 RUN_FILE = "mlflow_run.json"
 # The vocabularies and context tables of the features stage (not the encoded outfits: the data, not the model).
-RUN_ARTIFACT_FEATURE_FILES = (
-    "article_vocab.parquet", "context_vocab.json", "spec.json", "manifest.json", "customers.parquet"
-)
+RUN_ARTIFACT_FEATURE_FILES = (*MODEL_FEATURE_FILES, CUSTOMERS_FILE)
 RUN_ARTIFACT_MODEL_FILES = ("checkpoint.pt", "history.json", "metrics.json")
 
 
@@ -180,7 +178,7 @@ def features_lineage(features_dir: Path) -> dict[str, str]:
     tags = {"features_sha256": directory_sha256(features_dir)}
     locked = dvc_locked_md5(features_dir)
     tags["dvc_lock_features_md5"] = locked or "absent"
-    manifest = features_dir / "manifest.json"
+    manifest = features_dir / MANIFEST_FILE
     if manifest.exists():
         inputs = json.loads(manifest.read_text()).get("inputs", {})
         for name, sha in inputs.items():

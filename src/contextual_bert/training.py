@@ -25,11 +25,9 @@ chunks of rows (`LinearCrossEntropy`), and glibc told to keep freed memory (`kee
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -39,6 +37,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from contextual_bert.config import ModelConfig, TrainConfig
+from contextual_bert.devices import autocast, keep_freed_memory, select_device
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, EncodedOutfits
 from contextual_bert.model import ContextualBert, atomic_save, build_model, count_paper_parameters, save_checkpoint
@@ -50,39 +49,6 @@ EpochHook = Callable[[int, dict], None]
 # (max_epochs is not among them: it sets the decay's horizon.)
 RESUMABLE_CHANGES = ("variants", "seeds", "patience", "device", "num_threads")
 CONVERGENCE_EPOCHS, CONVERGENCE_NATS = 3, 0.01
-
-
-# --- device ---------------------------------------------------------------------------------------------
-
-
-def select_device(name: str = "auto") -> torch.device:
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ContextualBertError("train.device is 'cuda' but no CUDA device is available")
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(name)
-
-
-def keep_freed_memory() -> None:
-    """Ask glibc to reuse freed memory instead of returning it to the OS.
-
-    A training step allocates many tensors of a few MB; by default glibc maps each afresh, and touching new
-    pages costs more than the arithmetic (over 2x the step time in a VM). Harmless where it does not apply.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024)  # glibc's maximum: larger blocks are always mapped
-    libc.mallopt(m_trim_threshold, 1 << 30)
-
-
-def autocast(device: torch.device):
-    """bf16 autocast on CUDA; a no-op on the CPU (fp32)."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
 
 # --- masking and the loss -------------------------------------------------------------------------------
@@ -428,7 +394,7 @@ def train(
     and data; patience, device and threads may differ). A run that already finished is not
     re-trained (its metrics are returned again); a run whose settings or data differ starts from scratch.
     """
-    from contextual_bert.features import load_article_vocab, load_spec, load_split
+    from contextual_bert.feature_store import load_article_vocab, load_spec, load_split
 
     spec = load_spec(features_dir)
     n_items = len(load_article_vocab(features_dir))

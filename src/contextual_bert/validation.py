@@ -32,8 +32,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from contextual_bert.config import ValidateConfig
-from contextual_bert.contract import ID_COLUMN, MAX_OUTFIT_SIZE, MIN_OUTFIT_SIZE, SCHEMA_FILE, TABLES, DataSchema
+from contextual_bert.config import ModelConfig, ValidateConfig
+from contextual_bert.contract import ID_COLUMN, MIN_OUTFIT_SIZE, SCHEMA_FILE, TABLES, DataSchema
 from contextual_bert.errors import ContextualBertError, DataError
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")  # no telemetry calls from a pipeline stage
@@ -328,7 +328,8 @@ def customer_checks(table: LoadedTable, schema: DataSchema, valid_articles: pa.T
 
 
 def outfit_checks(
-    table: LoadedTable, schema: DataSchema, valid_articles: pa.Table, valid_customer_ids: pa.Array
+    table: LoadedTable, schema: DataSchema, valid_articles: pa.Table, valid_customer_ids: pa.Array,
+    max_set_size: int = ModelConfig().max_set_size,
 ) -> Checks:
     import great_expectations.expectations as gxe
 
@@ -348,9 +349,9 @@ def outfit_checks(
     frame["article_ids__n_items"] = _nullable(stats["n_items"], stats["null"])
     checks.add(
         gxe.ExpectColumnValuesToBeBetween(
-            column="article_ids__n_items", min_value=MIN_OUTFIT_SIZE, max_value=MAX_OUTFIT_SIZE
+            column="article_ids__n_items", min_value=MIN_OUTFIT_SIZE, max_value=max_set_size
         ),
-        f"an outfit has {MIN_OUTFIT_SIZE}-{MAX_OUTFIT_SIZE} articles",
+        f"an outfit has {MIN_OUTFIT_SIZE}-{max_set_size} articles (model.max_set_size)",
     )
     frame["article_ids__n_distinct"] = _nullable(stats["n_distinct"], stats["null"])
     checks.add(
@@ -445,15 +446,18 @@ def _write(table: pa.Table, path: Path) -> None:
     pq.write_table(table, path)
 
 
-def _checks_for(name: str, table: LoadedTable, schema: DataSchema, valid: dict[str, pa.Table]) -> Checks:
+def _checks_for(name: str, table: LoadedTable, schema: DataSchema, valid: dict[str, pa.Table],
+                max_set_size: int) -> Checks:
     if name == "articles":
         return article_checks(table)
     if name == "customers":
         return customer_checks(table, schema, valid["articles"])
-    return outfit_checks(table, schema, valid["articles"], valid["customers"].column("customer_id").combine_chunks())
+    return outfit_checks(table, schema, valid["articles"], valid["customers"].column("customer_id").combine_chunks(),
+                         max_set_size)
 
 
-def validate(raw_dir: Path, validated_dir: Path, quarantine_dir: Path, report_dir: Path, cfg: ValidateConfig) -> dict:
+def validate(raw_dir: Path, validated_dir: Path, quarantine_dir: Path, report_dir: Path, cfg: ValidateConfig,
+             max_set_size: int = ModelConfig().max_set_size) -> dict:
     """Validate data/raw; write data/validated, data/quarantine, reports/validation/{summary.json,data_docs}.
 
     Fails (ContextualBertError) when any table's quarantined share exceeds cfg.max_quarantine_share; the
@@ -469,7 +473,7 @@ def validate(raw_dir: Path, validated_dir: Path, quarantine_dir: Path, report_di
     valid: dict[str, pa.Table] = {}
     over: dict[str, float] = {}
     for name, table in tables.items():  # in TABLES order: what an outfit references is validated first
-        checks = _checks_for(name, table, schema, valid)
+        checks = _checks_for(name, table, schema, valid, max_set_size)
         failing = ge.failing_rows(name, checks)
         quarantined, reasons = _split(table, failing)
         valid[name] = table.typed.filter(pa.array(~quarantined))

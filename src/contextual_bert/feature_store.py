@@ -1,0 +1,430 @@
+"""The feature store: what the features stage wrote to data/features, and how everyone reads it.
+
+File names, the encoders that turn raw values into the stored indices, and the loaders. Training,
+evaluation, tracking, the registry and serving read data/features only through this module; the stage
+that writes it is `features.py`.
+
+Encoding rules (one code path, `ContextIndexer`, for the stored tables and for serving):
+- categorical: the value as a string; vocabulary = train values seen at least `min_context_count` times,
+  sorted, index = position + N_SPECIAL. None/NaN/"" -> MISSING_INDEX, anything else unseen -> UNKNOWN_INDEX.
+- multi_categorical: each value encoded as above, duplicate indices dropped keeping the first, then the
+  first `max_values` indices kept in the order the values were listed (the cap is deterministic and keeps
+  what the data lists first). None or an empty list -> a single MISSING_INDEX, so every row has at least
+  one index to pool. A plain string counts as a one-value list.
+- numeric: quantile bucket edges of the train values (`numeric_buckets` buckets, tied edges merged);
+  bucket b (0-based, `searchsorted(edges, x, side="right")`) -> index b + N_SPECIAL. NaN -> MISSING_INDEX,
+  a value that is not a number -> UNKNOWN_INDEX.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from contextual_bert.errors import ContextualBertError, DataError
+from contextual_bert.feature_spec import (
+    MASK_INDEX,
+    MISSING_INDEX,
+    N_SPECIAL,
+    PAD_INDEX,
+    UNKNOWN_INDEX,
+    ContextSpec,
+    EncodedOutfits,
+    FeatureSpec,
+)
+
+SPLITS = ("train", "val", "test")
+SPECIAL_ARTICLES = ("[PAD]", "[MASK]", "[UNK]")
+ARTICLE_VOCAB_FILE = "article_vocab.parquet"
+CONTEXT_VOCAB_FILE = "context_vocab.json"
+CUSTOMERS_FILE = "customers.parquet"
+OUTFITS_FILE = "outfits.parquet"
+SPEC_FILE = "spec.json"
+MANIFEST_FILE = "manifest.json"
+# What a trained model needs besides its checkpoint to read requests (logged with each run, bundled with
+# each served model): its vocabularies, the spec, and the manifest for lineage.
+MODEL_FEATURE_FILES = (ARTICLE_VOCAB_FILE, CONTEXT_VOCAB_FILE, SPEC_FILE, MANIFEST_FILE)
+
+
+# --- encoding: the one code path for stored tables and serving -------------------------------------------
+
+# Plain numpy and Python over object arrays, no pandas Series per feature: a one-row request pays
+# microseconds per feature, and the stage's hundreds of thousands of rows stay vectorised where it counts.
+
+LIST_LIKE = (list, tuple, np.ndarray, pd.Series)  # cells that hold several values (as pandas' explode)
+
+
+def as_object_array(values) -> np.ndarray:
+    """Any column (Series, array, list) as a 1-D object array, one cell per element."""
+    if isinstance(values, pd.Series):
+        values = values.to_numpy()
+    if isinstance(values, np.ndarray) and values.dtype == object and values.ndim == 1:
+        return values
+    return np.fromiter(values, dtype=object, count=len(values))
+
+
+def text_of(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(each cell as a string, missing): None/NaN/NA and "" are missing (text "")."""
+    missing = np.asarray(pd.isna(cells), dtype=bool)
+    text = np.fromiter(("" if m else str(v) for v, m in zip(cells, missing)), dtype=object, count=len(cells))
+    return text, missing | (text == "")
+
+
+def index_of(values) -> dict[str, int]:
+    """A vocabulary (its values in index order, specials excluded) as value -> index."""
+    return {value: position + N_SPECIAL for position, value in enumerate(values)}
+
+
+def _lookup(text: np.ndarray, vocab: dict[str, int]) -> np.ndarray:
+    """Index of each string in the vocabulary, UNKNOWN_INDEX when absent. (A dict: pandas' get_indexer
+    costs milliseconds per call on a one-row request.)"""
+    get = vocab.get
+    return np.fromiter((get(t, UNKNOWN_INDEX) for t in text), dtype=np.int64, count=len(text))
+
+
+def encode_categorical(values, vocab: dict[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(indices (N,), missing (N,), unknown (N,)) for one categorical column."""
+    text, missing = text_of(as_object_array(values))
+    idx = _lookup(text, vocab)
+    unknown = (idx == UNKNOWN_INDEX) & ~missing
+    idx[missing] = MISSING_INDEX
+    return idx, missing, unknown
+
+
+def explode_values(values) -> tuple[np.ndarray, np.ndarray]:
+    """(row of each value, the value as a string) for list-valued cells, missing and empty values dropped.
+
+    A cell that is not list-like (a plain string) counts as a one-value list."""
+    rows, flat = [], []
+    for row, cell in enumerate(as_object_array(values)):
+        if isinstance(cell, LIST_LIKE):
+            flat.extend(cell)
+            rows.extend([row] * len(cell))
+        else:
+            flat.append(cell)
+            rows.append(row)
+    text, missing = text_of(np.fromiter(flat, dtype=object, count=len(flat)))
+    return np.asarray(rows, dtype=np.int64)[~missing], text[~missing]
+
+
+def encode_multi(values, vocab: dict[str, int], max_values: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(indices (N, max_values) PAD-padded, missing (N,), unknown (N,)) for one list-valued column."""
+    n = len(values)
+    rows, text = explode_values(values)
+    idx = _lookup(text, vocab)
+    unknown = np.zeros(n, dtype=bool)
+    unknown[rows[idx == UNKNOWN_INDEX]] = True
+    # Duplicate (row, index) pairs dropped keeping the first; rows ascend, so a row's slots are its
+    # position among the kept pairs minus where the row starts.
+    first = np.zeros(len(rows), dtype=bool)
+    first[np.unique(rows * (len(vocab) + N_SPECIAL) + idx, return_index=True)[1]] = True
+    rows, idx = rows[first], idx[first]
+    slot = np.arange(len(rows)) - np.searchsorted(rows, rows, side="left")
+    keep = slot < max_values
+    out = np.full((n, max_values), PAD_INDEX, dtype=np.int64)
+    out[rows[keep], slot[keep]] = idx[keep]
+    missing = np.ones(n, dtype=bool)
+    missing[rows] = False
+    out[missing, 0] = MISSING_INDEX
+    return out, missing, unknown
+
+
+def to_float(cells: np.ndarray) -> np.ndarray:
+    """Numbers and numeric strings as float64; anything else (words, lists) NaN."""
+    out = np.full(len(cells), np.nan)
+    for i, cell in enumerate(cells):
+        if isinstance(cell, (int, float, np.number, np.bool_)):
+            out[i] = float(cell)
+        elif isinstance(cell, str):
+            try:
+                out[i] = float(cell)
+            except ValueError:
+                pass
+    return out
+
+
+def encode_numeric(values, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(bucket indices (N,), missing (N,), unknown (N,)) for one numeric column."""
+    array = values.to_numpy() if isinstance(values, pd.Series) else np.asarray(values)
+    if array.dtype.kind in "iuf":  # a numeric column (the stage's tables): NaN is missing
+        number = array.astype(np.float64)
+        missing = np.isnan(number)
+    else:
+        cells = as_object_array(values)
+        _, missing = text_of(cells)
+        number = to_float(cells)
+    unknown = np.isnan(number) & ~missing
+    idx = (np.searchsorted(edges, number, side="right") + N_SPECIAL).astype(np.int64)
+    idx[missing] = MISSING_INDEX
+    idx[unknown] = UNKNOWN_INDEX
+    return idx, missing, unknown
+
+
+class ContextIndexer:
+    """Raw context values -> index tensors, exactly as the features stage stored them for training."""
+
+    def __init__(self, spec: ContextSpec, vocab: dict[str, dict]):
+        self.spec = spec
+        self.vocab = vocab
+        self._index = {name: index_of(v["values"]) for name, v in vocab.items() if "values" in v}
+        self._edges = {name: np.asarray(v["bucket_edges"], dtype=np.float64) for name, v in vocab.items()
+                       if "bucket_edges" in v}
+
+    @classmethod
+    def load(cls, features_dir: Path) -> "ContextIndexer":
+        features_dir = Path(features_dir)
+        path = _require(features_dir / CONTEXT_VOCAB_FILE)
+        return cls(load_spec(features_dir), json.loads(path.read_text()))
+
+    def encode_feature(self, feature: FeatureSpec, values) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(indices, missing, unknown) of one feature's raw values."""
+        if feature.kind == "categorical":
+            return encode_categorical(values, self._index[feature.name])
+        if feature.kind == "multi_categorical":
+            return encode_multi(values, self._index[feature.name], feature.max_values)
+        return encode_numeric(values, self._edges[feature.name])
+
+    def encode_arrays(self, rows: pd.DataFrame, source: str | None = None):
+        """Numpy (indices, missing, unknown) dicts for every feature of `source` (all when None).
+
+        A feature whose column is absent from `rows` is missing on every row.
+        """
+        indices, missing, unknown = {}, {}, {}
+        n = len(rows)
+        for feature in self.spec.features:
+            if source is not None and feature.source != source:
+                continue
+            column = rows[feature.name] if feature.name in rows.columns else np.full(n, None, dtype=object)
+            name = feature.name
+            indices[name], missing[name], unknown[name] = self.encode_feature(feature, column)
+        return indices, missing, unknown
+
+    def encode(self, rows: pd.DataFrame) -> tuple[dict[str, torch.Tensor], list[dict]]:
+        """Index tensors for every context feature, and per row the features that were missing or unknown."""
+        indices, missing, unknown = self.encode_arrays(rows.reset_index(drop=True))
+        tensors = {name: torch.from_numpy(a) for name, a in indices.items()}
+        names = np.array(list(indices), dtype=object)
+        shape = (len(rows), len(names))
+        missing = np.stack(list(missing.values()), axis=1) if len(names) else np.zeros(shape, dtype=bool)
+        unknown = np.stack(list(unknown.values()), axis=1) if len(names) else np.zeros(shape, dtype=bool)
+        reports = [{"missing": names[m].tolist(), "unknown": names[u].tolist()} for m, u in zip(missing, unknown)]
+        return tensors, reports
+
+
+# --- the article vocabulary ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArticleVocab:
+    """Article ids by index ([PAD], [MASK], [UNK] first) and their occurrence counts in the train split."""
+
+    ids: list[str]
+    counts: np.ndarray
+
+    def __post_init__(self):
+        object.__setattr__(self, "_index", index_of(self.ids[N_SPECIAL:]))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def to_indices(self, article_ids) -> tuple[np.ndarray, list[str]]:
+        """(int64 indices, the ids not in the vocabulary); those map to UNKNOWN_INDEX."""
+        cells = as_object_array(article_ids)
+        ids = np.fromiter((str(a) for a in cells), dtype=object, count=len(cells))
+        idx = _lookup(ids, self._index)
+        return idx, ids[idx == UNKNOWN_INDEX].tolist()
+
+    def to_ids(self, indices) -> list[str]:
+        if isinstance(indices, torch.Tensor):
+            indices = indices.tolist()
+        return [self.ids[int(i)] for i in np.asarray(indices).ravel()]
+
+
+def load_article_vocab(features_dir: Path) -> ArticleVocab:
+    table = pd.read_parquet(_require(Path(features_dir) / ARTICLE_VOCAB_FILE)).sort_values("index")
+    return ArticleVocab(table["article_id"].astype(str).tolist(), table["count"].to_numpy(dtype=np.int64))
+
+
+# --- the one outfit encoder: raw outfits + context -> model tensors ----------------------------------------
+
+
+def _is_missing(value) -> bool:
+    return value is None or (isinstance(value, float) and np.isnan(value))
+
+
+def outfit_ids_of(value, row: int, max_items: int, what: str = "an outfit") -> list[str]:
+    """One row's outfit as a list of id strings, or a one-line error naming the row."""
+    if isinstance(value, LIST_LIKE):
+        ids = list(value)
+    elif _is_missing(value):
+        ids = []
+    else:
+        raise ContextualBertError(
+            f"row {row}: 'article_ids' must be a list of article ids, got {type(value).__name__} {value!r:.60}"
+        )
+    if not ids:
+        raise ContextualBertError(f"row {row}: 'article_ids' is empty; give the partial outfit, 1 to {max_items} ids")
+    if len(ids) > max_items:
+        raise ContextualBertError(f"row {row}: 'article_ids' has {len(ids)} ids; {what} has at most {max_items}")
+    out = []
+    for item in ids:
+        if isinstance(item, (bool, np.bool_)) or not isinstance(item, (str, int, np.integer)) or item == "":
+            raise ContextualBertError(f"row {row}: 'article_ids' holds {item!r:.60}, not an article id")
+        out.append(str(item))
+    if len(set(out)) < len(out):
+        seen = set()
+        for item in out:
+            if item in seen:
+                raise ContextualBertError(f"row {row}: article id '{item}' appears twice in 'article_ids'")
+            seen.add(item)
+    return out
+
+
+@dataclass
+class EncodedRows:
+    """Raw rows as the model reads them, and what the encoding could not use, per row."""
+
+    outfits: EncodedOutfits
+    unknown_article_ids: list[list[str]]
+    missing_features: list[list[str]]
+    unknown_features: list[list[str]]
+
+
+class OutfitEncoder:
+    """Raw outfits (column `article_ids`, lists of ids) with their context columns -> model tensors, through
+    one model's article vocabulary and context vocabularies.
+
+    The one path from raw rows to a model's input: serving requests (partial outfits, `with_mask`: a
+    [MASK] after the last item, the slot to predict) and whole outfits re-encoded from data/validated for
+    a model trained on other features (promotion). Vectorised over rows: the per-row work is checking the
+    ids."""
+
+    def __init__(self, article_vocab: ArticleVocab, context: ContextIndexer, max_set_size: int):
+        self.article_vocab = article_vocab
+        self.context = context
+        self.max_set_size = max_set_size
+
+    @classmethod
+    def load(cls, features_dir: Path, max_set_size: int) -> "OutfitEncoder":
+        return cls(load_article_vocab(features_dir), ContextIndexer.load(features_dir), max_set_size)
+
+    def encode(self, rows: pd.DataFrame, with_mask: bool, id_column: str | None = None) -> EncodedRows:
+        if "article_ids" not in rows.columns:
+            raise ContextualBertError("the request has no 'article_ids' column (the partial outfit of each row)")
+        rows = rows.reset_index(drop=True)
+        max_items = self.max_set_size - 1 if with_mask else self.max_set_size
+        what = "an outfit to complete" if with_mask else "an outfit"
+        outfits = [outfit_ids_of(v, i, max_items, what) for i, v in enumerate(rows["article_ids"].tolist())]
+        lengths = np.fromiter((len(ids) for ids in outfits), dtype=np.int64, count=len(outfits))
+        flat = [a for ids in outfits for a in ids]
+        indices, _ = self.article_vocab.to_indices(flat)  # one lookup for the whole batch
+        rows_of = np.repeat(np.arange(len(outfits)), lengths)
+        slots = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        items = np.full((len(rows), self.max_set_size), PAD_INDEX, dtype=np.int64)
+        items[rows_of, slots] = indices
+        if with_mask:
+            items[np.arange(len(outfits)), lengths] = MASK_INDEX
+        unknown_ids = [[] for _ in outfits]
+        for position in np.flatnonzero(indices == UNKNOWN_INDEX).tolist():
+            unknown_ids[rows_of[position]].append(flat[position])
+        context, reports = self.context.encode(rows)
+        ids = rows[id_column].astype(str).tolist() if id_column else None
+        return EncodedRows(
+            EncodedOutfits(torch.from_numpy(items), context, ids),
+            unknown_ids,
+            [r["missing"] for r in reports],
+            [r["unknown"] for r in reports],
+        )
+
+
+# --- reading data/features ------------------------------------------------------------------------------
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _require(path: Path) -> Path:
+    if not path.exists():
+        raise DataError("not found; run `contextual-bert features` first", path=path)
+    return path
+
+
+def _padded(column: pa.ChunkedArray | pa.Array, width: int) -> np.ndarray:
+    """An Arrow list<int> column -> (N, width) int64, PAD-padded at the end."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks else pa.array([], type=column.type)
+    lengths = column.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if len(lengths) and lengths.max() > width:
+        raise ContextualBertError(f"a stored list has {lengths.max()} values, more than its width {width}")
+    values = column.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    out = np.full((len(lengths), width), PAD_INDEX, dtype=np.int64)
+    out[rows, np.arange(len(values)) - starts[rows]] = values
+    return out
+
+def load_spec(features_dir: Path) -> ContextSpec:
+    return ContextSpec.load(_require(Path(features_dir) / SPEC_FILE))
+
+
+def load_manifest(features_dir: Path) -> dict:
+    return json.loads(_require(Path(features_dir) / MANIFEST_FILE).read_text())
+
+
+def _column(table: pa.Table, name: str, path: Path) -> pa.ChunkedArray:
+    if name not in table.column_names:
+        raise DataError("column absent; re-run `contextual-bert features`", path=path, column=name)
+    return table.column(name)
+
+
+def _feature_array(table: pa.Table, feature: FeatureSpec, path: Path) -> np.ndarray:
+    column = _column(table, feature.name, path)
+    if feature.kind == "multi_categorical":
+        return _padded(column, feature.max_values)
+    return column.to_numpy().astype(np.int64)
+
+
+def load_split(features_dir: Path, split: str, max_set_size: int) -> EncodedOutfits:
+    """One split's outfits as tensors, each outfit's customer context joined on."""
+    if split not in SPLITS:
+        raise ContextualBertError(f"unknown split '{split}', expected one of {SPLITS}")
+    features_dir = Path(features_dir)
+    spec = load_spec(features_dir)
+    outfits_path = _require(features_dir / OUTFITS_FILE)
+    customers_path = _require(features_dir / CUSTOMERS_FILE)
+    outfits = pq.read_table(outfits_path, filters=[("split", "==", split)])
+    lengths = _column(outfits, "items", outfits_path).combine_chunks().value_lengths().to_numpy(
+        zero_copy_only=False)
+    if len(lengths) and lengths.max() > max_set_size:
+        row = int(np.argmax(lengths))
+        raise DataError(f"an outfit has {lengths.max()} items, more than max_set_size={max_set_size}",
+                        path=outfits_path, row=row, column="items")
+    items = _padded(outfits.column("items"), max_set_size)
+
+    customers = pq.read_table(customers_path)
+    customer_pos = pd.Index(customers.column("customer_id").to_pylist()).get_indexer(
+        outfits.column("customer_id").to_pylist())
+    if (customer_pos < 0).any():
+        raise DataError("an outfit's customer is not in customers.parquet; re-run `contextual-bert features`",
+                        path=customers_path, row=int(np.flatnonzero(customer_pos < 0)[0]))
+    context = {}
+    for feature in spec.features:
+        if feature.source == "customer":
+            per_customer = _feature_array(customers, feature, customers_path)
+            context[feature.name] = torch.from_numpy(per_customer[customer_pos])
+        else:
+            context[feature.name] = torch.from_numpy(_feature_array(outfits, feature, outfits_path))
+    return EncodedOutfits(torch.from_numpy(items), context, outfits.column("outfit_id").to_pylist())

@@ -1,0 +1,297 @@
+"""Promotion: which registered version serves, as alias 'champion'; and rolling that back.
+
+The candidate is the best version by validation `promote.metric` (recall@K) among those trained on the
+current features and never rolled back. It takes alias 'champion' when there is none, or when it beats the
+champion on the same validation cases: its recall@K exceeds the champion's by more than `promote.margin`
+and an exact one-sided McNemar test on the per-case hits (from `evaluation.case_ranks`) gives p < `alpha`.
+The test and the decision are recorded as tags of the candidate version. The old champion takes alias
+'previous'; `rollback` gives 'champion' back to it and marks the demoted version so promote skips it.
+Aliases, not the deprecated stages.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from contextual_bert.config import Config
+from contextual_bert.errors import ContextualBertError
+from contextual_bert.registry import write_report
+from contextual_bert.tracking import client, directory_sha256, metric_key
+
+CHAMPION, PREVIOUS = "champion", "previous"
+HISTORY_TAG = "champion_history"  # registered-model tag: JSON list of champion versions, oldest first
+ROLLED_BACK_TAG = "rolled_back"
+PROMOTION_REPORT = "promotion.json"
+
+
+def recall_k(metric: str) -> int:
+    """K of a 'recall@K' metric name; the promotion test is defined on per-case hit@K."""
+    match = re.fullmatch(r"recall@(\d+)", metric)
+    if not match or int(match.group(1)) < 1:
+        raise ContextualBertError(f"promote.metric '{metric}' is not recall@K (the paired test compares hits@K)")
+    return int(match.group(1))
+
+
+# --- the paired test ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PairedTest:
+    """Exact one-sided McNemar test that the candidate's hit rate beats the champion's on the same cases."""
+
+    n_cases: int
+    candidate_recall: float
+    champion_recall: float
+    candidate_only: int  # cases the candidate hits and the champion misses
+    champion_only: int
+    p_value: float
+    margin: float
+    alpha: float
+
+    @property
+    def difference(self) -> float:
+        return self.candidate_recall - self.champion_recall
+
+    @property
+    def beats(self) -> bool:
+        return self.difference > self.margin and self.p_value < self.alpha
+
+    def as_dict(self) -> dict:
+        return {
+            "n_cases": self.n_cases,
+            "candidate_recall": self.candidate_recall,
+            "champion_recall": self.champion_recall,
+            "difference": self.difference,
+            "candidate_only_hits": self.candidate_only,
+            "champion_only_hits": self.champion_only,
+            "test": "exact one-sided McNemar (binomial on discordant cases)",
+            "p_value": self.p_value,
+            "margin": self.margin,
+            "alpha": self.alpha,
+            "beats": self.beats,
+        }
+
+
+def paired_test(candidate_hits, champion_hits, margin: float, alpha: float) -> PairedTest:
+    """Compare per-case hits (booleans, same cases in the same order) of a candidate and the champion."""
+    from scipy.stats import binomtest
+
+    candidate_hits = np.asarray(candidate_hits, dtype=bool)
+    champion_hits = np.asarray(champion_hits, dtype=bool)
+    if candidate_hits.shape != champion_hits.shape or candidate_hits.ndim != 1 or len(candidate_hits) == 0:
+        raise ContextualBertError(
+            f"the paired test needs the same non-empty cases for both models, got {candidate_hits.shape} and "
+            f"{champion_hits.shape}"
+        )
+    b = int((candidate_hits & ~champion_hits).sum())
+    c = int((~candidate_hits & champion_hits).sum())
+    p = binomtest(b, b + c, 0.5, alternative="greater").pvalue if b + c else 1.0
+    return PairedTest(len(candidate_hits), float(candidate_hits.mean()), float(champion_hits.mean()), b, c,
+                      float(p), margin, alpha)
+
+
+# --- per-case hits of a registered version on the validation cases ---------------------------------------
+
+
+def validation_cases(cfg: Config, core, model_features_sha: str, features_sha: str):
+    """The current validation outfits, encoded for `core`'s model.
+
+    A model trained on the current features reads them as stored; one trained on other features (other
+    vocabularies) gets the same outfits re-encoded from data/validated through its own vocabularies, so
+    both sides of the paired test see the same cases.
+    """
+    from contextual_bert.feature_store import load_split
+
+    max_set_size = core.max_set_size
+    if model_features_sha == features_sha:
+        return load_split(cfg.paths.features_dir, "val", max_set_size)
+    return _reencoded_validation(cfg, core)
+
+
+def _reencoded_validation(cfg: Config, core):
+    import pandas as pd
+
+    from contextual_bert.feature_store import OUTFITS_FILE
+
+    for path in (cfg.paths.validated_dir / "outfits.parquet", cfg.paths.validated_dir / "customers.parquet"):
+        if not path.exists():
+            raise ContextualBertError(
+                f"{path}: not found; the champion was trained on other features, and comparing it on today's "
+                "validation outfits needs them as validated (run `contextual-bert validate`)"
+            )
+    features = pd.read_parquet(cfg.paths.features_dir / OUTFITS_FILE, columns=["outfit_id", "split"])
+    val_ids = features.loc[features["split"] == "val", "outfit_id"].astype(str)
+    outfits = pd.read_parquet(cfg.paths.validated_dir / "outfits.parquet")
+    customers = pd.read_parquet(cfg.paths.validated_dir / "customers.parquet")
+    outfits = outfits.assign(outfit_id=outfits["outfit_id"].astype(str)).set_index("outfit_id").loc[val_ids]
+    rows = outfits.reset_index().merge(customers, on="customer_id", how="left", suffixes=("", "_customer"))
+    # the champion's own vocabularies, through the one outfit encoder (whole outfits: no [MASK] slot)
+    try:
+        return core.encoder.encode(rows, with_mask=False, id_column="outfit_id").outfits
+    except ContextualBertError as exc:  # name the file and whose vocabularies: a row number alone is unclear
+        raise ContextualBertError(
+            f"{cfg.paths.validated_dir / 'outfits.parquet'}, validation outfits encoded for the champion: {exc}"
+        ) from None
+
+
+def version_case_hits(cfg: Config, version, k: int, features_sha: str) -> dict[tuple[str, int], bool]:
+    """Hit@k of a registered version on every validation case (outfit id, position), from its own pyfunc.
+
+    Cases whose target the model cannot rank (an article it never saw: evaluation skips them) are absent.
+    """
+    import mlflow
+
+    from contextual_bert.evaluation import case_ranks
+
+    pyfunc = mlflow.pyfunc.load_model(f"models:/{cfg.mlflow.model_name}/{version.version}")
+    core = pyfunc.unwrap_python_model().core
+    data = validation_cases(cfg, core, version.tags.get("features_sha256", ""), features_sha)
+    cases = case_ranks(core.model, data, cfg.evaluate.batch_size, core.device)
+    outfit_ids = data.outfit_ids or [str(i) for i in range(len(data))]
+    return {
+        (outfit_ids[o], int(p)): bool(r <= k)
+        for o, p, r in zip(cases["outfit"].tolist(), cases["position"].tolist(), cases["rank"].tolist())
+    }
+
+
+def aligned_hits(candidate: dict, champion: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Both models' hits on the union of their cases; a case one model cannot rank is its miss."""
+    keys = sorted(set(candidate) | set(champion))
+    return (np.array([candidate.get(key, False) for key in keys], dtype=bool),
+            np.array([champion.get(key, False) for key in keys], dtype=bool))
+
+
+# --- promote and rollback -------------------------------------------------------------------------------
+
+
+def _alias_version(mlflow_client, name: str, alias: str):
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return mlflow_client.get_model_version_by_alias(name, alias)
+    except MlflowException:
+        return None
+
+
+def _history(mlflow_client, name: str) -> list[str]:
+    tags = mlflow_client.get_registered_model(name).tags
+    try:
+        return [str(v) for v in json.loads(tags.get(HISTORY_TAG, "[]"))]
+    except json.JSONDecodeError:
+        return []
+
+
+def _set_history(mlflow_client, name: str, history: list[str]) -> None:
+    mlflow_client.set_registered_model_tag(name, HISTORY_TAG, json.dumps(history[-50:]))
+
+
+def candidates(mlflow_client, cfg: Config, features_sha: str) -> list:
+    """Versions trained on the current features, evaluated on validation, never rolled back."""
+    key = metric_key(cfg.promote.metric, "val")
+    versions = mlflow_client.search_model_versions(f"name = '{cfg.mlflow.model_name}'")
+    return [
+        v for v in versions
+        if v.tags.get("features_sha256") == features_sha and key in v.tags and v.tags.get(ROLLED_BACK_TAG) != "true"
+    ]
+
+
+def promote(cfg: Config) -> dict:
+    """Point 'champion' at the best version when it beats the current one; writes reports/promotion.json."""
+    k = recall_k(cfg.promote.metric)
+    name = cfg.mlflow.model_name
+    mlflow_client = client(cfg.mlflow)
+    features_sha = directory_sha256(cfg.paths.features_dir)
+    pool = candidates(mlflow_client, cfg, features_sha)
+    if not pool:
+        raise ContextualBertError(
+            f"no version of '{name}' was trained on the current {cfg.paths.features_dir} and evaluated; "
+            "run `contextual-bert register` first"
+        )
+    key = metric_key(cfg.promote.metric, "val")
+    best = max(pool, key=lambda v: (float(v.tags[key]), -int(v.version)))
+    champion = _alias_version(mlflow_client, name, CHAMPION)
+    result = {"model_name": name, "metric": cfg.promote.metric, "candidate": _describe(best, key),
+              "champion_before": _describe(champion, key) if champion else None}
+
+    if champion is None:
+        decision, test = "promoted: there was no champion", None
+    elif champion.version == best.version:
+        decision, test = "kept: the best version is already the champion", None
+    else:
+        candidate_hits, champion_hits = aligned_hits(
+            version_case_hits(cfg, best, k, features_sha), version_case_hits(cfg, champion, k, features_sha)
+        )
+        test = paired_test(candidate_hits, champion_hits, cfg.promote.margin, cfg.promote.alpha)
+        decision = (
+            f"promoted: beats version {champion.version} by {test.difference:+.4f} (p={test.p_value:.3g})"
+            if test.beats
+            else f"not promoted: {test.difference:+.4f} vs version {champion.version} (margin {test.margin}, "
+            f"p={test.p_value:.3g}, alpha {test.alpha})"
+        )
+    promoted = decision.startswith("promoted")
+    if test is not None or promoted:
+        tags = {"promotion_decision": decision}
+        if test is not None:
+            tags.update(promotion_test=json.dumps(test.as_dict()), promotion_p_value=repr(test.p_value),
+                        promotion_against_version=str(champion.version))
+        for tag, value in tags.items():
+            mlflow_client.set_model_version_tag(name, best.version, tag, value)
+    if promoted:
+        if champion is not None:
+            mlflow_client.set_registered_model_alias(name, PREVIOUS, champion.version)
+        mlflow_client.set_registered_model_alias(name, CHAMPION, best.version)
+        history = _history(mlflow_client, name)
+        if champion is not None and (not history or history[-1] != str(champion.version)):
+            history.append(str(champion.version))
+        _set_history(mlflow_client, name, history + [str(best.version)])
+    result.update(decision=decision, promoted=promoted, test=test.as_dict() if test else None,
+                  champion=int(best.version) if promoted else (int(champion.version) if champion else None))
+    write_report(cfg, PROMOTION_REPORT, result)
+    return result
+
+
+def rollback(cfg: Config) -> dict:
+    """Give 'champion' back to the 'previous' version; the demoted one is tagged rolled_back."""
+    name = cfg.mlflow.model_name
+    mlflow_client = client(cfg.mlflow)
+    champion = _alias_version(mlflow_client, name, CHAMPION)
+    previous = _alias_version(mlflow_client, name, PREVIOUS)
+    if previous is None:
+        raise ContextualBertError(f"model '{name}' has no '{PREVIOUS}' version to roll back to")
+    if champion is not None:
+        mlflow_client.set_model_version_tag(name, champion.version, ROLLED_BACK_TAG, "true")
+    mlflow_client.set_registered_model_alias(name, CHAMPION, previous.version)
+    history = _history(mlflow_client, name)
+    if champion is not None and history and history[-1] == str(champion.version):
+        history.pop()
+    if not history or history[-1] != str(previous.version):
+        history.append(str(previous.version))
+    _set_history(mlflow_client, name, history)
+    before = history[-2] if len(history) >= 2 else None
+    if before is not None:
+        mlflow_client.set_registered_model_alias(name, PREVIOUS, before)
+    else:
+        mlflow_client.delete_registered_model_alias(name, PREVIOUS)
+    result = {
+        "model_name": name,
+        "rolled_back": int(champion.version) if champion else None,
+        "champion": int(previous.version),
+        "previous": int(before) if before else None,
+        "decision": f"rolled back: champion is version {previous.version} again",
+    }
+    write_report(cfg, PROMOTION_REPORT, result)
+    return result
+
+
+def _describe(version, key: str) -> dict:
+    return {
+        "version": int(version.version),
+        "variant": version.tags.get("variant"),
+        "seed": version.tags.get("seed"),
+        "run_id": version.run_id,
+        key: float(version.tags[key]) if key in version.tags else None,
+    }

@@ -1,0 +1,91 @@
+"""dvc.yaml knows what each stage runs: every `contextual_bert` module that a stage's command imports,
+directly or through other modules, at module level or inside a function, is one of the stage's deps.
+
+Static: the command's CLI handler (and the cli.py functions it calls) are read with ast, then the import
+graph of the package (tests/import_graph.py). A dep missing here means `dvc repro` reports a stage up to
+date after a change to code it runs.
+"""
+
+import ast
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+import import_graph
+from contextual_bert.cli import build_parser
+from contextual_bert.config import VARIANTS
+
+REPO = Path(__file__).resolve().parents[1]
+STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+# Values for a matrix stage's ${item.*}: the command's code does not depend on them.
+ITEM = {"${item.variant}": VARIANTS[0], "${item.seed}": "0"}
+
+
+def command_args(cmd: str) -> list[str]:
+    for placeholder, value in ITEM.items():
+        cmd = cmd.replace(placeholder, value)
+    program, *args = shlex.split(cmd)
+    assert program == "contextual-bert", f"not a contextual-bert command: {cmd}"
+    return args
+
+
+def cli_functions(name: str) -> list[ast.FunctionDef]:
+    """The cli.py function `name` and every cli.py function it refers to, transitively."""
+    functions = {n.name: n for n in import_graph.tree("cli").body if isinstance(n, ast.FunctionDef)}
+    seen, todo = {}, [name]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen[current] = functions[current]
+        todo += [n.id for n in ast.walk(functions[current]) if isinstance(n, ast.Name) and n.id in functions]
+    return list(seen.values())
+
+
+def modules_run_by(cmd: str) -> set[str]:
+    """The package modules a `contextual-bert ...` command runs: cli.py, its module-level imports, the
+    imports of its handler, and everything those import."""
+    handler = build_parser().parse_args(command_args(cmd)).handler.__name__
+    cli = import_graph.tree("cli")
+    module_level = set()
+    for node in cli.body:
+        if not isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            module_level |= import_graph.imported_modules(node)
+    in_handler = set().union(*(import_graph.imported_modules(f) for f in cli_functions(handler)))
+    # cli itself, not through direct_imports("cli"): that holds every handler's imports
+    return {"cli"} | import_graph.closure(module_level | in_handler)
+
+
+def covered(path: str, deps: list[str]) -> bool:
+    return any(path == dep or path.startswith(dep.rstrip("/") + "/") for dep in deps)
+
+
+def dep_paths(stage: dict) -> list[str]:
+    return [d if isinstance(d, str) else next(iter(d)) for d in stage.get("deps", [])]
+
+
+@pytest.mark.parametrize("name", sorted(STAGES))
+def test_stage_deps_list_every_module_its_command_runs(name):
+    stage = STAGES[name]
+    deps = dep_paths(stage)
+    needed = {f"src/contextual_bert/{m}.py" for m in modules_run_by(stage["cmd"])}
+    missing = sorted(p for p in needed if not covered(p, deps))
+    assert not missing, f"dvc.yaml stage '{name}' runs {missing} but does not list them in deps"
+
+
+@pytest.mark.parametrize("name", sorted(STAGES))
+def test_stage_code_deps_exist(name):
+    code = [d for d in dep_paths(STAGES[name]) if d.startswith("src/")]
+    assert code and all((REPO / d).exists() for d in code), code
+
+
+def test_the_derivation_follows_handlers_and_function_local_imports():
+    # evaluate's handler imports evaluation and tracking inside the function; evaluation imports
+    # feature_store inside functions and model at module level.
+    run = modules_run_by("contextual-bert evaluate --variant ${item.variant} --seed ${item.seed}")
+    assert {"cli", "config", "errors", "evaluation", "tracking", "feature_store", "model", "devices"} <= run
+    assert "registry" not in run and "generator" not in run
+    # ingest dispatches to the generate and import-hm handlers: both are run by it.
+    assert {"generator", "importers", "contract"} <= modules_run_by("contextual-bert ingest")

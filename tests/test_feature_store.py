@@ -1,0 +1,107 @@
+"""The feature store: reading data/features back (load_split) and encoding raw values as the stage did."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from contextual_bert.errors import ContextualBertError, DataError
+from contextual_bert.feature_spec import MASK_INDEX, MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
+from contextual_bert.feature_store import ContextIndexer, OutfitEncoder, load_article_vocab, load_split
+from feature_data import build_paper_features
+
+
+@pytest.fixture(scope="module")
+def paper(tmp_path_factory):
+    return build_paper_features(tmp_path_factory.mktemp("paper"))
+
+
+def test_load_split_round_trip_matches_the_tables(paper):
+    features_dir, _, (_, customers, outfits) = paper
+    vocab = load_article_vocab(features_dir)
+    split = load_split(features_dir, "val", max_set_size=8)
+    raw = outfits.set_index("outfit_id").loc[split.outfit_ids]
+    assert split.items.shape == (len(split), 8) and split.items.dtype.is_floating_point is False
+    for row, article_ids in enumerate(raw["article_ids"]):
+        expected, _ = vocab.to_indices(article_ids)
+        assert split.items[row, : len(article_ids)].tolist() == expected.tolist()
+        assert (split.items[row, len(article_ids):] == PAD_INDEX).all()
+    stored_customers = pd.read_parquet(features_dir / "customers.parquet").set_index("customer_id")
+    expected_country = stored_customers.loc[raw["customer_id"], "country"].to_numpy()
+    np.testing.assert_array_equal(split.context["country"].numpy(), expected_country)
+    assert split.context["preferred_brands"].shape == (len(split), 8)
+    assert split.context["occasion"].shape == (len(split),)
+    known = set(vocab.ids[N_SPECIAL:])
+    first = list(raw["article_ids"].iloc[0])
+    assert vocab.to_ids(split.items[0, : len(first)]) == [a if a in known else "[UNK]" for a in first]
+
+
+def test_context_indexer_matches_training_rows_and_reports_unknowns(paper):
+    features_dir, _, (_, customers, outfits) = paper
+    encoder = ContextIndexer.load(features_dir)
+    split = load_split(features_dir, "test", max_set_size=8)
+    raw = outfits.set_index("outfit_id").loc[split.outfit_ids].reset_index()
+    rows = raw[["customer_id", "occasion"]].merge(customers, on="customer_id", how="left")
+    tensors, reports = encoder.encode(rows)
+    assert set(tensors) == set(split.context)
+    for name, stored in split.context.items():
+        assert tensors[name].dtype == stored.dtype
+        assert (tensors[name] == stored).all(), name
+
+    request = pd.DataFrame({
+        "age": [34, None, "not a number"],
+        "gender": ["f", "martian", None],
+        "preferred_brands": [["brand_1", "no-such-brand"], "brand_2", []],
+        "occasion": ["work", "wedding", None],
+    })
+    tensors, reports = encoder.encode(request)
+    assert tensors["gender"][1] == UNKNOWN_INDEX and tensors["gender"][2] == MISSING_INDEX
+    assert tensors["age"].tolist()[1:] == [MISSING_INDEX, UNKNOWN_INDEX]
+    assert tensors["preferred_brands"][0, :2].tolist()[1] == UNKNOWN_INDEX
+    assert tensors["preferred_brands"][2, 0] == MISSING_INDEX
+    assert tensors["country"].tolist() == [MISSING_INDEX] * 3  # column absent from the request
+    assert set(reports[0]["unknown"]) == {"preferred_brands"}
+    assert "country" in reports[0]["missing"] and "age" not in reports[0]["missing"]
+    assert set(reports[1]["unknown"]) == {"gender", "occasion"}
+    assert {"gender", "preferred_brands", "occasion"} <= set(reports[2]["missing"])
+    assert reports[2]["unknown"] == ["age"]
+
+
+def test_reading_features_that_are_not_there_is_a_clear_error(tmp_path):
+    with pytest.raises(DataError, match="spec.json.*contextual-bert features"):
+        load_split(tmp_path, "train", 8)
+    with pytest.raises(ContextualBertError, match="unknown split"):
+        load_split(tmp_path, "holdout", 8)
+
+
+def test_the_outfit_encoder_gives_whole_outfits_as_load_split_does(paper):
+    features_dir, _, (_, customers, outfits) = paper
+    stored = load_split(features_dir, "val", max_set_size=8)
+    rows = outfits.set_index("outfit_id").loc[stored.outfit_ids].reset_index().merge(
+        customers, on="customer_id", how="left")
+    encoded = OutfitEncoder.load(features_dir, max_set_size=8).encode(rows, with_mask=False, id_column="outfit_id")
+    assert encoded.outfits.outfit_ids == stored.outfit_ids
+    assert torch.equal(encoded.outfits.items, stored.items)
+    for name, values in stored.context.items():
+        assert torch.equal(encoded.outfits.context[name], values), name
+
+
+def test_the_outfit_encoder_puts_a_mask_after_a_partial_outfit_and_reports_what_it_cannot_use(paper):
+    features_dir, _, _ = paper
+    encoder = OutfitEncoder.load(features_dir, max_set_size=8)
+    vocab = encoder.article_vocab
+    rows = pd.DataFrame({
+        "article_ids": [["a0000", "never-seen"], np.array(["a0001"]), ["a0002", "a0003", "a0004"]],
+        "gender": ["f", None, "martian"],
+    })
+    encoded = encoder.encode(rows, with_mask=True)
+    items = encoded.outfits.items
+    assert items.shape == (3, 8)
+    assert items[0, :3].tolist() == [vocab.to_indices(["a0000"])[0][0], UNKNOWN_INDEX, MASK_INDEX]
+    assert items[1, :2].tolist() == [vocab.to_indices(["a0001"])[0][0], MASK_INDEX]
+    assert (items[2, 4:] == PAD_INDEX).all() and items[2, 3] == MASK_INDEX
+    assert encoded.unknown_article_ids == [["never-seen"], [], []]
+    assert "gender" in encoded.missing_features[1] and encoded.unknown_features[2] == ["gender"]
+    with pytest.raises(ContextualBertError, match="row 0: 'article_ids' has 8 ids; an outfit to complete has at most 7"):
+        encoder.encode(pd.DataFrame({"article_ids": [[f"a{i:04d}" for i in range(8)]]}), with_mask=True)
+    assert encoder.encode(pd.DataFrame({"article_ids": [[f"a{i:04d}" for i in range(8)]]}), with_mask=False)
