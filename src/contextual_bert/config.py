@@ -69,9 +69,9 @@ class PlantedConfig(Section):
     n_articles: int = Field(3_000, gt=0)
     n_customers: int = Field(6_000, gt=0)
     n_types: int = Field(24, ge=1)
-    n_tastes: int = Field(64, ge=1)
+    n_tastes: int = Field(128, ge=1)
     taste_strength: float = Field(1.3, ge=0)  # how strongly a taste shifts the articles drawn
-    context_strength: float = Field(3.0, ge=0)  # how strongly the context shifts the taste
+    context_strength: float = Field(4.0, ge=0)  # how strongly the context shifts the taste
     popularity_exponent: float = Field(0.8, ge=0)  # Zipf exponent of the articles' popularity
 
 

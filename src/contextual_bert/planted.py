@@ -73,7 +73,7 @@ CONTEXT_COLUMNS: tuple[tuple[str, int, bool], ...] = (
     ("channel", 4, False),
     ("signup_month", 12, False),
 )
-N_STYLES, N_COLORS, N_BRANDS = 12, 10, 40
+N_STYLES, N_COLORS, N_BRANDS = 30, 20, 40
 COLOR_WEIGHT = 0.5  # a colour's affinity counts half as much as a style's
 VALUE_ODDS_CONCENTRATION = 4.0  # Dirichlet concentration of each context column's value odds
 
