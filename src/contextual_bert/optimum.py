@@ -84,10 +84,12 @@ class BayesOptimum(nn.Module):
         t = int(oov_share.shape[0])
         real = item_type >= 0
         share[~real] = 0.0
-        # block[t * K + z, a] = S[a, z] if t(a) == t: one matmul scores every candidate (see masked_logits)
-        block = torch.zeros(t, k, n_items, dtype=torch.float64)
-        block[item_type[real], :, real.nonzero().squeeze(1)] = share[real]
-        self.register_buffer("block", block.reshape(t * k, n_items))
+        # The vocabulary's articles sorted by type: type t's articles are columns bounds[t]:bounds[t + 1] of
+        # `sorted_share` (K, A), so a candidate's score is one (B, K) @ (K, A_t) product per type.
+        order = torch.argsort(torch.where(real, item_type, t), stable=True)[: int(real.sum())]
+        self.bounds = torch.searchsorted(item_type[order], torch.arange(t + 1)).tolist()
+        self.register_buffer("sorted_index", order)
+        self.register_buffer("sorted_share", share[order].T.contiguous())
         self.register_buffer("item_type", item_type)
         self.register_buffer("item_log_share", torch.log(share))  # -inf at special indices, never read
         self.register_buffer("oov_share", torch.as_tensor(oov_share, dtype=torch.float64))
@@ -136,7 +138,12 @@ class BayesOptimum(nn.Module):
         if int(n_unknown.max()) > 0:
             poly = elementary_symmetric_excluding(self.oov_share.T[None] * free, int(n_unknown.max()))
             weight = weight * poly.gather(-1, n_unknown.view(batch, 1, 1, 1).expand(-1, self.n_tastes, self.n_types, 1))[..., 0]
-        score = weight.transpose(1, 2).reshape(batch, -1) @ self.block  # (B, n_items)
+        score = torch.zeros(batch, self.n_items, dtype=torch.float64, device=items.device)
+        sorted_score = torch.empty(batch, len(self.sorted_index), dtype=torch.float64, device=items.device)
+        for ty in range(self.n_types):
+            cols = slice(self.bounds[ty], self.bounds[ty + 1])
+            sorted_score[:, cols] = weight[:, :, ty] @ self.sorted_share[:, cols]
+        score[:, self.sorted_index] = sorted_score
         total = score[:, N_SPECIAL:].sum(1, keepdim=True)
         logits = torch.log(score) - torch.log(total)
         logits[:, :N_SPECIAL] = float("-inf")
