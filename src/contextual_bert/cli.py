@@ -30,6 +30,8 @@ def _without_curve(report: dict) -> dict:
 def _cmd_ingest(cfg: Config, args) -> None:
     if cfg.ingest.source == "synthetic":
         _cmd_generate(cfg, args)
+    elif cfg.ingest.source == "planted":
+        _cmd_generate_planted(cfg, args)
     else:
         args.source = None
         _cmd_import_hm(cfg, args)
@@ -40,6 +42,12 @@ def _cmd_generate(cfg: Config, args) -> None:
 
     _print_json(generate(cfg.generate.chosen, seed=cfg.generate.seed, out_dir=cfg.paths.raw_dir,
                          max_set_size=cfg.model.max_set_size))
+
+
+def _cmd_generate_planted(cfg: Config, args) -> None:
+    from contextual_bert.planted import generate_planted
+
+    _print_json(generate_planted(cfg.planted, out_dir=cfg.paths.raw_dir, max_set_size=cfg.model.max_set_size))
 
 
 def _cmd_import_hm(cfg: Config, args) -> None:
@@ -123,6 +131,19 @@ def _cmd_baseline(cfg: Config, args) -> None:
     _print_json(_without_curve(report))
 
 
+def _cmd_optimum(cfg: Config, args) -> None:
+    from contextual_bert.optimum import RESULTS, evaluate_optimum
+
+    results = evaluate_optimum(
+        raw_dir=cfg.paths.raw_dir,
+        features_dir=cfg.paths.features_dir,
+        out_paths={name: cfg.eval_path(name) for name in RESULTS},
+        cfg=cfg.evaluate,
+        max_set_size=cfg.model.max_set_size,
+    )
+    _print_json({name: _without_curve(result) for name, result in results.items()})
+
+
 def _cmd_report(cfg: Config, args) -> None:
     from contextual_bert.report import build_report
 
@@ -167,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("ingest", _cmd_ingest, "write data/raw from the source chosen in params (ingest.source)")
     add("generate", _cmd_generate, "write synthetic stylist data to data/raw (generate section)")
+    add("generate-planted", _cmd_generate_planted, "write planted-signal data and its truth to data/raw (planted)")
     p = add("import-hm", _cmd_import_hm, "import the H&M Kaggle files into data/raw")
     p.add_argument("--source", help="folder with transactions_train.csv, customers.csv, articles.csv")
     add("validate", _cmd_validate, "validate data/raw with Great Expectations, quarantine failing rows")
@@ -179,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--variant", required=True, choices=MODELS)
         p.add_argument("--seed", type=int, required=True)
     add("baseline", _cmd_baseline, "evaluate the popularity baseline on the test split")
+    add("optimum", _cmd_optimum, "evaluate the Bayes-optimal predictor of planted data (with/without context)")
     add("report", _cmd_report, "Table 1, metrics.json and plots under reports/")
     add("register", _cmd_register, "register every evaluated run in the MLflow model registry")
     p = add("promote", _cmd_promote, "point alias 'champion' at the best version, if it beats the current one")

@@ -41,7 +41,7 @@ class GeneratorSize(Section):
 
 
 class IngestConfig(Section):
-    source: Literal["synthetic", "hm"] = "synthetic"
+    source: Literal["synthetic", "hm", "planted"] = "synthetic"
 
 
 class GenerateConfig(Section):
@@ -62,6 +62,20 @@ class GenerateConfig(Section):
     @property
     def chosen(self) -> GeneratorSize:
         return self.sizes[self.size]
+
+
+class PlantedConfig(Section):
+    """The planted-signal generator (planted.py): sizes, and the strengths of its two signals."""
+
+    seed: int = 0
+    n_outfits: int = Field(24_000, gt=0)
+    n_articles: int = Field(3_000, gt=0)
+    n_customers: int = Field(6_000, gt=0)
+    n_types: int = Field(24, ge=1)
+    n_tastes: int = Field(128, ge=1)
+    taste_strength: float = Field(1.3, ge=0)  # how strongly a taste shifts the articles drawn
+    context_strength: float = Field(4.0, ge=0)  # how strongly the context shifts the taste
+    popularity_exponent: float = Field(0.8, ge=0)  # Zipf exponent of the articles' popularity
 
 
 class ImportHMConfig(Section):
@@ -157,6 +171,7 @@ class Config(Section):
     paths: PathsConfig = PathsConfig()
     ingest: IngestConfig = IngestConfig()
     generate: GenerateConfig = GenerateConfig()
+    planted: PlantedConfig = PlantedConfig()
     import_hm: ImportHMConfig = ImportHMConfig()
     validate_: ValidateConfig = Field(ValidateConfig(), alias="validate")
     features: FeaturesConfig = FeaturesConfig()

@@ -91,8 +91,12 @@ def read_references(cfg: Config) -> dict[str, dict]:
     """Popularity, and the optimum's two results when their files exist (data whose optimum is known)."""
     found = {"popularity": read_eval(cfg.eval_path("popularity"))}
     for name in REFERENCES:
-        if name != "popularity" and cfg.eval_path(name).exists():
-            found[name] = read_eval(cfg.eval_path(name))
+        path = cfg.eval_path(name)
+        if name == "popularity" or not path.exists():
+            continue
+        if _read_json(path, "optimum").get("known") is False:  # the optimum stage ran; this data has none
+            continue
+        found[name] = read_eval(path)
     return {name: found[name] for name in REFERENCES if name in found}
 
 

@@ -1,0 +1,251 @@
+"""The Bayes-optimal masked-item predictor of planted data (`planted.py`), scored like any model.
+
+`BayesOptimum.masked_logits(items, context) -> (B, n_items)` works in the features stage's index space, so
+`evaluation.case_ranks` / `_evaluate` rank it on the same test cases, with the same metrics and JSON, as
+the popularity baseline and the trained variants. Its probabilities are exact for what a model sees:
+
+- the candidates are the vocabulary's articles (the evaluation skips [UNK] targets, so the target is known
+  to be in the vocabulary): P(a | O, x) is renormalised over them;
+- an item of the outfit that is [UNK] (an article the vocabulary lacks) is an observation too: its type is
+  one of the types not otherwise in the outfit and its article one outside the vocabulary. With m such
+  items and Q[t, z] = sum over out-of-vocabulary articles b of type t of w[b, z] / W[t, z], the taste and
+  type terms gain the factor e_m({Q[r, z] : r not in types(O), r != t(a)}) (e_m: the elementary symmetric
+  polynomial; the m unknown items take m distinct remaining types, every type set equally likely). With no
+  [UNK] item (m = 0) this is 1 and the formula is planted.py's;
+- with context, P(z | context) is the mean of P(z | x_c) over the population's customers whose context
+  encodes to the same indices (a customer is drawn uniformly, so this is exact even where two raw values
+  share an index, e.g. [UNK]); without context, the mean over all customers.
+
+So for a case with other items O (m of them [UNK]) and candidate a of type t(a) not in types(O):
+
+    score(a) = sum_z P(z | x) * prod_{b in O known} S[b, z] * e_m(Q[. , z] minus types(O), t(a)) * S[a, z]
+
+with S[a, z] = w[a, z] / W[t(a), z]; log P(a | O, x) = log score(a) - log sum over vocabulary of score.
+In float64, with autocast off, on any device. Types of O get probability exactly 0 (log -inf).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from contextual_bert.config import EvaluateConfig, ModelConfig
+from contextual_bert.errors import ContextualBertError, DataError
+from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
+from contextual_bert.planted import PlantedTruth, load_truth, truth_exists
+
+RESULTS = {"optimum_context": True, "optimum_no_context": False}  # eval name -> uses the context
+
+
+def elementary_symmetric_excluding(values: torch.Tensor, degree: int) -> torch.Tensor:
+    """(..., T, degree + 1): entry [..., t, j] = e_j(values[..., r] for r != t), the elementary symmetric
+    polynomial of degree j of all values but the t-th. From prefix and suffix polynomials, so no
+    subtraction (no cancellation)."""
+    *lead, t = values.shape
+    ones = values.new_zeros(*lead, degree + 1)
+    ones[..., 0] = 1.0
+    prefix, suffix = [ones], [ones]
+    for r in range(t):  # prefix[r] = e(values[:r]); suffix[r] = e(values[t - r:])
+        for polys, v in ((prefix, values[..., r]), (suffix, values[..., t - 1 - r])):
+            last = polys[-1]
+            grown = last.clone()
+            grown[..., 1:] += v[..., None] * last[..., :-1]
+            polys.append(grown)
+    before = torch.stack(prefix[:t], dim=-2)  # e(values[:t])
+    after = torch.stack(suffix[:t][::-1], dim=-2)  # e(values[t + 1:])
+    out = values.new_zeros(*lead, t, degree + 1)
+    for j in range(degree + 1):
+        out[..., j] = (before[..., : j + 1] * after[..., : j + 1].flip(-1)).sum(-1)
+    return out
+
+
+class BayesOptimum(nn.Module):
+    """The exact P(masked article | other items[, context]) of planted data, as logits over the vocabulary.
+
+    item_type:      (n_items,) product type of each vocabulary index, -1 at the special indices
+    item_log_share: (n_items, K) log S[a, z] = log w[a, z] / W[t(a), z] (ignored at special indices)
+    oov_share:      (T, K) Q[t, z], the share of type t's weight under taste z outside the vocabulary
+    log_prior:      (P, K) log P(z | context combination p); P = 1 and context_digits None without context
+    context_digits: [(feature name, width)] in key order, with `radix` (D,) the cardinality of each digit and
+                    `keys` (P,) the sorted mixed-radix key of each combination
+    """
+
+    def __init__(self, item_type, item_log_share, oov_share, log_prior, context_digits=None, radix=None,
+                 keys=None):  # fmt: skip
+        super().__init__()
+        item_type = torch.as_tensor(item_type, dtype=torch.int64)
+        share = torch.as_tensor(item_log_share, dtype=torch.float64).exp()
+        n_items, k = share.shape
+        t = int(oov_share.shape[0])
+        real = item_type >= 0
+        share[~real] = 0.0
+        # The vocabulary's articles sorted by type: type t's articles are columns bounds[t]:bounds[t + 1] of
+        # `sorted_share` (K, A), so a candidate's score is one (B, K) @ (K, A_t) product per type.
+        order = torch.argsort(torch.where(real, item_type, t), stable=True)[: int(real.sum())]
+        self.bounds = torch.searchsorted(item_type[order], torch.arange(t + 1)).tolist()
+        self.register_buffer("sorted_index", order)
+        self.register_buffer("sorted_share", share[order].T.contiguous())
+        self.register_buffer("item_type", item_type)
+        self.register_buffer("item_log_share", torch.log(share))  # -inf at special indices, never read
+        self.register_buffer("oov_share", torch.as_tensor(oov_share, dtype=torch.float64))
+        self.register_buffer("log_prior", torch.as_tensor(log_prior, dtype=torch.float64))
+        self.context_digits = list(context_digits or [])
+        if self.context_digits:
+            radix = torch.as_tensor(radix, dtype=torch.int64)
+            self.register_buffer("multiplier", torch.cumprod(torch.cat([radix.new_ones(1), radix[:-1]]), 0))
+            self.register_buffer("keys", torch.as_tensor(keys, dtype=torch.int64))
+        self.n_items, self.n_tastes, self.n_types = n_items, k, t
+
+    def context_key(self, context: dict) -> torch.Tensor:
+        digits = torch.cat([context[name].reshape(len(context[name]), -1)[:, :w] for name, w in self.context_digits],
+                           dim=1)  # fmt: skip
+        return (digits * self.multiplier).sum(1)
+
+    def _log_prior(self, context, batch: int) -> torch.Tensor:
+        if not self.context_digits:
+            return self.log_prior.expand(batch, -1)
+        key = self.context_key(context)
+        pos = torch.searchsorted(self.keys, key).clamp(max=len(self.keys) - 1)
+        if not bool((self.keys[pos] == key).all()):
+            raise ContextualBertError("a context combination absent from the planted customer population: "
+                                      "the data and its truth file disagree")
+        return self.log_prior[pos]
+
+    def masked_logits(self, items: torch.Tensor, context=None) -> torch.Tensor:
+        with torch.autocast(items.device.type, enabled=False):
+            return self._masked_logits(items, context or {})
+
+    def _masked_logits(self, items: torch.Tensor, context: dict) -> torch.Tensor:
+        batch = items.shape[0]
+        if not bool(((items == MASK_INDEX).sum(1) == 1).all()):
+            raise ContextualBertError("the optimum scores outfits with exactly one [MASK] item each")
+        known = items >= N_SPECIAL
+        safe = torch.where(known, items, torch.zeros_like(items))
+        log_post = self._log_prior(context, batch) + torch.where(
+            known[..., None], self.item_log_share[safe], torch.zeros((), dtype=torch.float64, device=items.device)
+        ).sum(1)
+        post = torch.softmax(log_post, dim=1)  # P(z | known items, context), (B, K)
+        taken = torch.zeros(batch, self.n_types, dtype=torch.bool, device=items.device)
+        taken[known.nonzero(as_tuple=True)[0], self.item_type[items[known]]] = True
+        free = (~taken).to(torch.float64)[:, None, :]  # (B, 1, T)
+        n_unknown = (items == UNKNOWN_INDEX).sum(1)
+        weight = post[:, :, None] * free  # (B, K, T): the taste x type factor of a candidate
+        if int(n_unknown.max()) > 0:
+            poly = elementary_symmetric_excluding(self.oov_share.T[None] * free, int(n_unknown.max()))
+            weight = weight * poly.gather(-1, n_unknown.view(batch, 1, 1, 1).expand(-1, self.n_tastes, self.n_types, 1))[..., 0]
+        score = torch.zeros(batch, self.n_items, dtype=torch.float64, device=items.device)
+        sorted_score = torch.empty(batch, len(self.sorted_index), dtype=torch.float64, device=items.device)
+        for ty in range(self.n_types):
+            cols = slice(self.bounds[ty], self.bounds[ty + 1])
+            sorted_score[:, cols] = weight[:, :, ty] @ self.sorted_share[:, cols]
+        score[:, self.sorted_index] = sorted_score
+        total = score[:, N_SPECIAL:].sum(1, keepdim=True)
+        logits = torch.log(score) - torch.log(total)
+        logits[:, :N_SPECIAL] = float("-inf")
+        return logits
+
+
+# --- building it from the truth and the features stage ------------------------------------------------
+
+
+def _population_log_prior(taste_prob: np.ndarray, keys: np.ndarray | None):
+    """(log prior per combination, sorted unique keys): the mean P(z | x_c) over each key's customers."""
+    if keys is None:
+        return np.log(taste_prob.mean(axis=0, keepdims=True)), None
+    unique, inverse = np.unique(keys, return_inverse=True)
+    sums = np.zeros((len(unique), taste_prob.shape[1]))
+    np.add.at(sums, inverse, taste_prob)
+    return np.log(sums / np.bincount(inverse)[:, None]), unique
+
+
+def build_optimum(truth: PlantedTruth, vocab_ids, with_context: bool, customer_digits=None,
+                  context_digits=None, radix=None) -> BayesOptimum:  # fmt: skip
+    """The optimum over a vocabulary (`vocab_ids`: article id per index, specials first).
+
+    customer_digits: (C, D) int64, the encoded context of the truth's customers, in its customer order, as
+    the model sees it ([(name, width)] `context_digits`, each digit's cardinality in `radix`)."""
+    row_of = pd.Index(truth.article_ids.astype(str))
+    rows = row_of.get_indexer(pd.Index(list(vocab_ids[N_SPECIAL:]), dtype=object).astype(str))
+    if (rows < 0).any():
+        missing = vocab_ids[N_SPECIAL + int(np.flatnonzero(rows < 0)[0])]
+        raise DataError(f"article '{missing}' of the vocabulary is not in the planted truth; "
+                        "the data and its truth file disagree")
+    log_share = truth.log_type_share()
+    item_type = np.concatenate([np.full(N_SPECIAL, -1), truth.article_type[rows]])
+    item_log_share = np.concatenate([np.zeros((N_SPECIAL, truth.n_tastes)), log_share[rows]])
+    outside = np.ones(len(truth.article_ids), dtype=bool)
+    outside[rows] = False
+    oov = np.zeros((truth.n_types, truth.n_tastes))
+    np.add.at(oov, truth.article_type[outside], np.exp(log_share[outside]))
+    if not with_context:
+        log_prior, _ = _population_log_prior(truth.taste_prob, None)
+        return BayesOptimum(item_type, item_log_share, oov, log_prior)
+    radix = np.asarray(radix, dtype=np.int64)
+    if np.sum(np.log2(radix.astype(np.float64))) >= 62:
+        raise ContextualBertError("too many context combinations for one int64 key")
+    multiplier = np.cumprod(np.concatenate([[1], radix[:-1]])).astype(np.int64)
+    log_prior, keys = _population_log_prior(truth.taste_prob, np.asarray(customer_digits) @ multiplier)
+    return BayesOptimum(item_type, item_log_share, oov, log_prior, context_digits, radix, keys)
+
+
+def optimum_from_features(raw_dir: Path, features_dir: Path, with_context: bool) -> BayesOptimum:
+    """The optimum in the index space of `features_dir`, from the truth in `raw_dir`."""
+    from contextual_bert.feature_store import ContextIndexer, load_article_vocab
+
+    truth = load_truth(raw_dir)
+    vocab = load_article_vocab(features_dir)
+    if not with_context:
+        return build_optimum(truth, vocab.ids, with_context=False)
+    encoder = ContextIndexer.load(features_dir)
+    customers_path = Path(raw_dir) / "customers.parquet"
+    customers = pd.read_parquet(customers_path)
+    pos = pd.Index(customers["customer_id"].astype(str)).get_indexer(truth.customer_ids.astype(str))
+    if (pos < 0).any():
+        raise DataError(f"customer '{truth.customer_ids[int(np.flatnonzero(pos < 0)[0])]}' of the truth is "
+                        "not in the table", path=customers_path)
+    if any(f.source != "customer" for f in encoder.spec.features):
+        raise ContextualBertError(f"{features_dir}: planted data has customer context only, but the features "
+                                  "hold per-outfit context too; the data and its truth file disagree")
+    indices, _, _ = encoder.encode_arrays(customers.iloc[pos].reset_index(drop=True), source="customer")
+    digits, radix, names = [], [], []
+    for feature in encoder.spec.features:
+        block = indices[feature.name].reshape(len(pos), -1)
+        digits.append(block)
+        radix += [feature.cardinality] * block.shape[1]
+        names.append((feature.name, block.shape[1]))
+    return build_optimum(truth, vocab.ids, True, np.concatenate(digits, axis=1), names, radix)
+
+
+def evaluate_optimum(raw_dir: Path, features_dir: Path, out_paths: dict[str, Path], cfg: EvaluateConfig,
+                     max_set_size: int = ModelConfig().max_set_size) -> dict:  # fmt: skip
+    """Evaluate the optimum with and without context like the popularity baseline; write one JSON each.
+
+    `out_paths`: eval name (RESULTS' keys) -> file. Without a truth file (data not made by
+    `generate-planted`) each file says {"known": false, "why": ...}, so the stage's outputs always exist."""
+    from contextual_bert.evaluation import _evaluate
+
+    results = {}
+    for name, with_context in RESULTS.items():
+        out_path = Path(out_paths[name])
+        if not truth_exists(raw_dir):
+            result = {"name": name, "known": False,
+                      "why": f"{raw_dir} holds no planted truth: the optimum of this data is unknown"}
+            out_path.parent.mkdir(parents=True, exist_ok=True)
+            out_path.write_text(json.dumps(result, indent=2))
+        else:
+            model = optimum_from_features(raw_dir, features_dir, with_context)
+            result = _evaluate(model, name, name, None, 0, features_dir, max_set_size, out_path, cfg)
+            for split in ("test", "val"):
+                ce = result[split]["cross_entropy"]
+                if ce is None or not np.isfinite(ce):
+                    raise ContextualBertError(f"{name}: {split} cross-entropy is {ce}: a case the truth gives "
+                                              "probability 0, so the data and its truth file disagree")
+            result = {**result, "known": True}
+            out_path.write_text(json.dumps(result, indent=2))
+        results[name] = result
+    return results

@@ -1,0 +1,307 @@
+"""Planted data: outfits from a generative story whose Bayes-optimal masked-item predictor is exact.
+
+The stylist generator (`generator.py`) is realistic but its optimum cannot be computed. This one is simpler
+on purpose: a latent taste z links the customer's context to the articles of an outfit, and every
+probability in the story is known, so `optimum.py` can say how well any model could possibly do.
+
+The story (numpy, one `numpy.random.Generator` seeded once: a seed fixes the data and the truth):
+
+Catalogue. A articles, T product types (every type gets at least one article), S styles, colours and
+brands. Each article a has a type t(a), a style s(a), a colour c(a), a Zipf-like popularity
+pop[a] = (rank + 1) ** -popularity_exponent (ranks a random permutation), a brand and a price (brand and
+price are noise: the optimum does not depend on them). K tastes; each style and each colour has an affinity
+to each taste, drawn N(0, 1) once. An article's weight under taste z is
+
+    w[a, z] = pop[a] * exp(taste_strength * (style_affinity[s(a), z] + 0.5 * color_affinity[c(a), z]))
+
+and W[t, z] = sum of w[b, z] over the articles b of type t.
+
+Customers. C customers, each with a few categorical context columns (`CONTEXT_COLUMNS`): the informative
+ones each own a table G_f[value, z] ~ N(0, context_strength^2); the noise ones have none. Values are drawn
+independently per column (each column's value odds from a Dirichlet(4) draw). The customer's taste odds:
+
+    P(z | x) = softmax_z( sum over informative columns f of G_f[x_f, z] )
+
+Outfits. N outfits, each independently:
+1. its customer uniform over the C customers;
+2. z ~ P(z | x_customer), drawn per outfit (so nothing about a customer beyond its context is shared
+   between its outfits);
+3. a size n uniform in MIN_OUTFIT_SIZE..max_set_size (model.max_set_size, the one outfit-size limit);
+4. n DISTINCT product types, uniform without replacement: no two articles of one type share an outfit;
+5. per chosen type t, one article a with P(a | t, z) = w[a, z] / W[t, z];
+6. the items in a random order (a position says nothing).
+
+The optimum. For a masked position of an outfit of size n whose other items O are known:
+
+    P(a | O, x) = sum_z P(z | O, x) * 1[t(a) not in types(O)] / (T - n + 1) * w[a, z] / W[t(a), z]
+    P(z | O, x) proportional to P(z | x) * prod_{b in O} w[b, z] / W[t(b), z]
+
+and without the context P(z | x) is replaced by the population marginal, the mean of P(z | x_c) over the
+C customers. `optimum.py` computes this over the features stage's vocabulary (and handles articles the
+vocabulary lacks exactly); this module writes the data and the truth it needs.
+
+Files (the raw contract of `contract.py`, so validate / features / train run unchanged, plus the truth):
+data/raw/{articles,customers,outfits}.parquet, schema.json (source "planted"), ingest_report.json, and
+TRUTH_FILE (numpy arrays) with TRUTH_JSON (the parameters in words and numbers).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from contextual_bert.config import ModelConfig, PlantedConfig
+from contextual_bert.contract import MIN_OUTFIT_SIZE, ContextColumn, DataSchema
+from contextual_bert.errors import ContextualBertError, DataError
+
+TRUTH_FILE = "planted_truth.npz"
+TRUTH_JSON = "planted_truth.json"
+SOURCE = "planted"
+
+# (column, number of values, informative): the customers' context. Noise columns test that a model
+# ignores what does not matter.
+CONTEXT_COLUMNS: tuple[tuple[str, int, bool], ...] = (
+    ("region", 12, True),
+    ("age_group", 8, True),
+    ("segment", 6, True),
+    ("channel", 4, False),
+    ("signup_month", 12, False),
+)
+N_STYLES, N_COLORS, N_BRANDS = 30, 20, 40
+COLOR_WEIGHT = 0.5  # a colour's affinity counts half as much as a style's
+VALUE_ODDS_CONCENTRATION = 4.0  # Dirichlet concentration of each context column's value odds
+
+
+def _names(prefix: str, n: int) -> np.ndarray:
+    width = len(str(max(n - 1, 0)))
+    return np.array([f"{prefix}_{i:0{width}d}" for i in range(n)], dtype=object)
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _categorical(rng: np.random.Generator, probs: np.ndarray) -> np.ndarray:
+    """One draw per row of a (rows, choices) probability matrix (inverse CDF)."""
+    cum = np.cumsum(probs, axis=1)
+    u = rng.random(len(probs)) * cum[:, -1]
+    return np.minimum((cum < u[:, None]).sum(axis=1), probs.shape[1] - 1)
+
+
+@dataclass(frozen=True)
+class PlantedTruth:
+    """What the optimum needs, in the raw data's terms (article and customer rows of the raw tables)."""
+
+    article_ids: np.ndarray  # (A,) str
+    article_type: np.ndarray  # (A,) int, 0..n_types-1
+    log_weight: np.ndarray  # (A, K) log w[a, z]
+    customer_ids: np.ndarray  # (C,) str
+    taste_prob: np.ndarray  # (C, K) P(z | x_c)
+    n_types: int
+
+    @property
+    def n_tastes(self) -> int:
+        return self.log_weight.shape[1]
+
+    def log_type_share(self) -> np.ndarray:
+        """(A, K) log( w[a, z] / W[t(a), z] ): P(a | t(a), z)."""
+        per_type = np.zeros((self.n_types, self.n_tastes))
+        np.add.at(per_type, self.article_type, np.exp(self.log_weight - self.log_weight.max()))
+        return self.log_weight - self.log_weight.max() - np.log(per_type[self.article_type])
+
+    def population_prior(self) -> np.ndarray:
+        """(K,) P(z) without the context: the mean of P(z | x_c) over the customers (each equally likely)."""
+        return self.taste_prob.mean(axis=0)
+
+    def save(self, out_dir: Path, about: dict) -> None:
+        np.savez_compressed(
+            Path(out_dir) / TRUTH_FILE,
+            article_ids=self.article_ids.astype(str), article_type=self.article_type,
+            log_weight=self.log_weight, customer_ids=self.customer_ids.astype(str), taste_prob=self.taste_prob,
+            n_types=np.int64(self.n_types),
+        )  # fmt: skip
+        (Path(out_dir) / TRUTH_JSON).write_text(json.dumps(about, indent=2))
+
+
+def truth_exists(raw_dir: Path) -> bool:
+    return (Path(raw_dir) / TRUTH_FILE).is_file()
+
+
+def load_truth(raw_dir: Path) -> PlantedTruth:
+    path = Path(raw_dir) / TRUTH_FILE
+    if not path.is_file():
+        raise DataError("no planted truth here: the data was not made by `contextual-bert generate-planted`",
+                        path=path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            truth = PlantedTruth(
+                article_ids=z["article_ids"], article_type=z["article_type"].astype(np.int64),
+                log_weight=z["log_weight"].astype(np.float64), customer_ids=z["customer_ids"],
+                taste_prob=z["taste_prob"].astype(np.float64), n_types=int(z["n_types"]),
+            )  # fmt: skip
+    except (KeyError, ValueError, OSError) as exc:
+        raise DataError(f"not a readable planted truth file ({exc})", path=path) from None
+    if truth.log_weight.shape[0] != len(truth.article_ids) or truth.taste_prob.shape[0] != len(truth.customer_ids):
+        raise DataError("article or customer arrays disagree in length", path=path)
+    return truth
+
+
+# --- the story ---------------------------------------------------------------------------------------
+
+
+def _catalogue(rng: np.random.Generator, cfg: PlantedConfig) -> dict:
+    a, t = cfg.n_articles, cfg.n_types
+    # every type gets an article: the first T articles take each type once, the rest uniformly
+    article_type = np.concatenate([np.arange(t), rng.integers(0, t, a - t)])
+    rng.shuffle(article_type)
+    style = rng.integers(0, N_STYLES, a)
+    color = rng.integers(0, N_COLORS, a)
+    popularity = (rng.permutation(a) + 1.0) ** -cfg.popularity_exponent
+    style_affinity = rng.normal(0, 1, (N_STYLES, cfg.n_tastes))
+    color_affinity = rng.normal(0, 1, (N_COLORS, cfg.n_tastes))
+    log_weight = np.log(popularity)[:, None] + cfg.taste_strength * (
+        style_affinity[style] + COLOR_WEIGHT * color_affinity[color]
+    )
+    brand = rng.integers(0, N_BRANDS, a)
+    price = np.round(np.exp(rng.normal(3.5, 0.6, a)), 2) + 1.0
+    return dict(type=article_type, style=style, color=color, popularity=popularity, brand=brand, price=price,
+                style_affinity=style_affinity, color_affinity=color_affinity, log_weight=log_weight)  # fmt: skip
+
+
+def _customers(rng: np.random.Generator, cfg: PlantedConfig) -> dict:
+    values, tables, taste_logit = {}, {}, np.zeros((cfg.n_customers, cfg.n_tastes))
+    for name, n_values, informative in CONTEXT_COLUMNS:
+        odds = rng.dirichlet(np.full(n_values, VALUE_ODDS_CONCENTRATION))
+        values[name] = rng.choice(n_values, cfg.n_customers, p=odds)
+        if informative:
+            tables[name] = rng.normal(0, cfg.context_strength, (n_values, cfg.n_tastes))
+            taste_logit += tables[name][values[name]]
+    return dict(values=values, tables=tables, taste_prob=_softmax(taste_logit))
+
+
+def _outfits(rng: np.random.Generator, cfg: PlantedConfig, cat: dict, cus: dict, max_set_size: int) -> dict:
+    n, t = cfg.n_outfits, cfg.n_types
+    customer = rng.integers(0, cfg.n_customers, n)
+    taste = _categorical(rng, cus["taste_prob"][customer])
+    size = rng.integers(MIN_OUTFIT_SIZE, max_set_size + 1, n)
+    # n distinct types, uniformly: the first n of a random permutation of the types
+    types = np.argsort(rng.random((n, t)), axis=1)[:, :max_set_size]
+    keep = np.arange(max_set_size)[None, :] < size[:, None]
+    draw_outfit = np.broadcast_to(np.arange(n)[:, None], types.shape)[keep]
+    draw_type = types[keep]
+
+    # P(a | t, z) = w[a, z] / W[t, z]: one categorical per (type, taste) group of draws
+    article = np.empty(len(draw_type), dtype=np.int64)
+    key = draw_type * cfg.n_tastes + taste[draw_outfit]
+    by_key = np.argsort(key, kind="stable")
+    bounds = np.flatnonzero(np.diff(key[by_key])) + 1
+    for group in np.split(by_key, bounds):
+        ty, z = divmod(int(key[group[0]]), cfg.n_tastes)
+        pool = np.flatnonzero(cat["type"] == ty)
+        w = np.exp(cat["log_weight"][pool, z] - cat["log_weight"][pool, z].max())
+        article[group] = rng.choice(pool, len(group), p=w / w.sum())
+    order = np.lexsort((rng.random(len(draw_outfit)), draw_outfit))  # grouped by outfit, items shuffled
+    return dict(customer=customer, taste=taste, size=size, draw_outfit=draw_outfit[order], article=article[order])
+
+
+def planted_schema() -> DataSchema:
+    return DataSchema(
+        source=SOURCE,
+        context_columns=tuple(
+            ContextColumn(name, "customers", "categorical", nullable=False, values=tuple(_names(name, k)))
+            for name, k, _ in CONTEXT_COLUMNS
+        ),
+    )
+
+
+def _tables(cfg: PlantedConfig, cat: dict, cus: dict, out: dict) -> dict[str, pa.Table]:
+    article_id = _names("P", cfg.n_articles)
+    customer_id = _names("PC", cfg.n_customers)
+    articles = pa.table({
+        "article_id": pa.array(article_id, pa.string()),
+        "product_type": pa.array(_names("type", cfg.n_types)[cat["type"]], pa.string()),
+        "brand": pa.array(_names("brand", N_BRANDS)[cat["brand"]], pa.string()),
+        "color": pa.array(_names("color", N_COLORS)[cat["color"]], pa.string()),
+        "style": pa.array(_names("style", N_STYLES)[cat["style"]], pa.string()),
+        "price": pa.array(cat["price"], pa.float64()),
+    })  # fmt: skip
+    customers = pa.table({
+        "customer_id": pa.array(customer_id, pa.string()),
+        **{name: pa.array(_names(name, k)[cus["values"][name]], pa.string()) for name, k, _ in CONTEXT_COLUMNS},
+    })  # fmt: skip
+    offsets = np.concatenate([[0], np.cumsum(out["size"])]).astype(np.int32)
+    outfits = pa.table({
+        "outfit_id": pa.array(_names("PO", cfg.n_outfits), pa.string()),
+        "customer_id": pa.array(customer_id[out["customer"]], pa.string()),
+        "article_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(article_id[out["article"]], pa.string())),
+    })  # fmt: skip
+    return {"articles": articles, "customers": customers, "outfits": outfits}
+
+
+def _entropy(p: np.ndarray) -> np.ndarray:
+    return -(p * np.log(np.where(p > 0, p, 1.0))).sum(axis=-1)
+
+
+def generate_planted(cfg: PlantedConfig, out_dir: Path, max_set_size: int = ModelConfig().max_set_size) -> dict:
+    """Write the raw contract (tables, schema.json, ingest_report.json) and the truth into out_dir."""
+    if cfg.n_types < max_set_size:
+        raise ContextualBertError(f"planted.n_types is {cfg.n_types}; an outfit of {max_set_size} items "
+                                  f"(model.max_set_size) needs at least {max_set_size} product types")
+    if cfg.n_articles < cfg.n_types:
+        raise ContextualBertError(f"planted.n_articles is {cfg.n_articles}; every one of the "
+                                  f"{cfg.n_types} product types needs an article")
+    started = time.perf_counter()
+    rng = np.random.default_rng(cfg.seed)
+    cat = _catalogue(rng, cfg)
+    cus = _customers(rng, cfg)
+    out = _outfits(rng, cfg, cat, cus, max_set_size)
+    tables = _tables(cfg, cat, cus, out)
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, table in tables.items():
+        pq.write_table(table, out_dir / f"{name}.parquet")
+    planted_schema().save(out_dir)
+    truth = PlantedTruth(
+        article_ids=tables["articles"].column("article_id").to_numpy(zero_copy_only=False),
+        article_type=cat["type"], log_weight=cat["log_weight"],
+        customer_ids=tables["customers"].column("customer_id").to_numpy(zero_copy_only=False),
+        taste_prob=cus["taste_prob"], n_types=cfg.n_types,
+    )  # fmt: skip
+    prior = truth.population_prior()
+    signal = {
+        # I(z; x) = H(z) - H(z | x): how much the context says about the taste, in nats
+        "taste_entropy_population": round(float(_entropy(prior)), 4),
+        "taste_entropy_given_context": round(float(_entropy(cus["taste_prob"]).mean()), 4),
+        "taste_entropy_max": round(float(np.log(cfg.n_tastes)), 4),
+    }
+    truth.save(out_dir, {
+        "story": "see the docstring of contextual_bert/planted.py",
+        "params": cfg.model_dump(),
+        "n_styles": N_STYLES, "n_colors": N_COLORS, "color_weight": COLOR_WEIGHT,
+        "context_columns": [{"name": n, "n_values": k, "informative": i} for n, k, i in CONTEXT_COLUMNS],
+        "context_tables": {name: table.round(6).tolist() for name, table in cus["tables"].items()},
+        "style_affinity": cat["style_affinity"].round(6).tolist(),
+        "color_affinity": cat["color_affinity"].round(6).tolist(),
+        "population_prior": prior.round(6).tolist(),
+        "signal": signal,
+    })  # fmt: skip
+    report = {
+        "source": SOURCE,
+        "seed": cfg.seed,
+        "size": {"n_outfits": cfg.n_outfits, "n_articles": cfg.n_articles, "n_customers": cfg.n_customers},
+        "rows": {name: table.num_rows for name, table in tables.items()},
+        "items_per_outfit": round(float(out["size"].mean()), 3),
+        "articles_never_drawn": int(cfg.n_articles - len(np.unique(out["article"]))),
+        "planted_signal": signal,
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+    (out_dir / "ingest_report.json").write_text(json.dumps(report, indent=2))
+    return report

@@ -1,0 +1,134 @@
+"""The planted-signal generator: the raw contract, its truth file, and draws that follow the model it claims."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from contextual_bert.config import PlantedConfig
+from contextual_bert.contract import TABLES, DataSchema
+from contextual_bert.errors import ContextualBertError
+from contextual_bert.planted import (
+    CONTEXT_COLUMNS,
+    TRUTH_JSON,
+    _catalogue,
+    _customers,
+    _outfits,
+    generate_planted,
+    load_truth,
+    planted_schema,
+)
+
+SMALL = PlantedConfig(n_outfits=3000, n_articles=400, n_customers=300, n_types=10, n_tastes=6, seed=3)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("raw")
+    report = generate_planted(SMALL, out)
+    return out, report, {name: pd.read_parquet(out / f"{name}.parquet") for name in TABLES}
+
+
+def test_writes_the_contract_and_the_truth(data):
+    out, report, tables = data
+    assert DataSchema.load(out) == planted_schema() and planted_schema().source == "planted"
+    assert report["rows"] == {"articles": 400, "customers": 300, "outfits": 3000}
+    articles, customers, outfits = tables["articles"], tables["customers"], tables["outfits"]
+    assert {"product_type", "style", "color", "brand", "price"} <= set(articles.columns)
+    assert articles["product_type"].nunique() == 10 and (articles["price"] > 0).all()
+    assert list(customers.columns) == ["customer_id"] + [name for name, _, _ in CONTEXT_COLUMNS]
+    sizes = outfits["article_ids"].map(len)
+    assert set(sizes) == {4, 5, 6, 7, 8}
+    type_of = articles.set_index("article_id")["product_type"]
+    # no two articles of one product type share an outfit (so the articles are distinct too)
+    assert (outfits["article_ids"].map(lambda ids: type_of[list(ids)].nunique()) == sizes).all()
+    truth = load_truth(out)
+    assert list(truth.article_ids) == list(articles["article_id"])
+    assert list(truth.customer_ids) == list(customers["customer_id"])
+    assert (np.array([f"type_{t:01d}" for t in truth.article_type]) == articles["product_type"]).all()
+    assert truth.log_weight.shape == (400, 6) and np.allclose(truth.taste_prob.sum(1), 1)
+    about = json.loads((out / TRUTH_JSON).read_text())
+    assert about["params"]["n_tastes"] == 6 and set(about["context_tables"]) == {
+        name for name, _, informative in CONTEXT_COLUMNS if informative
+    }
+
+
+def test_same_seed_same_data_and_the_truth_does_not_depend_on_n_outfits(tmp_path, data):
+    out, _, tables = data
+    again = generate_planted(SMALL, tmp_path / "again")
+    assert again["rows"] == data[1]["rows"]
+    for name in TABLES:
+        assert pd.read_parquet(tmp_path / "again" / f"{name}.parquet").equals(tables[name]), name
+    more = generate_planted(SMALL.model_copy(update={"n_outfits": 5000}), tmp_path / "more")
+    assert more["rows"]["outfits"] == 5000
+    a, b = load_truth(out), load_truth(tmp_path / "more")
+    assert np.array_equal(a.log_weight, b.log_weight) and np.array_equal(a.taste_prob, b.taste_prob)
+
+
+def test_bad_sizes_are_one_line_errors(tmp_path):
+    with pytest.raises(ContextualBertError, match="n_types"):
+        generate_planted(SMALL.model_copy(update={"n_types": 7}), tmp_path)
+    with pytest.raises(ContextualBertError, match="n_articles"):
+        generate_planted(SMALL.model_copy(update={"n_articles": 9}), tmp_path)
+
+
+# --- the draws follow the story (internals, with the hidden tastes) ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def story():
+    cfg = PlantedConfig(n_outfits=60_000, n_articles=200, n_customers=2000, n_types=10, n_tastes=4, seed=5,
+                        context_strength=1.0)  # fmt: skip
+    rng = np.random.default_rng(cfg.seed)
+    cat = _catalogue(rng, cfg)
+    cus = _customers(rng, cfg)
+    return cfg, cat, cus, _outfits(rng, cfg, cat, cus, max_set_size=8)
+
+
+def test_tastes_follow_p_of_z_given_the_context(story):
+    cfg, _, cus, out = story
+    # per value of an informative column: the tastes drawn vs the mean P(z | x) of those outfits' customers
+    region = cus["values"]["region"][out["customer"]]
+    for value in np.unique(region):
+        rows = region == value
+        observed = np.bincount(out["taste"][rows], minlength=cfg.n_tastes) / rows.sum()
+        expected = cus["taste_prob"][out["customer"][rows]].mean(0)
+        se = np.sqrt(expected * (1 - expected) / rows.sum())
+        assert (np.abs(observed - expected) < 4.5 * se + 1e-9).all(), (value, observed, expected)
+    # and the informative columns do move the tastes: the odds differ between regions
+    assert np.ptp(cus["taste_prob"].max(1)) > 0.2
+
+
+def test_articles_follow_their_type_share_under_the_taste(story):
+    cfg, cat, _, out = story
+    outfit_taste = out["taste"][out["draw_outfit"]]
+    w = np.exp(cat["log_weight"])
+    per_type = np.zeros((cfg.n_types, cfg.n_tastes))
+    np.add.at(per_type, cat["type"], w)
+    share = w / per_type[cat["type"]]  # P(a | t(a), z)
+    for z in range(cfg.n_tastes):
+        drawn = out["article"][outfit_taste == z]
+        observed = np.bincount(drawn, minlength=cfg.n_articles)
+        n_of_type = np.bincount(cat["type"][drawn], minlength=cfg.n_types)
+        expected = n_of_type[cat["type"]] * share[:, z]
+        assert (np.abs(observed - expected) < 5 * np.sqrt(expected) + 2).all(), z
+    # and which articles are drawn does depend on the taste
+    first = np.bincount(out["article"][outfit_taste == 0], minlength=cfg.n_articles)
+    second = np.bincount(out["article"][outfit_taste == 1], minlength=cfg.n_articles)
+    assert 0.5 * np.abs(first / first.sum() - second / second.sum()).sum() > 0.2
+
+
+def test_sizes_and_type_sets_are_uniform(story):
+    cfg, cat, _, out = story
+    size_share = np.bincount(out["size"], minlength=9)[4:] / cfg.n_outfits
+    assert np.allclose(size_share, 0.2, atol=0.01)
+    # each type is in an outfit with probability E[n] / T, whatever the customer or the taste
+    types = cat["type"][out["article"]]
+    for z in range(cfg.n_tastes):
+        rows = out["taste"][out["draw_outfit"]] == z
+        outfits = len(np.unique(out["draw_outfit"][rows]))
+        share = np.bincount(types[rows], minlength=cfg.n_types) / outfits
+        assert np.allclose(share, 6.0 / cfg.n_types, atol=0.03), (z, share)
