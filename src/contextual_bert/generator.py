@@ -608,3 +608,8 @@ def generate(size: GeneratorSize, seed: int, out_dir: Path) -> dict:
     }
     (out_dir / "ingest_report.json").write_text(json.dumps(report, indent=2))
     return report
+
+
+def ingest(cfg, source=None) -> dict:
+    """The `synthetic` entry of sources.SOURCES (it reads no files: `source` is unused)."""
+    return generate(cfg.generate.chosen, seed=cfg.generate.seed, out_dir=cfg.paths.raw_dir)
