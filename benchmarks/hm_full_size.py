@@ -171,9 +171,11 @@ def run_step(step: str, scratch: Path) -> dict:
     if step == "import_hm":
         from contextual_bert.importers import import_hm
 
-        report = import_hm(scratch, work / "raw", ImportHMConfig())
+        phases: dict = {}
+        report = import_hm(scratch, work / "raw", ImportHMConfig(), timings=phases)
         rows = {k: report[k] for k in ("transactions", "baskets", "baskets_kept", "baskets_dropped",
                                        "outfits_by_basket_definition", "outfits_without_customer_row", "rows")}
+        rows["phase_wall_s"] = phases
     elif step == "validate":
         from contextual_bert.validation import validate
 

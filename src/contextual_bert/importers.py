@@ -30,6 +30,7 @@ import csv
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -55,8 +56,8 @@ MAPPING_NOTE = (
     "price <- mean transaction price (H&M's scaled units)"
 )
 DROP_REASONS = ("too_small", "too_large")
-# The basket a (customer, day) belongs to: its first day, as SQL over the `customer_days` table.
-BASKET_START = {"day": "day", "week": "week", "session": "session"}
+# The first day of the basket a purchase belongs to, as SQL over `day_items` joined with `customer_days`.
+BASKET_START = {"day": "day", "week": "CAST(date_trunc('week', day) AS DATE)", "session": "session"}
 OUTFIT_ID_MARK = {"day": "", "week": "w", "session": "s"}  # outfit_id = <customer>_<mark><first day>
 
 
@@ -213,33 +214,37 @@ def _articles(db: _Db, path: Path, header: list[str]) -> dict:
 
 
 def _baskets(db: _Db, cfg: ImportHMConfig) -> dict:
-    """Table `items` (cid, day, article_id, week, session): each distinct purchase with the first day of
-    its week and of its session; returns the outfits each basket definition gives."""
+    """Tables `day_items` (cid, day, article_id: each distinct purchase) and `customer_days` (cid, day, its
+    number of distinct articles, the first day of its session); returns the outfits each basket definition
+    gives."""
     db.run("CREATE TABLE day_items AS SELECT DISTINCT cid, day, article_id FROM tx")
     db.run(f"""CREATE TABLE customer_days AS
-        SELECT cid, day, CAST(date_trunc('week', day) AS DATE) AS week,
+        SELECT cid, day, n,
                max(CASE WHEN previous IS NULL OR day - previous > {cfg.session_gap_days} THEN day END)
                    OVER (PARTITION BY cid ORDER BY day ROWS UNBOUNDED PRECEDING) AS session
-        FROM (SELECT cid, day, lag(day) OVER (PARTITION BY cid ORDER BY day) AS previous
-              FROM (SELECT DISTINCT cid, day FROM day_items))""")  # fmt: skip
-    db.run("CREATE TABLE items AS SELECT i.*, d.week, d.session FROM day_items i JOIN customer_days d USING (cid, day)")
-    db.run("DROP TABLE day_items")
-    outfits_by_definition = {}
-    for definition, start in BASKET_START.items():
-        size = "count(*)" if definition == "day" else "count(DISTINCT article_id)"  # day rows are distinct
-        (n,) = db.one(f"""SELECT count(*) FROM (SELECT {size} AS n FROM items GROUP BY cid, {start})
-                          WHERE n BETWEEN {cfg.min_items} AND {cfg.max_items}""")
+        FROM (SELECT cid, day, n, lag(day) OVER (PARTITION BY cid ORDER BY day) AS previous
+              FROM (SELECT cid, day, count(*) AS n FROM day_items GROUP BY cid, day))""")  # fmt: skip
+    kept = f"BETWEEN {cfg.min_items} AND {cfg.max_items}"
+    sizes = {  # distinct articles per basket: a day's rows are distinct; a week or session may repeat one
+        "day": "SELECT n FROM customer_days",
+        "week": f"SELECT count(DISTINCT article_id) AS n FROM day_items GROUP BY cid, {BASKET_START['week']}",
+        "session": f"""SELECT count(DISTINCT i.article_id) AS n FROM day_items i JOIN customer_days d USING (cid, day)
+                       GROUP BY i.cid, d.session""",
+    }  # fmt: skip
+    counts = {}
+    for definition, sql in sizes.items():
         label = f"session_gap_{cfg.session_gap_days}d" if definition == "session" else definition
-        outfits_by_definition[label] = int(n)
-    return outfits_by_definition
+        counts[label] = int(db.one(f"SELECT count(*) FROM ({sql}) WHERE n {kept}")[0])
+    return counts
 
 
 def _outfits(db: _Db, cfg: ImportHMConfig) -> dict:
     """Table `outfits` in the contract's columns (and its counts), for the chosen basket definition."""
     start = BASKET_START[cfg.basket]
+    items = "day_items JOIN customer_days USING (cid, day)" if cfg.basket == "session" else "day_items"
     db.run(f"""CREATE TABLE baskets AS
         SELECT cid, {start} AS first_day, list_sort(list(DISTINCT article_id)) AS article_ids
-        FROM items GROUP BY cid, {start}""")
+        FROM {items} GROUP BY cid, first_day""")
     db.run(f"""CREATE TABLE outfits AS
         SELECT c.customer_id || '_{OUTFIT_ID_MARK[cfg.basket]}' || strftime(b.first_day, '%Y-%m-%d') AS outfit_id,
                c.customer_id, b.article_ids, strftime(b.first_day, '%Y-%m-%d') AS date
@@ -266,9 +271,25 @@ def _outfits(db: _Db, cfg: ImportHMConfig) -> dict:
     }
 
 
-def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig) -> dict:
+class _Clock:
+    """clock(phase, result) -> result, noting the wall seconds since the previous call under `phase`."""
+
+    def __init__(self, timings: dict | None):
+        self.timings, self.last = timings, time.perf_counter()
+
+    def __call__(self, phase: str, result):
+        now = time.perf_counter()
+        if self.timings is not None:
+            self.timings[phase] = round(now - self.last, 2)
+        self.last = now
+        return result
+
+
+def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig, timings: dict | None = None) -> dict:
     """Read transactions_train.csv, customers.csv and articles.csv from `source`; write the raw contract
-    (articles/customers/outfits.parquet, schema.json = HM_SCHEMA, ingest_report.json) into `out_dir`."""
+    (articles/customers/outfits.parquet, schema.json = HM_SCHEMA, ingest_report.json) into `out_dir`.
+    `timings`, when given, receives the wall seconds of each phase (for benchmarks; not in the report, which
+    stays the same for the same input)."""
     source, out_dir = Path(source), Path(out_dir)
     if not source.is_dir():
         raise DataError("H&M source folder not found", path=source)
@@ -278,12 +299,13 @@ def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".import-hm-", dir=out_dir) as scratch:
         db = _Db(Path(scratch), cfg)
+        clock = _Clock(timings)
         try:
-            counts = _transactions(db, source / TRANSACTIONS)
-            counts |= _customers(db, source / CUSTOMERS, headers[CUSTOMERS])
-            counts |= _articles(db, source / ARTICLES, headers[ARTICLES])
-            by_definition = _baskets(db, cfg)
-            counts |= _outfits(db, cfg)
+            counts = clock("transactions", _transactions(db, source / TRANSACTIONS))
+            counts |= clock("customers", _customers(db, source / CUSTOMERS, headers[CUSTOMERS]))
+            counts |= clock("articles", _articles(db, source / ARTICLES, headers[ARTICLES]))
+            by_definition = clock("basket_definitions", _baskets(db, cfg))
+            counts |= clock("outfits", _outfits(db, cfg))
             for table, order in (("articles", "source_row"), ("customers", "source_row"),
                                  ("outfits", "customer_id, date")):  # fmt: skip
                 target = _quote(out_dir / f"{table}.parquet")
@@ -291,6 +313,7 @@ def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig) -> dict:
                        if table != "outfits" else
                        f"COPY (SELECT * FROM {table} ORDER BY {order}) TO {target} (FORMAT parquet)")  # fmt: skip
             rows = {t: int(db.one(f"SELECT count(*) FROM {t}")[0]) for t in ("articles", "customers", "outfits")}
+            clock("write_parquet", None)
         finally:
             db.con.close()
     HM_SCHEMA.save(out_dir)
