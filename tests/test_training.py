@@ -231,3 +231,23 @@ def test_the_learning_rate_warms_up_then_stays():
     factor = training.warmup_then_constant(4)
     assert [factor(s) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
     assert training.warmup_then_constant(0)(0) == 1.0
+
+
+@pytest.mark.parametrize("loss", [float("inf"), float("nan")])
+def test_a_non_finite_validation_loss_is_an_error_never_a_result(tmp_path, monkeypatch, loss):
+    """The issue's case: every validation target unknown gave best_val_cross_entropy Infinity and exit 0."""
+    from contextual_bert.errors import ContextualBertError
+
+    monkeypatch.setattr(training, "validation_cross_entropy", lambda *args: loss)
+    train, val = planted(100, 0), planted(20, 1)
+    with pytest.raises(ContextualBertError, match=rf"validation cross-entropy is {loss} at epoch 1.*min_known_targets"):
+        fit(new_model("none"), train, val, SHORT, tmp_path, seed=0)
+    assert not (tmp_path / "checkpoint.pt").exists() and not (tmp_path / "metrics.json").exists()
+
+
+def test_a_later_non_finite_epoch_keeps_the_finite_best(tmp_path, monkeypatch):
+    curve = iter([3.0, float("nan"), float("nan")])
+    monkeypatch.setattr(training, "validation_cross_entropy", lambda *args: next(curve))
+    train, val = planted(100, 0), planted(20, 1)
+    metrics = fit(new_model("none"), train, val, SHORT.model_copy(update={"patience": 2}), tmp_path, seed=0)
+    assert (metrics["best_epoch"], metrics["best_val_cross_entropy"]) == (1, 3.0)
