@@ -204,6 +204,7 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the generated files and outputs")
     parser.add_argument("--step", help=argparse.SUPPRESS)  # internal: run one step in this process
     parser.add_argument("--out", type=Path, default=REPO / "reports" / "benchmarks" / "hm_full_size.json")
+    parser.add_argument("--note", default="", help="what else ran on the machine, for the record")
     args = parser.parse_args()
     if args.step:
         print(json.dumps(run_step(args.step, args.scratch)))
@@ -217,6 +218,21 @@ def main() -> int:
         generated["wall_s"] = round(time.perf_counter() - started, 1)
         marker.write_text(json.dumps(generated))
     results: dict = {"generate": generated}
+
+    def write() -> None:  # after every step: what was measured survives a later step that fails or is stopped
+        for step, target in TARGETS.items():
+            if "wall_s" in results.get(step, {}):
+                results[step]["meets_target"] = all(results[step][k] <= v for k, v in target.items())
+        out = {
+            "benchmark": "H&M import, validate and features at the full Kaggle size (generated files)",
+            "targets": TARGETS,
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+            "note": args.note,
+            "results": results,
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(out, indent=2) + "\n")
+
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
     for step in args.steps:
         load_before = os.getloadavg()[0]
@@ -229,17 +245,8 @@ def main() -> int:
         results[step] = json.loads(child.stdout.strip().splitlines()[-1])
         results[step]["load_average_1min"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}
         print(f"{step}: {results[step]['wall_s']} s, peak {results[step]['peak_rss_mib']} MiB", file=sys.stderr)
-    for step, target in TARGETS.items():
-        if "wall_s" in results.get(step, {}):
-            results[step]["meets_target"] = all(results[step][k] <= v for k, v in target.items())
-    out = {
-        "benchmark": "H&M import, validate and features at the full Kaggle size (generated files)",
-        "targets": TARGETS,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        "results": results,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+        write()
+    write()
     if not args.keep:
         shutil.rmtree(args.scratch / "pipeline", ignore_errors=True)
     return 0
