@@ -419,8 +419,8 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
     exploded = outfits["article_ids"].explode()
     article_vocab = fit_article_vocab(exploded[is_train[exploded.index.to_numpy()]], cfg.min_article_count)
     item_idx, _ = article_vocab.to_indices(exploded.to_numpy())
-    check_splits(split_counts(split, split[exploded.index.to_numpy()], item_idx != UNKNOWN_INDEX, SPLITS), cfg,
-                 outfits_path)  # fmt: skip
+    counts = split_counts(split, split[exploded.index.to_numpy()], item_idx != UNKNOWN_INDEX, SPLITS)
+    check_splits(counts, cfg, outfits_path)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
     items = pa.ListArray.from_arrays(pa.array(offsets), pa.array(item_idx, type=pa.int64()))
 
@@ -457,6 +457,8 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
                   "val_fraction": cfg.val_fraction, "test_fraction": cfg.test_fraction},
         "n_items": len(article_vocab),
         "unknown_items": {name: int(unknown_items[item_split == name].sum()) for name in SPLITS},
+        "known_targets": {name: c["known_targets"] for name, c in counts.items()},
+        "outfits_without_customer_row": int((customer_pos < 0).sum()),  # their customer context is missing
         "vocab_sizes": {"articles": len(article_vocab), **{f.name: f.cardinality for f in spec.features}},
         "context_rows_missing": {name: int(m.sum()) for name, m in missing.items()},
         "context_rows_unknown": {name: int(u.sum()) for name, u in unknown.items()},
