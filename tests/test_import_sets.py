@@ -207,3 +207,17 @@ def test_dvc_repro_on_polyvore_sets_runs_none_and_popularity(tmp_path):
     none = json.loads((project / "reports" / "eval" / "none-s0.json").read_text())
     low, high = none["test_bootstrap"]["recall@5"]
     assert low <= none["test"]["recall@5"] <= high
+
+
+def test_import_sets_command_reads_a_two_column_csv(tmp_path, capsys):
+    _, sets = write_polyvore(tmp_path / "train.json")
+    pairs = write_pairs_csv(tmp_path / "pairs.csv", sets)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"paths": {"raw_dir": str(tmp_path / "raw")}}))
+    assert main(["--params", str(params), "import-sets", "--source", str(pairs)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["layout"] == "pairs" and report["sets_kept"] == len(pd.read_parquet(tmp_path / "raw" / "outfits.parquet"))
+    (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+    assert main(["--params", str(params), "import-sets", "--source", str(tmp_path / "bad.csv")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bad.csv, column 'outfit_id': required column missing" in err[0]
