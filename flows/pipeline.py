@@ -36,6 +36,7 @@ from prefect.deployments import run_deployment
 from prefect.futures import as_completed
 
 from contextual_bert.config import load_config
+from contextual_bert.sources import SOURCES
 from flows import dvc_stages
 from flows.params_file import pipeline_overrides
 from flows.tasks import (
@@ -261,7 +262,7 @@ def _register_and_promote(p: dvc_stages.Plan, workdir: Path, promote: bool) -> l
 @flow(name="pipeline", log_prints=True)
 def pipeline(
     size: Literal["tiny", "default", "paper"] | None = None,
-    source: Literal["synthetic", "hm"] | None = None,
+    source: str | None = None,  # a name in contextual_bert.sources.SOURCES (config checks it)
     params: dict[str, Any] | None = None,
     workdir: str = ".",
     fan_out: Literal["auto", "deployments", "local"] = "auto",
@@ -328,7 +329,7 @@ def promotion(workdir: str = ".", rollback: bool = False) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description="run the pipeline flow here")
     parser.add_argument("--size", choices=["tiny", "default", "paper"])
-    parser.add_argument("--source", choices=["synthetic", "hm"])
+    parser.add_argument("--source", choices=sorted(SOURCES))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=YAML",
                         help="a params.yaml override, e.g. --set train.seeds=[0] (repeatable)")
     parser.add_argument("--fan-out", default="auto", choices=["auto", "deployments", "local"])

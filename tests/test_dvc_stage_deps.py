@@ -44,6 +44,22 @@ def cli_functions(name: str) -> list[ast.FunctionDef]:
     return list(seen.values())
 
 
+def source_modules(functions: list[ast.FunctionDef]) -> set[str]:
+    """Sources run by name through the one table (sources.SOURCES, importlib): `SOURCES["hm"]` in a handler
+    runs that entry's module, `ingest(cfg)` any of them."""
+    from contextual_bert.sources import SOURCES
+
+    found = set()
+    for function in functions:
+        for node in ast.walk(function):
+            if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "SOURCES"
+                    and isinstance(node.slice, ast.Constant)):
+                found.add(SOURCES[node.slice.value].module)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "ingest":
+                found |= {source.module for source in SOURCES.values()}
+    return {module.split(".")[1] for module in found}
+
+
 def modules_run_by(cmd: str) -> set[str]:
     """The package modules a `contextual-bert ...` command runs: cli.py, its module-level imports, the
     imports of its handler, and everything those import."""
@@ -53,7 +69,8 @@ def modules_run_by(cmd: str) -> set[str]:
     for node in cli.body:
         if not isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             module_level |= import_graph.imported_modules(node)
-    in_handler = set().union(*(import_graph.imported_modules(f) for f in cli_functions(handler)))
+    functions = cli_functions(handler)
+    in_handler = set().union(*(import_graph.imported_modules(f) for f in functions)) | source_modules(functions)
     # cli itself, not through direct_imports("cli"): that holds every handler's imports
     return {"cli"} | import_graph.closure(module_level | in_handler)
 

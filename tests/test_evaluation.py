@@ -128,6 +128,8 @@ def test_evaluation_json_of_a_run_and_of_the_baseline(tmp_path, monkeypatch):
     assert (result["test"]["n_outfits"], result["test"]["n_cases"], result["test"]["n_unknown_targets"]) == (3, 7, 1)
     assert result["val"]["n_cases"] == 5
     assert result["recall_curve"]["k"] == list(range(1, 251)) and result["recall_curve"]["test"][-1] == 1.0
+    low, high = result["test_bootstrap"]["recall@5"]  # over the 3 test outfits (bootstrap.py)
+    assert low <= result["test"]["recall@5"] <= high and result["test_bootstrap"]["unit"] == "test outfits"
 
     baseline = evaluate_popularity(tmp_path, tmp_path / "eval" / "popularity.json", cfg)
     assert (baseline["variant"], baseline["seed"], baseline["parameters"]) == ("popularity", None, 0)
@@ -136,3 +138,16 @@ def test_evaluation_json_of_a_run_and_of_the_baseline(tmp_path, monkeypatch):
     monkeypatch.setattr(features, "load_article_vocab", lambda d: [0] * 12)
     with pytest.raises(Exception, match="features changed"):
         evaluate_run(tmp_path, tmp_path / "global_state-s0", tmp_path / "x.json", cfg)
+
+
+def test_a_run_trained_without_a_checkpoint_points_at_the_validation_split(tmp_path):
+    from contextual_bert.errors import ContextualBertError
+
+    run = tmp_path / "none-s0"
+    run.mkdir()
+    (run / "history.json").write_text(json.dumps([{"epoch": 1, "val_cross_entropy": float("inf")}]))
+    with pytest.raises(ContextualBertError, match=r"trained .* but no checkpoint was kept.*validation split") as info:
+        evaluate_run(tmp_path, run, tmp_path / "x.json", EvaluateConfig())
+    assert "train this run first" not in str(info.value)
+    with pytest.raises(ContextualBertError, match="train this run first"):  # never trained: that is the advice
+        evaluate_run(tmp_path, tmp_path / "concat-s0", tmp_path / "x.json", EvaluateConfig())

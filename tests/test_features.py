@@ -6,8 +6,8 @@ import pytest
 
 from contextual_bert.config import FeaturesConfig
 from contextual_bert.contract import HM_SCHEMA, PAPER_SCHEMA
-from contextual_bert.errors import DataError
-from contextual_bert.feature_spec import MISSING_INDEX, N_SPECIAL, UNKNOWN_INDEX
+from contextual_bert.errors import ContextualBertError, DataError
+from contextual_bert.feature_spec import MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
 from contextual_bert.feature_store import load_article_vocab, load_manifest, load_spec, load_split
 from contextual_bert.features import assign_splits, build_features
 from feature_data import PAPER_DIMS, build_paper_features, paper_cfg, paper_tables, write_validated
@@ -149,3 +149,57 @@ def test_outfit_longer_than_max_set_size_names_file_and_row(tmp_path):
 def test_missing_inputs_and_features_are_clear_errors(tmp_path):
     with pytest.raises(DataError, match="schema.json"):
         build_features(tmp_path / "nothing", tmp_path / "features", paper_cfg(), max_set_size=8)
+    with pytest.raises(DataError, match="spec.json.*contextual-bert features"):
+        load_split(tmp_path, "train", 8)
+    with pytest.raises(ContextualBertError, match="unknown split"):
+        load_split(tmp_path, "holdout", 8)
+
+
+def test_outfits_without_a_customer_or_its_row_have_customer_context_missing(tmp_path):
+    articles, customers, outfits = paper_tables(n_outfits=400)
+    outfits = outfits.copy()
+    outfits.loc[outfits.index % 3 == 0, "customer_id"] = None  # curated: no customer
+    outfits.loc[outfits.index % 3 == 1, "customer_id"] = "c-without-row"
+    validated = write_validated(tmp_path / "validated", PAPER_SCHEMA, articles, customers, outfits)
+    manifest = build_features(validated, tmp_path / "features", paper_cfg(), max_set_size=8)
+    assert manifest["rows"]["outfits"] == 400
+    stored = pd.read_parquet(tmp_path / "features" / "outfits.parquet").set_index("outfit_id")
+    for split in ("train", "val", "test"):
+        data = load_split(tmp_path / "features", split, 8)
+        no_row = ~stored.loc[data.outfit_ids, "customer_id"].isin(customers["customer_id"]).to_numpy()
+        assert no_row.any() and (~no_row).any()
+        assert (data.context["gender"][no_row] == MISSING_INDEX).all()
+        assert (data.context["preferred_brands"][no_row, 0] == MISSING_INDEX).all()
+        assert (data.context["preferred_brands"][no_row, 1:] == PAD_INDEX).all()
+    assert stored["customer_id"].isna().sum() == (outfits["customer_id"].isna()).sum()
+
+
+def test_split_without_known_validation_target_stops_features_with_one_line(tmp_path):
+    """The issue's case: the validation outfits hold only articles that no train outfit has."""
+    articles, customers, outfits = paper_tables(n_outfits=400)
+    split = assign_splits(outfits["outfit_id"].tolist(), 0.045, 0.045, 0)
+    outfits = outfits.copy()
+    val_rows = np.flatnonzero(split == "val")
+    outfits["article_ids"] = [[f"only-in-val-{i}-{j}" for j in range(4)] if i in set(val_rows) else ids
+                              for i, ids in enumerate(outfits["article_ids"])]
+    validated = write_validated(tmp_path / "validated", PAPER_SCHEMA, articles, customers, outfits)
+    with pytest.raises(ContextualBertError) as info:
+        build_features(validated, tmp_path / "features", paper_cfg(), max_set_size=8)
+    message = str(info.value)
+    assert "\n" not in message
+    assert "the val split has only 0 known targets" in message
+    assert "features.min_known_targets=10" in message and "features.val_fraction" in message
+    assert not (tmp_path / "features" / "manifest.json").exists()
+
+
+def test_too_few_outfits_in_a_split_names_the_threshold(tmp_path):
+    articles, customers, outfits = paper_tables(n_outfits=300)
+    validated = write_validated(tmp_path / "validated", PAPER_SCHEMA, articles, customers, outfits)
+    split = assign_splits(outfits["outfit_id"].tolist(), 0.045, 0.045, 0)
+    n_val, n_test = int((split == "val").sum()), int((split == "test").sum())
+    with pytest.raises(ContextualBertError, match=rf"the val split has only {n_val} outfits "
+                                                  rf"\(features.min_split_outfits={n_val + 1}\).*val_fraction"):
+        build_features(validated, tmp_path / "features", paper_cfg(min_split_outfits=n_val + 1,
+                                                                   min_known_targets=1), max_set_size=8)
+    build_features(validated, tmp_path / "features",
+                   paper_cfg(min_split_outfits=min(n_val, n_test), min_known_targets=1), max_set_size=8)

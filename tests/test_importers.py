@@ -35,11 +35,51 @@ def test_article_ids_normalized_to_ten_digits():
 def test_fixture_baskets_kept_and_dropped_per_reason(fixture_import):
     out, report = fixture_import
     assert report["baskets"] == 7
-    assert report["baskets_kept"] == 3
-    assert report["baskets_dropped"] == {"too_small": 1, "too_large": 1, "unknown_customer": 1, "unknown_article": 1}
+    # c999 has no customer row and c004 bought an article without an article row: kept, attributes missing
+    assert report["baskets_kept"] == 5
+    assert report["baskets_dropped"] == {"too_small": 1, "too_large": 1}
+    assert report["baskets_kept"] + sum(report["baskets_dropped"].values()) == report["baskets"]
+    assert report["outfits_without_customer_row"] == 1
+    assert (report["outfits_with_articles_without_row"], report["articles_without_row"]) == (1, 1)
     assert report["transactions"] == 39 and report["transactions_malformed_dropped"] == 1
     assert report["articles_without_price_dropped"] == 1  # the scarf nobody bought
     assert json.loads((out / "ingest_report.json").read_text()) == report
+
+
+def test_basket_definitions(tmp_path):
+    """c001 bought 5 articles on the 20th and 3 on the 21st (same week): one 8-article basket by week or by
+    session, a kept and a too-small one by day. The report counts every definition whichever is chosen."""
+    by = {}
+    for basket in ("day", "week", "session"):
+        cfg = ImportHMConfig(basket=basket)
+        report = import_hm(hm_fixture(tmp_path / "hm"), tmp_path / basket, cfg)
+        outfits = pd.read_parquet(tmp_path / basket / "outfits.parquet")
+        by[basket] = (report, dict(zip(outfits["outfit_id"], outfits["article_ids"].map(len))))
+    day, week, session = (by[b][1] for b in ("day", "week", "session"))
+    assert day["c001_2018-09-20"] == 5 and "c001_2018-09-21" not in day
+    assert week["c001_w2018-09-17"] == 8 and session["c001_s2018-09-20"] == 8
+    assert by["day"][0]["baskets"] == 7 and by["week"][0]["baskets"] == 6
+    assert by["week"][0]["baskets_dropped"] == {"too_small": 0, "too_large": 1}
+    counts = by["day"][0]["outfits_by_basket_definition"]
+    assert counts == {"day": 5, "week": 5, "session_gap_1d": 5}
+    assert all(r["outfits_by_basket_definition"] == counts for r, _ in by.values())
+    assert by["session"][0]["basket"] == {"by": "session", "session_gap_days": 1}
+
+
+def test_articles_without_optional_columns(tmp_path):
+    source = hm_fixture(tmp_path / "hm")
+    articles = pd.read_csv(source / "articles.csv", dtype=str)
+    articles.drop(columns=["section_name", "graphical_appearance_name", "prod_name"]).to_csv(
+        source / "articles.csv", index=False)
+    customers = pd.read_csv(source / "customers.csv", dtype=str)
+    customers.drop(columns=["postal_code"]).to_csv(source / "customers.csv", index=False)
+    report = import_hm(source, tmp_path / "out", ImportHMConfig())
+    assert report["columns_missing"] == {"articles.csv": ["section_name", "graphical_appearance_name", "prod_name"],
+                                         "customers.csv": ["postal_code"]}
+    assert report["baskets_kept"] == 5
+    out = pd.read_parquet(tmp_path / "out" / "articles.parquet")
+    assert out["brand"].isna().all() and out["style"].isna().all() and out["color"].notna().all()
+    assert pd.read_parquet(tmp_path / "out" / "customers.parquet")["postal_code"].isna().all()
 
 
 def test_fixture_outfits_follow_the_contract(fixture_import):
@@ -52,7 +92,8 @@ def test_fixture_outfits_follow_the_contract(fixture_import):
     assert by_id["c001_2018-09-20"] == ["0101000001", "0102000001", "0103000001", "0104000001", "0105000001"]
     assert by_id["c003_2018-09-22"] == ["0101000002", "0102000002", "0108000001", "0109000001"]
     assert len(by_id["c005_2018-09-20"]) == 8  # the upper bound is kept
-    assert set(outfits["customer_id"]) == {"c001", "c003", "c005"}
+    assert set(outfits["customer_id"]) == {"c001", "c003", "c004", "c005", "c999"}
+    assert by_id["c004_2018-09-23"][-1] == "0999999999"  # no row in articles.csv: kept all the same
 
 
 def test_fixture_articles_and_customers_mapped(fixture_import):
@@ -74,7 +115,7 @@ def test_fixture_articles_and_customers_mapped(fixture_import):
 
 def test_min_max_items_from_config(tmp_path):
     report = import_hm(hm_fixture(tmp_path / "hm"), tmp_path / "out", ImportHMConfig(min_items=3), max_set_size=9)
-    assert report["baskets_kept"] == 5  # the 3-item and the 9-item baskets now count
+    assert report["baskets_kept"] == 7  # the 3-item and the 9-item baskets now count
     assert report["baskets_dropped"]["too_small"] == 0 and report["baskets_dropped"]["too_large"] == 0
 
 
@@ -85,9 +126,9 @@ def test_missing_file_and_column_are_one_line_errors(tmp_path):
     with pytest.raises(DataError, match=r"customers\.csv.*file not found"):
         import_hm(source, tmp_path / "out", ImportHMConfig())
     shutil.copy(pristine / "customers.csv", source)
-    text = (source / "articles.csv").read_text().replace("colour_group_name", "color_group_name", 1)
+    text = (source / "articles.csv").read_text().replace("article_id", "articleid", 1)
     (source / "articles.csv").write_text(text)
-    with pytest.raises(DataError, match=r"articles\.csv, column 'colour_group_name': required column missing"):
+    with pytest.raises(DataError, match=r"articles\.csv, column 'article_id': required column missing"):
         import_hm(source, tmp_path / "out", ImportHMConfig())
     header = (pristine / "articles.csv").read_bytes().splitlines()[0]
     (source / "articles.csv").write_bytes(header + b"\n" + b"1,caf\xe9" + b"," * 24 + b"\n")
@@ -102,7 +143,7 @@ def test_real_sample(tmp_path):
     assert report["transactions"] == len(transactions)
     assert report["baskets"] == transactions.groupby(["customer_id", "t_dat"]).ngroups
     assert report["baskets_kept"] + sum(report["baskets_dropped"].values()) == report["baskets"]
-    assert report["baskets_kept"] > 0 and report["baskets_dropped"]["unknown_customer"] > 0  # the sample is messy
+    assert report["baskets_kept"] > 0 and report["outfits_without_customer_row"] > 0  # the sample is messy
 
     outfits = pd.read_parquet(tmp_path / "outfits.parquet")
     customers = pd.read_parquet(tmp_path / "customers.parquet")
@@ -110,7 +151,32 @@ def test_real_sample(tmp_path):
     assert len(outfits) == report["baskets_kept"] and outfits["outfit_id"].is_unique
     sizes = outfits["article_ids"].map(len)
     assert sizes.between(4, 8).all() and (outfits["article_ids"].map(lambda a: len(set(a))) == sizes).all()
-    assert outfits["customer_id"].isin(customers["customer_id"]).all()
+    assert (~outfits["customer_id"].isin(customers["customer_id"])).sum() == report["outfits_without_customer_row"]
     assert outfits["article_ids"].explode().isin(articles["article_id"]).all()
     assert articles["article_id"].str.fullmatch(r"\d{10}").all() and (articles["price"] > 0).all()
     assert customers["age"].dtype == "float64" and customers["age"].isna().any()  # missing ages stay missing
+
+
+@pytest.mark.skipif(not HM_SAMPLE.is_dir(), reason="the H&M sample (../shared/data/hm_sample) is absent")
+def test_real_sample_with_30_percent_of_articles_removed_drops_no_basket_for_it(tmp_path):
+    """Users sample articles and transactions separately: a missing article (or customer) row leaves its
+    attributes missing, it never drops the basket. Only too_small / too_large drop one."""
+    full = import_hm(HM_SAMPLE, tmp_path / "full", ImportHMConfig())
+    source = tmp_path / "cut"
+    source.mkdir()
+    for name in ("transactions_train.csv", "customers.csv"):
+        shutil.copy(HM_SAMPLE / name, source)
+    articles = pd.read_csv(HM_SAMPLE / "articles.csv", dtype=str, keep_default_na=False)
+    kept_rows = articles.sample(frac=0.7, random_state=0).sort_index()
+    kept_rows.to_csv(source / "articles.csv", index=False)
+    report = import_hm(source, tmp_path / "out", ImportHMConfig())
+
+    assert set(report["baskets_dropped"]) == {"too_small", "too_large"}
+    assert report["baskets"] == full["baskets"] and report["baskets_kept"] == full["baskets_kept"]
+    assert report["baskets_dropped"] == full["baskets_dropped"]
+    assert report["baskets_kept"] + sum(report["baskets_dropped"].values()) == report["baskets"]
+    assert report["outfits_with_articles_without_row"] > 0 and report["articles_without_row"] > 0
+    assert report["rows"]["articles"] < full["rows"]["articles"]
+    outfits = pd.read_parquet(tmp_path / "out" / "outfits.parquet")
+    unknown = ~outfits["article_ids"].explode().isin(pd.read_parquet(tmp_path / "out" / "articles.parquet")["article_id"])
+    assert unknown.groupby(level=0).any().sum() == report["outfits_with_articles_without_row"]

@@ -198,3 +198,22 @@ def test_optimum_rows_convergence_and_learned_baselines(tmp_path):
     assert metrics["optimum_context"]["test"]["cross_entropy"] == 4.5 and metrics["none"]["converged_runs"] == 2
     # The baselines are not context variants of the paper: no "beats [None]" verdict for them.
     assert "bag_of_items" not in metrics["none"] and "vs_none" not in metrics["bag_of_items_context"]
+
+
+def test_bootstrap_interval_column_and_the_no_context_note(tmp_path):
+    cfg = write_fake_runs(tmp_path, seeds=(0, 1), variants=("none",))
+    for seed, interval in ((0, [0.15, 0.25]), (1, [0.17, 0.29])):
+        path = tmp_path / "reports" / "eval" / f"none-s{seed}.json"
+        result = json.loads(path.read_text())
+        result["test_bootstrap"] = {"n_resamples": 1000, "level": 0.95, "unit": "test outfits",
+                                    "recall@5": interval}
+        path.write_text(json.dumps(result))
+    manifest = tmp_path / "features" / "manifest.json"
+    manifest.write_text(json.dumps(json.loads(manifest.read_text()) | {"source": "sets", "d_context": 0}))
+    build_report(cfg)
+    table = (tmp_path / "reports" / "table1.md").read_text()
+    assert "| Recall@5 % 95% CI |" in table
+    row = next(line for line in table.splitlines() if line.startswith("| [None] |"))
+    assert "| 16.00–27.00 |" in row  # the seeds' bounds averaged
+    assert "percentile bootstrap over the test outfits" in table
+    assert "No context" in table and "only [None] and the popularity baseline run" in table

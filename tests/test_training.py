@@ -283,3 +283,25 @@ def test_the_optimizer_follows_the_schedule_and_clips_the_gradient(tmp_path):
         grads.append(float(moved))
     assert grads[1] == pytest.approx(1e-3, rel=1e-3)  # SGD at lr 1: the step is the clipped gradient
     assert grads[0] > 10 * grads[1]
+
+
+@pytest.mark.parametrize("loss", [float("inf"), float("nan")])
+def test_a_non_finite_validation_loss_is_an_error_never_a_result(tmp_path, monkeypatch, loss):
+    """The issue's case: every validation target unknown gave best_val_cross_entropy Infinity and exit 0."""
+    from contextual_bert.errors import ContextualBertError
+
+    monkeypatch.setattr(training, "validation_cross_entropy", lambda *args: loss)
+    train, val = planted(100, 0), planted(20, 1)
+    with pytest.raises(ContextualBertError, match=rf"validation cross-entropy is {loss} at epoch 1.*min_known_targets"):
+        fit(new_model("none"), train, val, SHORT, tmp_path, seed=0)
+    assert not (tmp_path / "checkpoint.pt").exists() and not (tmp_path / "metrics.json").exists()
+
+
+def test_a_later_non_finite_epoch_keeps_the_finite_best(tmp_path, monkeypatch):
+    curve, calls = iter([3.0, float("nan"), float("nan")]), itertools.count()
+    # Each epoch measures the validation split, then the training sample: the first follows the curve.
+    monkeypatch.setattr(training, "validation_cross_entropy",
+                        lambda *args: next(curve) if next(calls) % 2 == 0 else 9.0)  # fmt: skip
+    train, val = planted(100, 0), planted(20, 1)
+    metrics = fit(new_model("none"), train, val, SHORT.model_copy(update={"patience": 2}), tmp_path, seed=0)
+    assert (metrics["best_epoch"], metrics["best_val_cross_entropy"]) == (1, 3.0)

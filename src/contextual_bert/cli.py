@@ -28,33 +28,33 @@ def _without_curve(report: dict) -> dict:
 
 
 def _cmd_ingest(cfg: Config, args) -> None:
-    if cfg.ingest.source == "synthetic":
-        _cmd_generate(cfg, args)
-    elif cfg.ingest.source == "planted":
-        _cmd_generate_planted(cfg, args)
-    else:
-        args.source = None
-        _cmd_import_hm(cfg, args)
+    from contextual_bert.sources import ingest
+
+    _print_json(ingest(cfg))
 
 
 def _cmd_generate(cfg: Config, args) -> None:
-    from contextual_bert.generator import generate
+    from contextual_bert.sources import SOURCES
 
-    _print_json(generate(cfg.generate.chosen, seed=cfg.generate.seed, out_dir=cfg.paths.raw_dir,
-                         max_set_size=cfg.model.max_set_size))
+    _print_json(SOURCES["synthetic"].ingest(cfg))
 
 
 def _cmd_generate_planted(cfg: Config, args) -> None:
-    from contextual_bert.planted import generate_planted
+    from contextual_bert.sources import SOURCES
 
-    _print_json(generate_planted(cfg.planted, out_dir=cfg.paths.raw_dir, max_set_size=cfg.model.max_set_size))
+    _print_json(SOURCES["planted"].ingest(cfg))
 
 
 def _cmd_import_hm(cfg: Config, args) -> None:
-    from contextual_bert.importers import import_hm
+    from contextual_bert.sources import SOURCES
 
-    source = Path(args.source) if getattr(args, "source", None) else cfg.import_hm.source
-    _print_json(import_hm(source, out_dir=cfg.paths.raw_dir, cfg=cfg.import_hm, max_set_size=cfg.model.max_set_size))
+    _print_json(SOURCES["hm"].ingest(cfg, Path(args.source) if args.source else None))
+
+
+def _cmd_import_sets(cfg: Config, args) -> None:
+    from contextual_bert.sources import SOURCES
+
+    _print_json(SOURCES["sets"].ingest(cfg, Path(args.source) if args.source else None))
 
 
 def _cmd_validate(cfg: Config, args) -> None:
@@ -191,6 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("generate-planted", _cmd_generate_planted, "write planted-signal data and its truth to data/raw (planted)")
     p = add("import-hm", _cmd_import_hm, "import the H&M Kaggle files into data/raw")
     p.add_argument("--source", help="folder with transactions_train.csv, customers.csv, articles.csv")
+    p = add("import-sets", _cmd_import_sets, "import curated sets (pairs or Polyvore JSON) into data/raw")
+    p.add_argument("--source", help="a .csv/.parquet/.jsonl file of (outfit, item) pairs or a Polyvore .json")
     add("validate", _cmd_validate, "validate data/raw with Great Expectations, quarantine failing rows")
     add("features", _cmd_features, "build context embedding tables, article vocabulary and splits")
     for name, handler, help_ in (

@@ -41,7 +41,15 @@ class GeneratorSize(Section):
 
 
 class IngestConfig(Section):
-    source: Literal["synthetic", "hm", "planted"] = "synthetic"
+    source: str = "synthetic"  # a name in contextual_bert.sources.SOURCES
+
+    @model_validator(mode="after")
+    def _source_is_known(self):
+        from contextual_bert.sources import SOURCES  # the one table of data sources
+
+        if self.source not in SOURCES:
+            raise ValueError(f"ingest.source '{self.source}' is not one of {sorted(SOURCES)}")
+        return self
 
 
 class GenerateConfig(Section):
@@ -78,9 +86,35 @@ class PlantedConfig(Section):
     popularity_exponent: float = Field(0.8, ge=0)  # Zipf exponent of the articles' popularity
 
 
-class ImportHMConfig(Section):
+class OutfitSizeLimits(Section):
+    """Which imported sets become outfits: those with min_items..model.max_set_size distinct articles (the
+    largest is the model's, the one outfit-size limit)."""
+
+    min_items: int = Field(4, ge=1)
+
+
+class ImportHMConfig(OutfitSizeLimits):
     source: Path = Path("../shared/data/hm_sample")
-    min_items: int = 4  # the largest basket kept is model.max_set_size
+    # One basket = one customer's distinct articles per day, per week (Monday to Sunday), or per session:
+    # purchase days at most `session_gap_days` apart belong to one session.
+    basket: Literal["day", "week", "session"] = "day"
+    session_gap_days: int = Field(1, ge=1)
+    memory_limit_gib: float = Field(3.0, gt=0)  # DuckDB's working memory; beyond it, it spills to disk
+    threads: int = Field(0, ge=0)  # DuckDB threads; 0: one per core
+
+
+ContextKindName = Literal["categorical", "multi_categorical", "numeric"]
+
+
+class ImportSetsConfig(OutfitSizeLimits):
+    """Curated sets: (outfit id, item id) pairs, or the Polyvore Outfits JSON layout; customers optional."""
+
+    source: Path = Path("data/sets.json")  # .csv / .parquet / .jsonl pairs, or .json (Polyvore layout)
+    outfit_column: str = "outfit_id"
+    item_column: str = "item_id"
+    customer_column: str | None = None  # the customer of each outfit, when the pairs name one
+    customers: Path | None = None  # a customers table (.csv / .parquet / .jsonl) keyed by customer_column
+    context: dict[str, ContextKindName] = {}  # its context columns and their kinds
 
 
 class ValidateConfig(Section):
@@ -95,6 +129,10 @@ class FeaturesConfig(Section):
     numeric_buckets: int = Field(10, ge=2)
     max_multi_values: int = Field(8, ge=1)
     min_context_count: int = Field(2, ge=1)  # rarer context values (counted on train rows) -> unknown
+    # Guards before training: every split needs this many outfits and targets whose article is in the
+    # train vocabulary (a target outside it cannot be learned or ranked).
+    min_split_outfits: int = Field(10, ge=1)
+    min_known_targets: int = Field(10, ge=1)
     default_dim: int = Field(16, ge=1)
     embedding_dims: dict[str, int] = {}  # feature name -> embedding dim; others get default_dim
 
@@ -173,6 +211,7 @@ class Config(Section):
     generate: GenerateConfig = GenerateConfig()
     planted: PlantedConfig = PlantedConfig()
     import_hm: ImportHMConfig = ImportHMConfig()
+    import_sets: ImportSetsConfig = ImportSetsConfig()
     validate_: ValidateConfig = Field(ValidateConfig(), alias="validate")
     features: FeaturesConfig = FeaturesConfig()
     model: ModelConfig = ModelConfig()

@@ -1,9 +1,12 @@
 """The raw data contract: three Parquet tables under data/raw/ and a schema file beside them.
 
 articles:  article_id (string), product_type, brand, color, style (strings), price (float > 0), more allowed.
-customers: customer_id (string) + the customer's context columns.
-outfits:   outfit_id (string), customer_id (string), article_ids (list of 4-8 distinct article_id strings)
-           + per-outfit context columns (e.g. occasion).
+           The attributes are optional: null where unknown (an articles file without them, curated items).
+customers: customer_id (string) + the customer's context columns. May have no rows (curated sets).
+outfits:   outfit_id (string), customer_id (string, null when the outfit has no customer), article_ids (list
+           of 4-8 distinct article_id strings) + per-outfit context columns (e.g. occasion).
+           An outfit may name a customer or articles that have no row: their context or attributes are then
+           missing, the outfit is kept (only the article ids are needed to train).
 
 Context columns are declared in `schema.json`, not hard-coded, so the synthetic data (the paper's features)
 and imported data (H&M's) flow through the same validation and feature code.

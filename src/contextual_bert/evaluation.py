@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from contextual_bert.bootstrap import bootstrap_ci, case_values
 from contextual_bert.config import EvaluateConfig, ModelConfig
 from contextual_bert.devices import evaluation_device, keep_freed_memory
 from contextual_bert.errors import ContextualBertError
@@ -120,15 +121,15 @@ def recall_curve(ranks, max_k: int = RECALL_CURVE_MAX_K) -> dict:
     return {"k": ks, "values": [float(c / len(ranks)) if len(ranks) else None for c in cumulative]}
 
 
-def evaluate_split(model, data: EncodedOutfits, cfg: EvaluateConfig, device) -> tuple[dict, np.ndarray]:
-    """The metrics of one split and its ranks."""
+def evaluate_split(model, data: EncodedOutfits, cfg: EvaluateConfig, device) -> tuple[dict, dict]:
+    """The metrics of one split and its cases (see case_ranks)."""
     cases = case_ranks(model, data, cfg.batch_size, device)
     metrics = {
         "n_outfits": len(data),
         "n_unknown_targets": int(cases["n_unknown_targets"]),
         **metrics_from_ranks(cases["rank"], cases["log_prob"], cfg.ks),
     }
-    return metrics, cases["rank"]
+    return metrics, cases
 
 
 def _evaluate(model, name, variant, seed, parameters, features_dir, max_set_size, out_path, cfg) -> dict:
@@ -138,8 +139,9 @@ def _evaluate(model, name, variant, seed, parameters, features_dir, max_set_size
     if device.type == "cpu":
         keep_freed_memory()
     model.to(device)
-    test, test_ranks = evaluate_split(model, load_split(features_dir, "test", max_set_size), cfg, device)
+    test, test_cases = evaluate_split(model, load_split(features_dir, "test", max_set_size), cfg, device)
     val, _ = evaluate_split(model, load_split(features_dir, "val", max_set_size), cfg, device)
+    test_ranks = test_cases["rank"]
     curve = recall_curve(test_ranks)
     result = {
         "name": name,
@@ -148,6 +150,9 @@ def _evaluate(model, name, variant, seed, parameters, features_dir, max_set_size
         "parameters": parameters,
         "test": test,
         "val": val,
+        # how much the test metrics move with the test outfits themselves (bootstrap.py)
+        "test_bootstrap": bootstrap_ci(test_cases["outfit"], case_values(test_ranks, test_cases["log_prob"]),
+                                       n_outfits=test["n_outfits"]),
         "recall_curve": {"k": curve["k"], "test": curve["values"]},
     }
     out_path = Path(out_path)
@@ -161,6 +166,12 @@ def evaluate_run(features_dir: Path, run_dir: Path, out_path: Path, cfg: Evaluat
     from contextual_bert.feature_store import load_article_vocab
 
     run_dir = Path(run_dir)
+    if not (run_dir / "checkpoint.pt").exists() and (run_dir / "history.json").exists():
+        # trained, yet no epoch gave a finite validation cross-entropy: training again will not help
+        raise ContextualBertError(
+            f"{run_dir}: trained ({run_dir / 'history.json'}) but no checkpoint was kept: no epoch had a finite "
+            "validation cross-entropy; check the validation split (`contextual-bert features`, "
+            "features.min_known_targets) before training again")
     model, meta = load_checkpoint(run_dir / "checkpoint.pt")
     n_items = len(load_article_vocab(features_dir))
     if n_items != model.n_items:

@@ -417,13 +417,14 @@ def load_split(features_dir: Path, split: str, max_set_size: int) -> EncodedOutf
     customers = pq.read_table(customers_path)
     customer_pos = pd.Index(customers.column("customer_id").to_pylist()).get_indexer(
         outfits.column("customer_id").to_pylist())
-    if (customer_pos < 0).any():
-        raise DataError("an outfit's customer is not in customers.parquet; re-run `contextual-bert features`",
-                        path=customers_path, row=int(np.flatnonzero(customer_pos < 0)[0]))
     context = {}
     for feature in spec.features:
         if feature.source == "customer":
             per_customer = _feature_array(customers, feature, customers_path)
+            # a last row, all missing, for the outfits without a customer row (position -1)
+            missing_row = np.full((1, *per_customer.shape[1:]), PAD_INDEX, dtype=np.int64)
+            missing_row.reshape(-1)[0] = MISSING_INDEX
+            per_customer = np.concatenate([per_customer, missing_row])
             context[feature.name] = torch.from_numpy(per_customer[customer_pos])
         else:
             context[feature.name] = torch.from_numpy(_feature_array(outfits, feature, outfits_path))

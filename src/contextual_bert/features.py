@@ -26,6 +26,7 @@ from contextual_bert.config import FeaturesConfig
 from contextual_bert.contract import ID_COLUMN, SCHEMA_FILE, TABLES, DataSchema
 from contextual_bert.errors import ContextualBertError, DataError
 from contextual_bert.feature_spec import N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec, FeatureSpec
+from contextual_bert.split_guards import check_splits, split_counts
 from contextual_bert.feature_store import (
     ARTICLE_VOCAB_FILE,
     CONTEXT_VOCAB_FILE,
@@ -154,6 +155,11 @@ def _check_outfit_sizes(outfits: pd.DataFrame, max_set_size: int, path: Path) ->
     return sizes
 
 
+def _optional_ids(ids: pd.Series) -> pd.Series:
+    """Ids as str objects, None where missing (an outfit without a customer)."""
+    return ids.astype(object).where(ids.notna(), None)
+
+
 def _list_array(padded: np.ndarray) -> pa.ListArray:
     """(N, W) PAD-padded indices -> an Arrow list<int64> column without the padding."""
     keep = padded != PAD_INDEX
@@ -201,30 +207,26 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
     outfits_path = validated_dir / "outfits.parquet"
     sizes = _check_outfit_sizes(outfits, max_set_size, outfits_path)
 
-    customer_pos = pd.Index(customers["customer_id"].astype(str)).get_indexer(outfits["customer_id"].astype(str))
-    if (customer_pos < 0).any():
-        row = int(np.flatnonzero(customer_pos < 0)[0])
-        raise DataError(f"customer '{outfits['customer_id'].iloc[row]}' is not in customers.parquet",
-                        path=outfits_path, row=row, column="customer_id")
+    # An outfit without a customer, or whose customer has no row, has its customer context missing (-1).
+    customer_ids = _optional_ids(outfits["customer_id"])
+    customer_pos = pd.Index(customers["customer_id"].astype(str)).get_indexer(customer_ids.astype(str))
+    customer_pos[customer_ids.isna().to_numpy()] = -1
 
     split = assign_splits(outfits["outfit_id"].astype(str).tolist(), cfg.val_fraction, cfg.test_fraction,
                           cfg.split_seed)
     is_train = split == "train"
-    for name in SPLITS:
-        if not (split == name).any():
-            raise ContextualBertError(
-                f"{outfits_path}: the {name} split is empty ({len(outfits)} outfits, val_fraction="
-                f"{cfg.val_fraction}, test_fraction={cfg.test_fraction}); add data or change the fractions")
 
     # Article vocabulary from the train outfits; every outfit's items through it.
     exploded = outfits["article_ids"].explode()
     article_vocab = fit_article_vocab(exploded[is_train[exploded.index.to_numpy()]], cfg.min_article_count)
     item_idx, _ = article_vocab.to_indices(exploded.to_numpy())
+    counts = split_counts(split, split[exploded.index.to_numpy()], item_idx != UNKNOWN_INDEX, SPLITS)
+    check_splits(counts, cfg, outfits_path)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
     items = pa.ListArray.from_arrays(pa.array(offsets), pa.array(item_idx, type=pa.int64()))
 
     # Context vocabularies from the train rows: the outfits of the train split and their customers.
-    train_customers = customers.iloc[np.unique(customer_pos[is_train])]
+    train_customers = customers.iloc[np.unique(customer_pos[is_train & (customer_pos >= 0)])]
     spec, context_vocab = _fit_context(schema, cfg, train_customers, outfits[is_train])
     encoder = ContextIndexer(spec, context_vocab)
     cust_idx, cust_missing, cust_unknown = encoder.encode_arrays(customers, source="customer")
@@ -234,7 +236,7 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
     pq.write_table(pa.table({"customer_id": pa.array(customers["customer_id"].astype(str).tolist()),
                              **_encoded_columns(cust_idx)}), features_dir / CUSTOMERS_FILE)
     pq.write_table(pa.table({"outfit_id": pa.array(outfits["outfit_id"].astype(str).tolist()),
-                             "customer_id": pa.array(outfits["customer_id"].astype(str).tolist()),
+                             "customer_id": pa.array(customer_ids.tolist(), pa.string()),
                              "split": pa.array(split.tolist()), "items": items,
                              **_encoded_columns(outfit_idx)}), features_dir / OUTFITS_FILE)
     pq.write_table(pa.table({"index": pa.array(np.arange(len(article_vocab)), type=pa.int64()),
@@ -256,6 +258,8 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
                   "val_fraction": cfg.val_fraction, "test_fraction": cfg.test_fraction},
         "n_items": len(article_vocab),
         "unknown_items": {name: int(unknown_items[item_split == name].sum()) for name in SPLITS},
+        "known_targets": {name: c["known_targets"] for name, c in counts.items()},
+        "outfits_without_customer_row": int((customer_pos < 0).sum()),  # their customer context is missing
         "vocab_sizes": {"articles": len(article_vocab), **{f.name: f.cardinality for f in spec.features}},
         "context_rows_missing": {name: int(m.sum()) for name, m in missing.items()},
         "context_rows_unknown": {name: int(u.sum()) for name, u in unknown.items()},

@@ -53,6 +53,7 @@ from contextual_bert.contract import (
     MIN_OUTFIT_SIZE,
     OCCASIONS,
     PAPER_SCHEMA,
+    DataSchema,
     SHOE_SIZES,
     TOP_SIZES,
 )
@@ -617,3 +618,14 @@ def generate(size: GeneratorSize, seed: int, out_dir: Path, max_set_size: int = 
     }
     (out_dir / "ingest_report.json").write_text(json.dumps(report, indent=2))
     return report
+
+
+def ingest(cfg, source=None) -> dict:
+    """The `synthetic` entry of sources.SOURCES (it reads no files: `source` is unused)."""
+    return generate(cfg.generate.chosen, seed=cfg.generate.seed, out_dir=cfg.paths.raw_dir,
+                    max_set_size=cfg.model.max_set_size)
+
+
+def schema(cfg) -> DataSchema:
+    """The context columns of the `synthetic` source (sources.SOURCES)."""
+    return PAPER_SCHEMA

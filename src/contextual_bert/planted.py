@@ -305,3 +305,13 @@ def generate_planted(cfg: PlantedConfig, out_dir: Path, max_set_size: int = Mode
     }
     (out_dir / "ingest_report.json").write_text(json.dumps(report, indent=2))
     return report
+
+
+def ingest(cfg, source=None) -> dict:
+    """The `planted` entry of sources.SOURCES (it reads no files: `source` is unused)."""
+    return generate_planted(cfg.planted, out_dir=cfg.paths.raw_dir, max_set_size=cfg.model.max_set_size)
+
+
+def schema(cfg) -> DataSchema:
+    """The context columns of the `planted` source (sources.SOURCES)."""
+    return planted_schema()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from contextual_bert.bootstrap import CI_METRICS, pooled_interval
 from contextual_bert.config import BASELINE_MODELS, VARIANTS, Config
 from contextual_bert.errors import ContextualBertError, DataError
 from contextual_bert.feature_store import MANIFEST_FILE
@@ -139,6 +140,8 @@ def summarize_runs(evals: list[dict]) -> dict:
         "parameters": int(evals[0].get("parameters") or 0),
         "n_seeds": len(evals),
         "seeds": [e.get("seed") for e in evals],
+        "test_bootstrap": {m: pooled_interval([(e.get("test_bootstrap") or {}).get(m) for e in evals])
+                           for m in CI_METRICS},
     }
 
 
@@ -153,6 +156,10 @@ def _fmt(stat: dict | None, percent: bool, digits: int) -> str:
     if stat.get("se") is not None:
         text += f" ± {stat['se'] * scale:.{digits}f}"
     return text
+
+
+def _fmt_ci(interval: list[float] | None) -> str:
+    return "–" if interval is None else f"{interval[0] * 100:.2f}–{interval[1] * 100:.2f}"
 
 
 def _count(test: dict, key: str) -> str:
@@ -177,6 +184,12 @@ def _data_lines(cfg: Config) -> list[str]:
             f"{rows.get('articles', '?'):,} articles of which {m.get('n_items', 3) - 3:,} in the vocabulary "
             f"(d_context {m.get('d_context', '?')})."
         )
+        if m.get("d_context") == 0:
+            lines.append(
+                f"- No context: this data (source **{m.get('source', 'unknown')}**, e.g. curated outfits without "
+                "customers) has no context columns, so only [None] and the popularity baseline run; the context "
+                "variants ([C], [NP], [GS], [GSU]) would have nothing to condition on."
+            )
     ingest_path = cfg.paths.raw_dir / "ingest_report.json"
     if ingest_path.exists():
         ingest = json.loads(ingest_path.read_text())
@@ -207,21 +220,24 @@ def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, 
         f"- Test split, {spread}: {_count(counts, 'n_outfits')} outfits, "
         f"{_count(counts, 'n_cases')} masked-article cases ({_count(counts, 'n_unknown_targets')} with a target outside the vocabulary). Every article of "
         "the vocabulary is ranked; the outfit's other (in-outfit) articles are excluded from the ranking.",
+        "- 95% CI: percentile bootstrap over the test outfits (bootstrap.py), the bounds averaged over seeds: "
+        "how much the numbers move with the test split itself, besides the seed SE.",
         "- Recall in %. Paper columns: Denk & Peleteiro Ramallo (2020), Table 1, 17k held-out of 380k outfits, "
         "mean of 3 runs (their own data; compare the pattern, not the numbers).",
         "",
         "- Converged: runs whose early stopping fired or whose last 3 epochs improved validation "
         "cross-entropy by less than 0.01 nats together.",
         "",
-        "| Model | Cross-entropy | (paper) | Recall@1 % | (paper) | Recall@5 % | Recall@250 % | Parameters | "
-        "(paper) | Recall@1 gain vs [None] | (paper) | Converged |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| Model | Cross-entropy | (paper) | Recall@1 % | (paper) | Recall@5 % | Recall@5 % 95% CI | Recall@250 % | "
+        "Parameters | (paper) | Recall@1 gain vs [None] | (paper) | Converged |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, result in references.items():
         ref = {k: {"mean": v, "se": None} for k, v in result["test"].items() if isinstance(v, (int, float))}
         lines.append(
             f"| {LABELS.get(name, name)} | {_fmt(ref.get('cross_entropy'), False, 2)} | – | "
             f"{_fmt(ref.get('recall@1'), True, 2)} | – | {_fmt(ref.get('recall@5'), True, 2)} | "
+            f"{_fmt_ci((result.get('test_bootstrap') or {}).get('recall@5'))} | "
             f"{_fmt(ref.get('recall@250'), True, 2)} | – | – | – | – | – |"
         )
     paper_none = PAPER_TABLE1["none"]["recall@1"]
@@ -237,6 +253,7 @@ def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, 
                 _fmt(s["test"].get("recall@1"), True, 2),
                 f"{paper['recall@1'] * 100:.1f}" if paper else "–",
                 _fmt(s["test"].get("recall@5"), True, 2),
+                _fmt_ci(s["test_bootstrap"].get("recall@5")),
                 _fmt(s["test"].get("recall@250"), True, 2),
                 f"{s['parameters']:,}",
                 f"{paper['parameters']:,}" if paper else "–",

@@ -327,6 +327,12 @@ def fit(
         train_seconds = time.perf_counter() - started
 
         val_ce = validation_cross_entropy(model, val_data, 4 * train_cfg.batch_size, device)
+        if not math.isfinite(val_ce) and not math.isfinite(state["best_val"]):
+            # never a result: an infinite or undefined loss cannot choose a checkpoint
+            raise ContextualBertError(
+                f"{out_dir}: validation cross-entropy is {val_ce} at epoch {epoch}, no checkpoint can be kept; "
+                "check the validation split (`contextual-bert features` guards it: features.min_known_targets) "
+                "or lower train.learning_rate if the training diverged")
         row = {
             "epoch": epoch,
             "train_loss": float(loss_sum / n_targets),
@@ -363,6 +369,8 @@ def fit(
         if on_epoch_end is not None:
             on_epoch_end(epoch, row)
 
+    if not math.isfinite(state["best_val"]):
+        raise ContextualBertError(f"{out_dir}: no epoch had a finite validation cross-entropy; no checkpoint kept")
     metrics = {
         "variant": model.variant,
         "seed": seed,
@@ -397,6 +405,10 @@ def train(
     from contextual_bert.feature_store import load_article_vocab, load_spec, load_split
 
     spec = load_spec(features_dir)
+    if variant != "none" and not spec.features:
+        raise ContextualBertError(
+            f"{features_dir}: variant '{variant}' conditions on context, but this data has no context columns "
+            "(e.g. curated sets without customers); set train.variants: [none]")
     n_items = len(load_article_vocab(features_dir))
     train_data = load_split(features_dir, "train", model_cfg.max_set_size)
     val_data = load_split(features_dir, "val", model_cfg.max_set_size)

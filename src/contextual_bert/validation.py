@@ -1,8 +1,10 @@
 """Validate the raw tables with Great Expectations; valid rows go on, failing rows go to quarantine.
 
 Order matters: articles first, then customers (their preferences may reference article values), then
-outfits, whose customer and articles must exist *and have passed*: an outfit that references a quarantined
-or unknown row is itself quarantined. Rows in = valid + quarantined, for every table.
+outfits: an outfit that references a quarantined article or customer row is itself quarantined. An outfit
+may reference an article or customer that has no row at all (its attributes or context are then missing)
+and may have no customer (customer_id null: curated sets); an article's attributes may be missing (null).
+The customers table may be empty. Rows in = valid + quarantined, for every table.
 
 Some checks are about lists (an outfit's article ids, a customer's preferred brands) or about other tables.
 Great Expectations sees those through computed helper columns named `<column>__<what>` (e.g.
@@ -39,6 +41,8 @@ from contextual_bert.errors import ContextualBertError, DataError
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")  # no telemetry calls from a pipeline stage
 
 FAILED_COLUMN = "failed_expectations"
+MAY_BE_EMPTY = ("customers",)  # curated outfits may come without any customer
+ARTICLE_ATTRIBUTES = ("product_type", "brand", "color", "style")  # optional: missing (null) is allowed
 _TYPE_NAMES = {"string": "text", "float": "numbers", "list[string]": "lists of text"}
 
 
@@ -155,7 +159,7 @@ def read_table(path: Path, name: str, columns: dict[str, str]) -> LoadedTable:
     """Read one raw table and type its contract columns (`columns`: name -> logical type)."""
     path = Path(path)
     raw = _read_parquet(path) if path.suffix == ".parquet" else _read_csv(path)
-    if raw.num_rows == 0:
+    if raw.num_rows == 0 and name not in MAY_BE_EMPTY:
         raise DataError("table is empty (no rows)", path=path)
     if isinstance(raw.column(0), pa.ChunkedArray):
         raw = raw.combine_chunks()
@@ -252,11 +256,10 @@ def article_checks(table: LoadedTable) -> Checks:
 
     checks = Checks(_scalar_frame(table, set()))
     _id_checks(checks, "article_id", unique=True)
-    for column in ("product_type", "brand", "color", "style"):
-        checks.add(gxe.ExpectColumnValuesToNotBeNull(column=column), f"every article has a {column}")
+    for column in ARTICLE_ATTRIBUTES:  # a missing attribute is null; an empty text is a fault
         checks.add(gxe.ExpectColumnValueLengthsToBeBetween(column=column, min_value=1), f"{column} is not empty")
-    checks.add(gxe.ExpectColumnValuesToNotBeNull(column="price"), "every article has a price")
-    checks.add(gxe.ExpectColumnValuesToBeBetween(column="price", min_value=0, strict_min=True), "price > 0")
+    checks.add(gxe.ExpectColumnValuesToBeBetween(column="price", min_value=0, strict_min=True),
+               "price > 0 where known")  # fmt: skip
     _parse_checks(checks, table)
     return checks
 
@@ -328,7 +331,8 @@ def customer_checks(table: LoadedTable, schema: DataSchema, valid_articles: pa.T
 
 
 def outfit_checks(
-    table: LoadedTable, schema: DataSchema, valid_articles: pa.Table, valid_customer_ids: pa.Array,
+    table: LoadedTable, schema: DataSchema, valid_articles: pa.Table, quarantined_articles: pa.Array,
+    quarantined_customers: pa.Array,
     max_set_size: int = ModelConfig().max_set_size,
 ) -> Checks:
     import great_expectations.expectations as gxe
@@ -337,15 +341,16 @@ def outfit_checks(
     checks = Checks(_scalar_frame(table, {"article_ids"} | multi))
     frame = checks.frame
     _id_checks(checks, "outfit_id", unique=True)
-    checks.add(gxe.ExpectColumnValuesToNotBeNull(column="customer_id"), "every outfit has a customer")
-    known = pc.fill_null(pc.is_in(table.typed.column("customer_id"), value_set=valid_customer_ids), False)
-    frame["customer_id__is_valid_customer"] = known.to_numpy(zero_copy_only=False)
+    # No customer (null) or a customer without a row: kept, its context is missing. A quarantined one: not.
+    checks.add(gxe.ExpectColumnValueLengthsToBeBetween(column="customer_id", min_value=1), "customer_id is not empty")
+    quarantined = pc.fill_null(pc.is_in(table.typed.column("customer_id"), value_set=quarantined_customers), False)
+    frame["customer_id__is_quarantined"] = quarantined.to_numpy(zero_copy_only=False)
     checks.add(
-        gxe.ExpectColumnValuesToBeInSet(column="customer_id__is_valid_customer", value_set=[True]),
-        "the customer exists and passed validation (else: references a quarantined/unknown customer)",
+        gxe.ExpectColumnValuesToBeInSet(column="customer_id__is_quarantined", value_set=[False]),
+        "the customer, where it has a row, passed validation (else: references a quarantined customer)",
     )
     checks.add(gxe.ExpectColumnValuesToNotBeNull(column="article_ids"), "every outfit has article ids")
-    stats = _list_stats(table.typed.column("article_ids").combine_chunks(), valid_articles.column("article_id"))
+    stats = _list_stats(table.typed.column("article_ids").combine_chunks(), quarantined_articles)
     frame["article_ids__n_items"] = _nullable(stats["n_items"], stats["null"])
     checks.add(
         gxe.ExpectColumnValuesToBeBetween(
@@ -360,10 +365,10 @@ def outfit_checks(
         ),
         "no article twice in an outfit",
     )
-    frame["article_ids__n_invalid_articles"] = _nullable(stats["n_outside"], stats["null"])
+    frame["article_ids__n_quarantined_articles"] = _nullable(stats["n_items"] - stats["n_outside"], stats["null"])
     checks.add(
-        gxe.ExpectColumnValuesToBeInSet(column="article_ids__n_invalid_articles", value_set=[0]),
-        "every article exists and passed validation (else: references a quarantined/unknown article)",
+        gxe.ExpectColumnValuesToBeInSet(column="article_ids__n_quarantined_articles", value_set=[0]),
+        "every article with a row passed validation (else: references a quarantined article)",
     )
     context_checks(checks, table, schema, valid_articles)
     _parse_checks(checks, table)
@@ -447,13 +452,13 @@ def _write(table: pa.Table, path: Path) -> None:
 
 
 def _checks_for(name: str, table: LoadedTable, schema: DataSchema, valid: dict[str, pa.Table],
-                max_set_size: int) -> Checks:
+                quarantined_ids: dict[str, pa.Array], max_set_size: int) -> Checks:
     if name == "articles":
         return article_checks(table)
     if name == "customers":
         return customer_checks(table, schema, valid["articles"])
-    return outfit_checks(table, schema, valid["articles"], valid["customers"].column("customer_id").combine_chunks(),
-                         max_set_size)
+    return outfit_checks(table, schema, valid["articles"], quarantined_ids["articles"],
+                         quarantined_ids["customers"], max_set_size)  # fmt: skip
 
 
 def validate(raw_dir: Path, validated_dir: Path, quarantine_dir: Path, report_dir: Path, cfg: ValidateConfig,
@@ -471,17 +476,20 @@ def validate(raw_dir: Path, validated_dir: Path, quarantine_dir: Path, report_di
     ge = _GreatExpectations(docs_dir)
     summary: dict = {"source": schema.source, "max_quarantine_share": cfg.max_quarantine_share, "tables": {}}
     valid: dict[str, pa.Table] = {}
+    quarantined_ids: dict[str, pa.Array] = {}  # what an outfit must not reference
     over: dict[str, float] = {}
     for name, table in tables.items():  # in TABLES order: what an outfit references is validated first
-        checks = _checks_for(name, table, schema, valid, max_set_size)
+        checks = _checks_for(name, table, schema, valid, quarantined_ids, max_set_size)
         failing = ge.failing_rows(name, checks)
         quarantined, reasons = _split(table, failing)
         valid[name] = table.typed.filter(pa.array(~quarantined))
+        ids = table.typed.column(ID_COLUMN[name]).combine_chunks().filter(pa.array(quarantined))
+        quarantined_ids[name] = pc.unique(ids.drop_null())
         quarantine = table.raw.filter(pa.array(quarantined)).append_column(FAILED_COLUMN, reasons)
         _write(quarantine, quarantine_dir / f"{name}.parquet")
         if valid[name].num_rows + quarantine.num_rows != table.n_rows:
             raise RuntimeError(f"{name}: rows lost between validated and quarantine")  # cannot happen
-        share = quarantine.num_rows / table.n_rows
+        share = quarantine.num_rows / table.n_rows if table.n_rows else 0.0
         if share > cfg.max_quarantine_share:
             over[name] = share
         summary["tables"][name] = {

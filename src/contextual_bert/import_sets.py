@@ -1,0 +1,220 @@
+"""Import curated sets (outfits made by people, not baskets) into the raw data contract.
+
+Input (`import_sets.source`), by its suffix:
+- `.csv`, `.parquet`, `.jsonl`: pairs, one row per (outfit, item): columns `outfit_column` and
+  `item_column`, and optionally `customer_column`, the outfit's customer (one per outfit).
+- `.json`: the Polyvore Outfits layout, a list of sets, each `{"set_id": ..., "items": [{"item_id": ...}, ...]}`
+  (other keys, such as an item's "index", are ignored).
+An item listed twice in a set counts once (the first place it is listed); sets with fewer than `min_items`
+or more than `model.max_set_size` distinct items are dropped and counted (sets = kept + dropped); a pair without an
+outfit or item id is dropped and counted. Items keep the order the set lists them in.
+
+Customers are optional. Without `customer_column` every outfit has no customer (customer_id null); with it
+but without a customers table, or for a customer the table lacks, the customer's context is missing. The
+customers table (`import_sets.customers`, .csv / .parquet / .jsonl, keyed by `customer_column`) brings the
+context columns declared in `import_sets.context` (categorical, multi_categorical, numeric); validation
+types and checks them. Without context, only [None] and the popularity baseline can run (see report.py).
+
+Articles get one row per item, their attributes (product_type, brand, color, style, price) missing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from contextual_bert.config import ImportSetsConfig, ModelConfig
+from contextual_bert.contract import REQUIRED_COLUMNS, ContextColumn, DataSchema
+from contextual_bert.errors import DataError
+
+PAIR_SUFFIXES = (".csv", ".parquet", ".jsonl")
+POLYVORE_SUFFIX = ".json"
+SOURCE_NAME = "sets"
+
+
+def sets_schema(cfg: ImportSetsConfig) -> DataSchema:
+    """The context columns the customers table brings, as params declare them (all may be missing)."""
+    columns = tuple(ContextColumn(name, "customers", kind) for name, kind in cfg.context.items()) if cfg.customers \
+        else ()  # fmt: skip
+    return DataSchema(source=SOURCE_NAME, context_columns=columns)
+
+
+def read_table_file(path: Path) -> pd.DataFrame:
+    """A .csv (all text), .parquet or .jsonl file as a DataFrame; anything else is a one-line DataError."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError("file not found", path=path)
+    try:
+        if path.suffix == ".csv":
+            return pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""], encoding="utf-8")
+        if path.suffix == ".parquet":
+            return pq.read_table(path).to_pandas()
+        if path.suffix == ".jsonl":
+            return pd.read_json(path, lines=True, dtype=False)
+    except UnicodeDecodeError as exc:
+        raise DataError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from None
+    except (ValueError, pd.errors.ParserError, pa.ArrowException, OSError) as exc:
+        raise DataError(f"not a readable {path.suffix[1:]} file ({str(exc).strip().splitlines()[0]})",
+                        path=path) from None  # fmt: skip
+    raise DataError(f"unknown suffix: expected one of {', '.join((*PAIR_SUFFIXES, POLYVORE_SUFFIX))}", path=path)
+
+
+def _polyvore_pairs(path: Path) -> pd.DataFrame:
+    try:
+        sets = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise DataError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from None
+    except json.JSONDecodeError as exc:
+        raise DataError(f"not valid JSON (line {exc.lineno}: {exc.msg})", path=path) from None
+    if not isinstance(sets, list):
+        raise DataError("expected the Polyvore Outfits layout: a list of sets with set_id and items", path=path)
+    outfits, items = [], []
+    for row, entry in enumerate(sets):
+        if not isinstance(entry, dict) or "set_id" not in entry or not isinstance(entry.get("items"), list):
+            raise DataError("a set needs 'set_id' and a list 'items'", path=path, row=row)
+        for item in entry["items"]:
+            if not isinstance(item, dict) or "item_id" not in item:
+                raise DataError("every item of a set needs an 'item_id'", path=path, row=row, column="items")
+            outfits.append(entry["set_id"])
+            items.append(item["item_id"])
+    return pd.DataFrame({"outfit_id": outfits, "item_id": items, "customer_id": None}, dtype=object)
+
+
+def _text(values: pd.Series) -> pd.Series:
+    """Ids as stripped text; None for missing or empty (a number read from JSON becomes its text)."""
+    text = values.astype(object).where(values.notna(), None).map(lambda v: None if v is None else str(v).strip())
+    return text.where(text.fillna("").str.len() > 0, None)
+
+
+def read_pairs(path: Path, cfg: ImportSetsConfig) -> tuple[pd.DataFrame, str]:
+    """(outfit_id, item_id, customer_id) per pair, as listed; and the layout read ("pairs" / "polyvore")."""
+    path = Path(path)
+    if path.suffix == POLYVORE_SUFFIX:
+        if not path.is_file():
+            raise DataError("file not found", path=path)
+        return _polyvore_pairs(path), "polyvore"
+    frame = read_table_file(path)
+    wanted = {"outfit_id": cfg.outfit_column, "item_id": cfg.item_column}
+    if cfg.customer_column:
+        wanted["customer_id"] = cfg.customer_column
+    for column in wanted.values():
+        if column not in frame.columns:
+            raise DataError("required column missing (see import_sets.*_column)", path=path, column=column)
+    pairs = pd.DataFrame({ours: frame[theirs] for ours, theirs in wanted.items()})
+    if "customer_id" not in pairs:
+        pairs["customer_id"] = None
+    return pairs, "pairs"
+
+
+def _multi_values(cells: list, as_text: bool) -> pa.Array:
+    """Lists (of anything) as lists of text; when some cells are text ("a|b" or a JSON list), all as text."""
+    cells = [c if c is None or isinstance(c, str) else [str(v) for v in c] for c in cells]
+    if as_text:
+        return pa.array([c if c is None or isinstance(c, str) else json.dumps(c) for c in cells], pa.string())
+    return pa.array(cells, pa.list_(pa.string()))
+
+
+def _customers(cfg: ImportSetsConfig) -> pa.Table:
+    """The customers table: its key and the declared context columns (values as read; validation types them)."""
+    if cfg.customers is None:
+        if cfg.context:
+            raise DataError("import_sets.context declares columns but import_sets.customers names no table")
+        return pa.table({"customer_id": pa.array([], pa.string())})
+    if not cfg.customer_column:
+        raise DataError("import_sets.customers is set but import_sets.customer_column is not: outfits would "
+                        "name no customer")  # fmt: skip
+    frame = read_table_file(cfg.customers)
+    for column in (cfg.customer_column, *cfg.context):
+        if column not in frame.columns:
+            raise DataError("column missing (declared in import_sets)", path=cfg.customers, column=column)
+    columns = {"customer_id": pa.array(_text(frame[cfg.customer_column]).tolist(), pa.string())}
+    for name, kind in cfg.context.items():
+        values = frame[name].astype(object).where(frame[name].notna(), None)
+        as_text = values.map(lambda v: isinstance(v, str)).any()  # text: validation parses it, row by row
+        if kind == "categorical":  # codes written as numbers are categories all the same
+            columns[name] = pa.array(_text(values).tolist(), pa.string())
+        elif kind == "numeric":
+            columns[name] = pa.array(values.tolist(), pa.string() if as_text else pa.float64())
+        else:
+            columns[name] = _multi_values(values.tolist(), as_text)
+    return pa.table(columns)
+
+
+def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
+                max_set_size: int = ModelConfig().max_set_size) -> dict:
+    """Read curated sets from `source`; write the raw contract and ingest_report.json into `out_dir`."""
+    source, out_dir = Path(source), Path(out_dir)
+    if cfg.min_items > max_set_size:
+        raise DataError(f"import_sets.min_items ({cfg.min_items}) is above model.max_set_size ({max_set_size})")
+    pairs, layout = read_pairs(source, cfg)
+    n_pairs = len(pairs)
+    for column in pairs.columns:
+        pairs[column] = _text(pairs[column])
+    malformed = pairs["outfit_id"].isna() | pairs["item_id"].isna()
+    pairs = pairs[~malformed]
+    unique = pairs.drop_duplicates(["outfit_id", "item_id"])  # keeps the first place an item is listed
+    customers_per_outfit = unique.dropna(subset=["customer_id"]).groupby("outfit_id", sort=False)["customer_id"]
+    conflicting = customers_per_outfit.nunique()
+    if (conflicting > 1).any():
+        outfit = conflicting.index[conflicting > 1][0]
+        raise DataError(f"outfit '{outfit}' names {conflicting[outfit]} different customers (one per outfit)",
+                        path=source, column=cfg.customer_column)  # fmt: skip
+    sets = unique.groupby("outfit_id", sort=False).agg(article_ids=("item_id", list),
+                                                       customer_id=("customer_id", "first"))  # fmt: skip
+    sizes = sets["article_ids"].map(len)
+    too_small, too_large = sizes < cfg.min_items, sizes > max_set_size
+    kept = sets[~too_small & ~too_large].reset_index()
+    customer_ids = kept["customer_id"].astype(object).where(kept["customer_id"].notna(), None)
+
+    outfits = pa.table({
+        "outfit_id": pa.array(kept["outfit_id"].tolist(), pa.string()),
+        "customer_id": pa.array(customer_ids.tolist(), pa.string()),
+        "article_ids": pa.array(kept["article_ids"].tolist(), pa.list_(pa.string())),
+    })  # fmt: skip
+    items = pd.unique(kept["article_ids"].explode().dropna().to_numpy())
+    articles = {"article_id": pa.array(items.tolist(), pa.string())}
+    for column, logical in REQUIRED_COLUMNS["articles"].items():  # attributes unknown: missing
+        if column != "article_id":
+            articles[column] = pa.nulls(len(items), pa.float64() if logical == "float" else pa.string())
+    customers = _customers(cfg)
+    known_customers = set(customers.column("customer_id").to_pylist())
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pq.write_table(outfits, out_dir / "outfits.parquet")
+    pq.write_table(pa.table(articles), out_dir / "articles.parquet")
+    pq.write_table(customers, out_dir / "customers.parquet")
+    sets_schema(cfg).save(out_dir)
+    report = {
+        "source": SOURCE_NAME,
+        "file": str(source),
+        "layout": layout,
+        "pairs": n_pairs,
+        "pairs_malformed_dropped": int(malformed.sum()),
+        "pairs_duplicate_dropped": int(len(pairs) - len(unique)),
+        "sets": len(sets),
+        "sets_kept": len(kept),
+        "sets_dropped": {"too_small": int(too_small.sum()), "too_large": int(too_large.sum())},
+        "min_items": cfg.min_items,
+        "max_items": max_set_size,
+        "outfits_without_customer": int(customer_ids.isna().sum()),
+        "outfits_without_customer_row": int((customer_ids.notna() & ~customer_ids.isin(known_customers)).sum()),
+        "context_columns": dict(cfg.context) if cfg.customers else {},
+        "rows": {"articles": len(items), "customers": customers.num_rows, "outfits": outfits.num_rows},
+    }
+    (out_dir / "ingest_report.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def ingest(cfg, source: Path | None = None) -> dict:
+    """The `sets` entry of sources.SOURCES."""
+    return import_sets(source or cfg.import_sets.source, out_dir=cfg.paths.raw_dir, cfg=cfg.import_sets,
+                       max_set_size=cfg.model.max_set_size)
+
+
+def schema(cfg) -> DataSchema:
+    """The context columns of the `sets` source (sources.SOURCES)."""
+    return sets_schema(cfg.import_sets)

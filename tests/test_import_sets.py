@@ -1,0 +1,224 @@
+"""import-sets: curated sets from pairs (CSV, Parquet, JSON lines) or the Polyvore Outfits JSON layout,
+with or without customers; and the pipeline on them end to end ([None] and popularity only)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from contextual_bert.cli import main
+from contextual_bert.config import FeaturesConfig, ImportSetsConfig, ValidateConfig
+from contextual_bert.contract import DataSchema
+from contextual_bert.errors import DataError
+from contextual_bert.feature_store import load_split
+from contextual_bert.features import build_features
+from contextual_bert.import_sets import import_sets
+from contextual_bert.validation import validate
+from helpers import TINY_MODEL
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def polyvore_sets(n_sets: int = 300, n_items: int = 60, seed: int = 0) -> list[dict]:
+    """Polyvore Outfits layout: sets of 2-10 items (some outside 4-8), an item listed twice now and then."""
+    rng = np.random.default_rng(seed)
+    sets = []
+    for s in range(n_sets):
+        ids = [str(100_000 + i) for i in rng.choice(n_items, rng.integers(2, 11), replace=False)]
+        if s % 50 == 0:
+            ids.append(ids[0])  # listed twice: counts once
+        sets.append({"set_id": str(200_000 + s), "items": [{"item_id": i, "index": k + 1} for k, i in enumerate(ids)]})
+    return sets
+
+
+def write_polyvore(path: Path, **kwargs) -> tuple[Path, list[dict]]:
+    sets = polyvore_sets(**kwargs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(sets))
+    return path, sets
+
+
+def write_pairs_csv(path: Path, sets: list[dict]) -> Path:
+    rows = [(s["set_id"], item["item_id"]) for s in sets for item in s["items"]]
+    pd.DataFrame(rows, columns=["outfit_id", "item_id"]).to_csv(path, index=False)
+    return path
+
+
+def test_polyvore_layout(tmp_path):
+    source, sets = write_polyvore(tmp_path / "train.json")
+    report = import_sets(source, tmp_path / "raw", ImportSetsConfig())
+    distinct = [list(dict.fromkeys(i["item_id"] for i in s["items"])) for s in sets]
+    sizes = np.array([len(d) for d in distinct])
+    assert report["layout"] == "polyvore" and report["sets"] == len(sets)
+    assert report["sets_kept"] == int(((sizes >= 4) & (sizes <= 8)).sum())
+    assert report["sets_dropped"] == {"too_small": int((sizes < 4).sum()), "too_large": int((sizes > 8).sum())}
+    assert report["sets_kept"] + sum(report["sets_dropped"].values()) == report["sets"]
+    assert report["pairs"] == sum(len(s["items"]) for s in sets)
+    assert report["pairs_duplicate_dropped"] == report["pairs"] - int(sizes.sum())
+    outfits = pd.read_parquet(tmp_path / "raw" / "outfits.parquet")
+    assert outfits["customer_id"].isna().all() and report["outfits_without_customer"] == len(outfits)
+    by_id = dict(zip(outfits["outfit_id"], outfits["article_ids"].map(list)))
+    for s, d in zip(sets, distinct):
+        if 4 <= len(d) <= 8:
+            assert by_id[s["set_id"]] == d  # in the order the set lists them, duplicates once
+    articles = pd.read_parquet(tmp_path / "raw" / "articles.parquet")
+    assert set(articles["article_id"]) == set(outfits["article_ids"].explode())
+    assert articles[["product_type", "brand", "color", "style", "price"]].isna().all().all()
+    assert pd.read_parquet(tmp_path / "raw" / "customers.parquet").empty
+    assert DataSchema.load(tmp_path / "raw").context_columns == ()
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet", ".jsonl"])
+def test_two_column_pairs_give_the_same_outfits(tmp_path, suffix):
+    source, sets = write_polyvore(tmp_path / "train.json")
+    import_sets(source, tmp_path / "from_json", ImportSetsConfig())
+    pairs = pd.read_csv(write_pairs_csv(tmp_path / "pairs.csv", sets), dtype=str)
+    path = tmp_path / f"pairs{suffix}"
+    if suffix == ".parquet":
+        pairs.rename(columns={"outfit_id": "look", "item_id": "sku"}).to_parquet(path)
+        cfg = ImportSetsConfig(outfit_column="look", item_column="sku")
+    elif suffix == ".jsonl":
+        pairs.to_json(path, orient="records", lines=True)
+        cfg = ImportSetsConfig()
+    else:
+        cfg = ImportSetsConfig()
+    report = import_sets(path, tmp_path / "raw", cfg)
+    assert report["layout"] == "pairs"
+    expected = pd.read_parquet(tmp_path / "from_json" / "outfits.parquet")
+    got = pd.read_parquet(tmp_path / "raw" / "outfits.parquet")
+    assert got["outfit_id"].tolist() == expected["outfit_id"].tolist()
+    assert got["article_ids"].map(list).tolist() == expected["article_ids"].map(list).tolist()
+
+
+def test_customers_with_declared_context_validate_and_become_features(tmp_path):
+    _, sets = write_polyvore(tmp_path / "train.json", n_sets=400)
+    rng = np.random.default_rng(1)
+    pairs = pd.read_csv(write_pairs_csv(tmp_path / "pairs.csv", sets), dtype=str)
+    customer_of = {s["set_id"]: f"u{rng.integers(0, 60)}" for s in sets}
+    pairs["user"] = pairs["outfit_id"].map(customer_of)
+    pairs.loc[pairs["outfit_id"] == sets[0]["set_id"], "user"] = "u-without-row"
+    pairs.to_csv(tmp_path / "pairs.csv", index=False)
+    customers = pd.DataFrame({
+        "user": [f"u{i}" for i in range(60)],
+        "region": rng.choice(["north", "south", "east"], 60),
+        "styles": [rng.choice(["casual", "sport", "formal", "boho"], rng.integers(0, 3), replace=False).tolist()
+                   for _ in range(60)],
+        "age": rng.integers(18, 70, 60).astype(float),
+    })  # fmt: skip
+    customers["styles"] = customers["styles"].map(lambda v: "|".join(v))  # CSV: a|b text
+    customers.loc[3, "age"] = np.nan
+    customers.to_csv(tmp_path / "customers.csv", index=False)
+    cfg = ImportSetsConfig(customer_column="user", customers=tmp_path / "customers.csv",
+                           context={"region": "categorical", "styles": "multi_categorical", "age": "numeric"})
+    report = import_sets(tmp_path / "pairs.csv", tmp_path / "raw", cfg)
+    assert report["outfits_without_customer"] == 0 and report["rows"]["customers"] == 60
+    assert report["outfits_without_customer_row"] == (1 if 4 <= len({i["item_id"] for i in sets[0]["items"]}) <= 8
+                                                      else 0)  # fmt: skip
+    summary = validate(tmp_path / "raw", tmp_path / "validated", tmp_path / "quarantine", tmp_path / "reports",
+                       ValidateConfig())  # fmt: skip
+    assert summary["passed"] and summary["tables"]["customers"]["quarantined"] == 0
+    cfg = FeaturesConfig(default_dim=8, val_fraction=0.15, test_fraction=0.15)
+    manifest = build_features(tmp_path / "validated", tmp_path / "features", cfg, 8)
+    assert {f["name"]: f["kind"] for f in manifest["spec"]} == {"region": "categorical",
+                                                                 "styles": "multi_categorical", "age": "numeric"}
+    assert manifest["d_context"] == 24
+    train = load_split(tmp_path / "features", "train", 8)
+    assert set(train.context) == {"region", "styles", "age"}
+
+
+def test_bad_input_is_a_one_line_error(tmp_path):
+    (tmp_path / "sets.json").write_text(json.dumps([{"set_id": "1", "items": [{"id": "x"}]}]))
+    with pytest.raises(DataError, match=r"sets\.json, row 0, column 'items': every item of a set needs an 'item_id'"):
+        import_sets(tmp_path / "sets.json", tmp_path / "raw", ImportSetsConfig())
+    (tmp_path / "pairs.csv").write_text("outfit,item_id\n1,a\n")
+    with pytest.raises(DataError, match=r"pairs\.csv, column 'outfit_id': required column missing"):
+        import_sets(tmp_path / "pairs.csv", tmp_path / "raw", ImportSetsConfig())
+    (tmp_path / "pairs.csv").write_text("outfit_id,item_id,user\n1,a,u1\n1,b,u2\n")
+    with pytest.raises(DataError, match="outfit '1' names 2 different customers"):
+        import_sets(tmp_path / "pairs.csv", tmp_path / "raw", ImportSetsConfig(customer_column="user"))
+    with pytest.raises(DataError, match="unknown suffix"):
+        (tmp_path / "pairs.txt").write_text("x")
+        import_sets(tmp_path / "pairs.txt", tmp_path / "raw", ImportSetsConfig())
+
+
+def test_context_variant_on_data_without_context_is_refused(tmp_path):
+    source, _ = write_polyvore(tmp_path / "train.json", n_sets=600)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({
+        "paths": {k: str(tmp_path / v) for k, v in [("raw_dir", "raw"), ("validated_dir", "validated"),
+                  ("quarantine_dir", "quarantine"), ("features_dir", "features"), ("models_dir", "models"),
+                  ("reports_dir", "reports")]},
+        "ingest": {"source": "sets"}, "import_sets": {"source": str(source)}, "model": TINY_MODEL,
+        "train": {"max_epochs": 1, "device": "cpu", "num_threads": 1},
+    }))  # fmt: skip
+    for stage in ("ingest", "validate", "features"):
+        assert main(["--params", str(params), stage]) == 0, stage
+    from contextual_bert.config import load_config
+    from contextual_bert.errors import ContextualBertError
+    from contextual_bert.training import train
+
+    cfg = load_config(params)
+    with pytest.raises(ContextualBertError, match=r"variant 'global_state' conditions on context.*train.variants: \[none\]"):
+        train(cfg.paths.features_dir, tmp_path / "models" / "gs", "global_state", 0, cfg.model, cfg.train)
+
+
+@pytest.mark.slow
+def test_dvc_repro_on_polyvore_sets_runs_none_and_popularity(tmp_path):
+    """`dvc repro` through Table 1 on curated sets without customers: [None] and popularity only."""
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("dvc.yaml", "params.yaml"):
+        shutil.copy(REPO / name, project / name)
+    shutil.copytree(REPO / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    source, _ = write_polyvore(project / "data" / "sets.json", n_sets=800, n_items=80)
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["ingest"]["source"] = "sets"
+    params["import_sets"]["source"] = "data/sets.json"
+    params["model"] = TINY_MODEL
+    params["features"].update({"default_dim": 8, "embedding_dims": {}, "val_fraction": 0.1, "test_fraction": 0.1})
+    params["train"].update({"variants": ["none"], "seeds": [0], "max_epochs": 1, "batch_size": 64,
+                            "device": "cpu", "num_threads": 1})  # fmt: skip
+    params["variants"] = {"none": {}}
+    params["mlflow"]["tracking_uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    dvc = Path(sys.executable).parent / "dvc"
+    env = {**os.environ, "PYTHONPATH": str(project / "src"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "MLFLOW_TRACKING_URI": params["mlflow"]["tracking_uri"]}  # fmt: skip
+    env.pop("DVC_NO_ANALYTICS", None)
+    subprocess.run([str(dvc), "init", "--no-scm", "-q"], cwd=project, check=True, env=env)
+    run = subprocess.run([str(dvc), "repro", "report"], cwd=project, capture_output=True, text=True, env=env,
+                         timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    ingest = json.loads((project / "data" / "raw" / "ingest_report.json").read_text())
+    assert ingest["source"] == "sets" and ingest["layout"] == "polyvore" and ingest["sets_kept"] > 300
+    assert (project / "reports" / "eval" / "none-s0.json").exists()
+    assert (project / "reports" / "eval" / "popularity.json").exists()
+    table = (project / "reports" / "table1.md").read_text()
+    assert "| [None] |" in table and "| Popularity |" in table and "| [GS] |" not in table
+    assert "No context" in table and "only [None] and the popularity baseline run" in table
+    none = json.loads((project / "reports" / "eval" / "none-s0.json").read_text())
+    low, high = none["test_bootstrap"]["recall@5"]
+    assert low <= none["test"]["recall@5"] <= high
+
+
+def test_import_sets_command_reads_a_two_column_csv(tmp_path, capsys):
+    _, sets = write_polyvore(tmp_path / "train.json")
+    pairs = write_pairs_csv(tmp_path / "pairs.csv", sets)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"paths": {"raw_dir": str(tmp_path / "raw")}}))
+    assert main(["--params", str(params), "import-sets", "--source", str(pairs)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["layout"] == "pairs" and report["sets_kept"] == len(pd.read_parquet(tmp_path / "raw" / "outfits.parquet"))
+    (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+    assert main(["--params", str(params), "import-sets", "--source", str(tmp_path / "bad.csv")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bad.csv, column 'outfit_id': required column missing" in err[0]
