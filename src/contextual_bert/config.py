@@ -57,7 +57,7 @@ class GenerateConfig(Section):
     seed: int = 0
     sizes: dict[str, GeneratorSize] = {
         "tiny": GeneratorSize(n_outfits=2_000, n_articles=400, n_customers=300),
-        "default": GeneratorSize(n_outfits=20_000, n_articles=1_500, n_customers=4_000),
+        "default": GeneratorSize(n_outfits=8_000, n_articles=800, n_customers=2_000),
         "paper": GeneratorSize(n_outfits=380_000, n_articles=30_000, n_customers=100_000),
     }
 
@@ -150,14 +150,14 @@ class TrainConfig(Section):
     variants: list[Variant] = list(MODELS)
     seeds: list[int] = [0, 1, 2]
     batch_size: int = Field(256, ge=1)
-    max_epochs: int = Field(5, ge=1)
+    max_epochs: int = Field(20, ge=1)
     learning_rate: float = Field(3e-3, gt=0)
     weight_decay: float = Field(0.01, ge=0)
-    warmup_steps: int = Field(100, ge=0)
+    warmup_steps: int = Field(50, ge=0)
     schedule: Literal["cosine", "linear", "constant"] = "cosine"  # after warm-up, down to min_lr_fraction
     min_lr_fraction: float = Field(0.0, ge=0, le=1)  # ... of learning_rate, reached at max_epochs
     grad_clip: float = Field(1.0, ge=0)  # global gradient norm; 0: no clipping
-    patience: int = Field(2, ge=1)
+    patience: int = Field(3, ge=1)
     mask_prob: float = Field(0.3, ge=0, le=1)  # per item; at least one item per outfit is always masked
     mask_token_prob: float = Field(0.8, ge=0, le=1)  # BERT 80/10/10: of masked items, replaced by [MASK]
     random_token_prob: float = Field(0.1, ge=0, le=1)  # ... by a random article (rest kept as is)
