@@ -9,7 +9,7 @@ params.yaml (contextual_bert.sweep chooses; nothing is chosen on test) and the t
 reports/sweep/. `dvc repro` afterwards re-trains exactly the variants whose settings changed: DVC, not
 this flow, decides what is stale.
 
-    python -m flows.sweep [--jobs 2] [--no-apply]      # or the Prefect deployment `sweep`
+    python -m flows.sweep [--jobs 2 --threads 1] [--no-apply]      # or the Prefect deployment `sweep`
 """
 
 from __future__ import annotations
@@ -44,11 +44,13 @@ def _queued_or_running(workdir: Path) -> int:
 
 
 @task(name="queue-sweep", **TASK_DEFAULTS)
-def queue_experiments(workdir: Path) -> list[str]:
-    """`dvc exp run --queue` once per (variant, setting) of params.yaml's sweep section."""
+def queue_experiments(workdir: Path, threads: int = 0) -> list[str]:
+    """`dvc exp run --queue` once per (variant, setting) of params.yaml's sweep section. `threads` > 0 sets
+    train.num_threads in the experiments (not a stage param: results do not depend on it)."""
     names = []
     for planned in experiments(load_config(workdir / "params.yaml")):
-        sets = [arg for p in planned["set_params"] for arg in ("-S", p)]
+        set_params = planned["set_params"] + ([f"train.num_threads={threads}"] if threads > 0 else [])
+        sets = [arg for p in set_params for arg in ("-S", p)]
         _dvc(["exp", "run", "--queue", "-n", planned["name"], *sets, planned["target"]], workdir)
         names.append(planned["name"])
     return names
@@ -79,10 +81,11 @@ def choose_and_apply(workdir: Path, apply: bool) -> dict:
 
 
 @flow(name="sweep", log_prints=True)
-def sweep(workdir: str = ".", jobs: int = 1, apply: bool = True) -> dict:
-    """Queue, run and read back the sweep; write the winners into params.yaml (unless apply is false)."""
+def sweep(workdir: str = ".", jobs: int = 1, apply: bool = True, threads: int = 0) -> dict:
+    """Queue, run and read back the sweep; write the winners into params.yaml (unless apply is false).
+    On a small CPU, jobs=2 with threads=1 trains two experiments at once, one core each."""
     root = Path(workdir).resolve()
-    names = queue_experiments(root)
+    names = queue_experiments(root, threads)
     get_run_logger().info("queued %d experiments", len(names))
     run_queue(root, jobs)
     choice = choose_and_apply(root, apply)
@@ -94,9 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", default=".")
     parser.add_argument("--jobs", type=int, default=1, help="experiments run at once (dvc queue start -j)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads per experiment (0: its params)")
     parser.add_argument("--no-apply", action="store_true", help="report the choice, leave params.yaml as is")
     args = parser.parse_args(argv)
-    print(json.dumps(sweep(args.workdir, args.jobs, not args.no_apply), indent=2))
+    print(json.dumps(sweep(args.workdir, args.jobs, not args.no_apply, args.threads), indent=2))
     return 0
 
 
