@@ -43,7 +43,6 @@ def _queued_or_running(workdir: Path) -> int:
     return sum(1 for line in status.splitlines() if " Queued " in f" {line} " or " Running " in f" {line} ")
 
 
-@task(name="queue-sweep", **TASK_DEFAULTS)
 def queue_experiments(workdir: Path, threads: int = 0) -> list[str]:
     """`dvc exp run --queue` once per (variant, setting) of params.yaml's sweep section. `threads` > 0 sets
     train.num_threads in the experiments (not a stage param: results do not depend on it)."""
@@ -56,7 +55,6 @@ def queue_experiments(workdir: Path, threads: int = 0) -> list[str]:
     return names
 
 
-@task(name="run-queue", **TASK_DEFAULTS)
 def run_queue(workdir: Path, jobs: int, poll_s: float = 5.0) -> None:
     """`dvc queue start -j jobs`, then wait until nothing is queued or running."""
     _dvc(["queue", "start", "-j", str(jobs)], workdir)
@@ -64,7 +62,6 @@ def run_queue(workdir: Path, jobs: int, poll_s: float = 5.0) -> None:
         time.sleep(poll_s)
 
 
-@task(name="choose-settings", **TASK_DEFAULTS)
 def choose_and_apply(workdir: Path, apply: bool) -> dict:
     cfg = load_config(workdir / "params.yaml")
     rows = rows_from_exp_show(json.loads(_dvc(["exp", "show", "--json", "-A"], workdir)), cfg)
@@ -80,17 +77,26 @@ def choose_and_apply(workdir: Path, apply: bool) -> dict:
     return choice
 
 
-@flow(name="sweep", log_prints=True)
-def sweep(workdir: str = ".", jobs: int = 1, apply: bool = True, threads: int = 0) -> dict:
+def run_sweep(workdir: str = ".", jobs: int = 1, apply: bool = True, threads: int = 0,
+              steps=(queue_experiments, run_queue, choose_and_apply), log=print) -> dict:
     """Queue, run and read back the sweep; write the winners into params.yaml (unless apply is false).
     On a small CPU, jobs=2 with threads=1 trains two experiments at once, one core each."""
+    queue, run, choose_settings = steps
     root = Path(workdir).resolve()
-    names = queue_experiments(root, threads)
-    get_run_logger().info("queued %d experiments", len(names))
-    run_queue(root, jobs)
-    choice = choose_and_apply(root, apply)
-    get_run_logger().info("chosen: %s", choice)
+    names = queue(root, threads)
+    log(f"queued {len(names)} experiments")
+    run(root, jobs)
+    choice = choose_settings(root, apply)
+    log(f"chosen: {choice}")
     return choice
+
+
+@flow(name="sweep", log_prints=True)
+def sweep(workdir: str = ".", jobs: int = 1, apply: bool = True, threads: int = 0) -> dict:
+    """The sweep as a Prefect flow (deployment `sweep`): the same steps, each a task."""
+    steps = tuple(task(name=name, **TASK_DEFAULTS)(fn) for name, fn in (
+        ("queue-sweep", queue_experiments), ("run-queue", run_queue), ("choose-settings", choose_and_apply)))
+    return run_sweep(workdir, jobs, apply, threads, steps, log=lambda message: get_run_logger().info(message))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch threads per experiment (0: its params)")
     parser.add_argument("--no-apply", action="store_true", help="report the choice, leave params.yaml as is")
     args = parser.parse_args(argv)
-    print(json.dumps(sweep(args.workdir, args.jobs, not args.no_apply, args.threads), indent=2))
+    print(json.dumps(run_sweep(args.workdir, args.jobs, not args.no_apply, args.threads), indent=2))
     return 0
 
 
