@@ -86,7 +86,10 @@ def parent_state(workdir: Path, git_remote: str = "origin", dvc_remote: str | No
     url = _git(["remote", "get-url", git_remote], workdir, check=False)
     if not url:
         raise RemoteModeError(f"{workdir}: no git remote '{git_remote}' to clone from: `git remote add {git_remote} <url>`")
-    modified = [p for p in _git(["diff", "--name-only", "HEAD"], workdir).splitlines() if p not in CARRIED]
+    changed = [p for p in _git(["diff", "--name-only", "HEAD"], workdir).splitlines() if p not in CARRIED]
+    # Outputs of stages (metrics kept in git, say) are DVC's to judge through dvc.lock; the rest is code.
+    cached, uncached = _outs(workdir) if changed else (set(), set())
+    modified = [p for p in changed if not _under(p, cached | uncached)]
     if modified:
         raise RemoteModeError(
             f"{workdir}: tracked files differ from commit {commit[:12]}: {modified[:10]}; units clone "
@@ -116,19 +119,33 @@ def _target(workdir: Path, stage: str) -> str:
     return f"{Path(workdir).resolve() / 'dvc.yaml'}:{stage}"
 
 
+def _under(path: str, outs) -> bool:
+    return any(path == o or path.startswith(o.rstrip("/") + "/") for o in outs)
+
+
+def _outs(workdir: Path, but: set[str] = frozenset()) -> tuple[set[str], set[str]]:
+    """The (cached, uncached) output paths of every stage except those in `but`."""
+    from dvc.repo import Repo
+
+    with Repo(str(Path(workdir))) as repo:
+        outs = [o for s in repo.index.stages if s.name not in but for o in s.outs]
+    return {o.def_path for o in outs if o.use_cache}, {o.def_path for o in outs if not o.use_cache}
+
+
 def unit_inputs(workdir: Path, stages: list[str] | tuple[str, ...]) -> list[str]:
     """The cached outputs of other stages that these stages depend on (files or whole directories,
     as the deps name them): what a unit pulls, and what the parent pushes first."""
     from dvc.repo import Repo
 
     workdir = Path(workdir)
-    inside = set(stages)
     with Repo(str(workdir)) as repo:
-        mine = [s for name in stages for s in repo.stage.collect(_target(workdir, name))]
-        deps = {d.def_path for s in mine for d in s.deps}
-        outs = {o.def_path for s in repo.index.stages if s.name not in inside
-                for o in s.outs if o.use_cache}
-    return sorted(d for d in deps if any(d == o or d.startswith(o.rstrip("/") + "/") for o in outs))
+        deps = {d.def_path for name in stages for s in repo.stage.collect(_target(workdir, name)) for d in s.deps}
+    cached, uncached = _outs(workdir, set(stages))
+    carried = sorted(d for d in deps if _under(d, uncached))
+    if carried:
+        raise RemoteModeError(f"{list(stages)} depend on {carried}, outputs DVC does not cache: a unit "
+                              "elsewhere cannot pull them (cache them in dvc.yaml)")
+    return sorted(d for d in deps if _under(d, cached))
 
 
 def _uncached_outs(workdir: Path, stages: list[str] | tuple[str, ...]) -> list[str]:
