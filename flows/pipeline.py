@@ -63,6 +63,7 @@ from flows.work_pools import (
     GPU_POOL,
     HEARTBEAT_S,
     TRAIN_FLOW,
+    TRAIN_TAG,
     TRAIN_REMOTE_DEPLOYMENT,
     TRAIN_REMOTE_FLOW,
     Placement,
@@ -100,7 +101,7 @@ def _run_unit_deployment(
         parameters=parameters,
         job_variables={"env": {**HEARTBEAT_ENV, **env, **placement.env}},
         flow_run_name=f"train {key}",
-        tags=[placement.pool, key],
+        tags=[TRAIN_TAG, placement.pool, key],
         timeout=timeout_s,
         poll_interval=3,
     )

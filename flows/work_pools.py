@@ -14,7 +14,8 @@
 
 - A worker that dies (its machine gone, SIGKILL) reports nothing: its training stays `Running`. The
   trainings send heartbeats (`PREFECT_FLOWS_HEARTBEAT_FREQUENCY`, in their job variables), and the
-  automation `crash-silent-trainings` marks a run `Crashed` after `ZOMBIE_AFTER_S` without one; the
+  automation `crash-silent-trainings` marks a training (tag `train-run`) `Crashed` after
+  `ZOMBIE_AFTER_S` without one (flow runs send one each 180 s by default: other runs are left alone); the
   pipeline then retries the unit once, on whichever worker is left.
 
 No pool concurrency limit on `cpu`: the pipeline flow itself runs there while it waits for its
@@ -40,6 +41,7 @@ TRAIN_REMOTE_DEPLOYMENT = {CPU_POOL: "train-run-remote-cpu", GPU_POOL: "train-ru
 HEARTBEAT_S = 30  # the trainings' heartbeat period (Prefect's minimum)
 ZOMBIE_AFTER_S = 90  # no heartbeat for this long: the training's worker is gone
 ZOMBIE_AUTOMATION = "crash-silent-trainings"
+TRAIN_TAG = "train-run"  # every training flow run carries it; the zombie automation watches only those
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,9 @@ def ensure_zombie_automation(client, after_s: float = ZOMBIE_AFTER_S) -> str:
             expect={"prefect.flow-run.heartbeat", "prefect.flow-run.Completed", "prefect.flow-run.Failed",
                     "prefect.flow-run.Cancelled", "prefect.flow-run.Crashed"},
             match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
+            # Only trainings: every flow run sends a heartbeat (by default each 180 s), the pipeline's too.
+            match_related=ResourceSpecification({"prefect.resource.role": "tag",
+                                                 "prefect.resource.id": [f"prefect.tag.{TRAIN_TAG}"]}),
             for_each={"prefect.resource.id"},
             posture=Posture.Proactive,
             threshold=1,
