@@ -10,7 +10,8 @@ deployment runs the real pipeline at its tiny size with `fan_out=remote`.
 
 - test_nightly_...: undisturbed; Completed, MLflow runs and champion, an empty `dvc status`, and the
   units ran in clones under the workers' directories, handed only values.
-- test_faults_...: the same run in a second workspace; one worker is SIGKILLed (with its process tree,
+- test_faults_...: the units of that workspace forgotten (records and outputs), the nightly run
+  again; one worker is SIGKILLed (with its process tree,
   as if its machine died) while it trains, and PostgreSQL is stopped for 10 s. The dead worker's unit
   is marked Crashed (no heartbeat) and retried once on the other worker; the run completes, nothing is
   lost, and the results equal the undisturbed run's.
@@ -29,6 +30,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from flows import stack
 from flows_testkit import (
@@ -53,7 +55,6 @@ from flows_testkit import (
 pytestmark = pytest.mark.slow
 
 RUN_TIMEOUT = 600
-ZOMBIE_AFTER_S = 60  # no heartbeat for this long: Crashed (heartbeats every 30 s)
 WORKERS = ("worker-1", "worker-2")
 
 
@@ -101,9 +102,8 @@ def stack_up(postgres, tmp_path_factory):
         origin, storage = root / "origin.git", root / "dvc-remote"
         run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], root)
         env = server.env(MLFLOW_TRACKING_URI=mlflow_uri)
-        run([str(VENV_BIN / "python"), "-m", "flows.work_pools", "--cpu-trainings", "2",
-             "--zombie-after", str(ZOMBIE_AFTER_S)], root, {**env, "PYTHONPATH": _pythonpath()})
         template = copy_working_tree(root / "template")
+        run([str(VENV_BIN / "python"), "-m", "flows.work_pools", "--cpu-trainings", "2"], template, env)
         dvc(["remote", "add", "-d", "storage", str(storage)], template)
         git(["add", ".dvc/config"], template)
         git(["commit", "-q", "-m", "the DVC remote"], template)
@@ -124,12 +124,8 @@ def stack_up(postgres, tmp_path_factory):
         processes.stop_all()
 
 
-def _pythonpath() -> str:
-    return os.environ.get("PYTHONPATH", "")
-
-
 def workspace(stack_up, name: str) -> Path:
-    """A clone of the origin: the pipeline's workspace (the nightly deployment's working directory)."""
+    """A clone of the origin: the pipeline's workspace (the nightly run's `workdir`)."""
     ws = stack_up["root"] / name
     run(["git", "clone", "-q", str(stack_up["origin"]), str(ws)], stack_up["root"])
     return ws
@@ -173,47 +169,48 @@ def wait_final(stack_up, flow_run_id, during=None):
     raise TimeoutError(f"flow run {flow_run_id} not final within {RUN_TIMEOUT} s")
 
 
-def unit_runs(stack_up, ws: Path) -> list:
-    """The train-run-remote flow runs of this workspace's pipeline run, oldest first, with reports."""
+def unit_runs(stack_up, ws: Path, since) -> list:
+    """The train-run-remote flow runs started for workspace `ws` after `since`, oldest first, each with
+    the report it published (None if it published none)."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterType, FlowRunFilter, FlowRunFilterId
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+    from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterType, DeploymentFilter,
+                                                DeploymentFilterName, FlowRunFilter, FlowRunFilterId)
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
+    commit = git(["rev-parse", "HEAD"], ws).strip()
     with temporary_settings(updates={PREFECT_API_URL: stack_up["server"].url}):
         with get_client(sync_client=True) as client:
             runs = client.read_flow_runs(deployment_filter=DeploymentFilter(
                 name=DeploymentFilterName(any_=["train-run-remote-cpu"])))
-            state = json.loads(json.dumps(runs[0].parameters)) if runs else {}
-            mine = [r for r in runs if r.parameters.get("params_yaml") == (ws / "params.yaml").read_text()
-                    and r.parameters.get("commit") == git(["rev-parse", "HEAD"], ws).strip()]
+            mine = [r for r in runs if r.created >= since and r.parameters.get("commit") == commit
+                    and r.parameters.get("params_yaml") == (ws / "params.yaml").read_text()]
             out = []
             for r in sorted(mine, key=lambda r: r.created):
                 arts = client.read_artifacts(
                     artifact_filter=ArtifactFilter(type=ArtifactFilterType(any_=["unit-report"])),
                     flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[r.id])))
                 out.append((r, arts[0].data if arts else None))
-    del state
     return out
 
 
 def results(ws: Path) -> dict:
-    """What the pipeline produced that must not depend on where or how often it ran: the evaluation of
-    every unit (all its metrics) and the dvc.lock records of the train and evaluate stages' inputs."""
-    lock = json.loads(json.dumps(__import__("yaml").safe_load((ws / "dvc.lock").read_text())))
-    evals = {p.name: json.loads(p.read_text()) for p in sorted((ws / "reports/eval").glob("*-s*.json"))}
-    for e in evals.values():  # timings differ from run to run
-        for key in [k for k in e if "second" in k or "time" in k]:
-            e.pop(key)
-    deps = {s: v["deps"] for s, v in lock["stages"].items() if s.startswith(("train@", "evaluate@"))}
-    return {"eval": evals, "deps": deps}
+    """What must not depend on where, or how often, the units ran: each unit's evaluation (every
+    metric) and its training curve (losses per epoch), less the timings."""
+    out = {}
+    for path in sorted((ws / "reports/eval").glob("*-s*.json")):
+        history = json.loads((ws / "models" / path.stem / "history.json").read_text())
+        out[path.stem] = {
+            "eval": json.loads(path.read_text()),
+            "history": [{k: v for k, v in h.items() if k not in ("seconds", "samples_per_s")} for h in history],
+        }
+    return out
 
 
 def check_pipeline_outcome(stack_up, ws: Path, flow_run) -> list:
     import mlflow
 
     assert flow_run.state.is_completed(), f"pipeline ended {flow_run.state.name}: {flow_run.state.message}"
-    units = unit_runs(stack_up, ws)
+    units = unit_runs(stack_up, ws, since=flow_run.created)
     completed = [(r, rep) for r, rep in units if r.state.is_completed()]
     assert len(completed) == len(TINY_VARIANTS)
     for r, report in completed:
@@ -242,22 +239,33 @@ def check_pipeline_outcome(stack_up, ws: Path, flow_run) -> list:
 
 @pytest.fixture(scope="module")
 def undisturbed(stack_up):
-    ws = workspace(stack_up, "ws-undisturbed")
+    ws = workspace(stack_up, "ws")
     started = time.monotonic()
     flow_run, _ = start_nightly(stack_up, ws)
     flow_run = wait_final(stack_up, flow_run.id)
-    return ws, flow_run, time.monotonic() - started
+    return ws, flow_run, time.monotonic() - started, results(ws)
 
 
 def test_nightly_on_postgres_with_units_that_share_no_disk(stack_up, undisturbed):
-    ws, flow_run, seconds = undisturbed
+    ws, flow_run, seconds, _ = undisturbed
     units = check_pipeline_outcome(stack_up, ws, flow_run)
     assert len(units) == len(TINY_VARIANTS)  # no retry without a fault
     print(f"undisturbed nightly run (tiny, fan_out=remote, PostgreSQL): {seconds:.0f} s")
 
 
+def forget_trainings(ws: Path) -> None:
+    """Make every unit stale again, as if never trained: drop their dvc.lock records and outputs."""
+    lock = yaml.safe_load((ws / "dvc.lock").read_text())
+    lock["stages"] = {k: v for k, v in lock["stages"].items() if not k.startswith(("train@", "evaluate@"))}
+    (ws / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
+    shutil.rmtree(ws / "models")
+    for path in (ws / "reports/eval").glob("*-s*.json"):
+        path.unlink()
+
+
 def test_faults_a_worker_killed_mid_training_and_postgres_down_for_10_s(stack_up, undisturbed):
-    ws = workspace(stack_up, "ws-faults")
+    ws, _, undisturbed_s, expected = undisturbed
+    forget_trainings(ws)
     started = time.monotonic()
     flow_run, _ = start_nightly(stack_up, ws)
     workers = stack_up["workers"]
@@ -295,7 +303,7 @@ def test_faults_a_worker_killed_mid_training_and_postgres_down_for_10_s(stack_up
         retried = [(r, rep) for r, rep in units if r.name == dead.name and r.state.is_completed()]
         assert len(retried) == 1, dead.name
         assert str(stack_up["root"] / survivor) in retried[0][1]["where"]
-    assert results(ws) == results(undisturbed[0]), "a disturbed run produced other results"
+    assert results(ws) == expected, "the disturbed run's results differ from the undisturbed run's"
     print(f"fault run: worker {killed} killed at {killed_at:.0f} s, PostgreSQL down at "
           f"{events['postgres'][0]:.0f} s for {events['postgres'][1]:.0f} s, {len(crashed)} unit(s) retried, "
-          f"completed in {seconds:.0f} s (undisturbed: {undisturbed[2]:.0f} s)")
+          f"completed in {seconds:.0f} s (undisturbed: {undisturbed_s:.0f} s)")
