@@ -59,6 +59,8 @@ from flows.tasks import (
 )
 from flows.train_run import REPORT_ARTIFACT, train_unit
 from flows.work_pools import (
+    CLONE_COMMIT_ENV,
+    CLONE_URL_ENV,
     CPU_POOL,
     GPU_POOL,
     HEARTBEAT_S,
@@ -151,7 +153,7 @@ def launch_remote_unit(
     The git_clone pull step of the deployment reads the repository and commit from the environment."""
     parameters = {"stages": list(stages), **state.as_parameters(), "slot": placement.slot,
                   "slot_timeout_s": timeout_s}
-    clone_env = {"CONTEXTUAL_BERT_GIT_URL": state.git_url, "CONTEXTUAL_BERT_COMMIT": state.commit}
+    clone_env = {CLONE_URL_ENV: state.git_url, CLONE_COMMIT_ENV: state.commit}
     run = _run_unit_deployment(key, f"{TRAIN_REMOTE_FLOW}/{placement.deployment}", parameters, placement,
                                {**env, **clone_env}, timeout_s)
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterType, FlowRunFilter, FlowRunFilterId

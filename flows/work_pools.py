@@ -38,6 +38,8 @@ TRAIN_FLOW = "train-run"  # the name of flows.train_run.train_run
 TRAIN_DEPLOYMENT = {CPU_POOL: "train-run-cpu", GPU_POOL: "train-run-gpu"}
 TRAIN_REMOTE_FLOW = "train-run-remote"  # flows.train_run.train_run_remote: a fresh clone, a DVC remote
 TRAIN_REMOTE_DEPLOYMENT = {CPU_POOL: "train-run-remote-cpu", GPU_POOL: "train-run-remote-gpu"}
+# The run's environment variables its deployment's git_clone pull step reads (prefect.yaml).
+CLONE_URL_ENV, CLONE_COMMIT_ENV = "CONTEXTUAL_BERT_GIT_URL", "CONTEXTUAL_BERT_COMMIT"
 HEARTBEAT_S = 30  # the trainings' heartbeat period (Prefect's minimum)
 ZOMBIE_AFTER_S = 90  # no heartbeat for this long: the training's worker is gone
 ZOMBIE_AUTOMATION = "crash-silent-trainings"

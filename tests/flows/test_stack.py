@@ -56,6 +56,7 @@ pytestmark = pytest.mark.slow
 
 RUN_TIMEOUT = 600
 WORKERS = ("worker-1", "worker-2")
+UNITS = [f"{v}-s{s}" for v in TINY_VARIANTS for s in TINY_PARAMS["train.seeds"]]
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +92,7 @@ def stack_up(postgres, tmp_path_factory):
         port, mlflow_port = free_port(), free_port()
         server = PrefectServer(f"http://127.0.0.1:{port}/api", root / "prefect-home", processes)
         proc = processes.start("prefect-server", stack.prefect_server_command(port, scheduler=False), root,
-                               server.env(**stack.prefect_server_env(postgres, root / "prefect-home")))
+                               {**server.env(), **stack.prefect_server_env(postgres, server.home)})
         mlflow_uri = f"http://127.0.0.1:{mlflow_port}"
         artifacts = root / "mlartifacts"
         mlflow = processes.start("mlflow-server", stack.mlflow_server_command(postgres, mlflow_port, str(artifacts)),
@@ -197,9 +198,10 @@ def results(ws: Path) -> dict:
     """What must not depend on where, or how often, the units ran: each unit's evaluation (every
     metric) and its training curve (losses per epoch), less the timings."""
     out = {}
-    for path in sorted((ws / "reports/eval").glob("*-s*.json")):
-        history = json.loads((ws / "models" / path.stem / "history.json").read_text())
-        out[path.stem] = {
+    for unit in UNITS:
+        path = ws / "reports/eval" / f"{unit}.json"
+        history = json.loads((ws / "models" / unit / "history.json").read_text())
+        out[unit] = {
             "eval": json.loads(path.read_text()),
             "history": [{k: v for k, v in h.items() if k not in ("seconds", "samples_per_s")} for h in history],
         }
@@ -258,9 +260,9 @@ def forget_trainings(ws: Path) -> None:
     lock = yaml.safe_load((ws / "dvc.lock").read_text())
     lock["stages"] = {k: v for k, v in lock["stages"].items() if not k.startswith(("train@", "evaluate@"))}
     (ws / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
-    shutil.rmtree(ws / "models")
-    for path in (ws / "reports/eval").glob("*-s*.json"):
-        path.unlink()
+    for unit in UNITS:
+        shutil.rmtree(ws / "models" / unit)
+        (ws / "reports/eval" / f"{unit}.json").unlink()
 
 
 def test_faults_a_worker_killed_mid_training_and_postgres_down_for_10_s(stack_up, undisturbed):
