@@ -64,6 +64,7 @@ from flows.work_pools import (
     CPU_POOL,
     GPU_POOL,
     HEARTBEAT_S,
+    RESILIENT_ENV,
     TRAIN_FLOW,
     TRAIN_TAG,
     TRAIN_REMOTE_DEPLOYMENT,
@@ -88,8 +89,9 @@ def _crashed(task, task_run, state) -> bool:
     return getattr(state.result(raise_on_failure=False), "state_type", None) == "CRASHED"
 
 
-# Each training run sends heartbeats, so a run whose worker died is marked Crashed (work_pools.py).
-HEARTBEAT_ENV = {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S)}
+# Each training run sends heartbeats, so a run whose worker died is marked Crashed (work_pools.py), and
+# rides out a Prefect server without its database for a while.
+RUN_ENV = {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S), **RESILIENT_ENV}
 
 
 def _run_unit_deployment(
@@ -101,7 +103,7 @@ def _run_unit_deployment(
     run = run_deployment(
         name=deployment,
         parameters=parameters,
-        job_variables={"env": {**HEARTBEAT_ENV, **env, **placement.env}},
+        job_variables={"env": {**RUN_ENV, **env, **placement.env}},
         flow_run_name=f"train {key}",
         tags=[TRAIN_TAG, placement.pool, key],
         timeout=timeout_s,

@@ -35,6 +35,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from flows.work_pools import RESILIENT_ENV
+
 BIN = Path(sys.executable).parent  # the venv's bin/: prefect, mlflow, dvc
 PG_USER = "postgres"  # the database superuser, and the system user that runs the cluster as root
 
@@ -221,7 +223,8 @@ def up(root: Path, workers: int) -> dict[str, str]:
         wdir = root / f"worker-{i}"
         (wdir / "tmp").mkdir(parents=True, exist_ok=True)
         _spawn(root, f"worker-{i}", worker_command("cpu", f"worker-{i}"), wdir,
-               {"PREFECT_API_URL": api, "MLFLOW_TRACKING_URI": mlflow_uri, "TMPDIR": str(wdir / "tmp")})
+               {"PREFECT_API_URL": api, "MLFLOW_TRACKING_URI": mlflow_uri, "TMPDIR": str(wdir / "tmp"),
+                **RESILIENT_ENV})
     (root / "dvc-remote").mkdir(exist_ok=True)
     print(f"stack up in {time.monotonic() - started:.0f} s; use it with:")
     print(f"  export PREFECT_API_URL={api} MLFLOW_TRACKING_URI={mlflow_uri}")

@@ -41,6 +41,10 @@ TRAIN_REMOTE_DEPLOYMENT = {CPU_POOL: "train-run-remote-cpu", GPU_POOL: "train-ru
 # The run's environment variables its deployment's git_clone pull step reads (prefect.yaml).
 CLONE_URL_ENV, CLONE_COMMIT_ENV = "CONTEXTUAL_BERT_GIT_URL", "CONTEXTUAL_BERT_COMMIT"
 HEARTBEAT_S = 30  # the trainings' heartbeat period (Prefect's minimum)
+# A Prefect server whose database is briefly away answers 500: clients retry that too (5 times, 2 s to
+# 32 s apart) instead of failing the run. In every deployment's environment (prefect.yaml) and so in
+# every training's (the pipeline passes it on: a run's env replaces its deployment's).
+RESILIENT_ENV = {"PREFECT_CLIENT_RETRY_EXTRA_CODES": "500"}
 ZOMBIE_AFTER_S = 90  # no heartbeat for this long: the training's worker is gone
 ZOMBIE_AUTOMATION = "crash-silent-trainings"
 TRAIN_TAG = "train-run"  # every training flow run carries it; the zombie automation watches only those

@@ -20,7 +20,7 @@ import flows.train_run
 from flows.dvc_stages import StageFailed
 from flows.pipeline import _crashed, is_server, tracking_uri
 from flows.tasks import not_user_error, repro_mlflow_stage, repro_stage, wait_for_mlflow
-from flows.work_pools import CLONE_COMMIT_ENV, CLONE_URL_ENV, TRAIN_REMOTE_DEPLOYMENT
+from flows.work_pools import CLONE_COMMIT_ENV, CLONE_URL_ENV, RESILIENT_ENV, TRAIN_REMOTE_DEPLOYMENT
 from flows_testkit import REPO, free_port
 
 
@@ -122,3 +122,6 @@ def test_remote_trainings_clone_the_parents_commit_on_their_worker():
             "repository": "{{ $%s }}" % CLONE_URL_ENV, "commit_sha": "{{ $%s }}" % CLONE_COMMIT_ENV}}]
     for name in ("nightly", "train-run-cpu"):
         assert "pull" not in deployments[name]  # these run in the workspace itself
+    # Every deployment's runs retry a server without its database (500) instead of failing.
+    assert all(d["work_pool"]["job_variables"]["env"] == RESILIENT_ENV for d in deployments.values())
+    assert flows.pipeline.RUN_ENV.items() >= RESILIENT_ENV.items()

@@ -33,6 +33,7 @@ import pytest
 import yaml
 
 from flows import stack
+from flows.work_pools import RESILIENT_ENV
 from flows_testkit import (
     SERVER_START_TIMEOUT,
     TINY_PARAMS,
@@ -118,7 +119,7 @@ def stack_up(postgres, tmp_path_factory):
             (wdir / "tmp").mkdir(parents=True)
             # TMPDIR: each flow run's working directory (its clone) lies in the worker's own directory.
             workers[name] = server.start_worker(processes, "cpu", wdir, name, MLFLOW_TRACKING_URI=mlflow_uri,
-                                                TMPDIR=str(wdir / "tmp"))
+                                                TMPDIR=str(wdir / "tmp"), **RESILIENT_ENV)
         yield {"server": server, "mlflow": mlflow_uri, "root": root, "origin": origin, "storage": storage,
                "artifacts": artifacts, "workers": workers, "processes": processes, "pg": postgres}
     finally:
