@@ -33,7 +33,7 @@ from prefect.concurrency.sync import concurrency
 
 from flows import checkouts, remote
 from flows.tasks import TASK_DEFAULTS, log_output, repro_stage
-from flows.work_pools import TRAIN_FLOW, TRAIN_REMOTE_FLOW
+from flows.work_pools import TRAIN_FLOW, TRAIN_REMOTE_FLOW, TRAIN_SLOT_LEASE_S
 
 REPORT_ARTIFACT = "unit-report"  # the artifact type a remote unit reports back with
 
@@ -54,7 +54,8 @@ def _slot(slot: str | None, slot_timeout_s: float | None):
     if not slot:
         return nullcontext()
     get_run_logger().info("waiting for concurrency slot %s", slot)
-    return concurrency(slot, occupy=1, strict=True, timeout_seconds=slot_timeout_s)
+    return concurrency(slot, occupy=1, strict=True, timeout_seconds=slot_timeout_s,
+                       lease_duration=TRAIN_SLOT_LEASE_S)
 
 
 def train_unit(

@@ -41,6 +41,10 @@ TRAIN_REMOTE_DEPLOYMENT = {CPU_POOL: "train-run-remote-cpu", GPU_POOL: "train-ru
 # The run's environment variables its deployment's git_clone pull step reads (prefect.yaml).
 CLONE_URL_ENV, CLONE_COMMIT_ENV = "CONTEXTUAL_BERT_GIT_URL", "CONTEXTUAL_BERT_COMMIT"
 HEARTBEAT_S = 30  # the trainings' heartbeat period (Prefect's minimum)
+# A training's slot is a lease its run renews; a run killed with its worker holds it until it lapses.
+# The server's minimum (default 300 s): the slot is free again before the dead run is marked Crashed
+# (ZOMBIE_AFTER_S), so its retry does not wait. Measured: with 300 s the retry waited 3.5 min for it.
+TRAIN_SLOT_LEASE_S = 60
 # A Prefect server whose database is briefly away answers 500: clients retry that too (5 times, 2 s to
 # 32 s apart) instead of failing the run. In every deployment's environment (prefect.yaml) and so in
 # every training's (the pipeline passes it on: a run's env replaces its deployment's).
