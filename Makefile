@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,postgres]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -55,7 +55,9 @@ prefect-help:
 	@echo "make prefect-deploy                 pools, then prefect deploy --all (prefect.yaml)"
 	@echo "make prefect-worker [POOL=gpu]      a process worker on the cpu (or gpu) pool"
 	@echo "make prefect-ui                     open the Prefect UI"
-	@echo "make prefect-run [SIZE=tiny]        run the nightly pipeline deployment now"
+	@echo "make prefect-run [SIZE=tiny] [FAN_OUT=remote]  run the nightly pipeline deployment now"
+	@echo "make stack-up [WORKERS=2]           PostgreSQL, Prefect + MLflow servers on it, workers (.stack/)"
+	@echo "make stack-status | stack-down      what runs / stop it all"
 
 prefect-server: $(STAMP)
 	$(PREFECT_ENV) $(BIN)/prefect server start --host 127.0.0.1 --port $(PREFECT_PORT)
@@ -74,4 +76,22 @@ prefect-ui:
 	@-xdg-open "http://127.0.0.1:$(PREFECT_PORT)" >/dev/null 2>&1 || true
 
 prefect-run: $(STAMP)
-	$(PREFECT_ENV) $(BIN)/prefect deployment run pipeline/nightly $(if $(SIZE),--param size=$(SIZE))
+	$(PREFECT_ENV) $(BIN)/prefect deployment run pipeline/nightly $(if $(SIZE),--param size=$(SIZE)) $(if $(FAN_OUT),--param fan_out=$(FAN_OUT))
+
+# --- the whole stack on one machine, no compose (flows/stack.py, docs/scaling.md) -------------------
+# PostgreSQL (Debian's postgresql package), Prefect and MLflow servers on it, a DVC remote directory,
+# WORKERS process workers in $(STACK_DIR)/worker-<i>. `make stack-up` prints the PREFECT_API_URL and
+# MLFLOW_TRACKING_URI to export; then `make prefect-deploy` and `make prefect-run SIZE=tiny FAN_OUT=remote`.
+STACK_DIR ?= $(CURDIR)/.stack
+WORKERS ?= 2
+
+.PHONY: stack-up stack-down stack-status
+
+stack-up: $(STAMP)
+	$(BIN)/python -m flows.stack up --dir $(STACK_DIR) --workers $(WORKERS)
+
+stack-down:
+	$(BIN)/python -m flows.stack down --dir $(STACK_DIR)
+
+stack-status:
+	$(BIN)/python -m flows.stack status --dir $(STACK_DIR)

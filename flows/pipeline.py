@@ -13,6 +13,11 @@ never a Prefect one). The parent's workspace takes one `dvc` command at a time (
 4. baseline, report, register and promote run in series (MLflow stages retried while the server is
    unreachable).
 
+With `fan_out="remote"` the units share no disk with this workspace (flows/remote.py): each runs in a
+fresh clone at this workspace's commit (pushed) on any worker of its pool, takes params.yaml and
+dvc.lock as parameters, pulls its inputs from the DVC remote and pushes its outputs there; this flow
+pulls them back and `dvc commit`s them as in step 3.
+
 Without training deployments (or with `fan_out="local"`) the units run in threads of this flow
 process instead, each still in its own checkout. A Prefect worker may take 15 s or more to exit after
 SIGTERM; a unit interrupted that way leaves its checkout under `.dvc/tmp/checkouts/`, which the next
@@ -24,6 +29,7 @@ Run locally: `python -m flows.pipeline --size tiny` (uses PREFECT_API_URL, or an
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -37,7 +43,7 @@ from prefect.futures import as_completed
 
 from contextual_bert.config import load_config
 from contextual_bert.sources import SOURCES
-from flows import dvc_stages
+from flows import dvc_stages, remote
 from flows.params_file import pipeline_overrides
 from flows.tasks import (
     TASK_DEFAULTS,
@@ -52,11 +58,18 @@ from flows.tasks import (
     stale_units,
     wait_for_mlflow,
 )
-from flows.train_run import train_unit
+from flows.train_run import REPORT_ARTIFACT, train_unit
 from flows.work_pools import (
+    CLONE_COMMIT_ENV,
+    CLONE_URL_ENV,
     CPU_POOL,
     GPU_POOL,
+    HEARTBEAT_S,
+    RESILIENT_ENV,
     TRAIN_FLOW,
+    TRAIN_TAG,
+    TRAIN_REMOTE_DEPLOYMENT,
+    TRAIN_REMOTE_FLOW,
     Placement,
     deployments_exist,
     place,
@@ -77,33 +90,23 @@ def _crashed(task, task_run, state) -> bool:
     return getattr(state.result(raise_on_failure=False), "state_type", None) == "CRASHED"
 
 
-@task(name="train-unit", task_run_name="train {key} on {placement.pool}", retries=1,
-      retry_condition_fn=_crashed, **TASK_DEFAULTS)
-def launch_unit(
-    key: str,
-    stages: tuple[str, ...],
-    placement: Placement,
-    workdir: Path,
-    checkout: Path,
-    env: dict[str, str],
-    timeout_s: float,
-) -> str:
-    """Start the unit's training flow run on its pool and wait (bounded) until it ends.
+# Each training run sends heartbeats, so a run whose worker died is marked Crashed (work_pools.py), and
+# rides out a Prefect server without its database for a while.
+RUN_ENV = {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S), **RESILIENT_ENV}
 
-    The device (CUDA_VISIBLE_DEVICES) and the MLflow store reach the run as job variables, which the
+
+def _run_unit_deployment(
+    key: str, deployment: str, parameters: dict, placement: Placement, env: dict[str, str], timeout_s: float
+):
+    """Start one training flow run and wait (bounded) until it ends; raise `UnitFailed` unless it
+    completed. The device, the MLflow store and the heartbeat reach the run as job variables, which the
     worker puts into the run's environment."""
     run = run_deployment(
-        name=f"{TRAIN_FLOW}/{placement.deployment}",
-        parameters={
-            "stages": list(stages),
-            "workdir": str(workdir),
-            "checkout": str(checkout),
-            "slot": placement.slot,
-            "slot_timeout_s": timeout_s,
-        },
-        job_variables={"env": {**env, **placement.env}},
+        name=deployment,
+        parameters=parameters,
+        job_variables={"env": {**RUN_ENV, **env, **placement.env}},
         flow_run_name=f"train {key}",
-        tags=[placement.pool, key],
+        tags=[TRAIN_TAG, placement.pool, key],
         timeout=timeout_s,
         poll_interval=3,
     )
@@ -117,7 +120,72 @@ def launch_unit(
     if not state.is_completed():
         raise UnitFailed(f"training {key}: flow run {run.name} ended {state.name}: {state.message}",
                          state_type=state.type.value)
+    return run
+
+
+@task(name="train-unit", task_run_name="train {key} on {placement.pool}", retries=1,
+      retry_condition_fn=_crashed, **TASK_DEFAULTS)
+def launch_unit(
+    key: str,
+    stages: tuple[str, ...],
+    placement: Placement,
+    workdir: Path,
+    checkout: Path,
+    env: dict[str, str],
+    timeout_s: float,
+) -> str:
+    """Start the unit's training flow run (a checkout of `workdir`) on its pool and wait until it ends."""
+    parameters = {"stages": list(stages), "workdir": str(workdir), "checkout": str(checkout),
+                  "slot": placement.slot, "slot_timeout_s": timeout_s}
+    _run_unit_deployment(key, f"{TRAIN_FLOW}/{placement.deployment}", parameters, placement, env, timeout_s)
     return str(checkout)
+
+
+@task(name="train-unit-remote", task_run_name="train {key} on {placement.pool}, no shared disk", retries=1,
+      retry_condition_fn=_crashed, **TASK_DEFAULTS)
+def launch_remote_unit(
+    key: str,
+    stages: tuple[str, ...],
+    placement: Placement,
+    state: remote.ParentState,
+    env: dict[str, str],
+    timeout_s: float,
+) -> dict:
+    """Start the unit's training flow run in a fresh clone on its pool; return the report it published.
+
+    The git_clone pull step of the deployment reads the repository and commit from the environment."""
+    parameters = {"stages": list(stages), **state.as_parameters(), "slot": placement.slot,
+                  "slot_timeout_s": timeout_s}
+    clone_env = {CLONE_URL_ENV: state.git_url, CLONE_COMMIT_ENV: state.commit}
+    run = _run_unit_deployment(key, f"{TRAIN_REMOTE_FLOW}/{placement.deployment}", parameters, placement,
+                               {**env, **clone_env}, timeout_s)
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterType, FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(type=ArtifactFilterType(any_=[REPORT_ARTIFACT])),
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])),
+        )
+    if len(artifacts) != 1:
+        raise UnitFailed(f"training {key}: flow run {run.name} completed with {len(artifacts)} reports, not 1")
+    report = artifacts[0].data
+    get_run_logger().info("training %s ran at %s", key, report.get("where"))
+    return report
+
+
+@task(name="bring-back-remote", task_run_name="bring back {key} from the DVC remote", **TASK_DEFAULTS)
+def bring_back_remote(key: str, report: dict, workdir: Path, dvc_remote: str) -> list[str]:
+    return remote.apply_report(workdir, report, dvc_remote)
+
+
+@task(name="hand-over", **TASK_DEFAULTS)
+def hand_over(workdir: Path, units: list[tuple[str, ...]], git_remote: str, dvc_remote: str | None) -> remote.ParentState:
+    """What remote units need from this workspace (as values), and their inputs pushed to the DVC remote."""
+    state = remote.parent_state(workdir, git_remote, dvc_remote)
+    pushed = remote.push_inputs(workdir, units, state.dvc_remote)
+    get_run_logger().info("units clone %s at %s; pushed %s to DVC remote %s",
+                          state.git_url, state.commit[:12], pushed, state.dvc_remote)
+    return state
 
 
 @task(name="train-unit-local", task_run_name="train {key} in this process", **TASK_DEFAULTS)
@@ -127,10 +195,17 @@ def run_unit_locally(key: str, stages: tuple[str, ...], workdir: Path, checkout:
 
 
 def _resolve_fan_out(fan_out: str, gpu_ready: bool) -> str:
+    pools = {CPU_POOL} | ({GPU_POOL} if gpu_ready else set())
+    if fan_out == "remote":
+        with get_client(sync_client=True) as client:
+            if not deployments_exist(client, pools, remote=True):
+                raise RuntimeError(f"fan_out='remote' needs the deployments "
+                                   f"{[f'{TRAIN_REMOTE_FLOW}/{TRAIN_REMOTE_DEPLOYMENT[p]}' for p in sorted(pools)]}:"
+                                   " `make prefect-deploy`")
+        return fan_out
     if fan_out != "auto":
         return fan_out
     with get_client(sync_client=True) as client:
-        pools = {CPU_POOL} | ({GPU_POOL} if gpu_ready else set())
         return "deployments" if deployments_exist(client, pools) else "local"
 
 
@@ -155,8 +230,11 @@ def fan_out_units(
     fan_out: str = "auto",
     timeout_s: float = 24 * 3600,
     max_parallel: int | None = None,
+    git_remote: str = "origin",
+    dvc_remote: str | None = None,
 ) -> list[str]:
-    """Train the stale units in parallel, each in its own checkout; bring each back as it completes.
+    """Train the stale units in parallel, each in its own checkout (or, `fan_out="remote"`, its own
+    clone on any machine); bring each back as it completes.
 
     At most `max_parallel` units are in flight (default: all when MLflow is a server; one with a SQLite
     store, which takes one writer at a time). Within that, the concurrency slots decide what runs at
@@ -178,8 +256,16 @@ def fan_out_units(
         cluster = read_cluster(client)
     mode = _resolve_fan_out(fan_out, cluster.gpu_ready)
     placements = dict(zip(todo, place(len(todo), cluster.gpu_ready, cluster.devices, cluster.pin_devices)))
+    state = None
+    if mode == "remote":
+        if not is_server(uri):
+            raise RuntimeError(f"fan_out='remote': the MLflow store {uri} is a file here; units elsewhere "
+                               "need a server (MLFLOW_TRACKING_URI=http://...)")
+        placements = {u: dataclasses.replace(p, deployment=TRAIN_REMOTE_DEPLOYMENT[p.pool])
+                      for u, p in placements.items()}
+        state = hand_over(workdir, todo, git_remote, dvc_remote)
     logger.info("fan-out (%s): %d units, pool %s, %d at a time", mode, len(todo),
-                placements[todo[0]].pool if mode == "deployments" else "none", max_parallel)
+                placements[todo[0]].pool if mode in ("deployments", "remote") else "none", max_parallel)
 
     brought: list[str] = []
     failures: list[str] = []
@@ -190,7 +276,9 @@ def fan_out_units(
             unit = pending.pop(0)
             key = dvc_stages.unit_key(unit[0])
             checkout = workdir / CHECKOUTS / key
-            if mode == "deployments":
+            if mode == "remote":
+                fut = launch_remote_unit.submit(key, unit, placements[unit], state, env, timeout_s)
+            elif mode == "deployments":
                 fut = launch_unit.submit(key, unit, placements[unit], workdir, checkout, env, timeout_s)
             else:
                 fut = run_unit_locally.submit(key, unit, workdir, checkout, env)
@@ -200,7 +288,10 @@ def fan_out_units(
         fut.wait()  # sets the final state; before that `.state` may lag behind the API
         if fut.state.is_completed():
             # In series, in this thread: the only `dvc` commands in the parent's workspace.
-            brought += bring_back(key, checkout, workdir, unit)
+            if mode == "remote":
+                brought += bring_back_remote(key, fut.result(), workdir, state.dvc_remote)
+            else:
+                brought += bring_back(key, checkout, workdir, unit)
         else:
             failures.append(f"{key}: {fut.result(raise_on_failure=False)}")
     if failures:
@@ -265,10 +356,12 @@ def pipeline(
     source: str | None = None,  # a name in contextual_bert.sources.SOURCES (config checks it)
     params: dict[str, Any] | None = None,
     workdir: str = ".",
-    fan_out: Literal["auto", "deployments", "local"] = "auto",
+    fan_out: Literal["auto", "deployments", "local", "remote"] = "auto",
     promote: bool = True,
     train_timeout_s: float = 24 * 3600,
     max_parallel: int | None = None,
+    git_remote: str = "origin",
+    dvc_remote: str | None = None,
 ) -> dict:
     """The whole pipeline: validate, build features, train every variant and seed, evaluate, report,
     register and promote. DVC runs only what is stale.
@@ -278,7 +371,9 @@ def pipeline(
     They are written into params.yaml (as `dvc exp run --set-param` does), so DVC records them.
     workdir: the DVC workspace (a git repository); the worker's working directory by default.
     fan_out: "deployments" sends trainings to the train-run deployments, "local" runs them in this
-    process, "auto" uses deployments when they exist. promote: also promote (else register only).
+    process, "auto" uses deployments when they exist, "remote" sends them to the train-run-remote
+    deployments: fresh clones of git remote `git_remote` at this commit, inputs and outputs through DVC
+    remote `dvc_remote` (default: the committed default remote). promote: also promote (else register only).
     train_timeout_s: bound on each training run. max_parallel: trainings in flight at once (default:
     all with an MLflow server, one with a SQLite store).
     """
@@ -286,7 +381,7 @@ def pipeline(
     changed = apply_params(wd, pipeline_overrides(size, source, params))
     p = plan_stages(wd)
     ran = _run_series(p.before, wd)
-    trained = fan_out_units(list(p.units), wd, fan_out, train_timeout_s, max_parallel)
+    trained = fan_out_units(list(p.units), wd, fan_out, train_timeout_s, max_parallel, git_remote, dvc_remote)
     ran += _run_series(tuple(s for s in p.after if dvc_stages.kind(s) not in ("register", "promote")), wd)
     ran += _register_and_promote(p, wd, promote)
     stale_left = final_status(wd)
@@ -297,9 +392,11 @@ def pipeline(
 def training(
     params: dict[str, Any] | None = None,
     workdir: str = ".",
-    fan_out: Literal["auto", "deployments", "local"] = "auto",
+    fan_out: Literal["auto", "deployments", "local", "remote"] = "auto",
     train_timeout_s: float = 24 * 3600,
     max_parallel: int | None = None,
+    git_remote: str = "origin",
+    dvc_remote: str | None = None,
 ) -> dict:
     """Training only: train and evaluate every stale variant and seed, nothing upstream or after.
 
@@ -310,7 +407,7 @@ def training(
     changed = apply_params(wd, params or {})
     p = plan_stages(wd)
     require_fresh(list(p.before), wd)
-    trained = fan_out_units(list(p.units), wd, fan_out, train_timeout_s, max_parallel)
+    trained = fan_out_units(list(p.units), wd, fan_out, train_timeout_s, max_parallel, git_remote, dvc_remote)
     return {"params_changed": changed, "trained": trained}
 
 
@@ -332,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", choices=sorted(SOURCES))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=YAML",
                         help="a params.yaml override, e.g. --set train.seeds=[0] (repeatable)")
-    parser.add_argument("--fan-out", default="auto", choices=["auto", "deployments", "local"])
+    parser.add_argument("--fan-out", default="auto", choices=["auto", "deployments", "local", "remote"])
     parser.add_argument("--workdir", default=".")
     args = parser.parse_args(argv)
     import yaml

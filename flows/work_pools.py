@@ -12,6 +12,12 @@
 - CPU trainings hold a slot of `train-cpu` (N slots: N trainings at once on the CPU workers) and run
   with `CUDA_VISIBLE_DEVICES=""`, so a CPU run on a GPU host leaves the GPUs to the gpu pool.
 
+- A worker that dies (its machine gone, SIGKILL) reports nothing: its training stays `Running`. The
+  trainings send heartbeats (`PREFECT_FLOWS_HEARTBEAT_FREQUENCY`, in their job variables), and the
+  automation `crash-silent-trainings` marks a training (tag `train-run`) `Crashed` after
+  `ZOMBIE_AFTER_S` without one (flow runs send one each 180 s by default: other runs are left alone); the
+  pipeline then retries the unit once, on whichever worker is left.
+
 No pool concurrency limit on `cpu`: the pipeline flow itself runs there while it waits for its
 trainings, and a pool limit would let it starve them.
 
@@ -30,6 +36,22 @@ CPU_SLOT = "train-cpu"
 GPU_SLOT = re.compile(r"^gpu-(\d+)$")
 TRAIN_FLOW = "train-run"  # the name of flows.train_run.train_run
 TRAIN_DEPLOYMENT = {CPU_POOL: "train-run-cpu", GPU_POOL: "train-run-gpu"}
+TRAIN_REMOTE_FLOW = "train-run-remote"  # flows.train_run.train_run_remote: a fresh clone, a DVC remote
+TRAIN_REMOTE_DEPLOYMENT = {CPU_POOL: "train-run-remote-cpu", GPU_POOL: "train-run-remote-gpu"}
+# The run's environment variables its deployment's git_clone pull step reads (prefect.yaml).
+CLONE_URL_ENV, CLONE_COMMIT_ENV = "CONTEXTUAL_BERT_GIT_URL", "CONTEXTUAL_BERT_COMMIT"
+HEARTBEAT_S = 30  # the trainings' heartbeat period (Prefect's minimum)
+# A training's slot is a lease its run renews; a run killed with its worker holds it until it lapses.
+# The server's minimum (default 300 s): the slot is free again before the dead run is marked Crashed
+# (ZOMBIE_AFTER_S), so its retry does not wait. Measured: with 300 s the retry waited 3.5 min for it.
+TRAIN_SLOT_LEASE_S = 60
+# A Prefect server whose database is briefly away answers 500: clients retry that too (5 times, 2 s to
+# 32 s apart) instead of failing the run. In every deployment's environment (prefect.yaml) and so in
+# every training's (the pipeline passes it on: a run's env replaces its deployment's).
+RESILIENT_ENV = {"PREFECT_CLIENT_RETRY_EXTRA_CODES": "500"}
+ZOMBIE_AFTER_S = 90  # no heartbeat for this long: the training's worker is gone
+ZOMBIE_AUTOMATION = "crash-silent-trainings"
+TRAIN_TAG = "train-run"  # every training flow run carries it; the zombie automation watches only those
 
 
 @dataclass(frozen=True)
@@ -98,18 +120,58 @@ def read_cluster(client) -> Cluster:
     return Cluster(ready, gpu_devices(names), pin)
 
 
-def deployments_exist(client, pools: set[str]) -> bool:
+def deployments_exist(client, pools: set[str], remote: bool = False) -> bool:
     from prefect.exceptions import ObjectNotFound
 
+    flow, names = (TRAIN_REMOTE_FLOW, TRAIN_REMOTE_DEPLOYMENT) if remote else (TRAIN_FLOW, TRAIN_DEPLOYMENT)
     try:
         for pool in pools:
-            client.read_deployment_by_name(f"{TRAIN_FLOW}/{TRAIN_DEPLOYMENT[pool]}")
+            client.read_deployment_by_name(f"{flow}/{names[pool]}")
     except ObjectNotFound:
         return False
     return True
 
 
-def ensure_pools(client, gpus: list[int], cpu_trainings: int) -> list[str]:
+def ensure_zombie_automation(client, after_s: float = ZOMBIE_AFTER_S) -> str:
+    """The automation that marks a flow run `Crashed` when its heartbeats stop (Prefect's documented
+    zombie detection): a training whose worker died is then retried instead of waited for."""
+    from datetime import timedelta
+
+    from prefect.automations import AutomationCore
+    from prefect.client.schemas.objects import StateType
+    from prefect.events.actions import ChangeFlowRunState
+    from prefect.events.schemas.automations import EventTrigger, Posture
+    from prefect.events.schemas.events import ResourceSpecification
+
+    wanted = AutomationCore(
+        name=ZOMBIE_AUTOMATION,
+        description=f"a flow run without a heartbeat for {after_s:.0f} s has lost its worker: Crashed",
+        trigger=EventTrigger(
+            after={"prefect.flow-run.heartbeat"},
+            expect={"prefect.flow-run.heartbeat", "prefect.flow-run.Completed", "prefect.flow-run.Failed",
+                    "prefect.flow-run.Cancelled", "prefect.flow-run.Crashed"},
+            match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
+            # Only trainings: every flow run sends a heartbeat (by default each 180 s), the pipeline's too.
+            match_related=ResourceSpecification({"prefect.resource.role": "tag",
+                                                 "prefect.resource.id": [f"prefect.tag.{TRAIN_TAG}"]}),
+            for_each={"prefect.resource.id"},
+            posture=Posture.Proactive,
+            threshold=1,
+            within=timedelta(seconds=after_s),
+        ),
+        actions=[ChangeFlowRunState(state=StateType.CRASHED,
+                                    message=f"no heartbeat for {after_s:.0f} s: its worker is gone")],
+    )
+    existing = client.read_automations_by_name(ZOMBIE_AUTOMATION)
+    if any(a.trigger == wanted.trigger and a.actions == wanted.actions for a in existing):
+        return f"automation {ZOMBIE_AUTOMATION}: exists ({after_s:.0f} s)"
+    for a in existing:
+        client.delete_automation(a.id)
+    client.create_automation(wanted)
+    return f"automation {ZOMBIE_AUTOMATION}: {after_s:.0f} s"
+
+
+def ensure_pools(client, gpus: list[int], cpu_trainings: int, zombie_after_s: float = ZOMBIE_AFTER_S) -> list[str]:
     """Create the `cpu` and `gpu` process pools and the slots; idempotent. Returns what it did."""
     from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate, WorkPoolCreate
     from prefect.exceptions import ObjectNotFound
@@ -140,6 +202,7 @@ def ensure_pools(client, gpus: list[int], cpu_trainings: int) -> list[str]:
             # A GPU no longer listed: keep its history but stop placing runs on it.
             client.update_global_concurrency_limit(gcl.name, GlobalConcurrencyLimitUpdate(active=False))
             done.append(f"limit {gcl.name}: deactivated")
+    done.append(ensure_zombie_automation(client, zombie_after_s))
     return done
 
 
@@ -149,10 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.work_pools", description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", default="", help="GPU indices, e.g. '0,1' or '0 1' (default: none)")
     parser.add_argument("--cpu-trainings", type=int, default=2, help="trainings at once on the CPU pool")
+    parser.add_argument("--zombie-after", type=float, default=ZOMBIE_AFTER_S,
+                        help="seconds without a heartbeat before a training counts as crashed")
     args = parser.parse_args(argv)
     gpus = [int(g) for g in re.split(r"[,\s]+", args.gpus.strip()) if g]
     with get_client(sync_client=True) as client:
-        for line in ensure_pools(client, gpus, args.cpu_trainings):
+        for line in ensure_pools(client, gpus, args.cpu_trainings, args.zombie_after):
             print(line)
     return 0
 

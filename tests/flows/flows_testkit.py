@@ -108,6 +108,42 @@ class Processes:
             self.started.pop().stop()
 
 
+def children(pid: int) -> list[int]:
+    """Every descendant of `pid` (from /proc), in no particular order."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, pp in parents.items() if pp == p]
+        found += kids
+        frontier += kids
+    return found
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def kill_tree(pid: int) -> list[int]:
+    """SIGKILL a process and all its descendants at once, as if its machine died. Returns the pids."""
+    victims = [pid, *children(pid)]
+    for p in victims:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return victims
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """This environment without Prefect/MLflow settings of the caller; the venv first on PATH."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
@@ -240,6 +276,37 @@ TOY_PARAMS = textwrap.dedent("""\
       variants: [none, concat]
       seeds: [0]
     """)
+
+
+# The real pipeline at its smallest: seconds per training, for the end-to-end tests.
+TINY_VARIANTS = ["none", "global_state"]
+TINY_PARAMS = {
+    "train.variants": TINY_VARIANTS,
+    "train.seeds": [0],
+    "train.max_epochs": 2,
+    "train.batch_size": 128,
+    "train.warmup_steps": 10,
+    "model.d_model": 32,
+    "model.n_blocks": 2,
+    "model.n_heads": 4,
+    "model.d_ff": 64,
+    "features.default_dim": 8,
+    "features.embedding_dims": {},
+}
+
+
+def copy_working_tree(dest: Path) -> Path:
+    """This repository's working tree as it is (tracked and untracked, not ignored), committed anew."""
+    files = run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], REPO).split("\0")
+    for rel in filter(None, files):
+        src = REPO / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).write_bytes(src.read_bytes())
+    git(["init", "-q", "-b", "main"], dest)
+    git(["add", "-A"], dest)
+    git(["commit", "-q", "-m", "copy of the working tree"], dest)
+    return dest
 
 
 def git(args: list[str], cwd: Path) -> str:

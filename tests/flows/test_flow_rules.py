@@ -20,6 +20,7 @@ import flows.train_run
 from flows.dvc_stages import StageFailed
 from flows.pipeline import _crashed, is_server, tracking_uri
 from flows.tasks import not_user_error, repro_mlflow_stage, repro_stage, wait_for_mlflow
+from flows.work_pools import CLONE_COMMIT_ENV, CLONE_URL_ENV, RESILIENT_ENV, TRAIN_REMOTE_DEPLOYMENT
 from flows_testkit import REPO, free_port
 
 
@@ -105,3 +106,22 @@ def test_a_checkout_logs_to_the_parents_mlflow_store(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
     assert tracking_uri(tmp_path) == "http://127.0.0.1:5000"
     assert is_server("http://127.0.0.1:5000") and not is_server("sqlite:////x.db")
+
+
+def test_remote_trainings_clone_the_parents_commit_on_their_worker():
+    """The git_clone pull step reads the repository and commit from the run's environment (set by the
+    pipeline per run), so the template is resolved on the worker at run time, not at `prefect deploy`."""
+    import yaml
+
+    deployments = {d["name"]: d for d in yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]}
+    for pool, name in TRAIN_REMOTE_DEPLOYMENT.items():
+        d = deployments[name]
+        assert d["work_pool"]["name"] == pool
+        assert d["entrypoint"] == "flows/train_run.py:train_run_remote"
+        assert d["pull"] == [{"prefect.deployments.steps.git_clone": {
+            "repository": "{{ $%s }}" % CLONE_URL_ENV, "commit_sha": "{{ $%s }}" % CLONE_COMMIT_ENV}}]
+    for name in ("nightly", "train-run-cpu"):
+        assert "pull" not in deployments[name]  # these run in the workspace itself
+    # Every deployment's runs retry a server without its database (500) instead of failing.
+    assert all(d["work_pool"]["job_variables"]["env"] == RESILIENT_ENV for d in deployments.values())
+    assert flows.pipeline.RUN_ENV.items() >= RESILIENT_ENV.items()

@@ -55,8 +55,11 @@ def test_pools_and_slots_are_created_once_and_read_back(prefect_api):
         try:
             first = ensure_pools(client, gpus=[0, 1], cpu_trainings=2)
             assert "pool cpu: created" in first and "pool gpu: created" in first
+            assert "automation crash-silent-trainings: 90 s" in first
             again = ensure_pools(client, gpus=[0, 1], cpu_trainings=2)
             assert "pool cpu: exists" in again and "limit gpu-1: 1" in again
+            assert "automation crash-silent-trainings: exists (90 s)" in again
+            assert len(client.read_automations_by_name("crash-silent-trainings")) == 1
             assert client.read_global_concurrency_limit_by_name(CPU_SLOT).limit == 2
             # No GPU worker: the gpu pool is not ready.
             assert read_cluster(client) == Cluster(gpu_ready=False, devices=[0, 1], pin_devices=True)

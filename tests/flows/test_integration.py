@@ -14,41 +14,17 @@ import time
 
 import pytest
 
-from flows_testkit import REPO, VENV_BIN, clean_env, free_port, git, run
+from flows_testkit import TINY_PARAMS, TINY_VARIANTS, VENV_BIN, clean_env, copy_working_tree, free_port, run
 
 pytestmark = pytest.mark.slow
 
-VARIANTS = ["none", "global_state"]
-TINY = {
-    "train.variants": VARIANTS,
-    "train.seeds": [0],
-    "train.max_epochs": 2,
-    "train.batch_size": 128,
-    "train.warmup_steps": 10,
-    "model.d_model": 32,
-    "model.n_blocks": 2,
-    "model.n_heads": 4,
-    "model.d_ff": 64,
-    "features.default_dim": 8,
-    "features.embedding_dims": {},
-}
+VARIANTS, TINY = TINY_VARIANTS, TINY_PARAMS
 RUN_TIMEOUT = 480
 
 
 @pytest.fixture
 def repo_copy(tmp_path):
-    """The repository's working tree as it is (tracked and untracked, not ignored), committed anew."""
-    copy = tmp_path / "repo"
-    files = run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], REPO).split("\0")
-    for rel in filter(None, files):
-        src = REPO / rel
-        if src.is_file():
-            (copy / rel).parent.mkdir(parents=True, exist_ok=True)
-            (copy / rel).write_bytes(src.read_bytes())
-    git(["init", "-q", "-b", "main"], copy)
-    git(["add", "-A"], copy)
-    git(["commit", "-q", "-m", "copy of the working tree"], copy)
-    return copy
+    return copy_working_tree(tmp_path / "repo")
 
 
 @pytest.fixture
