@@ -151,7 +151,7 @@ class TrainConfig(Section):
     seeds: list[int] = [0, 1, 2]
     batch_size: int = Field(256, ge=1)
     max_epochs: int = Field(20, ge=1)
-    learning_rate: float = Field(3e-3, gt=0)
+    learning_rate: float = Field(4e-3, gt=0)
     weight_decay: float = Field(0.01, ge=0)
     warmup_steps: int = Field(50, ge=0)
     schedule: Literal["cosine", "linear", "constant"] = "cosine"  # after warm-up, down to min_lr_fraction
