@@ -137,7 +137,8 @@ class BayesOptimum(nn.Module):
         weight = post[:, :, None] * free  # (B, K, T): the taste x type factor of a candidate
         if int(n_unknown.max()) > 0:
             poly = elementary_symmetric_excluding(self.oov_share.T[None] * free, int(n_unknown.max()))
-            weight = weight * poly.gather(-1, n_unknown.view(batch, 1, 1, 1).expand(-1, self.n_tastes, self.n_types, 1))[..., 0]
+            degree = n_unknown.view(batch, 1, 1, 1).expand(-1, self.n_tastes, self.n_types, 1)
+            weight = weight * poly.gather(-1, degree)[..., 0]
         score = torch.zeros(batch, self.n_items, dtype=torch.float64, device=items.device)
         sorted_score = torch.empty(batch, len(self.sorted_index), dtype=torch.float64, device=items.device)
         for ty in range(self.n_types):
