@@ -167,6 +167,17 @@ def _count(test: dict, key: str) -> str:
     return "?" if stat is None or stat["mean"] is None else f"{int(stat['mean']):,}"
 
 
+def _comparison_text(per_metric: dict) -> str:
+    """'cross-entropy better by +0.12 (SE 0.03): yes; recall@5 ...' from compare() per metric."""
+    parts = []
+    for metric, c in per_metric.items():
+        scale, unit = (100, " pts") if metric.startswith("recall") else (1, "")
+        se = "no SE" if c["se"] is None else f"SE {c['se'] * scale:.2f}{unit}"
+        parts.append(f"{METRIC_LABELS[metric]} better by {c['improvement'] * scale:+.2f}{unit} ({se}): "
+                     f"{_verdict_text(c['beats_by_more_than_se'])}")
+    return "; ".join(parts)
+
+
 def _verdict_text(value) -> str:
     return {True: "yes", False: "no", None: "undetermined (n=1, no SE)"}[value]
 
@@ -287,13 +298,7 @@ def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, 
         lines.append(f"- Every context variant beats [None] on cross-entropy and recall@5 by more than the "
                      f"standard error: **{_verdict_text(overall)}**.")
         for v, per_metric in verdicts["per_variant"].items():
-            parts = []
-            for metric, c in per_metric.items():
-                scale, unit = (100, " pts") if metric.startswith("recall") else (1, "")
-                se = "no SE" if c["se"] is None else f"SE {c['se'] * scale:.2f}{unit}"
-                parts.append(f"{METRIC_LABELS[metric]} better by {c['improvement'] * scale:+.2f}{unit} ({se}): "
-                             f"{_verdict_text(c['beats_by_more_than_se'])}")
-            lines.append(f"  - {LABELS.get(v, v)}: " + "; ".join(parts))
+            lines.append(f"  - {LABELS.get(v, v)}: {_comparison_text(per_metric)}")
     if order:
         ours = " > ".join(LABELS.get(v, v) for v in order["ours"])
         paper = " > ".join(LABELS.get(v, v) for v in order["paper"])
@@ -421,13 +426,7 @@ def against_learned_baselines(summary: dict, context_variants: list[str]) -> dic
                       for m, higher in VERDICT_METRICS}
         checks[f"{model}_vs_{baseline}"] = {m: {k: (int(v) if isinstance(v, bool) else v) for k, v in c.items()
                                                 if v is not None} for m, c in per_metric.items()}
-        parts = []
-        for metric, c in per_metric.items():
-            scale, unit = (100, " pts") if metric.startswith("recall") else (1, "")
-            se = "no SE" if c["se"] is None else f"SE {c['se'] * scale:.2f}{unit}"
-            parts.append(f"{METRIC_LABELS[metric]} better by {c['improvement'] * scale:+.2f}{unit} ({se}): "
-                         f"{_verdict_text(c['beats_by_more_than_se'])}")
-        lines.append(f"{LABELS.get(model, model)} against {LABELS[baseline]}: " + "; ".join(parts))
+        lines.append(f"{LABELS.get(model, model)} against {LABELS[baseline]}: {_comparison_text(per_metric)}")
     return {"checks": checks, "lines": lines}
 
 
