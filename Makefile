@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help install repro test test-fast benchmarks clean-pipeline
+.PHONY: help install repro test test-fast test-faults benchmarks clean-pipeline
 
 help:
 	@echo "make repro   set up .venv and run the whole DVC pipeline (params.yaml)"
@@ -31,6 +31,10 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# The fault test (a worker SIGKILLed mid-training, PostgreSQL down for 10 s): opt-in, see tests/flows/test_stack.py.
+test-faults: $(STAMP)
+	CONTEXTUAL_BERT_FAULT_TESTS=1 $(BIN)/python -m pytest -q tests/flows/test_stack.py
 
 benchmarks: $(STAMP)
 	$(BIN)/python benchmarks/train_throughput.py
