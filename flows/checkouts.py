@@ -22,7 +22,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from flows.dvc_stages import cache_dir, lock_entry, run_dvc
+from flows.dvc_stages import cache_dir, lock_entry, run_dvc, stage_records
 
 
 def _git(args: list[str], cwd: Path) -> str:
@@ -93,12 +93,8 @@ def bring_back(checkout: Path, workdir: Path, stages: list[str] | tuple[str, ...
     saw other inputs than the parent has now).
     """
     checkout, workdir = Path(checkout), Path(workdir)
-    entries = {}
-    for stage in stages:
-        entry = lock_entry(checkout, stage)
-        if entry is None:
-            raise RuntimeError(f"{checkout}: stage {stage} has no record in dvc.lock; it did not run")
-        entries[stage] = entry
+    entries = stage_records(checkout, stages)
+    for entry in entries.values():
         for out in entry.get("outs", []):
             src, dst = checkout / out["path"], workdir / out["path"]
             if dst.is_dir() and not dst.is_symlink():

@@ -192,6 +192,16 @@ def lock_entry(workdir: Path, stage: str) -> dict | None:
     return (yaml.safe_load(lock.read_text()) or {}).get("stages", {}).get(stage)
 
 
+def stage_records(workdir: Path, stages) -> dict[str, dict]:
+    """The stages' dvc.lock entries (dvc.lock read once); raises if one has none: that stage did not run."""
+    lock = Path(workdir) / "dvc.lock"
+    recorded = (yaml.safe_load(lock.read_text()) or {}).get("stages", {}) if lock.exists() else {}
+    for stage in stages:
+        if stage not in recorded:
+            raise RuntimeError(f"{workdir}: stage {stage} has no record in dvc.lock; it did not run")
+    return {stage: recorded[stage] for stage in stages}
+
+
 def cache_dir(workdir: Path) -> Path:
     """The workspace's DVC cache (`cache.dir`, default `.dvc/cache`), absolute."""
     return Path(run_dvc(["cache", "dir"], workdir).strip().splitlines()[-1]).resolve()

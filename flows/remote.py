@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-from flows.dvc_stages import lock_entry, run_dvc
+from flows.dvc_stages import lock_entry, run_dvc, stage_records
 
 # The files a clone takes from the parent as text; every other tracked file must be committed.
 CARRIED = ("params.yaml", "dvc.lock")
@@ -199,12 +199,7 @@ def pull_inputs(clone: Path, stages: list[str] | tuple[str, ...], dvc_remote: st
 def push_outputs(clone: Path, stages: list[str] | tuple[str, ...], dvc_remote: str) -> dict:
     """`dvc push` the stages' cached outputs; return the report the parent applies."""
     clone = Path(clone)
-    records = {}
-    for stage in stages:
-        entry = lock_entry(clone, stage)
-        if entry is None:
-            raise RuntimeError(f"{clone}: stage {stage} has no record in dvc.lock; it did not run")
-        records[stage] = entry
+    records = stage_records(clone, stages)
     run_dvc(["push", "-r", dvc_remote, *stages], clone)
     files: dict[str, str] = {}
     for out in _uncached_outs(clone, stages):

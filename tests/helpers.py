@@ -13,6 +13,17 @@ TINY_MODEL = {"d_model": 32, "n_blocks": 2, "n_heads": 4, "d_ff": 64, "dropout":
 STRONG, WEAK = ("global_state", 0), ("none", 0)
 
 
+def with_registry_settings(cfg, model_name, variants, **promote_settings):
+    """`cfg` with its own registered model name, the variants to register and promote settings."""
+    return cfg.model_copy(
+        update={
+            "mlflow": cfg.mlflow.model_copy(update={"model_name": model_name}),
+            "train": cfg.train.model_copy(update={"variants": variants}),
+            "promote": cfg.promote.model_copy(update=promote_settings),
+        }
+    )
+
+
 @dataclass(frozen=True)
 class TinyProject:
     root: Path

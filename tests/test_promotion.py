@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import STRONG, WEAK
+from helpers import STRONG, WEAK, with_registry_settings as _with
 from contextual_bert.cli import main
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.feature_store import load_split
@@ -21,16 +21,6 @@ from contextual_bert.promotion import (
 )
 from contextual_bert.registry import register_all
 from contextual_bert.tracking import client
-
-
-def _with(cfg, model_name, variants, **promote_settings):
-    return cfg.model_copy(
-        update={
-            "mlflow": cfg.mlflow.model_copy(update={"model_name": model_name}),
-            "train": cfg.train.model_copy(update={"variants": variants}),
-            "promote": cfg.promote.model_copy(update=promote_settings),
-        }
-    )
 
 
 def _alias(mlflow_client, name, alias):

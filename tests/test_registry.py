@@ -3,19 +3,9 @@ import json
 import pytest
 import torch
 
-from helpers import STRONG, WEAK
+from helpers import STRONG, WEAK, with_registry_settings as _with
 from contextual_bert.registry import register_all
 from contextual_bert.tracking import client, directory_sha256, read_run_file
-
-
-def _with(cfg, model_name, variants, **promote_settings):
-    return cfg.model_copy(
-        update={
-            "mlflow": cfg.mlflow.model_copy(update={"model_name": model_name}),
-            "train": cfg.train.model_copy(update={"variants": variants}),
-            "promote": cfg.promote.model_copy(update=promote_settings),
-        }
-    )
 
 
 # --- register --------------------------------------------------------------------------------------------

@@ -67,7 +67,11 @@ def _read_json(path: Path, what: str):
 
 def read_eval(path: Path) -> dict:
     """One evaluation file, its test metrics checked: the required ones present, recalls fractions."""
-    result = _read_json(path, "evaluation result (run `contextual-bert evaluate` / `baseline`)")
+    return checked_eval(_read_json(path, "evaluation result (run `contextual-bert evaluate` / `baseline`)"), path)
+
+
+def checked_eval(result: dict, path: Path) -> dict:
+    """`result` (read from `path`) if its test metrics hold the required ones and recalls are fractions."""
     test = result.get("test")
     if not isinstance(test, dict):
         raise DataError("no 'test' metrics", path=path, column="test")
@@ -95,9 +99,9 @@ def read_references(cfg: Config) -> dict[str, dict]:
         path = cfg.eval_path(name)
         if name == "popularity" or not path.exists():
             continue
-        if _read_json(path, "optimum").get("known") is False:  # the optimum stage ran; this data has none
-            continue
-        found[name] = read_eval(path)
+        result = _read_json(path, "the optimum's result (run `contextual-bert optimum`)")
+        if result.get("known") is not False:  # false: the optimum stage ran, and this data has none
+            found[name] = checked_eval(result, path)
     return {name: found[name] for name in REFERENCES if name in found}
 
 
