@@ -22,8 +22,10 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # The stages call `contextual-bert`, so the venv's bin goes first on PATH (as `source .venv/bin/activate`).
+# `dvc repro` runs one stage at a time; flows/repro.py runs the same stages through the pipeline flow,
+# the trainings one per core in parallel (same dvc.lock; afterwards `dvc repro` has nothing to do).
 repro: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
+	PATH="$(CURDIR)/$(BIN):$$PATH" PREFECT_HOME=$(PREFECT_HOME) $(BIN)/python -m flows.repro
 	@echo; cat reports/table1.md
 
 test: $(STAMP)

@@ -264,6 +264,9 @@ def fan_out_units(
         placements = {u: dataclasses.replace(p, deployment=TRAIN_REMOTE_DEPLOYMENT[p.pool])
                       for u, p in placements.items()}
         state = hand_over(workdir, todo, git_remote, dvc_remote)
+    if mode == "local" and max_parallel > 1 and "OMP_NUM_THREADS" not in os.environ:
+        # units share this machine's cores; torch threads beyond a unit's share only wait on each other
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max_parallel))
     logger.info("fan-out (%s): %d units, pool %s, %d at a time", mode, len(todo),
                 placements[todo[0]].pool if mode in ("deployments", "remote") else "none", max_parallel)
 

@@ -56,9 +56,18 @@ def test_case_ranks_match_ranks_computed_by_hand():
     assert int(cases["n_unknown_targets"]) == 1
     log_z = math.log(sum(math.exp(s) for s in SCORES[N_SPECIAL:].tolist()))  # specials not in the softmax
     np.testing.assert_allclose(cases["log_prob"], [SCORES[t].item() - log_z for t in EXPECTED_TARGETS], rtol=1e-6)
-    # Every case is its outfit with exactly the target masked.
-    fed = torch.cat(scorer.seen)
-    assert fed[3].tolist() == [MASK_INDEX, UNKNOWN_INDEX, 8, 0] and fed[5].tolist() == [MASK_INDEX, 3, 0, 0]
+    # Every case is its outfit with exactly the target masked, trimmed to its batch's longest outfit (the
+    # cases go in order of outfit length).
+    width = OUTFITS.shape[1]
+    fed = torch.cat([torch.nn.functional.pad(batch, (0, width - batch.shape[1])) for batch in scorer.seen])
+    expected = []
+    for o, p in zip(cases["outfit"], cases["position"]):
+        row = OUTFITS[o].clone()
+        row[p] = MASK_INDEX
+        expected.append(row.tolist())
+    assert sorted(fed.tolist()) == sorted(expected)
+    assert [MASK_INDEX, UNKNOWN_INDEX, 8, 0] in fed.tolist() and [MASK_INDEX, 3, 0, 0] in fed.tolist()
+    assert max(batch.shape[1] for batch in scorer.seen) < width  # no outfit fills the width: all trimmed
 
 
 def test_metrics_match_hand_computation():

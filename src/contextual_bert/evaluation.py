@@ -63,13 +63,17 @@ def case_ranks(model, data: EncodedOutfits, batch_size: int, device, with_ranks:
     n_unknown = int((~known).sum())
     outfit, position, target = outfit[known], position[known], target[known]
 
+    # Cases in order of outfit length, so that each batch is trimmed to little padding (items are
+    # right-padded); the results are put back in outfit order below.
+    lengths = (items != PAD_INDEX).sum(dim=1)
+    by_length = torch.sort(lengths[outfit], stable=True).indices
     ranks, log_probs = [], []
     article_index = torch.arange(getattr(model, "n_items"), device=device)
     with torch.no_grad():  # fp32 on every device: bf16 logits tie, and ties would be broken by article index
         for start in range(0, len(target), batch_size):
-            rows = slice(start, start + batch_size)
+            rows = by_length[start : start + batch_size]
             o, p, t = outfit[rows], position[rows], target[rows, None]
-            masked = items[o].clone()
+            masked = items[o, : int(lengths[o].max())].clone()
             masked[torch.arange(len(o), device=device), p] = MASK_INDEX
             logits = model.masked_logits(masked, {name: values[o] for name, values in context.items()}).float()
             logits[:, :N_SPECIAL] = float("-inf")  # never ranked, whatever the scorer says
@@ -80,15 +84,21 @@ def case_ranks(model, data: EncodedOutfits, batch_size: int, device, with_ranks:
                 ahead = (scores > target_logit) | ((scores == target_logit) & (article_index < t))
                 ranks.append(1 + ahead.sum(dim=1))
 
+    def in_outfit_order(chunks: list[torch.Tensor]) -> torch.Tensor:
+        values = torch.cat(chunks).reshape(-1)
+        restored = torch.empty_like(values)
+        restored[by_length] = values
+        return restored
+
     result = {
         "outfit": outfit.cpu().numpy(),
         "position": position.cpu().numpy(),
         "target": target.cpu().numpy(),
-        "log_prob": torch.cat(log_probs).squeeze(1).double().cpu().numpy() if log_probs else np.zeros(0),
+        "log_prob": in_outfit_order(log_probs).double().cpu().numpy() if log_probs else np.zeros(0),
         "n_unknown_targets": np.int64(n_unknown),
     }
     if with_ranks:
-        result["rank"] = torch.cat(ranks).cpu().numpy() if ranks else np.zeros(0, dtype=np.int64)
+        result["rank"] = in_outfit_order(ranks).cpu().numpy() if ranks else np.zeros(0, dtype=np.int64)
     return result
 
 
