@@ -19,7 +19,8 @@ scheduler, both generators, history and early-stopping state - after every epoch
 resumed repeats the interrupted epoch exactly and ends where an uninterrupted run ends.
 
 Devices: the data is moved to the device once and batches are indexed from it with a shuffled permutation
-(no DataLoader); fused AdamW. On CUDA, bf16 autocast. On the CPU, fp32, the output layer's loss computed in
+(no DataLoader), outfits of similar length together and each batch trimmed to its longest
+(`length_batches`); fused AdamW. On CUDA, bf16 autocast. On the CPU, fp32, the output layer's loss computed in
 chunks of rows (`LinearCrossEntropy`), and glibc told to keep freed memory (`keep_freed_memory`).
 """
 
@@ -330,12 +331,13 @@ def fit(
         model.train()
         order = torch.randperm(n_train, generator=generator, device=device)
         batches = length_batches(order, train_lengths, train_cfg.batch_size, generator)
+        widths = torch.stack([train_lengths[index].max() for index in batches]).tolist()  # one device sync
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         n_targets = 0
         bar = tqdm(total=n_train, desc=f"{model.variant} epoch {epoch}", unit="outfit", leave=False,
                    mininterval=1.0, dynamic_ncols=True)  # fmt: skip
-        for step, index in enumerate(batches):
-            items = train_data.items[index, : int(train_lengths[index].max())]  # right-padded: trim the padding
+        for step, (index, width) in enumerate(zip(batches, widths)):
+            items = train_data.items[index, :width]  # right-padded: the batch without its padding columns
             context = {name: values[index] for name, values in train_data.context.items()}
             learning_rate = scheduler.get_last_lr()[0]  # the rate this step uses
             loss, predict = train_step(model, optimizer, scheduler, items, context, train_cfg, generator)

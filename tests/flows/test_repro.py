@@ -1,0 +1,47 @@
+"""flows/repro.py: the MLflow server that `make repro` puts in front of the SQLite store while trainings run
+in parallel. (The pipeline flow itself, local fan-out included, is covered by test_flows_local.py.)"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+
+from mlflow.tracking import MlflowClient
+
+from contextual_bert.tracking import artifact_location
+from flows.repro import mlflow_server_over
+from flows.stack import healthy
+
+
+def test_the_server_writes_the_sqlite_store_and_its_artifacts_beside_it(tmp_path):
+    db = tmp_path / "store" / "mlflow.db"
+    db.parent.mkdir()
+    uri = f"sqlite:///{db}"
+    with mlflow_server_over(uri, "outfits", tmp_path / "server.log") as served:
+        assert served.startswith("http://127.0.0.1:")
+        client = MlflowClient(served)
+        experiment = client.get_experiment_by_name("outfits")
+        # created before the server, with the location a plain `dvc repro` (SQLite, no server) gives it
+        assert experiment.artifact_location == artifact_location(uri, "outfits")
+        # two processes log at once through the server, as two trainings do
+        script = ("import sys; from mlflow.tracking import MlflowClient; c = MlflowClient(sys.argv[1]);"
+                  "r = c.create_run(sys.argv[2]).info.run_id;"
+                  "[c.log_metric(r, 'loss', float(i), step=i) for i in range(30)]; c.set_terminated(r)")
+        procs = [subprocess.Popen([sys.executable, "-c", script, served, experiment.experiment_id],
+                                  env={**os.environ, "MLFLOW_TRACKING_URI": served}) for _ in range(2)]
+        assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    # the server is gone, the runs are in the SQLite file
+    assert not healthy(f"{served}/health")
+    with sqlite3.connect(db) as connection:
+        runs = connection.execute("select count(*) from runs where status = 'FINISHED'").fetchone()[0]
+        points = connection.execute("select count(*) from metrics where key = 'loss'").fetchone()[0]
+    assert (runs, points) == (2, 60)
+    assert (tmp_path / "server.log").exists()
+
+
+def test_a_server_uri_is_used_as_it_is(tmp_path):
+    with mlflow_server_over("http://mlflow.example:5000", "outfits", tmp_path / "server.log") as served:
+        assert served == "http://mlflow.example:5000"
+    assert not (tmp_path / "server.log").exists()
