@@ -59,28 +59,33 @@ def experiments(cfg: Config) -> list[dict]:
 def rows_from_exp_show(exp_show: list[dict], cfg: Config) -> list[dict]:
     """(variant, setting, objective, convergence) of every finished sweep experiment in `dvc exp show --json`.
 
-    An experiment is recognised by its name (`sweep-<variant>-<i>`); its setting is read back from its params,
-    its result from reports/train/<variant>-s<seed>.json. Failed or unfinished ones are skipped.
+    An experiment is recognised by its name (`sweep-<variant>-<i>`), the newest of that name; its setting is
+    read back from its params, its result from reports/train/<variant>-s<seed>.json. Failed or unfinished
+    ones are skipped.
     """
     names = {e["name"]: e for e in experiments(cfg)}
-    rows = []
+    newest: dict[str, dict] = {}  # an earlier sweep's experiments (`-A`: other commits) carry the same names
     for commit in exp_show:
         for exp in [commit] + [e for branch in commit.get("experiments") or [] for e in branch.get("revs", [])]:
             name = exp.get("name")
             if name not in names or not exp.get("data"):
                 continue
-            planned, data = names[name], exp["data"]
-            metrics_file = str(cfg.train_metrics_path(planned["variant"], cfg.sweep.seed))
-            result = (data.get("metrics") or {}).get(metrics_file, {}).get("data") or {}
-            params = (data.get("params") or {}).get("params.yaml", {}).get("data") or {}
-            overrides = ((params.get("variants") or {}).get(planned["variant"]) or {})
-            setting = {k: overrides.get(k) for k in planned["setting"]}
-            objective = result.get(OBJECTIVE)
-            if objective is None or not math.isfinite(float(objective)):
-                continue
-            rows.append({"experiment": name, "rev": exp.get("rev"), "variant": planned["variant"],
-                         "setting": setting, OBJECTIVE: float(objective), "converged": result.get("converged"),
-                         "best_epoch": result.get("best_epoch"), "epochs": result.get("epochs")})
+            if name not in newest or (exp["data"].get("timestamp") or "") > (newest[name]["data"].get("timestamp") or ""):
+                newest[name] = exp
+    rows = []
+    for name in (n for n in names if n in newest):  # grid order
+        planned, data, exp = names[name], newest[name]["data"], newest[name]
+        metrics_file = str(cfg.train_metrics_path(planned["variant"], cfg.sweep.seed))
+        result = (data.get("metrics") or {}).get(metrics_file, {}).get("data") or {}
+        params = (data.get("params") or {}).get("params.yaml", {}).get("data") or {}
+        overrides = ((params.get("variants") or {}).get(planned["variant"]) or {})
+        setting = {k: overrides.get(k) for k in planned["setting"]}
+        objective = result.get(OBJECTIVE)
+        if objective is None or not math.isfinite(float(objective)):
+            continue
+        rows.append({"experiment": name, "rev": exp.get("rev"), "variant": planned["variant"],
+                     "setting": setting, OBJECTIVE: float(objective), "converged": result.get("converged"),
+                     "best_epoch": result.get("best_epoch"), "epochs": result.get("epochs")})
     return rows
 
 

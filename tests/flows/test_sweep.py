@@ -128,3 +128,23 @@ def test_choose_takes_the_lowest_validation_loss_and_skips_failed_runs():
     rows = rows_from_exp_show(shown, cfg)
     assert [r["experiment"] for r in rows] == ["sweep-none-0", "sweep-none-1"]
     assert choose(rows) == {"none": {"learning_rate": 0.002}}
+
+
+def test_an_earlier_sweeps_experiment_of_the_same_name_is_not_read():
+    cfg = _cfg(grid={"learning_rate": [1e-3, 2e-3]})
+    metrics_file = str(cfg.train_metrics_path("none", 1))
+
+    def exp(name, lr, ce, when):
+        return {"name": name, "rev": f"{name}@{when}", "data": {"timestamp": when,
+            "params": {"params.yaml": {"data": {"variants": {"none": {"learning_rate": lr}}}}},
+            "metrics": {metrics_file: {"data": {"best_val_cross_entropy": ce, "converged": None}}}}}
+
+    # `dvc exp show -A`: the old commit's sweep (other data) first, then this one's
+    shown = [{"name": "old", "data": {}, "experiments": [
+                {"revs": [exp("sweep-none-0", 0.001, 3.0, "2026-11-22T10:00:00")]}]},
+             {"name": "new", "data": {}, "experiments": [
+                {"revs": [exp("sweep-none-1", 0.002, 5.1, "2026-11-23T10:05:00")]},
+                {"revs": [exp("sweep-none-0", 0.001, 5.2, "2026-11-23T10:00:00")]}]}]
+    rows = rows_from_exp_show(shown, cfg)
+    assert [(r["experiment"], r["best_val_cross_entropy"]) for r in rows] == [("sweep-none-0", 5.2), ("sweep-none-1", 5.1)]
+    assert choose(rows) == {"none": {"learning_rate": 0.002}}
