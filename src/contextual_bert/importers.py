@@ -143,25 +143,39 @@ class _Db:
 
 
 def _transactions(db: _Db, path: Path) -> dict:
-    """Table `tx` (customer_id, day, article_id, price) of the readable transactions, customers as codes."""
-    db.run(f"""
-        CREATE TABLE raw_tx AS SELECT
-            nullif(trim(customer_id), '') AS customer_id,
-            CAST(try_strptime(trim(t_dat), '%Y-%m-%d') AS DATE) AS day,
-            {_article_id_sql('article_id')} AS article_id,
-            TRY_CAST(trim(price) AS DOUBLE) AS price
-        FROM {_csv(path)}""", path)  # fmt: skip
-    total, malformed = db.one("""SELECT count(*), count(*) FILTER (
-        WHERE customer_id IS NULL OR day IS NULL OR article_id IS NULL) FROM raw_tx""")
-    # Customers as integer codes: grouping tens of millions of rows on 64-character ids would be slow.
-    db.run("""CREATE TABLE customer_codes AS
-        SELECT customer_id, CAST(row_number() OVER (ORDER BY customer_id) AS INTEGER) AS cid
-        FROM (SELECT DISTINCT customer_id FROM raw_tx WHERE customer_id IS NOT NULL)""")
-    db.run("""CREATE TABLE tx AS
-        SELECT c.cid, t.day, t.article_id, t.price FROM raw_tx t JOIN customer_codes c USING (customer_id)
-        WHERE t.day IS NOT NULL AND t.article_id IS NOT NULL""")
-    db.run("DROP TABLE raw_tx")
-    return {"transactions": int(total), "transactions_malformed_dropped": int(malformed)}
+    """Table `tx` (cid, day, aid, price) of the readable transactions, customers and articles as integer
+    codes (`customer_codes`: cid -> customer_id, `article_codes`: aid -> article_id; both codes follow the
+    order of the ids' text, so ordering by a code orders by its id).
+
+    Two reads of the file and no text function on its rows: the first collects the distinct raw customer
+    ids, dates and article ids (a few million values at most), each parsed once into a dictionary; the
+    second maps every row through the dictionaries by hash joins. Parsing and trimming 31.8 M rows of text
+    and joining them on 64-character customer ids cost several times that. A row whose customer, date or
+    article does not parse finds no dictionary entry: it is malformed (transactions = used + malformed)."""
+    read = _csv(path)
+    db.run(f"""CREATE TABLE tx_values AS
+        SELECT GROUPING(customer_id, t_dat, article_id) AS grouping_id, customer_id, t_dat, article_id,
+               count(*) AS n_rows
+        FROM {read} GROUP BY GROUPING SETS ((customer_id), (t_dat), (article_id), ())""", path)  # fmt: skip
+    (total,) = db.one("SELECT n_rows FROM tx_values WHERE grouping_id = 7")  # the () set: every row
+    db.run("""CREATE TABLE customer_raw AS SELECT raw, customer_id, dense_rank() OVER (ORDER BY customer_id) AS cid
+        FROM (SELECT customer_id AS raw, nullif(trim(customer_id), '') AS customer_id FROM tx_values
+              WHERE grouping_id = 3) WHERE customer_id IS NOT NULL""")  # fmt: skip
+    db.run("""CREATE TABLE day_raw AS SELECT raw, day FROM (
+        SELECT t_dat AS raw, CAST(try_strptime(trim(t_dat), '%Y-%m-%d') AS DATE) AS day FROM tx_values
+        WHERE grouping_id = 5) WHERE day IS NOT NULL""")
+    db.run(f"""CREATE TABLE article_raw AS SELECT raw, article_id, dense_rank() OVER (ORDER BY article_id) AS aid
+        FROM (SELECT article_id AS raw, {_article_id_sql('article_id')} AS article_id FROM tx_values
+              WHERE grouping_id = 6) WHERE article_id IS NOT NULL""")  # fmt: skip
+    db.run("DROP TABLE tx_values")
+    db.run("CREATE TABLE customer_codes AS SELECT DISTINCT cid, customer_id FROM customer_raw")
+    db.run("CREATE TABLE article_codes AS SELECT DISTINCT aid, article_id FROM article_raw")
+    db.run(f"""CREATE TABLE tx AS
+        SELECT c.cid, d.day, a.aid, TRY_CAST(trim(t.price) AS DOUBLE) AS price FROM {read} t
+        JOIN customer_raw c ON t.customer_id = c.raw JOIN day_raw d ON t.t_dat = d.raw
+        JOIN article_raw a ON t.article_id = a.raw""", path)  # fmt: skip
+    (used,) = db.one("SELECT count(*) FROM tx")
+    return {"transactions": int(total), "transactions_malformed_dropped": int(total - used)}
 
 
 def _optional(column: str, header: list[str], sql: str | None = None) -> str:
@@ -205,7 +219,8 @@ def _articles(db: _Db, path: Path, header: list[str]) -> dict:
         WHERE article_id IS NOT NULL) WHERE rank = 1""")
     db.run("""CREATE TABLE articles AS
         SELECT a.* EXCLUDE (source_row), p.price, a.source_row FROM articles_unique a
-        JOIN (SELECT article_id, avg(price) AS price FROM tx WHERE isfinite(price) GROUP BY article_id) p
+        JOIN (SELECT c.article_id, p.price FROM article_codes c JOIN (
+                  SELECT aid, avg(price) AS price FROM tx WHERE isfinite(price) GROUP BY aid) p USING (aid)) p
         USING (article_id)""")
     (in_source,) = db.one("SELECT count(*) FROM articles_unique")
     (priced,) = db.one("SELECT count(*) FROM articles")
@@ -214,51 +229,75 @@ def _articles(db: _Db, path: Path, header: list[str]) -> dict:
 
 
 def _baskets(db: _Db, cfg: ImportHMConfig, max_items: int) -> dict:
-    """Tables `day_items` (cid, day, article_id: each distinct purchase) and `customer_days` (cid, day, its
-    number of distinct articles, the first day of its session); returns the outfits each basket definition
-    gives."""
-    db.run("CREATE TABLE day_items AS SELECT DISTINCT cid, day, article_id FROM tx")
+    """Tables `day_items` (cid, day, aid: each distinct purchase), `customer_days` (cid, day, its number of
+    distinct articles n, the first day of its session) and, per basket definition, `baskets_<definition>`
+    (cid, first_day, n); returns the outfits each definition gives.
+
+    A week's or a session's distinct articles are counted only where the count decides whether the basket
+    is kept: a basket of one day has that day's n; one whose days hold fewer than min_items purchases in
+    all is too small, one with a day above max_items too large, whatever the overlap. Only the remaining
+    multi-day baskets (a small share) are counted article by article. There n is exact where the basket is
+    kept and a bound on the right side of the limit otherwise."""
+    db.run("CREATE TABLE day_items AS SELECT DISTINCT cid, day, aid FROM tx")
     db.run(f"""CREATE TABLE customer_days AS
         SELECT cid, day, n,
                max(CASE WHEN previous IS NULL OR day - previous > {cfg.session_gap_days} THEN day END)
                    OVER (PARTITION BY cid ORDER BY day ROWS UNBOUNDED PRECEDING) AS session
         FROM (SELECT cid, day, n, lag(day) OVER (PARTITION BY cid ORDER BY day) AS previous
               FROM (SELECT cid, day, count(*) AS n FROM day_items GROUP BY cid, day))""")  # fmt: skip
-    kept = f"BETWEEN {cfg.min_items} AND {max_items}"
-    sizes = {  # distinct articles per basket: a day's rows are distinct; a week or session may repeat one
-        "day": "SELECT n FROM customer_days",
-        "week": f"SELECT count(DISTINCT article_id) AS n FROM day_items GROUP BY cid, {BASKET_START['week']}",
-        "session": f"""SELECT count(DISTINCT i.article_id) AS n FROM day_items i JOIN customer_days d USING (cid, day)
-                       GROUP BY i.cid, d.session""",
-    }  # fmt: skip
+    low, high = cfg.min_items, max_items
     counts = {}
-    for definition, sql in sizes.items():
+    for definition, start in BASKET_START.items():
+        table = f"baskets_{definition}"
+        if definition == "day":  # one day, one basket: n is exact
+            db.run(f"CREATE TABLE {table} AS SELECT cid, day AS first_day, n FROM customer_days")
+        else:
+            db.run(f"""CREATE TABLE {table} AS
+                WITH days AS (SELECT cid, day, {start} AS first_day, n FROM customer_days),
+                bounds AS (SELECT cid, first_day, count(*) AS days, sum(n) AS total, max(n) AS largest
+                           FROM days GROUP BY cid, first_day),
+                open AS (SELECT cid, first_day FROM bounds
+                         WHERE days > 1 AND total >= {low} AND largest <= {high}),
+                exact AS (SELECT d.cid, d.first_day, count(DISTINCT i.aid) AS n
+                          FROM day_items i JOIN days d USING (cid, day) JOIN open o USING (cid, first_day)
+                          GROUP BY d.cid, d.first_day)
+                SELECT b.cid, b.first_day, CASE WHEN b.days = 1 OR b.total < {low} THEN b.total
+                                                WHEN b.largest > {high} THEN b.largest ELSE e.n END AS n
+                FROM bounds b LEFT JOIN exact e USING (cid, first_day)""")  # fmt: skip
         label = f"session_gap_{cfg.session_gap_days}d" if definition == "session" else definition
-        counts[label] = int(db.one(f"SELECT count(*) FROM ({sql}) WHERE n {kept}")[0])
+        counts[label] = int(db.one(f"SELECT count(*) FROM {table} WHERE n BETWEEN {low} AND {high}")[0])
     return counts
 
 
 def _outfits(db: _Db, cfg: ImportHMConfig, max_items: int) -> dict:
-    """Table `outfits` in the contract's columns (and its counts), for the chosen basket definition."""
-    start = BASKET_START[cfg.basket]
-    items = "day_items JOIN customer_days USING (cid, day)" if cfg.basket == "session" else "day_items"
-    db.run(f"""CREATE TABLE baskets AS
-        SELECT cid, {start} AS first_day, list_sort(list(DISTINCT article_id)) AS article_ids
-        FROM {items} GROUP BY cid, first_day""")
+    """Table `outfits` in the contract's columns (and its counts), for the chosen basket definition. Article
+    lists are built only for the kept baskets."""
+    low, high = cfg.min_items, max_items
+    baskets, too_small, too_large = db.one(f"""SELECT count(*), count(*) FILTER (WHERE n < {low}),
+        count(*) FILTER (WHERE n > {high}) FROM baskets_{cfg.basket}""")
+    # a day's purchases are distinct already; a week or a session may hold an article on two days
+    distinct = "" if cfg.basket == "day" else "DISTINCT"
+    db.run(f"""CREATE TABLE outfit_items AS SELECT {distinct} d.cid, d.first_day, i.aid
+        FROM day_items i JOIN (SELECT cid, day, {BASKET_START[cfg.basket]} AS first_day FROM customer_days) d
+             USING (cid, day)
+        JOIN (SELECT cid, first_day FROM baskets_{cfg.basket} WHERE n BETWEEN {low} AND {high}) k
+             USING (cid, first_day)""")  # fmt: skip
+    db.run("""CREATE TABLE article_rows AS SELECT c.aid, c.article_id, a.article_id IS NOT NULL AS has_row
+        FROM article_codes c LEFT JOIN (SELECT article_id FROM articles) a ON c.article_id = a.article_id""")
+    db.run("""CREATE TABLE customer_rows AS SELECT c.cid, c.customer_id, k.customer_id IS NOT NULL AS has_row
+        FROM customer_codes c LEFT JOIN (SELECT customer_id FROM customers) k ON c.customer_id = k.customer_id""")
     db.run(f"""CREATE TABLE outfits AS
-        SELECT c.customer_id || '_{OUTFIT_ID_MARK[cfg.basket]}' || strftime(b.first_day, '%Y-%m-%d') AS outfit_id,
-               c.customer_id, b.article_ids, strftime(b.first_day, '%Y-%m-%d') AS date
-        FROM baskets b JOIN customer_codes c USING (cid)
-        WHERE len(b.article_ids) BETWEEN {cfg.min_items} AND {max_items}""")  # fmt: skip
-    baskets, too_small, too_large = db.one(f"""SELECT count(*),
-        count(*) FILTER (WHERE len(article_ids) < {cfg.min_items}),
-        count(*) FILTER (WHERE len(article_ids) > {max_items}) FROM baskets""")
-    (kept,) = db.one("SELECT count(*) FROM outfits")
-    (no_customer,) = db.one("SELECT count(*) FROM outfits WHERE customer_id NOT IN (SELECT customer_id FROM customers)")
-    no_article_row, articles_without_row = db.one("""
-        SELECT count(DISTINCT outfit_id), count(DISTINCT article_id) FROM (
-            SELECT outfit_id, unnest(article_ids) AS article_id FROM outfits)
-        WHERE article_id NOT IN (SELECT article_id FROM articles)""")
+        SELECT c.customer_id || '_{OUTFIT_ID_MARK[cfg.basket]}' || strftime(o.first_day, '%Y-%m-%d') AS outfit_id,
+               c.customer_id, o.article_ids, strftime(o.first_day, '%Y-%m-%d') AS date,
+               o.cid, o.first_day, o.lacks_article_row, NOT c.has_row AS lacks_customer_row
+        FROM (SELECT i.cid, i.first_day, list_sort(list(a.article_id)) AS article_ids,
+                     bool_or(NOT a.has_row) AS lacks_article_row
+              FROM outfit_items i JOIN article_rows a USING (aid) GROUP BY i.cid, i.first_day) o
+        JOIN customer_rows c USING (cid)""")  # fmt: skip
+    kept, no_customer, no_article_row = db.one("""SELECT count(*), count(*) FILTER (WHERE lacks_customer_row),
+        count(*) FILTER (WHERE lacks_article_row) FROM outfits""")
+    (articles_without_row,) = db.one("""SELECT count(DISTINCT aid) FROM outfit_items JOIN article_rows USING (aid)
+        WHERE NOT has_row""")
     if kept + too_small + too_large != baskets:
         raise RuntimeError("baskets lost between kept and dropped")  # cannot happen
     return {
@@ -307,12 +346,13 @@ def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig, timings: dict | 
             counts |= clock("articles", _articles(db, source / ARTICLES, headers[ARTICLES]))
             by_definition = clock("basket_definitions", _baskets(db, cfg, max_set_size))
             counts |= clock("outfits", _outfits(db, cfg, max_set_size))
-            for table, order in (("articles", "source_row"), ("customers", "source_row"),
-                                 ("outfits", "customer_id, date")):  # fmt: skip
-                target = _quote(out_dir / f"{table}.parquet")
-                db.run(f"COPY (SELECT * EXCLUDE (source_row) FROM {table} ORDER BY {order}) TO {target} (FORMAT parquet)"
-                       if table != "outfits" else
-                       f"COPY (SELECT * FROM {table} ORDER BY {order}) TO {target} (FORMAT parquet)")  # fmt: skip
+            for table, columns, order in (
+                ("articles", "* EXCLUDE (source_row)", "source_row"),
+                ("customers", "* EXCLUDE (source_row)", "source_row"),
+                ("outfits", "outfit_id, customer_id, article_ids, date", "cid, first_day"),  # = customer_id, date
+            ):
+                db.run(f"COPY (SELECT {columns} FROM {table} ORDER BY {order}) "
+                       f"TO {_quote(out_dir / f'{table}.parquet')} (FORMAT parquet)")
             rows = {t: int(db.one(f"SELECT count(*) FROM {t}")[0]) for t in ("articles", "customers", "outfits")}
             clock("write_parquet", None)
         finally:
