@@ -183,7 +183,7 @@ class PrefectServer:
             cwd,
             self.env(**env),
         )
-        wait_until(lambda: "started" in worker.tail().lower() or not worker.alive(), 60, f"worker {name}")
+        wait_until(lambda: "started" in worker.tail().lower() or not worker.alive(), 180, f"worker {name}")
         assert worker.alive(), worker.tail()
         return worker
 

@@ -59,6 +59,8 @@ pytestmark = pytest.mark.slow
 # Every wait is bounded; the bound only ends a hang. On the shared 2-core machine, niced, an undisturbed
 # run took from 222 s to over 600 s (load 8, 18:21), so the bound is generous.
 RUN_TIMEOUT = 1200
+# Both servers migrate an empty PostgreSQL database first: over 90 s niced at load 11 (18:38).
+PG_SERVER_START_TIMEOUT = 4 * SERVER_START_TIMEOUT
 WORKERS = ("worker-1", "worker-2")
 UNITS = [f"{v}-s{s}" for v in TINY_VARIANTS for s in TINY_PARAMS["train.seeds"]]
 
@@ -101,8 +103,8 @@ def stack_up(postgres, tmp_path_factory):
         artifacts = root / "mlartifacts"
         mlflow = processes.start("mlflow-server", stack.mlflow_server_command(postgres, mlflow_port, str(artifacts)),
                                  root, clean_env())
-        stack.wait_healthy(f"{server.url}/health", SERVER_START_TIMEOUT, "prefect server", proc.alive)
-        stack.wait_healthy(f"{mlflow_uri}/health", SERVER_START_TIMEOUT, "mlflow server", mlflow.alive)
+        stack.wait_healthy(f"{server.url}/health", PG_SERVER_START_TIMEOUT, "prefect server", proc.alive)
+        stack.wait_healthy(f"{mlflow_uri}/health", PG_SERVER_START_TIMEOUT, "mlflow server", mlflow.alive)
 
         origin, storage = root / "origin.git", root / "dvc-remote"
         run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], root)
