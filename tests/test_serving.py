@@ -73,6 +73,36 @@ def test_a_rows_scores_do_not_depend_on_the_other_rows_of_its_request(core, requ
         torch.testing.assert_close(together[row], expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("variant", ["none", "concat", "new_position", "global_state", "global_state_update",
+                                     "bag_of_items", "bag_of_items_context"])
+def test_the_traced_forward_pass_equals_the_models_at_any_batch_and_width(tiny_project, requests, variant):
+    """Serving runs masked_logits as a trace taken on one small example: every model, at other batch
+    sizes and outfit widths, gives exactly the model's own logits."""
+    import torch
+
+    from contextual_bert.feature_store import OutfitEncoder, load_article_vocab
+    from contextual_bert.model import build_model
+
+    cfg = tiny_project.cfg
+    torch.manual_seed(0)
+    n_items = len(load_article_vocab(tiny_project.features_dir))
+    model = build_model(cfg.model_for(variant), variant, n_items, load_spec(tiny_project.features_dir)).eval()
+    encoder = OutfitEncoder.load(tiny_project.features_dir, cfg.model.max_set_size)
+    core = OutfitCompleterCore(model, encoder, torch.device("cpu"))
+    assert core.masked_logits != model.masked_logits  # the trace, not the module
+    rows = pd.concat([requests] * 3, ignore_index=True)
+    rows["article_ids"] = [list(ids[: 1 + i % 3]) for i, ids in enumerate(rows["article_ids"])]
+    encoded = core.encode(rows)
+    items, context = encoded.outfits.items, encoded.outfits.context
+    widths = (items != 0).sum(dim=1)  # the items, then the [MASK], then padding
+    assert len(widths.unique()) == 3
+    with torch.no_grad():
+        for rows in (torch.arange(len(items)), torch.tensor([0]), *((widths == w).nonzero()[:, 0] for w in (2, 3))):
+            batch = items[rows][:, : int(widths[rows].max())]
+            ctx = {k: v[rows] for k, v in context.items()}
+            torch.testing.assert_close(core.masked_logits(batch, ctx), model.masked_logits(batch, ctx), rtol=0, atol=0)
+
+
 def test_unknown_ids_and_missing_or_unseen_features_are_reported(core, requests):
     out = core.recommend(requests, top_k=3)
     assert out.loc[1, "unknown_article_ids"] == ["NOT-AN-ARTICLE"]

@@ -51,6 +51,26 @@ class OutfitCompleterCore:
         self._vocab_ids = np.asarray(encoder.article_vocab.ids, dtype=object)  # index -> id, for whole batches
         self.device = device
         self.max_set_size = model.model_cfg.max_set_size
+        self.masked_logits = self._traced_masked_logits() if device.type == "cpu" else self.model.masked_logits
+
+    def _traced_masked_logits(self):
+        """The model's masked_logits as a TorchScript trace. On the CPU a small request's forward pass is
+        a few hundred small ops, and Python's share of each is most of the time: the trace runs them
+        without it (one row: 4.6 -> 2.3 ms CPU, measured; the same numbers, tests/test_serving.py).
+        Shapes stay free (batch and width are read at run time); the trace keeps no Python check, and
+        needs none here: the encoder gives every row exactly one [MASK]. TorchScript is deprecated from
+        torch 2.13 on, though still supported: where it goes, serve the module (self.model.masked_logits)."""
+        import warnings
+
+        vocab = self.article_vocab.ids
+        example = self.encode(pd.DataFrame({"article_ids": [[vocab[N_SPECIAL]], vocab[N_SPECIAL:N_SPECIAL + 2]]}))
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)  # the Python check, left out (above)
+            warnings.simplefilter("ignore", DeprecationWarning)  # said above
+            inputs = (example.outfits.items.to(self.device),
+                      {k: v.to(self.device) for k, v in example.outfits.context.items()})
+            traced = torch.jit.trace_module(self.model, {"masked_logits": inputs}, strict=False, check_trace=False)
+        return traced.masked_logits
 
     @classmethod
     def load(cls, checkpoint: Path, features_dir: Path, device: str = "auto") -> "OutfitCompleterCore":
@@ -92,7 +112,7 @@ class OutfitCompleterCore:
 
     def _log_probs(self, items: torch.Tensor, context: dict[str, torch.Tensor]) -> torch.Tensor:
         with autocast(self.device):
-            logits = self.model.masked_logits(items, context).float()
+            logits = self.masked_logits(items, context).float()
         # Never recommend what the outfit holds; [UNK] and the other specials are already -inf.
         logits.scatter_(1, items, float("-inf"))
         return torch.log_softmax(logits, dim=1)
