@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help install repro test test-fast test-faults benchmarks clean-pipeline
+.PHONY: help install repro test test-fast benchmarks clean-pipeline
 
 help:
 	@echo "make repro   set up .venv and run the whole DVC pipeline (params.yaml)"
@@ -34,10 +34,6 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 
-# The fault test (a worker SIGKILLed mid-training, PostgreSQL down for 10 s): opt-in, see tests/flows/test_stack.py.
-test-faults: $(STAMP)
-	CONTEXTUAL_BERT_FAULT_TESTS=1 $(BIN)/python -m pytest -q tests/flows/test_stack.py
-
 benchmarks: $(STAMP)
 	$(BIN)/python benchmarks/train_throughput.py
 
@@ -51,6 +47,7 @@ PREFECT_API_URL ?= http://127.0.0.1:$(PREFECT_PORT)/api
 GPUS ?=
 CPU_TRAININGS ?= 2
 POOL ?= cpu
+QUEUE ?=
 PREFECT_ENV = PREFECT_HOME=$(PREFECT_HOME) PREFECT_API_URL=$(PREFECT_API_URL)
 
 .PHONY: prefect-help prefect-server prefect-pools prefect-deploy prefect-worker prefect-ui prefect-run
@@ -59,7 +56,7 @@ prefect-help:
 	@echo "make prefect-server                 Prefect server on 127.0.0.1:$(PREFECT_PORT) (SQLite in $(PREFECT_HOME))"
 	@echo "make prefect-pools [GPUS='0 1']     work pools cpu and gpu, slots train-cpu and gpu-<i>"
 	@echo "make prefect-deploy                 pools, then prefect deploy --all (prefect.yaml)"
-	@echo "make prefect-worker [POOL=gpu]      a process worker on the cpu (or gpu) pool"
+	@echo "make prefect-worker [POOL=gpu] [QUEUE=default|pipeline]  a process worker on the cpu (or gpu) pool"
 	@echo "make prefect-ui                     open the Prefect UI"
 	@echo "make prefect-run [SIZE=tiny] [FAN_OUT=remote]  run the nightly pipeline deployment now"
 	@echo "make stack-up [WORKERS=2]           PostgreSQL, Prefect + MLflow servers on it, workers (.stack/)"
@@ -75,7 +72,7 @@ prefect-deploy: prefect-pools
 	$(PREFECT_ENV) $(BIN)/prefect --no-prompt deploy --all
 
 prefect-worker: $(STAMP)
-	$(PREFECT_ENV) $(BIN)/prefect worker start --pool $(POOL)
+	$(PREFECT_ENV) $(BIN)/prefect worker start --pool $(POOL) $(if $(QUEUE),--work-queue $(QUEUE))
 
 prefect-ui:
 	@echo "Prefect UI: http://127.0.0.1:$(PREFECT_PORT)"

@@ -14,7 +14,9 @@ remote directory, and workers in directories of their own (which see nothing of 
   --artifacts-destination <dir>/mlartifacts: the artifact root (s3://bucket/prefix with
   MLFLOW_S3_ENDPOINT_URL and AWS_* credentials for S3-compatible stores, docs/scaling.md).
 - Pools, slots and the zombie automation: `python -m flows.work_pools`; workers: `prefect worker start
-  --pool cpu` in <dir>/worker-<i>, their temporary files in <dir>/worker-<i>/tmp.
+  --pool cpu --work-queue default` in <dir>/worker-<i> for the trainings, their temporary files in
+  <dir>/worker-<i>/tmp, and `--work-queue pipeline` in <dir>/worker-pipeline for the flows that drive
+  them (the pipeline, training, promotion), so killing a training worker never kills a parent flow.
 
 The pieces (`Postgres`, the server commands) are the ones the integration tests start.
 """
@@ -35,7 +37,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from flows.work_pools import RESILIENT_ENV
+from flows.work_pools import CPU_POOL, PIPELINE_QUEUE, RESILIENT_ENV, TRAIN_QUEUE
 
 BIN = Path(sys.executable).parent  # the venv's bin/: prefect, mlflow, dvc
 PG_USER = "postgres"  # the database superuser, and the system user that runs the cluster as root
@@ -148,8 +150,10 @@ def mlflow_server_command(pg: Postgres, port: int, artifact_root: str) -> list[s
             artifact_root, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
 
 
-def worker_command(pool: str, name: str) -> list[str]:
-    return [str(BIN / "prefect"), "worker", "start", "--pool", pool, "--name", name, "--type", "process"]
+def worker_command(pool: str, name: str, queue: str | None = None) -> list[str]:
+    """A process worker on `pool`; on `queue` only when given (else on every queue of the pool)."""
+    return [str(BIN / "prefect"), "worker", "start", "--pool", pool, "--name", name, "--type", "process",
+            *(["--work-queue", queue] if queue else [])]
 
 
 def healthy(url: str) -> bool:
@@ -219,12 +223,16 @@ def up(root: Path, workers: int) -> dict[str, str]:
     client_env = {**os.environ, "PREFECT_API_URL": api, "MLFLOW_TRACKING_URI": mlflow_uri}
     subprocess.run([sys.executable, "-m", "flows.work_pools", "--cpu-trainings", str(workers)], check=True,
                    env=client_env, cwd=Path(__file__).resolve().parents[1])
+    worker_env = {"PREFECT_API_URL": api, "MLFLOW_TRACKING_URI": mlflow_uri, **RESILIENT_ENV}
+    # The flows that drive the trainings on a worker of their own, the trainings on the others: a
+    # worker lost under a training never takes its parent flow with it (flows/work_pools.py).
+    _spawn(root, "worker-pipeline", worker_command(CPU_POOL, "worker-pipeline", PIPELINE_QUEUE),
+           root / "worker-pipeline", worker_env)
     for i in range(1, workers + 1):
         wdir = root / f"worker-{i}"
         (wdir / "tmp").mkdir(parents=True, exist_ok=True)
-        _spawn(root, f"worker-{i}", worker_command("cpu", f"worker-{i}"), wdir,
-               {"PREFECT_API_URL": api, "MLFLOW_TRACKING_URI": mlflow_uri, "TMPDIR": str(wdir / "tmp"),
-                **RESILIENT_ENV})
+        _spawn(root, f"worker-{i}", worker_command(CPU_POOL, f"worker-{i}", TRAIN_QUEUE), wdir,
+               {**worker_env, "TMPDIR": str(wdir / "tmp")})
     (root / "dvc-remote").mkdir(exist_ok=True)
     print(f"stack up in {time.monotonic() - started:.0f} s; use it with:")
     print(f"  export PREFECT_API_URL={api} MLFLOW_TRACKING_URI={mlflow_uri}")

@@ -18,8 +18,14 @@
   `ZOMBIE_AFTER_S` without one (flow runs send one each 180 s by default: other runs are left alone); the
   pipeline then retries the unit once, on whichever worker is left.
 
-No pool concurrency limit on `cpu`: the pipeline flow itself runs there while it waits for its
-trainings, and a pool limit would let it starve them.
+Orchestration and trainings are separate classes of work in the `cpu` pool: the flows that only
+drive others (the pipeline, training, promotion and sweep deployments) go to its work queue `pipeline`,
+trainings to `default`. One worker on the pool (`make prefect-worker`) serves both queues; where
+workers can die under a training (more machines, `make stack-up`), the training workers serve only
+`default` (`--work-queue default`) and one worker of its own serves `pipeline`, so a worker lost with
+its trainings never takes the parent flow with it: the parent sees the trainings crash and retries
+them elsewhere. No pool concurrency limit on `cpu`: the pipeline flow itself runs there while it waits
+for its trainings, and a pool limit would let it starve them.
 
 `python -m flows.work_pools --gpus 0,1 --cpu-trainings 2` creates (or updates) all of it.
 """
@@ -32,6 +38,8 @@ from dataclasses import dataclass, field
 
 CPU_POOL = "cpu"
 GPU_POOL = "gpu"
+# Work queues (prefect.yaml's work_queue_name): the flows that drive others vs the trainings.
+PIPELINE_QUEUE, TRAIN_QUEUE = "pipeline", "default"
 CPU_SLOT = "train-cpu"
 GPU_SLOT = re.compile(r"^gpu-(\d+)$")
 TRAIN_FLOW = "train-run"  # the name of flows.train_run.train_run
@@ -192,6 +200,12 @@ def ensure_pools(client, gpus: list[int], cpu_trainings: int, zombie_after_s: fl
                 )
             )
             done.append(f"pool {pool}: created")
+    try:
+        client.read_work_queue_by_name(PIPELINE_QUEUE, work_pool_name=CPU_POOL)
+    except ObjectNotFound:
+        client.create_work_queue(PIPELINE_QUEUE, work_pool_name=CPU_POOL,
+                                 description="flows that drive others (pipeline, training, promotion, sweep)")
+        done.append(f"queue {CPU_POOL}/{PIPELINE_QUEUE}: created")
     wanted = {CPU_SLOT: cpu_trainings, **{f"gpu-{g}": 1 for g in gpus}}
     for name, limit in wanted.items():
         client.upsert_global_concurrency_limit_by_name(name, limit)

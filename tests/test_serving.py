@@ -57,6 +57,52 @@ def test_recommends_k_articles_never_from_the_outfit(core, requests):
         assert all(a >= b for a, b in zip(scores, scores[1:])) and 0 < sum(scores) <= 1
 
 
+def test_a_rows_scores_do_not_depend_on_the_other_rows_of_its_request(core, requests):
+    """Rows are scored in groups of one outfit width (serving.log_probs): a row alone and the same row in
+    a request of mixed widths get the same scores."""
+    import torch
+
+    mixed = requests.copy()
+    mixed.loc[0, "article_ids"] = list(mixed.loc[0, "article_ids"][:1])  # widths 2, 3, 4 in one request
+    encoded = core.encode(mixed)
+    together = core.log_probs(encoded.outfits.items, encoded.outfits.context)
+    for row in range(len(mixed)):
+        alone = core.encode(mixed.iloc[[row]])
+        expected = core.log_probs(alone.outfits.items, alone.outfits.context)[0]
+        assert torch.equal(torch.isinf(together[row]), torch.isinf(expected))
+        torch.testing.assert_close(together[row], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["none", "concat", "new_position", "global_state", "global_state_update",
+                                     "bag_of_items", "bag_of_items_context"])
+def test_the_traced_forward_pass_equals_the_models_at_any_batch_and_width(tiny_project, requests, variant):
+    """Serving runs masked_logits as a trace taken on one small example: every model, at other batch
+    sizes and outfit widths, gives exactly the model's own logits."""
+    import torch
+
+    from contextual_bert.feature_store import OutfitEncoder, load_article_vocab
+    from contextual_bert.model import build_model
+
+    cfg = tiny_project.cfg
+    torch.manual_seed(0)
+    n_items = len(load_article_vocab(tiny_project.features_dir))
+    model = build_model(cfg.model_for(variant), variant, n_items, load_spec(tiny_project.features_dir)).eval()
+    encoder = OutfitEncoder.load(tiny_project.features_dir, cfg.model.max_set_size)
+    core = OutfitCompleterCore(model, encoder, torch.device("cpu"))
+    assert core.masked_logits != model.masked_logits  # the trace, not the module
+    rows = pd.concat([requests] * 3, ignore_index=True)
+    rows["article_ids"] = [list(ids[: 1 + i % 3]) for i, ids in enumerate(rows["article_ids"])]
+    encoded = core.encode(rows)
+    items, context = encoded.outfits.items, encoded.outfits.context
+    widths = (items != 0).sum(dim=1)  # the items, then the [MASK], then padding
+    assert len(widths.unique()) == 3
+    with torch.no_grad():
+        for rows in (torch.arange(len(items)), torch.tensor([0]), *((widths == w).nonzero()[:, 0] for w in (2, 3))):
+            batch = items[rows][:, : int(widths[rows].max())]
+            ctx = {k: v[rows] for k, v in context.items()}
+            torch.testing.assert_close(core.masked_logits(batch, ctx), model.masked_logits(batch, ctx), rtol=0, atol=0)
+
+
 def test_unknown_ids_and_missing_or_unseen_features_are_reported(core, requests):
     out = core.recommend(requests, top_k=3)
     assert out.loc[1, "unknown_article_ids"] == ["NOT-AN-ARTICLE"]
@@ -117,14 +163,16 @@ def test_no_request_row_needs_a_column_but_article_ids(core):
 def test_requests_run_on_the_serving_threads_and_give_the_callers_back(monkeypatch):
     import torch
 
-    from contextual_bert.serving import cpu_threads, serving_threads
+    from contextual_bert.serving import PARALLEL_ROWS, cpu_threads, serving_threads
 
-    assert serving_threads() == 1
+    monkeypatch.delenv("CONTEXTUAL_BERT_SERVING_THREADS", raising=False)
+    assert serving_threads(1) == 1 and serving_threads(PARALLEL_ROWS - 1) == 1  # small requests: one thread
+    assert serving_threads(PARALLEL_ROWS) == len(os.sched_getaffinity(0))  # large ones: every CPU by default
     monkeypatch.setenv("CONTEXTUAL_BERT_SERVING_THREADS", "2")
-    assert serving_threads() == 2
+    assert serving_threads(1) == 1 and serving_threads(1024) == 2
     monkeypatch.setenv("CONTEXTUAL_BERT_SERVING_THREADS", "many")
     with pytest.raises(ContextualBertError, match="CONTEXTUAL_BERT_SERVING_THREADS"):
-        serving_threads()
+        serving_threads(1024)
     before = torch.get_num_threads()
     with cpu_threads(torch.device("cpu"), 1):
         assert torch.get_num_threads() == 1

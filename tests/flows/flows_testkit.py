@@ -172,15 +172,18 @@ class PrefectServer:
     def cli(self, args: list[str], cwd: Path, timeout: float = 120) -> str:
         return run([str(VENV_BIN / "prefect"), "--no-prompt", *args], cwd, self.env(), timeout)
 
-    def start_worker(self, processes: "Processes", pool: str, cwd: Path, name: str, **env: str) -> Proc:
-        """A process worker on `pool` (in `processes`, so the test that started it ends it)."""
+    def start_worker(self, processes: "Processes", pool: str, cwd: Path, name: str, queue: str | None = None,
+                     **env: str) -> Proc:
+        """A process worker on `pool`, on its work queue `queue` only when given (in `processes`, so the
+        test that started it ends it)."""
         worker = processes.start(
             f"worker-{name}",
-            [str(VENV_BIN / "prefect"), "worker", "start", "--pool", pool, "--name", name, "--type", "process"],
+            [str(VENV_BIN / "prefect"), "worker", "start", "--pool", pool, "--name", name, "--type", "process",
+             *(["--work-queue", queue] if queue else [])],
             cwd,
             self.env(**env),
         )
-        wait_until(lambda: "started" in worker.tail().lower() or not worker.alive(), 60, f"worker {name}")
+        wait_until(lambda: "started" in worker.tail().lower() or not worker.alive(), 180, f"worker {name}")
         assert worker.alive(), worker.tail()
         return worker
 

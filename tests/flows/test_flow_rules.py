@@ -20,7 +20,8 @@ import flows.train_run
 from flows.dvc_stages import StageFailed
 from flows.pipeline import _crashed, is_server, tracking_uri
 from flows.tasks import not_user_error, repro_mlflow_stage, repro_stage, wait_for_mlflow
-from flows.work_pools import CLONE_COMMIT_ENV, CLONE_URL_ENV, RESILIENT_ENV, TRAIN_REMOTE_DEPLOYMENT
+from flows.work_pools import (CLONE_COMMIT_ENV, CLONE_URL_ENV, PIPELINE_QUEUE, RESILIENT_ENV, TRAIN_DEPLOYMENT,
+                              TRAIN_QUEUE, TRAIN_REMOTE_DEPLOYMENT)
 from flows_testkit import REPO, free_port
 
 
@@ -125,3 +126,18 @@ def test_remote_trainings_clone_the_parents_commit_on_their_worker():
     # Every deployment's runs retry a server without its database (500) instead of failing.
     assert all(d["work_pool"]["job_variables"]["env"] == RESILIENT_ENV for d in deployments.values())
     assert flows.pipeline.RUN_ENV.items() >= RESILIENT_ENV.items()
+
+
+def test_flows_that_drive_others_are_queued_apart_from_the_trainings():
+    """A worker lost under a training must not take the parent flow with it: the orchestrating
+    deployments use the cpu pool's queue `pipeline`, the trainings the queue `default`, so training
+    workers can serve only the latter (flows.stack, tests/flows/test_stack.py)."""
+    import yaml
+
+    deployments = {d["name"]: d for d in yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]}
+    for name in ("nightly", "training", "promotion", "sweep"):
+        assert deployments[name]["work_pool"]["work_queue_name"] == PIPELINE_QUEUE, name
+    trainings = [*TRAIN_DEPLOYMENT.values(), *TRAIN_REMOTE_DEPLOYMENT.values()]
+    for name in trainings:
+        assert deployments[name]["work_pool"]["work_queue_name"] == TRAIN_QUEUE, name
+    assert set(deployments) == {"nightly", "training", "promotion", "sweep", *trainings}
