@@ -59,9 +59,10 @@ class AttributePopularityModel(nn.Module):
     their articles' training counts (+1), those already in it share r the same way; r is the share of
     training cases whose target's value is already among the other items (0 when, as on planted data, no
     two articles of one type share an outfit; floored at 1e-6 so a case that breaks the rule stays finite).
-    P(a | v): the value's articles with an id by their training count, sharing 1 - u; its articles never
-    seen in training share u equally (u: the Good-Turing share of train item occurrences that are of articles
-    seen once). A value without unseen articles gives its known ones all its mass, and the other way round.
+    P(a | v): the value's articles with an id by their training count, sharing 1 - u; its articles without
+    an id share u equally. u is what the training outfits say of articles without an id: the share of train
+    item occurrences of such articles (below features.min_article_count) plus, Good-Turing, of articles with
+    an id seen exactly once. A value without articles of one kind gives the other kind all its mass.
     """
 
     def __init__(self, values: np.ndarray, counts: np.ndarray, n_ids: int, in_outfit_share: float):
@@ -72,8 +73,8 @@ class AttributePopularityModel(nn.Module):
         real = np.arange(n) >= N_SPECIAL
         has_id = real & (np.arange(n) < n_ids)
         unseen = real & ~has_id
-        total = counts[has_id].sum()
-        u = float(np.clip((counts[has_id] == 1).sum() / max(total, 1.0), 1e-6, 0.5))
+        total = counts[real].sum()
+        u = float(np.clip((counts[unseen].sum() + (counts[has_id] == 1).sum()) / max(total, 1.0), 1e-6, 1 - 1e-6))
         known_mass = np.bincount(values[has_id], weights=counts[has_id], minlength=n_values)
         n_unseen = np.bincount(values[unseen], minlength=n_values).astype(np.float64)
         share_known = np.where(n_unseen > 0, 1.0 - u, 1.0)

@@ -274,7 +274,7 @@ class Catalogue:
     missing -> its reserved missing row, a value not fitted -> UNKNOWN_INDEX; no article is ever dropped.
     """
 
-    vocab: ArticleVocab  # ids and train counts of every catalogue article (0 for the articles without an id)
+    vocab: ArticleVocab  # ids and train occurrences of every catalogue article (0: never in a train outfit)
     n_ids: int
     attributes: dict[str, np.ndarray]
     indexer: ContextIndexer

@@ -215,8 +215,8 @@ def _fit_context(schema: DataSchema, cfg: FeaturesConfig, train_customers: pd.Da
     return ContextSpec(tuple(features)), vocab
 
 
-def build_catalogue(articles: pd.DataFrame, article_vocab: ArticleVocab, attributes: dict[str, str],
-                    cfg: FeaturesConfig, path: Path) -> Catalogue:
+def build_catalogue(articles: pd.DataFrame, article_vocab: ArticleVocab, train_counts: pd.Series,
+                    attributes: dict[str, str], cfg: FeaturesConfig, path: Path) -> Catalogue:
     """Every article of the articles table (and of the train vocabulary) with its attributes encoded.
 
     The attribute vocabularies are fitted on the articles of the train vocabulary (a value needs
@@ -242,7 +242,9 @@ def build_catalogue(articles: pd.DataFrame, article_vocab: ArticleVocab, attribu
     encoded, _, _ = indexer.encode_arrays(rows, source="article")
     for a in encoded.values():  # the special rows have no attributes: PAD, a zero vector
         a[:N_SPECIAL] = PAD_INDEX
-    counts = np.concatenate([article_vocab.counts, np.zeros(len(extra), dtype=np.int64)])
+    # train occurrences of every article, those below min_article_count (no id embedding) included
+    counts = np.concatenate([article_vocab.counts,
+                             train_counts.reindex(extra).fillna(0).to_numpy(dtype=np.int64)])  # fmt: skip
     return Catalogue(ArticleVocab(ids, counts), len(article_vocab), encoded, indexer)
 
 
@@ -285,7 +287,8 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
 
     # Article vocabulary from the train outfits; every outfit's items through it.
     exploded = outfits["article_ids"].explode()
-    article_vocab = fit_article_vocab(exploded[is_train[exploded.index.to_numpy()]], cfg.min_article_count)
+    train_ids = exploded[is_train[exploded.index.to_numpy()]]
+    article_vocab = fit_article_vocab(train_ids, cfg.min_article_count)
     item_idx, _ = article_vocab.to_indices(exploded.to_numpy())
     counts = split_counts(split, split[exploded.index.to_numpy()], item_idx != UNKNOWN_INDEX, SPLITS)
     check_splits(counts, cfg, outfits_path)
@@ -296,8 +299,8 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
             raise ContextualBertError(
                 f"features.article_features is on but features.article_attributes declares no attributes for "
                 f"the data source '{schema.source}' ({validated_dir / SCHEMA_FILE}); add them or turn it off")
-        catalogue = build_catalogue(tables["articles"], article_vocab, attributes, cfg,
-                                    validated_dir / "articles.parquet")
+        catalogue = build_catalogue(tables["articles"], article_vocab, train_ids.astype(str).value_counts(),
+                                    attributes, cfg, validated_dir / "articles.parquet")
         stored_idx, _ = catalogue.vocab.to_indices(exploded.to_numpy())
     else:
         stored_idx = item_idx
