@@ -112,7 +112,7 @@ def test_evaluation_json_of_a_run_and_of_the_baseline(tmp_path, monkeypatch):
         def __len__(self):
             return len(self.counts)
 
-    monkeypatch.setattr(features, "load_split", lambda d, split, max_set_size: splits[split])
+    monkeypatch.setattr(features, "load_split", lambda d, split, max_set_size, catalogue=False: splits[split])
     monkeypatch.setattr(features, "load_article_vocab", lambda d: Vocab())
     torch.manual_seed(0)
     bert = ContextualBert(ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=16), "global_state", 9, spec)
