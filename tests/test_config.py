@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from contextual_bert.config import MODELS, Config, load_config
+from contextual_bert.config import ATTRIBUTE_MODELS, BASELINE_MODELS, VARIANTS, Config, base_model, load_config
 from contextual_bert.errors import ContextualBertError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -10,8 +10,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_shipped_params_validate_and_sum_to_paper_d_context():
     cfg = load_config(REPO / "params.yaml")
-    assert set(cfg.train.variants) == set(MODELS)  # the paper's five and the learned baselines
+    assert set(cfg.train.variants) == set(VARIANTS + BASELINE_MODELS)  # the paper's five and the learned baselines
     assert sum(cfg.features.embedding_dims.values()) == 736
+    # article attributes: off by default, no "_attrs" model in the default pipeline, one declaration per source
+    assert not cfg.features.article_features and not set(cfg.train.variants) & set(ATTRIBUTE_MODELS)
+    assert set(cfg.features.article_attributes) >= {"synthetic", "planted", "hm"}
     assert (cfg.model.d_model, cfg.model.n_blocks, cfg.model.n_heads) == (128, 4, 8)
 
 
@@ -43,3 +46,11 @@ def test_variant_overrides_apply_to_that_variant_only():
     assert cfg.model_for("global_state").dropout == 0.2
     assert cfg.train_for("none").learning_rate == cfg.train.learning_rate
     assert cfg.model_for("none").dropout == cfg.model.dropout
+
+
+def test_attribute_models_are_named_after_their_base_model():
+    assert [base_model(m) for m in ATTRIBUTE_MODELS] == list(VARIANTS + BASELINE_MODELS)
+    assert base_model("none") == "none" and all(m.endswith("_attrs") for m in ATTRIBUTE_MODELS)
+    cfg = Config.model_validate({"train": {"variants": ["none", "none_attrs"]},
+                                 "variants": {"none_attrs": {"learning_rate": 0.001}}})
+    assert cfg.train_for("none_attrs").learning_rate == 0.001

@@ -121,7 +121,7 @@ def test_evaluation_json_of_a_run_and_of_the_baseline(tmp_path, monkeypatch):
         def __len__(self):
             return len(self.counts)
 
-    monkeypatch.setattr(features, "load_split", lambda d, split, max_set_size: splits[split])
+    monkeypatch.setattr(features, "load_split", lambda d, split, max_set_size, catalogue=False: splits[split])
     monkeypatch.setattr(features, "load_article_vocab", lambda d: Vocab())
     torch.manual_seed(0)
     bert = ContextualBert(ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=16), "global_state", 9, spec)
@@ -160,3 +160,38 @@ def test_a_run_trained_without_a_checkpoint_points_at_the_validation_split(tmp_p
     assert "train this run first" not in str(info.value)
     with pytest.raises(ContextualBertError, match="train this run first"):  # never trained: that is the advice
         evaluate_run(tmp_path, tmp_path / "concat-s0", tmp_path / "x.json", EvaluateConfig())
+
+
+# --- the attribute-aware popularity and the catalogue rankers (issue 14) ---------------------------------
+
+
+def _attribute_popularity(r: float):
+    from contextual_bert.evaluation import AttributePopularityModel
+
+    # articles 3..8 have ids (train counts), 9..10 none; attribute values 3 ("top") and 4 ("shoes")
+    values = np.array([0, 0, 0, 3, 3, 3, 4, 4, 4, 3, 4])
+    counts = np.array([0, 0, 0, 10, 5, 1, 8, 4, 1, 0, 0])
+    return AttributePopularityModel(values, counts, n_ids=9, in_outfit_share=r)
+
+
+def test_attribute_popularity_is_a_distribution_that_prefers_values_not_in_the_outfit():
+    items = torch.tensor([[3, MASK_INDEX, 0, 0], [MASK_INDEX, 0, 0, 0]])  # a top in the first outfit
+    for r in (0.0, 0.3):
+        logits = _attribute_popularity(r).masked_logits(items)
+        assert torch.isinf(logits[:, :N_SPECIAL]).all()
+        probs = logits[:, N_SPECIAL:].exp()
+        torch.testing.assert_close(probs.sum(dim=1), torch.ones(2))  # over the whole catalogue
+        tops = [a - N_SPECIAL for a in (3, 4, 5, 9)]
+        assert abs(float(probs[0, tops].sum()) - max(r, 1e-6)) < 1e-5  # the values already in it share r
+        assert torch.isfinite(logits[:, 9:]).all()  # unseen articles: ranked, by their value's popularity
+    # with no value in the outfit: popularity of the value, then within it (unseen: a Good-Turing share)
+    logits = _attribute_popularity(0.0).masked_logits(items)[1]
+    assert logits[3] > logits[4] > logits[5] and logits[9] < logits[4]
+
+
+def test_in_outfit_share_counts_cases_whose_value_another_item_has():
+    from contextual_bert.evaluation import in_outfit_share
+
+    values = np.array([0, 0, 0, 3, 3, 4, 4])
+    items = torch.tensor([[3, 4, 5, 0], [3, 5, 0, 0]])  # 3 and 4 share a value: 2 of 5 cases
+    assert in_outfit_share(items, values) == pytest.approx(2 / 5)

@@ -203,3 +203,71 @@ def test_too_few_outfits_in_a_split_names_the_threshold(tmp_path):
                                                                    min_known_targets=1), max_set_size=8)
     build_features(validated, tmp_path / "features",
                    paper_cfg(min_split_outfits=min(n_val, n_test), min_known_targets=1), max_set_size=8)
+
+
+# --- article attributes: the catalogue (issue 14) -----------------------------------------------------------
+
+ATTRIBUTES = {"synthetic": {"product_type": "categorical", "color": "categorical", "price": "numeric"}}
+
+
+def _catalogue_features(root, **overrides):
+    from contextual_bert.contract import DataSchema
+
+    articles, customers, outfits = paper_tables()
+    articles.loc[3, "product_type"] = None  # a missing value: the article stays, its value is missing
+    extra = pd.DataFrame({"article_id": ["new1", "new2"], "product_type": ["top", "gown"], "brand": "brand_0",
+                          "color": ["red", None], "style": "casual", "price": [12.0, float("nan")]})
+    articles = pd.concat([articles, extra], ignore_index=True)  # in no outfit: the catalogue still holds them
+    schema = DataSchema("synthetic", PAPER_SCHEMA.context_columns)
+    validated = write_validated(root / "validated", schema, articles, customers, outfits)
+    cfg = paper_cfg(**{"min_article_count": 2, "article_features": True, "article_attributes": ATTRIBUTES,
+                       **overrides})
+    return build_features(validated, root / "features", cfg, max_set_size=8), articles, outfits
+
+
+def test_the_catalogue_holds_every_article_with_its_attributes(tmp_path):
+    from contextual_bert.feature_store import load_catalogue
+
+    manifest, articles, outfits = _catalogue_features(tmp_path)
+    features_dir = tmp_path / "features"
+    catalogue, vocab = load_catalogue(features_dir), load_article_vocab(features_dir)
+    # the train vocabulary first, in its order; then every other article of the table
+    assert catalogue.n_ids == len(vocab) and catalogue.vocab.ids[: len(vocab)] == vocab.ids
+    assert set(catalogue.vocab.ids[N_SPECIAL:]) == set(articles["article_id"])
+    assert len(catalogue) == N_SPECIAL + len(articles) == manifest["catalogue"]["articles"] + N_SPECIAL
+    index = {a: i for i, a in enumerate(catalogue.vocab.ids)}
+    assert index["new1"] >= catalogue.n_ids and index["a0199"] >= catalogue.n_ids  # a0199: below the min count
+    pt, color, price = (catalogue.attributes[k] for k in ("product_type", "color", "price"))
+    assert (pt[:N_SPECIAL] == PAD_INDEX).all() and (price[:N_SPECIAL] == PAD_INDEX).all()
+    assert pt[index["a0003"]] == MISSING_INDEX
+    assert pt[index["new2"]] == UNKNOWN_INDEX  # "gown": no trained article has it
+    assert color[index["new2"]] == MISSING_INDEX and price[index["new2"]] == MISSING_INDEX
+    assert pt[index["new1"]] == pt[index[articles.loc[articles["product_type"] == "top", "article_id"].iloc[0]]]
+    assert (pt[N_SPECIAL:] >= MISSING_INDEX).all()  # no article without an index
+    assert manifest["catalogue"]["missing"]["product_type"] == 1
+    # Items by catalogue index for the attribute models; ids-only models read those beyond the vocabulary as [UNK].
+    row = [i for i, ids in enumerate(outfits["article_ids"]) if "a0199" in ids][0]
+    outfit_id = outfits["outfit_id"].iloc[row]
+    for catalogue_items, expected in ((True, index["a0199"]), (False, UNKNOWN_INDEX)):
+        split = load_split(features_dir, "train", 8, catalogue=catalogue_items)
+        items = split.items[split.outfit_ids.index(outfit_id)].tolist()
+        assert expected in items
+
+
+def test_attributes_off_write_no_catalogue_and_the_same_items(tmp_path):
+    _catalogue_features(tmp_path / "on")
+    articles, customers, outfits = paper_tables()
+    validated = write_validated(tmp_path / "off" / "validated", PAPER_SCHEMA, articles, customers, outfits)
+    build_features(validated, tmp_path / "off" / "features", paper_cfg(min_article_count=2), max_set_size=8)
+    assert not (tmp_path / "off" / "features" / "catalogue.parquet").exists()
+    for split in ("train", "test"):
+        on = load_split(tmp_path / "on" / "features", split, 8)
+        off = load_split(tmp_path / "off" / "features", split, 8)
+        assert on.outfit_ids == off.outfit_ids and bool((on.items == off.items).all())
+
+
+def test_undeclared_or_absent_attributes_are_one_line_errors(tmp_path):
+    with pytest.raises(DataError, match="'fabric'.*not a column of the articles table"):
+        _catalogue_features(tmp_path / "a", article_attributes={"synthetic": {"fabric": "categorical"}})
+    with pytest.raises(ContextualBertError, match="no attributes for the data source 'synthetic'"):
+        _catalogue_features(tmp_path / "b", article_attributes={"hm": {"product_type": "categorical"}})

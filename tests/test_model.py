@@ -291,3 +291,112 @@ def test_bag_of_items_with_context_depends_on_it_and_round_trips(tmp_path):
         torch.testing.assert_close(loaded.masked_logits(items, context(8, seed=1)), a)
     with pytest.raises(ContextualBertError, match="needs context"):
         build_model(SMALL, "bag_of_items_context", N_ITEMS, ContextSpec(()))
+
+
+# --- article attributes (issue 14) ------------------------------------------------------------------------
+
+# (digest of the state_dict's keys and shapes, all parameters) of every model without attributes at SMALL,
+# N_ITEMS, SPEC, as the code built them before the attributes existed (commit fc7714f).
+MODELS_BEFORE_ATTRIBUTES = {
+    "none": ("8b989077c61f5328", 5281),
+    "concat": ("9c92c29f3d3a062d", 6255),
+    "new_position": ("bac1567f682d5533", 5727),
+    "global_state": ("53f65f7078151b1b", 6543),
+    "global_state_update": ("81df38ba36b912b7", 7647),
+    "bag_of_items": ("dfc2d0c826207308", 1089),
+    "bag_of_items_context": ("05fed74e0cf5a037", 1535),
+}
+ATTRIBUTES = ContextSpec((
+    FeatureSpec("product_type", "categorical", "article", N_SPECIAL + 4, 4),
+    FeatureSpec("colours", "multi_categorical", "article", N_SPECIAL + 3, 4, max_values=2),
+    FeatureSpec("price", "numeric", "article", N_SPECIAL + 5, 4),
+))  # fmt: skip
+N_CATALOGUE = N_ITEMS + 5  # five articles the models never saw in training: no id embedding
+
+
+def catalogue(n: int = N_CATALOGUE, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    tables = {"product_type": torch.randint(1, N_SPECIAL + 4, (n,), generator=g),
+              "colours": torch.randint(0, N_SPECIAL + 3, (n, 2), generator=g),
+              "price": torch.randint(1, N_SPECIAL + 5, (n,), generator=g)}  # fmt: skip
+    tables["colours"][:, 0] = tables["colours"][:, 0].clamp(min=1)
+    for t in tables.values():
+        t[:N_SPECIAL] = PAD_INDEX
+    return tables
+
+
+def attribute_model(variant: str, combine: str = "sum", seed: int = 0):
+    torch.manual_seed(seed)
+    bert = build_model(SMALL, variant + "_attrs", N_ITEMS, SPEC, ATTRIBUTES, combine)
+    bert.set_catalogue(catalogue())
+    return bert.eval()
+
+
+@pytest.mark.parametrize("variant", list(MODELS_BEFORE_ATTRIBUTES))
+def test_without_attributes_every_model_is_built_exactly_as_before(variant):
+    import hashlib
+
+    built = build_model(SMALL, variant, N_ITEMS, SPEC)
+    text = ";".join(f"{k}:{tuple(t.shape)}" for k, t in built.state_dict().items())
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    assert (digest, sum(p.numel() for p in built.parameters())) == MODELS_BEFORE_ATTRIBUTES[variant]
+    assert built.attributes is None and built.n_items == built.n_ids == N_ITEMS
+
+
+@pytest.mark.parametrize("variant", list(MODELS_BEFORE_ATTRIBUTES))
+@pytest.mark.parametrize("combine", ["sum", "concat"])
+def test_an_article_unseen_in_training_gets_a_finite_score_from_its_attributes(variant, combine):
+    bert = attribute_model(variant, combine)
+    assert bert.n_items == N_CATALOGUE and bert.n_ids == N_ITEMS
+    items, ctx = outfits_with_one_mask(3, size=5, length=8), context(3)
+    items[:, 1] = N_ITEMS + 2  # an unseen article in the input, too
+    with torch.no_grad():
+        logits = bert.masked_logits(items, ctx)
+    assert logits.shape == (3, N_CATALOGUE)
+    assert torch.isfinite(logits[:, N_SPECIAL:]).all()
+    # Two unseen articles share the [UNK] id row: they differ only by their attributes.
+    unseen = logits[:, N_ITEMS:]
+    assert (unseen[:, 0] != unseen[:, 1]).all()
+    # Changing one attribute value of one unseen article changes its score, and no other.
+    changed = catalogue()
+    article = N_ITEMS + 4
+    changed["product_type"][article] = N_SPECIAL + (int(changed["product_type"][article]) - N_SPECIAL + 1) % 4
+    bert.set_catalogue(changed)
+    with torch.no_grad():
+        after = bert.masked_logits(items, ctx)
+    assert (after[:, article] != logits[:, article]).all()
+    others = [a for a in range(N_SPECIAL, N_CATALOGUE) if a != article]
+    torch.testing.assert_close(after[:, others], logits[:, others])
+
+
+def test_attribute_models_count_the_papers_parameters_and_round_trip(tmp_path):
+    paper = ModelConfig(d_model=128, n_blocks=4, n_heads=8, d_ff=256)
+    for variant in VARIANTS:  # attribute embeddings count with the article embeddings, left out
+        bert = build_model(paper, variant + "_attrs", N_SPECIAL + 50, paper_spec(), ATTRIBUTES)
+        assert count_paper_parameters(bert) == PAPER_PARAMETERS[variant]
+    bert = attribute_model("global_state", "concat", seed=2)
+    save_checkpoint(tmp_path / "checkpoint.pt", bert, {})
+    loaded, _ = load_checkpoint(tmp_path / "checkpoint.pt")
+    assert loaded.n_items == N_CATALOGUE and loaded.attributes.combine == "concat"
+    assert not any("catalogue" in k or "id_rows" in k for k in loaded.state_dict())  # the weights only
+    items, ctx = outfits_with_one_mask(2, size=4, length=8), context(2)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.masked_logits(items, ctx), bert.masked_logits(items, ctx))
+    # A larger catalogue (articles added after training) is scored without touching a weight.
+    loaded.set_catalogue(catalogue(N_CATALOGUE + 7, seed=1))
+    with torch.no_grad():
+        assert loaded.masked_logits(items, ctx).shape == (2, N_CATALOGUE + 7)
+
+
+def test_attributes_are_refused_where_they_do_not_belong():
+    with pytest.raises(ContextualBertError, match="needs article attributes"):
+        build_model(SMALL, "none_attrs", N_ITEMS, SPEC)
+    with pytest.raises(ContextualBertError, match="article ids only"):
+        build_model(SMALL, "none", N_ITEMS, SPEC, ATTRIBUTES)
+    bert = attribute_model("none")
+    with pytest.raises(ContextualBertError, match="fewer than"):
+        bert.set_catalogue(catalogue(N_ITEMS - 1))
+    bad = catalogue()
+    bad["price"][5] = N_SPECIAL + 5
+    with pytest.raises(ContextualBertError, match="beyond"):
+        bert.set_catalogue(bad)

@@ -14,6 +14,7 @@ from mlflow.exceptions import MlflowException
 
 from helpers import STRONG, free_port, stop_process_group, wait_for_http
 from contextual_bert.errors import ContextualBertError
+from contextual_bert.feature_spec import N_SPECIAL
 from contextual_bert.feature_store import load_spec
 from contextual_bert.serving import (
     MAX_TOP_K,
@@ -283,3 +284,63 @@ def test_mlflow_models_serve_answers_the_champion(tiny_trained_runs, requests, t
     finally:
         stop_process_group(server)
         log.close()
+
+
+# --- articles added to the catalogue after training (issue 14) ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def attribute_model(tmp_path_factory):
+    """(checkpoint of a "none_attrs" model, its features dir, raw articles): the weights are untrained, the
+    catalogue and its encoding are the features stage's."""
+    import torch
+
+    from contextual_bert.config import ModelConfig
+    from contextual_bert.contract import PAPER_SCHEMA, DataSchema
+    from contextual_bert.feature_store import load_article_vocab, load_catalogue
+    from contextual_bert.features import build_features
+    from contextual_bert.model import build_model, save_checkpoint
+    from feature_data import paper_cfg, paper_tables, write_validated
+
+    root = tmp_path_factory.mktemp("attributes")
+    articles, customers, outfits = paper_tables(n_outfits=600)
+    validated = write_validated(root / "validated", DataSchema("synthetic", PAPER_SCHEMA.context_columns),
+                                articles, customers, outfits)
+    attributes = {"synthetic": {"product_type": "categorical", "color": "categorical", "price": "numeric"}}
+    cfg = paper_cfg(article_features=True, article_attributes=attributes)
+    build_features(validated, root / "features", cfg, max_set_size=8)
+    catalogue = load_catalogue(root / "features")
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=16), "none_attrs",
+                        len(load_article_vocab(root / "features")), load_spec(root / "features"), catalogue.spec)
+    model.set_catalogue(catalogue.tensors())
+    save_checkpoint(root / "checkpoint.pt", model, {})
+    return root / "checkpoint.pt", root / "features", articles
+
+
+def test_an_article_added_after_training_is_recommended_and_may_be_named(attribute_model, tmp_path, monkeypatch):
+    checkpoint, features_dir, articles = attribute_model
+    new = pd.DataFrame({"article_id": ["fresh-1", "fresh-2"], "product_type": ["top", "bag"],
+                        "color": ["red", "blue"], "price": [30.0, 80.0]})
+    pd.concat([articles, new]).to_parquet(tmp_path / "articles.parquet")  # this season's articles table
+    before = OutfitCompleterCore.load(checkpoint, features_dir, device="cpu")
+    monkeypatch.setenv("CONTEXTUAL_BERT_CATALOGUE", str(tmp_path / "articles.parquet"))
+    after = OutfitCompleterCore.load(checkpoint, features_dir, device="cpu")
+    assert len(after.article_vocab) == len(before.article_vocab) + 2
+    request = pd.DataFrame({"article_ids": [["fresh-1", articles["article_id"][0]]], "gender": ["f"]})
+    assert before.recommend(request, 5)["unknown_article_ids"][0] == ["fresh-1"]
+    answer = after.recommend(request, MAX_TOP_K)  # more than the catalogue: every candidate, ranked
+    assert answer["unknown_article_ids"][0] == []
+    assert len(answer["article_ids"][0]) == len(after.article_vocab) - N_SPECIAL - 2  # all but the outfit's
+    assert "fresh-2" in answer["article_ids"][0] and "fresh-1" not in answer["article_ids"][0]
+    encoded = after.encode(request).outfits
+    log_probs = after.log_probs(encoded.items, encoded.context)[0]
+    assert np.isfinite(float(log_probs[after.article_vocab.ids.index("fresh-2")]))  # scored by its attributes
+
+
+def test_an_ids_only_model_refuses_a_catalogue(core, tiny_trained_runs, tmp_path):
+    checkpoint = tiny_trained_runs.cfg.paths.models_dir / f"{STRONG[0]}-s{STRONG[1]}" / "checkpoint.pt"
+    pd.DataFrame({"article_id": ["x"]}).to_parquet(tmp_path / "a.parquet")
+    with pytest.raises(ContextualBertError, match="article ids only"):
+        OutfitCompleterCore.load(checkpoint, tiny_trained_runs.features_dir, device="cpu",
+                                 catalogue=tmp_path / "a.parquet")

@@ -120,7 +120,7 @@ def _cmd_evaluate(cfg: Config, args) -> None:
 
 
 def _cmd_baseline(cfg: Config, args) -> None:
-    from contextual_bert.evaluation import evaluate_popularity
+    from contextual_bert.evaluation import evaluate_attribute_popularity, evaluate_popularity
 
     report = evaluate_popularity(
         features_dir=cfg.paths.features_dir,
@@ -129,6 +129,10 @@ def _cmd_baseline(cfg: Config, args) -> None:
         max_set_size=cfg.model.max_set_size,
     )
     _print_json(_without_curve(report))
+    # the attribute models' yardstick; {"known": false, ...} when the article attributes are off
+    attribute = evaluate_attribute_popularity(cfg.paths.features_dir, cfg.eval_path("popularity_attribute"),
+                                              cfg.evaluate, cfg.model.max_set_size)
+    _print_json(_without_curve(attribute))
 
 
 def _cmd_optimum(cfg: Config, args) -> None:

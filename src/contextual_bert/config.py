@@ -16,9 +16,26 @@ from contextual_bert.errors import ContextualBertError
 
 VARIANTS = ("none", "concat", "new_position", "global_state", "global_state_update")  # the paper's five
 BASELINE_MODELS = ("bag_of_items", "bag_of_items_context")  # learned baselines, trained by the same code
-MODELS = VARIANTS + BASELINE_MODELS
+# Every model again with article attributes (issue 14): "<model>_attrs" reads the catalogue's attributes
+# (features.article_attributes) beside the article ids. Named models of their own, so DVC matrix keys, run
+# directories, reports and MLflow runs never mix them with the paper's rows.
+ATTRIBUTES_SUFFIX = "_attrs"
+ATTRIBUTE_MODELS = tuple(m + ATTRIBUTES_SUFFIX for m in VARIANTS + BASELINE_MODELS)
+MODELS = VARIANTS + BASELINE_MODELS + ATTRIBUTE_MODELS
 Variant = Literal["none", "concat", "new_position", "global_state", "global_state_update", "bag_of_items",
-                  "bag_of_items_context"]  # fmt: skip
+                  "bag_of_items_context", "none_attrs", "concat_attrs", "new_position_attrs",
+                  "global_state_attrs", "global_state_update_attrs", "bag_of_items_attrs",
+                  "bag_of_items_context_attrs"]  # fmt: skip
+
+
+def uses_attributes(model: str) -> bool:
+    """Does this model name read article attributes ("<model>_attrs")?"""
+    return model.endswith(ATTRIBUTES_SUFFIX)
+
+
+def base_model(model: str) -> str:
+    """The paper variant or learned baseline a model name is built on ("none_attrs" -> "none")."""
+    return model[: -len(ATTRIBUTES_SUFFIX)] if uses_attributes(model) else model
 
 
 class Section(BaseModel):
@@ -135,6 +152,11 @@ class FeaturesConfig(Section):
     min_known_targets: int = Field(10, ge=1)
     default_dim: int = Field(16, ge=1)
     embedding_dims: dict[str, int] = {}  # feature name -> embedding dim; others get default_dim
+    # Article attributes (issue 14), per data source (the `source` of data/raw/schema.json): column of the
+    # articles table -> kind. Encoded for every article of the catalogue only when `article_features` is on
+    # (off: data/features is exactly what it was before, and the paper's models with it).
+    article_features: bool = False
+    article_attributes: dict[str, dict[str, ContextKindName]] = {}
 
 
 class ModelConfig(Section):
@@ -147,7 +169,7 @@ class ModelConfig(Section):
 
 
 class TrainConfig(Section):
-    variants: list[Variant] = list(MODELS)
+    variants: list[Variant] = list(VARIANTS + BASELINE_MODELS)  # the "_attrs" models only when listed
     seeds: list[int] = [0, 1, 2]
     batch_size: int = Field(256, ge=1)
     max_epochs: int = Field(20, ge=1)
@@ -189,6 +211,9 @@ class SweepConfig(Section):
 class EvaluateConfig(Section):
     ks: list[int] = [1, 5, 10, 50, 250]
     batch_size: int = Field(1024, ge=1)
+    # The attribute-aware popularity baseline (with features.article_features on): popularity among the
+    # articles whose value of this attribute is not yet in the outfit, and within the value for unseen articles.
+    popularity_attribute: str | None = "product_type"
 
 
 class MlflowConfig(Section):
@@ -216,7 +241,7 @@ class Config(Section):
     features: FeaturesConfig = FeaturesConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
-    variants: dict[Variant, VariantOverrides] = {v: VariantOverrides() for v in MODELS}
+    variants: dict[Variant, VariantOverrides] = {v: VariantOverrides() for v in VARIANTS + BASELINE_MODELS}
     sweep: SweepConfig = SweepConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     mlflow: MlflowConfig = MlflowConfig()

@@ -7,7 +7,14 @@ baseline has) are broken by article index, so a rank is a position in one determ
 rank = 1 + #{a : s_a > s_t} + #{a < t : s_a = s_t}. A target that is [UNK] (an article unseen in training)
 cannot be ranked: it is skipped and counted. Cross-entropy is the full softmax over all real articles.
 
-The popularity baseline goes through the same code: its scores are log(1 + training count).
+Models with article attributes ("<model>_attrs") and the attribute-aware popularity rank the whole
+catalogue (every article of the articles table): a target never seen in training is ranked too, and the
+result holds the metrics of all targets ("test"), of the targets with an id embedding ("test_known") and of
+those without ("test_unseen"), each with its bootstrap interval. Models of ids only rank the train
+vocabulary as before and skip the unseen targets.
+
+The popularity baseline goes through the same code: its scores are log(1 + training count). The
+attribute-aware popularity (AttributePopularityModel) is the yardstick of the attribute models.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import torch
 from torch import nn
 
 from contextual_bert.bootstrap import bootstrap_ci, case_values
-from contextual_bert.config import EvaluateConfig, ModelConfig
+from contextual_bert.config import EvaluateConfig, ModelConfig, uses_attributes
 from contextual_bert.devices import evaluation_device, keep_freed_memory
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, EncodedOutfits
@@ -43,6 +50,71 @@ class PopularityModel(nn.Module):
 
     def masked_logits(self, items: torch.Tensor, context=None) -> torch.Tensor:
         return self.scores.expand(items.shape[0], -1).clone()
+
+
+class AttributePopularityModel(nn.Module):
+    """Popularity that knows one attribute (e.g. product type): P(a | O) = P(v(a) | O) P(a | v(a)).
+
+    P(v | O): the values not yet among the outfit's other articles share 1 - r of the mass in proportion to
+    their articles' training counts (+1), those already in it share r the same way; r is the share of
+    training cases whose target's value is already among the other items (0 when, as on planted data, no
+    two articles of one type share an outfit; floored at 1e-6 so a case that breaks the rule stays finite).
+    P(a | v): the value's articles with an id by their training count, sharing 1 - u; its articles without
+    an id share u equally. u is what the training outfits say of articles without an id: the share of train
+    item occurrences of such articles (below features.min_article_count) plus, Good-Turing, of articles with
+    an id seen exactly once. A value without articles of one kind gives the other kind all its mass.
+    """
+
+    def __init__(self, values: np.ndarray, counts: np.ndarray, n_ids: int, in_outfit_share: float):
+        super().__init__()
+        values = np.asarray(values, dtype=np.int64)  # (n_items,) the attribute's index per article; specials: 0
+        counts = np.asarray(counts, dtype=np.float64)
+        n, n_values = len(values), int(values.max()) + 1
+        real = np.arange(n) >= N_SPECIAL
+        has_id = real & (np.arange(n) < n_ids)
+        unseen = real & ~has_id
+        total = counts[real].sum()
+        u = float(np.clip((counts[unseen].sum() + (counts[has_id] == 1).sum()) / max(total, 1.0), 1e-6, 1 - 1e-6))
+        known_mass = np.bincount(values[has_id], weights=counts[has_id], minlength=n_values)
+        n_unseen = np.bincount(values[unseen], minlength=n_values).astype(np.float64)
+        share_known = np.where(n_unseen > 0, 1.0 - u, 1.0)
+        share_unseen = np.where(known_mass > 0, u, 1.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            log_within = np.where(has_id, np.log(share_known[values] * counts / known_mass[values]),
+                                  np.log(share_unseen[values] / n_unseen[values]))  # fmt: skip
+        log_within[~real] = -np.inf
+        value_mass = np.bincount(values[real], weights=counts[real], minlength=n_values) + np.bincount(
+            values[real], minlength=n_values).clip(max=1)  # + 1 per value an article has
+        value_mass[0] = 0.0  # PAD: no article
+        self.register_buffer("values", torch.from_numpy(values))
+        self.register_buffer("log_within", torch.from_numpy(log_within).float())
+        self.register_buffer("value_mass", torch.from_numpy(value_mass).float())
+        self.r = float(np.clip(in_outfit_share, 1e-6, 1 - 1e-6))
+        self.n_items = n
+
+    def masked_logits(self, items: torch.Tensor, context=None) -> torch.Tensor:
+        present = torch.zeros(items.shape[0], len(self.value_mass), dtype=torch.bool, device=items.device)
+        present.scatter_(1, self.values[items], True)
+        present[:, 0] = False  # PAD / [MASK] / specials carry value 0
+        mass = self.value_mass.expand_as(present)
+        inside = (mass * present).sum(dim=1, keepdim=True)
+        outside = (mass * ~present).sum(dim=1, keepdim=True)
+        # a row with no value inside (or none left outside) gives the other side all the mass
+        log_r = torch.where(outside > 0, math.log(self.r), 0.0)
+        log_not_r = torch.where(inside > 0, math.log1p(-self.r), 0.0)
+        log_value = torch.where(present, log_r + mass.log() - inside.log(),
+                                log_not_r + mass.log() - outside.log())  # fmt: skip
+        return log_value.gather(1, self.values.expand(items.shape[0], -1)) + self.log_within
+
+
+def in_outfit_share(items: torch.Tensor, values: np.ndarray) -> float:
+    """The share of cases (every item of every outfit) whose value is also another item's value."""
+    values = torch.from_numpy(np.asarray(values, dtype=np.int64))
+    v = values[items]
+    real = items >= N_SPECIAL
+    same = (v.unsqueeze(2) == v.unsqueeze(1)) & real.unsqueeze(2) & real.unsqueeze(1)
+    same &= ~torch.eye(items.shape[1], dtype=torch.bool)
+    return float(same.any(dim=2)[real].float().mean()) if bool(real.any()) else 0.0
 
 
 def case_ranks(model, data: EncodedOutfits, batch_size: int, device, with_ranks: bool = True) -> dict:
@@ -142,15 +214,29 @@ def evaluate_split(model, data: EncodedOutfits, cfg: EvaluateConfig, device) -> 
     return metrics, cases
 
 
-def _evaluate(model, name, variant, seed, parameters, features_dir, max_set_size, out_path, cfg) -> dict:
+def _subset_metrics(cases: dict, keep: np.ndarray, n_outfits: int, cfg: EvaluateConfig) -> tuple[dict, dict]:
+    """Metrics and bootstrap interval of the cases where `keep` is true."""
+    metrics = {"n_outfits": int(len(np.unique(cases["outfit"][keep]))),
+               **metrics_from_ranks(cases["rank"][keep], cases["log_prob"][keep], cfg.ks)}
+    interval = bootstrap_ci(cases["outfit"][keep], case_values(cases["rank"][keep], cases["log_prob"][keep]),
+                            n_outfits=n_outfits)
+    return metrics, interval
+
+
+def _evaluate(model, name, variant, seed, parameters, features_dir, max_set_size, out_path, cfg,
+              n_ids: int | None = None) -> dict:
+    """n_ids: the model ranks the catalogue, whose articles below n_ids have an id embedding (known) and the
+    others not (unseen); their metrics are reported apart as well."""
     from contextual_bert.feature_store import load_split
 
     device = evaluation_device()
     if device.type == "cpu":
         keep_freed_memory()
     model.to(device)
-    test, test_cases = evaluate_split(model, load_split(features_dir, "test", max_set_size), cfg, device)
-    val, _ = evaluate_split(model, load_split(features_dir, "val", max_set_size), cfg, device)
+    catalogue = n_ids is not None
+    test_data = load_split(features_dir, "test", max_set_size, catalogue=catalogue)
+    test, test_cases = evaluate_split(model, test_data, cfg, device)
+    val, _ = evaluate_split(model, load_split(features_dir, "val", max_set_size, catalogue=catalogue), cfg, device)
     test_ranks = test_cases["rank"]
     curve = recall_curve(test_ranks)
     result = {
@@ -164,7 +250,13 @@ def _evaluate(model, name, variant, seed, parameters, features_dir, max_set_size
         "test_bootstrap": bootstrap_ci(test_cases["outfit"], case_values(test_ranks, test_cases["log_prob"]),
                                        n_outfits=test["n_outfits"]),
         "recall_curve": {"k": curve["k"], "test": curve["values"]},
+        "ranked": "catalogue" if catalogue else "vocabulary",
     }
+    if catalogue:
+        known = test_cases["target"] < n_ids
+        for part, keep in (("known", known), ("unseen", ~known)):
+            result[f"test_{part}"], result[f"test_{part}_bootstrap"] = _subset_metrics(
+                test_cases, keep, len(test_data), cfg)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=2))
@@ -173,7 +265,7 @@ def _evaluate(model, name, variant, seed, parameters, features_dir, max_set_size
 
 def evaluate_run(features_dir: Path, run_dir: Path, out_path: Path, cfg: EvaluateConfig) -> dict:
     """Evaluate run_dir/checkpoint.pt on the test (and validation) split; write out_path (JSON)."""
-    from contextual_bert.feature_store import load_article_vocab
+    from contextual_bert.feature_store import load_article_vocab, load_catalogue
 
     run_dir = Path(run_dir)
     if not (run_dir / "checkpoint.pt").exists() and (run_dir / "history.json").exists():
@@ -184,13 +276,18 @@ def evaluate_run(features_dir: Path, run_dir: Path, out_path: Path, cfg: Evaluat
             "features.min_known_targets) before training again")
     model, meta = load_checkpoint(run_dir / "checkpoint.pt")
     n_items = len(load_article_vocab(features_dir))
-    if n_items != model.n_items:
+    if n_items != model.n_ids:
         raise ContextualBertError(
-            f"{run_dir / 'checkpoint.pt'}: trained on {model.n_items} article indices but {features_dir} "
+            f"{run_dir / 'checkpoint.pt'}: trained on {model.n_ids} article indices but {features_dir} "
             f"has {n_items}; the features changed since training, train again"
         )
+    n_ids = None
+    if uses_attributes(model.variant):  # ranks the features stage's catalogue, the same as in training
+        catalogue = load_catalogue(features_dir)
+        model.set_catalogue(catalogue.tensors())
+        n_ids = catalogue.n_ids
     return _evaluate(model, run_dir.name, model.variant, meta.get("seed"), count_paper_parameters(model),
-                     features_dir, model.model_cfg.max_set_size, out_path, cfg)  # fmt: skip
+                     features_dir, model.model_cfg.max_set_size, out_path, cfg, n_ids)  # fmt: skip
 
 
 def evaluate_popularity(
@@ -204,3 +301,37 @@ def evaluate_popularity(
         raise ContextualBertError(f"{features_dir}: article counts must be finite and non-negative")
     return _evaluate(PopularityModel(counts), "popularity", "popularity", None, 0,
                      features_dir, max_set_size, out_path, cfg)  # fmt: skip
+
+
+def evaluate_attribute_popularity(features_dir: Path, out_path: Path, cfg: EvaluateConfig,
+                                  max_set_size: int = ModelConfig().max_set_size) -> dict:
+    """The attribute-aware popularity (evaluate.popularity_attribute) over the catalogue; write out_path.
+
+    Without the catalogue (features.article_features off) or without an attribute set, it writes
+    {"known": false, "why": ...}, as the optimum stage does where there is no optimum."""
+    from contextual_bert.feature_store import ATTRIBUTES_FILE, load_catalogue, load_split
+
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    attribute = cfg.popularity_attribute
+    why = None
+    if not (Path(features_dir) / ATTRIBUTES_FILE).exists():
+        why = "features.article_features is off: no catalogue with attributes"
+    elif attribute is None:
+        why = "evaluate.popularity_attribute is not set"
+    if why is not None:
+        out_path.write_text(json.dumps({"known": False, "why": why}, indent=2))
+        return {"known": False, "why": why}
+    catalogue = load_catalogue(features_dir)
+    if attribute not in catalogue.attributes or catalogue.attributes[attribute].ndim != 1:
+        categorical = [f.name for f in catalogue.spec.features if f.kind != "multi_categorical"]
+        raise ContextualBertError(f"evaluate.popularity_attribute '{attribute}' is not a single-valued article "
+                                  f"attribute of {features_dir} (those are {categorical})")
+    values = catalogue.attributes[attribute]
+    share = in_outfit_share(load_split(features_dir, "train", max_set_size, catalogue=True).items, values)
+    model = AttributePopularityModel(values, catalogue.vocab.counts, catalogue.n_ids, share)
+    result = _evaluate(model, "popularity_attribute", "popularity_attribute", None, 0, features_dir, max_set_size,
+                       out_path, cfg, catalogue.n_ids)
+    result |= {"attribute": attribute, "in_outfit_share": share}
+    out_path.write_text(json.dumps(result, indent=2))
+    return result

@@ -22,7 +22,7 @@ MASK_INDEX = 1
 N_SPECIAL = 3  # first index of a real article / value
 
 FeatureKind = Literal["categorical", "multi_categorical", "numeric"]
-FeatureSource = Literal["customer", "outfit"]
+FeatureSource = Literal["customer", "outfit", "article"]  # "article": an attribute of the catalogue
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class FeatureSpec:
 
     name: str
     kind: FeatureKind
-    source: FeatureSource  # customers table, or per outfit (e.g. occasion)
+    source: FeatureSource  # customers table, per outfit (e.g. occasion), or an article attribute
     cardinality: int  # size of its embedding table, special indices included
     dim: int  # embedding dimension; the dims of all features sum to d_context
     max_values: int = 1  # width of the padded index row for multi_categorical, else 1

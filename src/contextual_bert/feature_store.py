@@ -49,9 +49,15 @@ CUSTOMERS_FILE = "customers.parquet"
 OUTFITS_FILE = "outfits.parquet"
 SPEC_FILE = "spec.json"
 MANIFEST_FILE = "manifest.json"
+# With features.article_features on: every article of the catalogue with its encoded attributes, and the
+# attributes' spec and vocabularies (to encode articles added to the catalogue later, at serving).
+CATALOGUE_FILE = "catalogue.parquet"
+ATTRIBUTES_FILE = "article_attributes.json"
 # What a trained model needs besides its checkpoint to read requests (logged with each run, bundled with
-# each served model): its vocabularies, the spec, and the manifest for lineage.
+# each served model): its vocabularies, the spec, and the manifest for lineage; and the catalogue files
+# where the features stage wrote them.
 MODEL_FEATURE_FILES = (ARTICLE_VOCAB_FILE, CONTEXT_VOCAB_FILE, SPEC_FILE, MANIFEST_FILE)
+CATALOGUE_FEATURE_FILES = (CATALOGUE_FILE, ATTRIBUTES_FILE)
 
 
 # --- encoding: the one code path for stored tables and serving -------------------------------------------
@@ -253,6 +259,76 @@ def load_article_vocab(features_dir: Path) -> ArticleVocab:
     return ArticleVocab(table["article_id"].astype(str).tolist(), table["count"].to_numpy(dtype=np.int64))
 
 
+# --- the catalogue: every article, known by its attributes -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    """Every article the attribute models ("<model>_attrs") score, with its encoded attributes.
+
+    Indices 0..n_ids-1 are the train article vocabulary, in its order (specials first): these articles
+    have an id embedding. The other articles of the articles table follow (sorted by id), and articles
+    added later (`extend`, at serving) after them: they have no id embedding and read the [UNK] id row.
+    `attributes`: attribute name -> (n,) or (n, max_values) int64 indices; the special rows are PAD (a zero
+    attribute vector). The attributes are encoded by `indexer` (the context features' code, `ContextIndexer`):
+    missing -> its reserved missing row, a value not fitted -> UNKNOWN_INDEX; no article is ever dropped.
+    """
+
+    vocab: ArticleVocab  # ids and train occurrences of every catalogue article (0: never in a train outfit)
+    n_ids: int
+    attributes: dict[str, np.ndarray]
+    indexer: ContextIndexer
+
+    @property
+    def spec(self) -> ContextSpec:
+        return self.indexer.spec
+
+    def __len__(self) -> int:
+        return len(self.vocab)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {name: torch.from_numpy(np.ascontiguousarray(a)) for name, a in self.attributes.items()}
+
+    def encode(self, articles: pd.DataFrame) -> dict[str, np.ndarray]:
+        """Raw attribute columns of `articles` -> encoded index arrays (an absent column: missing)."""
+        indices, _, _ = self.indexer.encode_arrays(articles.reset_index(drop=True), source="article")
+        return indices
+
+    def extend(self, articles: pd.DataFrame) -> "Catalogue":
+        """The catalogue with the articles of `articles` (column article_id + raw attribute columns) that it
+        does not hold yet appended, without an id embedding. Articles it holds keep their row."""
+        if "article_id" not in articles.columns:
+            raise ContextualBertError("the catalogue table has no 'article_id' column")
+        ids = articles["article_id"].astype(str)
+        new = articles[~ids.isin(set(self.vocab.ids)).to_numpy() & ~ids.duplicated().to_numpy()]
+        if not len(new):
+            return self
+        encoded = self.encode(new)
+        attributes = {name: np.concatenate([a, encoded[name]]) for name, a in self.attributes.items()}
+        vocab = ArticleVocab(self.vocab.ids + new["article_id"].astype(str).tolist(),
+                             np.concatenate([self.vocab.counts, np.zeros(len(new), dtype=np.int64)]))
+        return Catalogue(vocab, self.n_ids, attributes, self.indexer)
+
+
+def load_catalogue(features_dir: Path) -> Catalogue:
+    """The catalogue the features stage wrote (features.article_features on), or a one-line error."""
+    features_dir = Path(features_dir)
+    attributes_path = features_dir / ATTRIBUTES_FILE
+    if not attributes_path.exists():
+        raise DataError("not found: the article attributes are off; set features.article_features: true and "
+                        "run `contextual-bert features`", path=attributes_path)
+    saved = json.loads(attributes_path.read_text())
+    spec = ContextSpec.from_json(json.dumps({"features": saved["spec"]}))
+    path = _require(features_dir / CATALOGUE_FILE)
+    table = pq.read_table(path)
+    order = np.argsort(_column(table, "index", path).to_numpy())
+    table = table.take(pa.array(order))
+    vocab = ArticleVocab([str(a) for a in table.column("article_id").to_pylist()],
+                         table.column("count").to_numpy().astype(np.int64))
+    attributes = {f.name: _feature_array(table, f, path) for f in spec.features}
+    return Catalogue(vocab, int(saved["n_ids"]), attributes, ContextIndexer(spec, saved["vocab"]))
+
+
 # --- the one outfit encoder: raw outfits + context -> model tensors ----------------------------------------
 
 
@@ -397,8 +473,11 @@ def _feature_array(table: pa.Table, feature: FeatureSpec, path: Path) -> np.ndar
     return column.to_numpy().astype(np.int64)
 
 
-def load_split(features_dir: Path, split: str, max_set_size: int) -> EncodedOutfits:
-    """One split's outfits as tensors, each outfit's customer context joined on."""
+def load_split(features_dir: Path, split: str, max_set_size: int, catalogue: bool = False) -> EncodedOutfits:
+    """One split's outfits as tensors, each outfit's customer context joined on.
+
+    Items are catalogue indices (features.article_features on) or vocabulary indices. A model of article
+    ids only (catalogue=False) reads an article outside the train vocabulary as [UNK], as it always has."""
     if split not in SPLITS:
         raise ContextualBertError(f"unknown split '{split}', expected one of {SPLITS}")
     features_dir = Path(features_dir)
@@ -413,6 +492,9 @@ def load_split(features_dir: Path, split: str, max_set_size: int) -> EncodedOutf
         raise DataError(f"an outfit has {lengths.max()} items, more than max_set_size={max_set_size}",
                         path=outfits_path, row=row, column="items")
     items = _padded(outfits.column("items"), max_set_size)
+    if not catalogue:
+        n_vocab = pq.read_metadata(_require(features_dir / ARTICLE_VOCAB_FILE)).num_rows
+        items[items >= n_vocab] = UNKNOWN_INDEX
 
     customers = pq.read_table(customers_path)
     customer_pos = pd.Index(customers.column("customer_id").to_pylist()).get_indexer(

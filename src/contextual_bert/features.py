@@ -25,10 +25,20 @@ import pyarrow.parquet as pq
 from contextual_bert.config import FeaturesConfig
 from contextual_bert.contract import ID_COLUMN, SCHEMA_FILE, TABLES, DataSchema
 from contextual_bert.errors import ContextualBertError, DataError
-from contextual_bert.feature_spec import N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec, FeatureSpec
+from contextual_bert.feature_spec import (
+    MISSING_INDEX,
+    N_SPECIAL,
+    PAD_INDEX,
+    UNKNOWN_INDEX,
+    ContextSpec,
+    FeatureSpec,
+)
 from contextual_bert.split_guards import check_splits, split_counts
 from contextual_bert.feature_store import (
     ARTICLE_VOCAB_FILE,
+    ATTRIBUTES_FILE,
+    CATALOGUE_FEATURE_FILES,
+    CATALOGUE_FILE,
     CONTEXT_VOCAB_FILE,
     CUSTOMERS_FILE,
     MANIFEST_FILE,
@@ -37,6 +47,7 @@ from contextual_bert.feature_store import (
     SPEC_FILE,
     SPLITS,
     ArticleVocab,
+    Catalogue,
     ContextIndexer,
     as_object_array,
     explode_values,
@@ -170,31 +181,89 @@ def _encoded_columns(indices: dict[str, np.ndarray]) -> dict[str, pa.Array]:
     return {name: _list_array(a) if a.ndim == 2 else pa.array(a, type=pa.int64()) for name, a in indices.items()}
 
 
+def _fit_feature(name: str, kind: str, source: str, values, cfg: FeaturesConfig, dim: int,
+                 min_count: int) -> tuple[FeatureSpec, dict]:
+    """One feature's spec and vocabulary entry (values or bucket edges), fitted on `values`: the one fitting
+    code of context features and article attributes."""
+    max_values = 1
+    if kind == "numeric":
+        edges = fit_numeric(values, cfg.numeric_buckets)
+        entry = {"kind": kind, "source": source, "bucket_edges": edges}
+        cardinality = N_SPECIAL + len(edges) + 1
+    else:
+        if kind == "multi_categorical":
+            values_seen, longest = fit_multi(values, min_count)
+            max_values = min(cfg.max_multi_values, longest)
+        else:
+            values_seen = fit_categorical(values, min_count)
+        entry = {"kind": kind, "source": source, "values": values_seen}
+        cardinality = N_SPECIAL + len(values_seen)
+    if kind == "multi_categorical":
+        entry["max_values"] = max_values
+    return FeatureSpec(name, kind, source, cardinality, dim, max_values), entry
+
+
 def _fit_context(schema: DataSchema, cfg: FeaturesConfig, train_customers: pd.DataFrame,
                  train_outfits: pd.DataFrame) -> tuple[ContextSpec, dict[str, dict]]:
     features, vocab = [], {}
     for column in schema.context_columns:
         values = (train_customers if column.table == "customers" else train_outfits)[column.name]
-        source = SOURCE_OF_TABLE[column.table]
         dim = cfg.embedding_dims.get(column.name, cfg.default_dim)
-        max_values = 1
-        if column.kind == "numeric":
-            edges = fit_numeric(values, cfg.numeric_buckets)
-            entry = {"kind": column.kind, "source": source, "bucket_edges": edges}
-            cardinality = N_SPECIAL + len(edges) + 1
-        else:
-            if column.kind == "multi_categorical":
-                values_seen, longest = fit_multi(values, cfg.min_context_count)
-                max_values = min(cfg.max_multi_values, longest)
-            else:
-                values_seen = fit_categorical(values, cfg.min_context_count)
-            entry = {"kind": column.kind, "source": source, "values": values_seen}
-            cardinality = N_SPECIAL + len(values_seen)
-        if column.kind == "multi_categorical":
-            entry["max_values"] = max_values
-        vocab[column.name] = entry
-        features.append(FeatureSpec(column.name, column.kind, source, cardinality, dim, max_values))
+        feature, vocab[column.name] = _fit_feature(column.name, column.kind, SOURCE_OF_TABLE[column.table], values,
+                                                   cfg, dim, cfg.min_context_count)
+        features.append(feature)
     return ContextSpec(tuple(features)), vocab
+
+
+def build_catalogue(articles: pd.DataFrame, article_vocab: ArticleVocab, train_counts: pd.Series,
+                    attributes: dict[str, str], cfg: FeaturesConfig, path: Path) -> Catalogue:
+    """Every article of the articles table (and of the train vocabulary) with its attributes encoded.
+
+    The attribute vocabularies are fitted on the articles of the train vocabulary (a value needs
+    `min_context_count` of them, else it is UNKNOWN): a value no trained article has would enter with an
+    embedding training never moved. Every article of the catalogue is encoded, whatever its values;
+    a missing value, or an article of the vocabulary without a row in the articles table, is missing."""
+    for name in attributes:
+        if name not in articles.columns:
+            raise DataError(f"article attribute '{name}' (features.article_attributes) is not a column of the "
+                            f"articles table; it has {sorted(articles.columns)}", path=path, column=name)
+    by_id = articles.assign(article_id=articles["article_id"].astype(str)).drop_duplicates("article_id")
+    known = set(article_vocab.ids[N_SPECIAL:])
+    extra = sorted(set(by_id["article_id"]) - known)
+    ids = article_vocab.ids + extra
+    rows = pd.DataFrame({"article_id": ids}).merge(by_id, on="article_id", how="left")  # keeps the order
+    trained = rows.iloc[N_SPECIAL : len(article_vocab)]
+    features, vocab = [], {}
+    for name, kind in attributes.items():
+        feature, vocab[name] = _fit_feature(name, kind, "article", trained[name], cfg, cfg.default_dim,
+                                            cfg.min_context_count)
+        features.append(feature)
+    indexer = ContextIndexer(ContextSpec(tuple(features)), vocab)
+    encoded, _, _ = indexer.encode_arrays(rows, source="article")
+    for a in encoded.values():  # the special rows have no attributes: PAD, a zero vector
+        a[:N_SPECIAL] = PAD_INDEX
+    # train occurrences of every article, those below min_article_count (no id embedding) included
+    counts = np.concatenate([article_vocab.counts,
+                             train_counts.reindex(extra).fillna(0).to_numpy(dtype=np.int64)])  # fmt: skip
+    return Catalogue(ArticleVocab(ids, counts), len(article_vocab), encoded, indexer)
+
+
+def _write_catalogue(catalogue: Catalogue, features_dir: Path) -> dict:
+    """catalogue.parquet and article_attributes.json; the counts for the manifest."""
+    n = len(catalogue)
+    pq.write_table(pa.table({"index": pa.array(np.arange(n), type=pa.int64()),
+                             "article_id": pa.array(catalogue.vocab.ids),
+                             "count": pa.array(catalogue.vocab.counts, type=pa.int64()),
+                             "has_id": pa.array(np.arange(n) < catalogue.n_ids),
+                             **_encoded_columns(catalogue.attributes)}), features_dir / CATALOGUE_FILE)
+    spec = json.loads(catalogue.spec.to_json())["features"]
+    (features_dir / ATTRIBUTES_FILE).write_text(json.dumps(
+        {"n_ids": catalogue.n_ids, "spec": spec, "vocab": catalogue.indexer.vocab}, indent=2))
+    real = slice(N_SPECIAL, None)
+    first = lambda a: a[real] if a.ndim == 1 else a[real, 0]  # noqa: E731
+    return {"articles": n - N_SPECIAL, "with_id": catalogue.n_ids - N_SPECIAL, "spec": spec,
+            "missing": {k: int((first(a) == MISSING_INDEX).sum()) for k, a in catalogue.attributes.items()},
+            "unknown": {k: int((first(a) == UNKNOWN_INDEX).sum()) for k, a in catalogue.attributes.items()}}
 
 
 def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig, max_set_size: int) -> dict:
@@ -218,12 +287,25 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
 
     # Article vocabulary from the train outfits; every outfit's items through it.
     exploded = outfits["article_ids"].explode()
-    article_vocab = fit_article_vocab(exploded[is_train[exploded.index.to_numpy()]], cfg.min_article_count)
+    train_ids = exploded[is_train[exploded.index.to_numpy()]]
+    article_vocab = fit_article_vocab(train_ids, cfg.min_article_count)
     item_idx, _ = article_vocab.to_indices(exploded.to_numpy())
     counts = split_counts(split, split[exploded.index.to_numpy()], item_idx != UNKNOWN_INDEX, SPLITS)
     check_splits(counts, cfg, outfits_path)
+    catalogue = None
+    if cfg.article_features:  # items by catalogue index: the train vocabulary's indices, then the others
+        attributes = cfg.article_attributes.get(schema.source)
+        if not attributes:
+            raise ContextualBertError(
+                f"features.article_features is on but features.article_attributes declares no attributes for "
+                f"the data source '{schema.source}' ({validated_dir / SCHEMA_FILE}); add them or turn it off")
+        catalogue = build_catalogue(tables["articles"], article_vocab, train_ids.astype(str).value_counts(),
+                                    attributes, cfg, validated_dir / "articles.parquet")
+        stored_idx, _ = catalogue.vocab.to_indices(exploded.to_numpy())
+    else:
+        stored_idx = item_idx
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
-    items = pa.ListArray.from_arrays(pa.array(offsets), pa.array(item_idx, type=pa.int64()))
+    items = pa.ListArray.from_arrays(pa.array(offsets), pa.array(stored_idx, type=pa.int64()))
 
     # Context vocabularies from the train rows: the outfits of the train split and their customers.
     train_customers = customers.iloc[np.unique(customer_pos[is_train & (customer_pos >= 0)])]
@@ -245,6 +327,9 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
                    features_dir / ARTICLE_VOCAB_FILE)
     (features_dir / CONTEXT_VOCAB_FILE).write_text(json.dumps(context_vocab, indent=2))
     spec.save(features_dir / SPEC_FILE)
+    for stale in CATALOGUE_FEATURE_FILES:  # written again below when the attributes are on
+        (features_dir / stale).unlink(missing_ok=True)
+    catalogue_counts = _write_catalogue(catalogue, features_dir) if catalogue is not None else None
 
     unknown_items = item_idx == UNKNOWN_INDEX
     item_split = split[exploded.index.to_numpy()]
@@ -258,6 +343,11 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
                   "val_fraction": cfg.val_fraction, "test_fraction": cfg.test_fraction},
         "n_items": len(article_vocab),
         "unknown_items": {name: int(unknown_items[item_split == name].sum()) for name in SPLITS},
+        **({} if catalogue is None else {
+            "catalogue": catalogue_counts,  # features.article_features on
+            # items outside the train vocabulary that the catalogue holds: the attribute models rank them
+            "catalogue_items_without_id": {name: int((stored_idx >= catalogue.n_ids)[item_split == name].sum())
+                                           for name in SPLITS}}),
         "known_targets": {name: c["known_targets"] for name, c in counts.items()},
         "outfits_without_customer_row": int((customer_pos < 0).sum()),  # their customer context is missing
         "vocab_sizes": {"articles": len(article_vocab), **{f.name: f.cardinality for f in spec.features}},

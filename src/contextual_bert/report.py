@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from contextual_bert.bootstrap import CI_METRICS, pooled_interval
-from contextual_bert.config import BASELINE_MODELS, VARIANTS, Config
+from contextual_bert.config import BASELINE_MODELS, VARIANTS, Config, base_model, uses_attributes
 from contextual_bert.errors import ContextualBertError, DataError
 from contextual_bert.feature_store import MANIFEST_FILE
 
@@ -34,7 +34,9 @@ LABELS = {
     "new_position": "[NP]",
     "global_state": "[GS]",
     "global_state_update": "[GSU]",
+    "popularity_attribute": "Popularity by attribute",
 }
+LABELS |= {f"{m}_attrs": f"{LABELS[m]} + attributes" for m in (*VARIANTS, *BASELINE_MODELS)}
 # Denk & Peleteiro Ramallo (2020), Table 1: 17k held-out of 380k outfits, mean of 3 runs.
 PAPER_TABLE1 = {
     "none": {"cross_entropy": 5.26, "recall@1": 0.085, "parameters": 546_432},
@@ -49,7 +51,8 @@ METRIC_LABELS = {"cross_entropy": "cross-entropy", "recall@5": "recall@5"}
 # (metric, True when higher is better) for the "beats [None]" verdicts.
 VERDICT_METRICS = (("cross_entropy", False), ("recall@5", True))
 # Single-result yardsticks beside the trained models, in table order; the optimum only where it is known.
-REFERENCES = ("optimum_context", "optimum_no_context", "popularity")
+REFERENCES = ("optimum_context", "optimum_no_context", "popularity", "popularity_attribute")
+TARGET_PARTS = ("test_known", "test_unseen")  # the catalogue rankers' targets with and without an id
 CONVERGENCE_LABELS = {"early_stopping": "early stop", "plateau": "plateau"}
 
 
@@ -99,8 +102,9 @@ def read_references(cfg: Config) -> dict[str, dict]:
         path = cfg.eval_path(name)
         if name == "popularity" or not path.exists():
             continue
-        result = _read_json(path, "the optimum's result (run `contextual-bert optimum`)")
-        if result.get("known") is not False:  # false: the optimum stage ran, and this data has none
+        result = _read_json(path, "the optimum's result (run `contextual-bert optimum`)" if name.startswith("optimum")
+                            else "the attribute-aware popularity (run `contextual-bert baseline`)")
+        if result.get("known") is not False:  # false: the stage ran, and this data has none
             found[name] = checked_eval(result, path)
     return {name: found[name] for name in REFERENCES if name in found}
 
@@ -146,7 +150,55 @@ def summarize_runs(evals: list[dict]) -> dict:
         "seeds": [e.get("seed") for e in evals],
         "test_bootstrap": {m: pooled_interval([(e.get("test_bootstrap") or {}).get(m) for e in evals])
                            for m in CI_METRICS},
+        # models that rank the catalogue: targets with an id embedding (known) and without (unseen) apart
+        **{part: {"test": {m: mean_se([e[part].get(m) for e in evals]) for m in e0_metrics(evals, part)},
+                  "bootstrap": {m: pooled_interval([(e.get(f"{part}_bootstrap") or {}).get(m) for e in evals])
+                                for m in CI_METRICS}}
+           for part in TARGET_PARTS if all(part in e for e in evals)},
     }
+
+
+def e0_metrics(evals: list[dict], part: str) -> list[str]:
+    return sorted({k for e in evals for k, v in e[part].items() if isinstance(v, (int, float))})
+
+
+def attribute_lines(summary: dict, references: dict) -> list[str]:
+    """The attribute models ("<model>_attrs") on all, known and unseen targets, read against the
+    attribute-aware popularity."""
+    models = [v for v in summary if uses_attributes(v)]
+    if not models:
+        return []
+    lines = ["", "## Article attributes", "",
+             "- The models with attributes and the attribute-aware popularity rank the whole catalogue (the "
+             "articles table), so every test target is ranked; the models of ids only rank the train vocabulary "
+             "and skip unseen targets (their rows above). Known: the target has an id embedding (seen in "
+             "training); unseen: it has none. Cross-entropy (nats) / recall@5 % [95% bootstrap CI]:", ""]
+    rows = {name: {"test": {k: {"mean": v, "se": None} for k, v in ref["test"].items() if isinstance(v, (int, float))},
+                   "test_bootstrap": ref.get("test_bootstrap") or {},
+                   **{part: {"test": {k: {"mean": v, "se": None} for k, v in ref[part].items()
+                                      if isinstance(v, (int, float))},
+                             "bootstrap": ref.get(f"{part}_bootstrap") or {}} for part in TARGET_PARTS if part in ref}}
+            for name, ref in references.items() if name == "popularity_attribute"}
+    rows |= {v: summary[v] for v in models}
+    lines += ["| Model | all: CE | all: recall@5 | known: CE | known: recall@5 | unseen: CE | unseen: recall@5 |",
+              "|---|---|---|---|---|---|---|"]
+    for name, s in rows.items():
+        cells = [LABELS.get(name, name), _fmt(s["test"].get("cross_entropy"), False, 2),
+                 f"{_fmt(s['test'].get('recall@5'), True, 2)} [{_fmt_ci(s['test_bootstrap'].get('recall@5'))}]"]
+        for part in TARGET_PARTS:
+            p = s.get(part)
+            cells += ["–", "–"] if p is None else [
+                _fmt(p["test"].get("cross_entropy"), False, 2),
+                f"{_fmt(p['test'].get('recall@5'), True, 2)} [{_fmt_ci(p['bootstrap'].get('recall@5'))}]"]
+        lines.append("| " + " | ".join(cells) + " |")
+    if "popularity_attribute" in references:
+        ref = rows["popularity_attribute"]["test"]
+        lines.append("")
+        for v in models:
+            per_metric = {m: compare(summary[v]["test"][m], ref[m], higher) for m, higher in VERDICT_METRICS}
+            lines.append(f"- {LABELS.get(v, v)} against {LABELS['popularity_attribute'].lower()} (all targets): "
+                         f"{_comparison_text(per_metric)}")
+    return lines
 
 
 # --- the table -------------------------------------------------------------------------------------------
@@ -284,11 +336,12 @@ def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, 
                   "these test cases, with and without the customer. Gap in cross-entropy (nats):"]
         for v in variants:
             ce = summary[v]["test"]["cross_entropy"]["mean"]
-            uses_context = v not in ("none", "bag_of_items")
+            uses_context = base_model(v) not in ("none", "bag_of_items")
             name = "optimum_context" if uses_context else "optimum_no_context"
             if name in references and ce is not None:
                 gap = ce - references[name]["test"]["cross_entropy"]
                 lines.append(f"  - {LABELS.get(v, v)}: {gap:+.3f} to the {LABELS[name].lower()}")
+    lines += attribute_lines(summary, references)
     if baseline_verdicts:
         lines += ["", "## Against the learned baselines", ""]
         for text in baseline_verdicts["lines"]:

@@ -12,6 +12,12 @@ request with one message naming the row; MLflow's scoring server answers it with
 
 The pyfunc is logged from code (`pyfunc_model.py`), never pickled: its artifacts are the checkpoint and the
 features files serving needs, its code the `contextual_bert` package as it was at logging time.
+
+A model with article attributes ("<model>_attrs") recommends from the catalogue, not only from the articles
+it was trained on. At load it reads the catalogue bundled at logging time and, when CONTEXTUAL_BERT_CATALOGUE
+names an articles table (.parquet, .csv or .jsonl: article_id and the attribute columns, e.g. the new
+season's data/validated/articles.parquet), appends the articles it does not hold yet: they are scored by
+their attributes from then on, and may be named in requests, without retraining (README, Serving).
 """
 
 from __future__ import annotations
@@ -31,7 +37,13 @@ import torch
 from contextual_bert.devices import autocast, select_device
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.feature_spec import N_SPECIAL, PAD_INDEX
-from contextual_bert.feature_store import MODEL_FEATURE_FILES, EncodedRows, OutfitEncoder
+from contextual_bert.feature_store import (
+    CATALOGUE_FEATURE_FILES,
+    MODEL_FEATURE_FILES,
+    EncodedRows,
+    OutfitEncoder,
+    load_catalogue,
+)
 
 MAX_TOP_K = 250
 BATCH_ROWS = 1024  # rows scored per forward pass: bounds memory for large requests
@@ -39,6 +51,19 @@ PARALLEL_ROWS = 64  # requests from this many rows on use several torch threads 
 OUTPUT_COLUMNS = ("article_ids", "scores", "unknown_article_ids", "missing_features", "unknown_features")
 PACKAGE_DIR = Path(__file__).resolve().parent
 PYFUNC_CODE = PACKAGE_DIR / "pyfunc_model.py"
+CATALOGUE_ENV = "CONTEXTUAL_BERT_CATALOGUE"  # an articles table whose new articles the served model adds
+
+
+def read_articles(path: Path) -> pd.DataFrame:
+    """An articles table (article_id + attribute columns) from .parquet, .csv or .jsonl."""
+    path = Path(path)
+    if not path.exists():
+        raise ContextualBertError(f"{path}: catalogue not found ({CATALOGUE_ENV})")
+    readers = {".parquet": pd.read_parquet, ".csv": lambda p: pd.read_csv(p, dtype={"article_id": str}),
+               ".jsonl": lambda p: pd.read_json(p, lines=True, dtype={"article_id": str})}
+    if path.suffix not in readers:
+        raise ContextualBertError(f"{path}: a catalogue is .parquet, .csv or .jsonl")
+    return readers[path.suffix](path)
 
 
 class OutfitCompleterCore:
@@ -73,16 +98,29 @@ class OutfitCompleterCore:
         return traced.masked_logits
 
     @classmethod
-    def load(cls, checkpoint: Path, features_dir: Path, device: str = "auto") -> "OutfitCompleterCore":
+    def load(cls, checkpoint: Path, features_dir: Path, device: str = "auto",
+             catalogue: Path | None = None) -> "OutfitCompleterCore":
+        """`catalogue`: an articles table whose articles the model does not hold yet are added (attribute
+        models only); by default the one CONTEXTUAL_BERT_CATALOGUE names, if any."""
         from contextual_bert.model import load_checkpoint
 
         torch_device = select_device(device)
         model, _ = load_checkpoint(checkpoint, map_location=torch_device)
         encoder = OutfitEncoder.load(features_dir, model.model_cfg.max_set_size)
-        if len(encoder.article_vocab) != model.n_items:
+        if len(encoder.article_vocab) != model.n_ids:
             raise ContextualBertError(
-                f"{features_dir}: the article vocabulary has {len(encoder.article_vocab)} rows, the model {model.n_items}"
+                f"{features_dir}: the article vocabulary has {len(encoder.article_vocab)} rows, the model {model.n_ids}"
             )
+        if model.attributes is not None:
+            articles = load_catalogue(features_dir)
+            catalogue = catalogue or os.environ.get(CATALOGUE_ENV) or None
+            if catalogue is not None:
+                articles = articles.extend(read_articles(Path(catalogue)))
+            model.set_catalogue(articles.tensors())
+            encoder = OutfitEncoder(articles.vocab, encoder.context, encoder.max_set_size)
+        elif catalogue is not None:
+            raise ContextualBertError(f"model '{model.variant}' reads article ids only: it cannot add articles "
+                                      "from a catalogue (train a '<model>_attrs' model)")
         return cls(model, encoder, torch_device)
 
     def encode(self, rows: pd.DataFrame) -> EncodedRows:
@@ -280,6 +318,9 @@ def log_pyfunc_model(
         artifacts = {"checkpoint": str(checkpoint), "settings": str(settings)}
         for name in MODEL_FEATURE_FILES:  # keyed by stem: "article_vocab", "context_vocab", "spec", "manifest"
             artifacts[Path(name).stem] = str(Path(features_dir) / name)
+        for name in CATALOGUE_FEATURE_FILES:  # the catalogue, where the article attributes are on
+            if (Path(features_dir) / name).exists():
+                artifacts[Path(name).stem] = str(Path(features_dir) / name)
         for path in artifacts.values():
             if not Path(path).exists():
                 raise ContextualBertError(f"{path}: not found; the served model needs it")

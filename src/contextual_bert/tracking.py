@@ -30,11 +30,17 @@ import yaml
 
 from contextual_bert.config import Config, MlflowConfig
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.feature_store import CUSTOMERS_FILE, MANIFEST_FILE, MODEL_FEATURE_FILES, file_sha256
+from contextual_bert.feature_store import (
+    CATALOGUE_FEATURE_FILES,
+    CUSTOMERS_FILE,
+    MANIFEST_FILE,
+    MODEL_FEATURE_FILES,
+    file_sha256,
+)
 
 RUN_FILE = "mlflow_run.json"
 # The vocabularies and context tables of the features stage (not the encoded outfits: the data, not the model).
-RUN_ARTIFACT_FEATURE_FILES = (*MODEL_FEATURE_FILES, CUSTOMERS_FILE)
+RUN_ARTIFACT_FEATURE_FILES = (*MODEL_FEATURE_FILES, *CATALOGUE_FEATURE_FILES, CUSTOMERS_FILE)  # those present
 RUN_ARTIFACT_MODEL_FILES = ("checkpoint.pt", "history.json", "metrics.json")
 
 

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from contextual_bert.config import ModelConfig, TrainConfig
+from contextual_bert.config import ModelConfig, TrainConfig, base_model, uses_attributes
 from contextual_bert.devices import autocast, keep_freed_memory, select_device
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, EncodedOutfits
@@ -427,16 +427,20 @@ def train(
     and data; patience, device and threads may differ). A run that already finished is not
     re-trained (its metrics are returned again); a run whose settings or data differ starts from scratch.
     """
-    from contextual_bert.feature_store import load_article_vocab, load_spec, load_split
+    from contextual_bert.feature_store import load_article_vocab, load_catalogue, load_spec, load_split
 
     spec = load_spec(features_dir)
-    if variant != "none" and not spec.features:
+    if base_model(variant) != "none" and not spec.features:
         raise ContextualBertError(
             f"{features_dir}: variant '{variant}' conditions on context, but this data has no context columns "
             "(e.g. curated sets without customers); set train.variants: [none]")
     n_items = len(load_article_vocab(features_dir))
-    train_data = load_split(features_dir, "train", model_cfg.max_set_size)
-    val_data = load_split(features_dir, "val", model_cfg.max_set_size)
+    # "<model>_attrs": the catalogue's articles, known by their attributes (items by catalogue index)
+    catalogue = load_catalogue(features_dir) if uses_attributes(variant) else None
+    train_data = load_split(features_dir, "train", model_cfg.max_set_size, catalogue=catalogue is not None)
+    val_data = load_split(features_dir, "val", model_cfg.max_set_size, catalogue=catalogue is not None)
     torch.manual_seed(seed)
-    model = build_model(model_cfg, variant, n_items, spec)
+    model = build_model(model_cfg, variant, n_items, spec, None if catalogue is None else catalogue.spec)
+    if catalogue is not None:
+        model.set_catalogue(catalogue.tensors())
     return fit(model, train_data, val_data, train_cfg, out_dir, seed, on_epoch_end)
