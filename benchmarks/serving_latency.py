@@ -10,7 +10,7 @@ Requests are real validation outfits with one article removed, with their custom
 single-row request latency (p50/p99 over --requests sequential requests on one keep-alive connection, after
 a warm-up) and batch throughput (rows/s) for several batch sizes; the same batches through the same pyfunc
 in-process (no HTTP, no JSON) show what the server adds. Torch threads per request: serving.serving_threads
-(one below serving.PARALLEL_ROWS rows; above, CONTEXTUAL_BERT_SERVING_THREADS, default every CPU). Writes
+(one below serving.PARALLEL_ROWS rows; from there on CONTEXTUAL_BERT_SERVING_THREADS, default 1). Writes
 reports/benchmarks/serving.json, with the load average before, between and after the phases: other work on
 this 2-core machine slows every number.
 
