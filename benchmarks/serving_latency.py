@@ -10,8 +10,9 @@ Requests are real validation outfits with one article removed, with their custom
 single-row request latency (p50/p99 over --requests sequential requests on one keep-alive connection, after
 a warm-up) and batch throughput (rows/s) for several batch sizes; the same batches through the same pyfunc
 in-process (no HTTP, no JSON) show what the server adds. Torch threads per request: serving.serving_threads
-(1 unless CONTEXTUAL_BERT_SERVING_THREADS says otherwise). Writes reports/benchmarks/serving.json, with the load average
-around the run: other work on this 2-core machine slows every number.
+(one below serving.PARALLEL_ROWS rows; from there on CONTEXTUAL_BERT_SERVING_THREADS, default 1). Writes
+reports/benchmarks/serving.json, with the load average before, between and after the phases: other work on
+this 2-core machine slows every number.
 
     .venv/bin/python benchmarks/serving_latency.py [--size default] [--variant global_state_update]
         [--model-uri models:/outfit-completion@champion] [--requests 300]
@@ -186,7 +187,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from contextual_bert.config import load_config
-    from contextual_bert.serving import serving_threads
+    from contextual_bert.serving import PARALLEL_ROWS, serving_threads
 
     cfg = load_config(REPO / "params.yaml")
     size = args.size or cfg.generate.size
@@ -224,6 +225,7 @@ def main() -> None:
                     raise SystemExit(f"batch failed: {status} {body}")
 
             http_batches = [batch_throughput(served, records, b) for b in args.batch_sizes]
+            load_between = os.getloadavg()
         finally:
             os.killpg(server.pid, signal.SIGTERM)  # the server and its uvicorn worker
             server.wait(timeout=60)
@@ -246,8 +248,10 @@ def main() -> None:
         "single_request": single,
         "batch_throughput_http": http_batches,
         "in_process": {"single_row": local_single, "batches": local_batches},
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": serving_threads(),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": {f"below {PARALLEL_ROWS} rows": serving_threads(1),
+                                                         f"from {PARALLEL_ROWS} rows": serving_threads(PARALLEL_ROWS)},
                     "device": "cpu", "load_average_before": [round(x, 2) for x in load_before],
+                    "load_average_between_http_and_in_process": [round(x, 2) for x in load_between],
                     "load_average_after": [round(x, 2) for x in os.getloadavg()]},  # fmt: skip
     }
     OUT.parent.mkdir(parents=True, exist_ok=True)

@@ -168,7 +168,7 @@ def test_requests_run_on_the_serving_threads_and_give_the_callers_back(monkeypat
 
     monkeypatch.delenv("CONTEXTUAL_BERT_SERVING_THREADS", raising=False)
     assert serving_threads(1) == 1 and serving_threads(PARALLEL_ROWS - 1) == 1  # small requests: one thread
-    assert serving_threads(PARALLEL_ROWS) == len(os.sched_getaffinity(0))  # large ones: every CPU by default
+    assert serving_threads(PARALLEL_ROWS) == 1  # large ones too, unless told (threads contend on a shared CPU)
     monkeypatch.setenv("CONTEXTUAL_BERT_SERVING_THREADS", "2")
     assert serving_threads(1) == 1 and serving_threads(1024) == 2
     monkeypatch.setenv("CONTEXTUAL_BERT_SERVING_THREADS", "many")

@@ -220,16 +220,15 @@ def serving_threads(rows: int) -> int:
     """Torch CPU threads for a request of `rows` rows.
 
     Below PARALLEL_ROWS, one: a small request is a few small matrix products, and threads only add
-    hand-offs (and contend badly with anything else on the machine: 5x slower on the shared 2-core test
-    machine). From PARALLEL_ROWS on, the forward pass is large matrix products that split well:
-    CONTEXTUAL_BERT_SERVING_THREADS, default the CPUs this process may run on. With several server
-    workers (`mlflow models serve --workers N`) set it to CPUs / N.
+    hand-offs. From PARALLEL_ROWS on, CONTEXTUAL_BERT_SERVING_THREADS (default 1): more threads split a
+    large forward pass, but they wait for each other, and on a machine with other work they lose badly
+    (on the shared 2-core machine at load 3-4, in process, 1,024 rows: 2 threads 309 rows/s, 1 thread
+    1,960; reports/benchmarks/serving_2threads.json and serving.json). Set it on a machine of its own; scale a server out
+    with workers (`mlflow models serve --workers N`) otherwise.
     """
     if rows < PARALLEL_ROWS:
         return 1
-    value = os.environ.get("CONTEXTUAL_BERT_SERVING_THREADS", "")
-    if not value:
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    value = os.environ.get("CONTEXTUAL_BERT_SERVING_THREADS", "1")
     try:
         return max(1, int(value))
     except ValueError:

@@ -68,6 +68,20 @@ class Proc:
             return ""
 
     def stop(self, grace: float = 10) -> None:
+        # A process worker starts its flow runs in sessions of their own, out of reach of its group:
+        # noted now (they are re-parented once the worker is gone) and killed after it, unless they ended.
+        descendants = {p: cmdline(p) for p in children(self.popen.pid)}
+        try:
+            self._stop_group(grace)
+        finally:
+            for pid, command in descendants.items():
+                if cmdline(pid) == command:  # still that process, not a pid reused since
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+
+    def _stop_group(self, grace: float) -> None:
         pgid = self.popen.pid  # start_new_session: the group id is the leader's pid
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
             try:
