@@ -115,15 +115,14 @@ def _ident(name: str) -> str:
 
 
 class _Db:
-    """An in-memory DuckDB connection with the configured memory limit and threads, spilling to the scratch
-    folder past the limit (tables included), so the working tables are never written out unless memory
-    is short; a failing statement becomes a one-line DataError naming the file it was reading."""
+    """A DuckDB connection on a scratch database file, with the configured memory limit and threads;
+    a failing statement becomes a one-line DataError naming the file it was reading."""
 
     def __init__(self, scratch: Path, cfg: ImportHMConfig):
         import duckdb
 
         self.duckdb = duckdb
-        self.con = duckdb.connect()
+        self.con = duckdb.connect(str(scratch / "import.duckdb"))
         self.con.execute(f"SET memory_limit = '{cfg.memory_limit_gib * 1024:.0f}MiB'")
         self.con.execute(f"SET temp_directory = {_quote(scratch / 'spill')}")
         self.con.execute(f"SET threads = {cfg.threads or os.cpu_count() or 1}")
