@@ -175,6 +175,7 @@ def _transactions(db: _Db, path: Path) -> dict:
         JOIN customer_raw c ON t.customer_id = c.raw JOIN day_raw d ON t.t_dat = d.raw
         JOIN article_raw a ON t.article_id = a.raw""", path)  # fmt: skip
     (used,) = db.one("SELECT count(*) FROM tx")
+    db.run("DROP TABLE customer_raw; DROP TABLE day_raw; DROP TABLE article_raw")
     return {"transactions": int(total), "transactions_malformed_dropped": int(total - used)}
 
 
@@ -239,6 +240,7 @@ def _baskets(db: _Db, cfg: ImportHMConfig, max_items: int) -> dict:
     multi-day baskets (a small share) are counted article by article. There n is exact where the basket is
     kept and a bound on the right side of the limit otherwise."""
     db.run("CREATE TABLE day_items AS SELECT DISTINCT cid, day, aid FROM tx")
+    db.run("DROP TABLE tx")  # read by _articles (prices) before
     db.run(f"""CREATE TABLE customer_days AS
         SELECT cid, day, n,
                max(CASE WHEN previous IS NULL OR day - previous > {cfg.session_gap_days} THEN day END)
@@ -282,6 +284,7 @@ def _outfits(db: _Db, cfg: ImportHMConfig, max_items: int) -> dict:
              USING (cid, day)
         JOIN (SELECT cid, first_day FROM baskets_{cfg.basket} WHERE n BETWEEN {low} AND {high}) k
              USING (cid, first_day)""")  # fmt: skip
+    db.run(f"DROP TABLE day_items; {'; '.join(f'DROP TABLE baskets_{d}' for d in BASKET_START)}")
     db.run("""CREATE TABLE article_rows AS SELECT c.aid, c.article_id, a.article_id IS NOT NULL AS has_row
         FROM article_codes c LEFT JOIN (SELECT article_id FROM articles) a ON c.article_id = a.article_id""")
     db.run("""CREATE TABLE customer_rows AS SELECT c.cid, c.customer_id, k.customer_id IS NOT NULL AS has_row
