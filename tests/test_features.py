@@ -1,4 +1,5 @@
 import json
+import os
 
 import numpy as np
 import pandas as pd
@@ -33,6 +34,11 @@ def test_files_manifest_and_paper_d_context(paper):
     assert rows["train"] + rows["val"] + rows["test"] == len(outfits) == rows["outfits"]
     assert set(manifest["inputs"]) == {"articles.parquet", "customers.parquet", "outfits.parquet", "schema.json"}
     assert all(len(h) == 64 for h in manifest["inputs"].values())
+    # article attributes off: the files (manifest included) are those of the stage before attributes existed,
+    # so their DVC hash and the trained models' lineage do not change
+    assert not set(os.listdir(features_dir)) - {"article_vocab.parquet", "context_vocab.json", "customers.parquet",
+                                                 "outfits.parquet", "spec.json", "manifest.json"}
+    assert not {"article_features", "article_attributes"} & set(manifest["params"])
 
 
 def test_hm_columns_get_default_dims(tmp_path):

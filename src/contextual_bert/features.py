@@ -356,7 +356,9 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
         "d_context": spec.d_context,
         "spec": json.loads(spec.to_json())["features"],
         "max_set_size": max_set_size,
-        "params": cfg.model_dump(),
+        # the attribute settings only when they are on: with them off, the stage writes exactly the files
+        # it wrote before attributes existed (same DVC hash, the trained models' lineage still matches)
+        "params": cfg.model_dump(exclude=set() if cfg.article_features else {"article_features", "article_attributes"}),
         "inputs": {f"{t}.parquet": file_sha256(validated_dir / f"{t}.parquet") for t in TABLES}
         | {SCHEMA_FILE: file_sha256(validated_dir / SCHEMA_FILE)},
     }
