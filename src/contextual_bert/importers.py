@@ -289,6 +289,8 @@ def _outfits(db: _Db, cfg: ImportHMConfig, max_items: int) -> dict:
         FROM article_codes c LEFT JOIN (SELECT article_id FROM articles) a ON c.article_id = a.article_id""")
     db.run("""CREATE TABLE customer_rows AS SELECT c.cid, c.customer_id, k.customer_id IS NOT NULL AS has_row
         FROM customer_codes c LEFT JOIN (SELECT customer_id FROM customers) k ON c.customer_id = k.customer_id""")
+    # the rows are ordered when written out; unordered, DuckDB builds 2.7 M lists within its memory limit
+    db.run("SET preserve_insertion_order = false")
     db.run(f"""CREATE TABLE outfits AS
         SELECT c.customer_id || '_{OUTFIT_ID_MARK[cfg.basket]}' || strftime(o.first_day, '%Y-%m-%d') AS outfit_id,
                c.customer_id, o.article_ids, strftime(o.first_day, '%Y-%m-%d') AS date,
