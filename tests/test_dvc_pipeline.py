@@ -49,8 +49,10 @@ def _set(workdir: Path, dotted: str, value) -> None:
 
 
 def test_one_variants_param_makes_only_that_variants_trainings_stale(pipeline_copy):
-    _set(pipeline_copy, "variants.global_state.learning_rate", 0.002)
-    seeds = yaml.safe_load((pipeline_copy / "params.yaml").read_text())["train"]["seeds"]
+    params = yaml.safe_load((pipeline_copy / "params.yaml").read_text())
+    current = (params["variants"]["global_state"] or {}).get("learning_rate", params["train"]["learning_rate"])
+    _set(pipeline_copy, "variants.global_state.learning_rate", current * 2)  # a value it does not have
+    seeds = params["train"]["seeds"]
     assert set(_params_changes(pipeline_copy)) == {f"train@global_state-{s}" for s in seeds}
 
 
