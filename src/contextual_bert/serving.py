@@ -44,6 +44,7 @@ from contextual_bert.feature_store import (
     OutfitEncoder,
     load_catalogue,
 )
+from contextual_bert.import_sets import read_table_file
 
 MAX_TOP_K = 250
 BATCH_ROWS = 1024  # rows scored per forward pass: bounds memory for large requests
@@ -52,18 +53,6 @@ OUTPUT_COLUMNS = ("article_ids", "scores", "unknown_article_ids", "missing_featu
 PACKAGE_DIR = Path(__file__).resolve().parent
 PYFUNC_CODE = PACKAGE_DIR / "pyfunc_model.py"
 CATALOGUE_ENV = "CONTEXTUAL_BERT_CATALOGUE"  # an articles table whose new articles the served model adds
-
-
-def read_articles(path: Path) -> pd.DataFrame:
-    """An articles table (article_id + attribute columns) from .parquet, .csv or .jsonl."""
-    path = Path(path)
-    if not path.exists():
-        raise ContextualBertError(f"{path}: catalogue not found ({CATALOGUE_ENV})")
-    readers = {".parquet": pd.read_parquet, ".csv": lambda p: pd.read_csv(p, dtype={"article_id": str}),
-               ".jsonl": lambda p: pd.read_json(p, lines=True, dtype={"article_id": str})}
-    if path.suffix not in readers:
-        raise ContextualBertError(f"{path}: a catalogue is .parquet, .csv or .jsonl")
-    return readers[path.suffix](path)
 
 
 class OutfitCompleterCore:
@@ -115,7 +104,7 @@ class OutfitCompleterCore:
             articles = load_catalogue(features_dir)
             catalogue = catalogue or os.environ.get(CATALOGUE_ENV) or None
             if catalogue is not None:
-                articles = articles.extend(read_articles(Path(catalogue)))
+                articles = articles.extend(read_table_file(Path(catalogue)))  # .csv / .parquet / .jsonl
             model.set_catalogue(articles.tensors())
             encoder = OutfitEncoder(articles.vocab, encoder.context, encoder.max_set_size)
         elif catalogue is not None:
