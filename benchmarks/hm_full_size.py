@@ -239,7 +239,10 @@ def main() -> int:
         child = subprocess.run([sys.executable, __file__, "--step", step, "--scratch", str(args.scratch)],
                                capture_output=True, text=True, env=env)  # fmt: skip
         if child.returncode != 0:
-            results[step] = {"error": (child.stderr.strip().splitlines() or ["?"])[-1]}
+            lines = child.stderr.strip().splitlines() or ["?"]
+            # the exception's own line (DuckDB adds advice lines after it)
+            raised = [line for line in lines if line[:1].isalpha() and ("Error" in line or "Exception" in line)]
+            results[step] = {"error": (raised or lines)[-1]}
             print(f"{step}: failed: {results[step]['error']}", file=sys.stderr)
             break
         results[step] = json.loads(child.stdout.strip().splitlines()[-1])

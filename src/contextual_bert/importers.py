@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 
 from contextual_bert.config import ImportHMConfig, ModelConfig
 from contextual_bert.contract import HM_SCHEMA, DataSchema
@@ -271,9 +272,9 @@ def _baskets(db: _Db, cfg: ImportHMConfig, max_items: int) -> dict:
     return counts
 
 
-def _outfits(db: _Db, cfg: ImportHMConfig, max_items: int) -> dict:
-    """Table `outfits` in the contract's columns (and its counts), for the chosen basket definition. Article
-    lists are built only for the kept baskets."""
+def _outfits(db: _Db, cfg: ImportHMConfig, max_items: int) -> tuple:
+    """The outfits in the contract's columns (a pyarrow table) and their counts, for the chosen basket
+    definition. Article lists are built only for the kept baskets."""
     low, high = cfg.min_items, max_items
     baskets, too_small, too_large = db.one(f"""SELECT count(*), count(*) FILTER (WHERE n < {low}),
         count(*) FILTER (WHERE n > {high}) FROM baskets_{cfg.basket}""")
@@ -289,23 +290,18 @@ def _outfits(db: _Db, cfg: ImportHMConfig, max_items: int) -> dict:
         FROM article_codes c LEFT JOIN (SELECT article_id FROM articles) a ON c.article_id = a.article_id""")
     db.run("""CREATE TABLE customer_rows AS SELECT c.cid, c.customer_id, k.customer_id IS NOT NULL AS has_row
         FROM customer_codes c LEFT JOIN (SELECT customer_id FROM customers) k ON c.customer_id = k.customer_id""")
-    # the rows are ordered when written out; unordered, DuckDB builds 2.7 M lists within its memory limit
-    db.run("SET preserve_insertion_order = false")
-    db.run(f"""CREATE TABLE outfits AS
-        SELECT c.customer_id || '_{OUTFIT_ID_MARK[cfg.basket]}' || strftime(o.first_day, '%Y-%m-%d') AS outfit_id,
-               c.customer_id, o.article_ids, strftime(o.first_day, '%Y-%m-%d') AS date,
-               o.cid, o.first_day, o.lacks_article_row, NOT c.has_row AS lacks_customer_row
-        FROM (SELECT i.cid, i.first_day, list_sort(list(a.article_id)) AS article_ids,
-                     bool_or(NOT a.has_row) AS lacks_article_row
-              FROM outfit_items i JOIN article_rows a USING (aid) GROUP BY i.cid, i.first_day) o
-        JOIN customer_rows c USING (cid)""")  # fmt: skip
-    kept, no_customer, no_article_row = db.one("""SELECT count(*), count(*) FILTER (WHERE lacks_customer_row),
-        count(*) FILTER (WHERE lacks_article_row) FROM outfits""")
-    (articles_without_row,) = db.one("""SELECT count(DISTINCT aid) FROM outfit_items JOIN article_rows USING (aid)
-        WHERE NOT has_row""")
+    # No list() aggregate: its states hold every basket's strings at once and cannot spill (2.7 M baskets ran
+    # out of 3 GiB). DuckDB sorts the kept purchases (out of core), and the lists are cut from the sorted
+    # column by offsets. An aid code sorts like its article id, so each list comes out sorted.
+    items = db.run("""SELECT i.cid, i.first_day, a.article_id, a.has_row FROM outfit_items i
+        JOIN article_rows a USING (aid) ORDER BY i.cid, i.first_day, i.aid""").to_arrow_table()
+    db.run("DROP TABLE outfit_items")
+    customers = db.run("SELECT cid, customer_id, has_row FROM customer_rows ORDER BY cid").to_arrow_table()
+    outfits, no_customer, no_article_row, articles_without_row = _outfit_lists(items, customers, cfg.basket)
+    kept = outfits.num_rows
     if kept + too_small + too_large != baskets:
         raise RuntimeError("baskets lost between kept and dropped")  # cannot happen
-    return {
+    return outfits, {
         "baskets": int(baskets),
         "baskets_kept": int(kept),
         "baskets_dropped": {"too_small": int(too_small), "too_large": int(too_large)},
@@ -313,6 +309,38 @@ def _outfits(db: _Db, cfg: ImportHMConfig, max_items: int) -> dict:
         "outfits_with_articles_without_row": int(no_article_row),
         "articles_without_row": int(articles_without_row),
     }
+
+
+def _outfit_lists(items, customers, basket: str):
+    """The outfits table (outfit_id, customer_id, article_ids, date) from the kept purchases `items` (cid,
+    first_day, article_id, has_row), sorted by basket then article, and `customers` (cid, customer_id,
+    has_row) sorted by cid = 1..n; with the outfits lacking a customer row, lacking an article row, and the
+    distinct articles without a row."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    items = items.combine_chunks()
+    cid = items["cid"].to_numpy().astype(np.int64)
+    day = items["first_day"].cast(pa.int32()).to_numpy()
+    starts = np.flatnonzero(np.r_[True, (cid[1:] != cid[:-1]) | (day[1:] != day[:-1])]) if len(cid) else np.zeros(0, int)
+    offsets = pa.array(np.r_[starts, len(cid)].astype(np.int32))
+    article_ids = pa.ListArray.from_arrays(offsets, items["article_id"].combine_chunks())
+    lacks_article = ~np.asarray(items["has_row"].to_numpy(zero_copy_only=False), dtype=bool)
+    outfit_lacks_article = np.logical_or.reduceat(lacks_article, starts) if len(starts) else lacks_article
+    articles_without_row = pc.count_distinct(pc.filter(items["article_id"], pa.array(lacks_article))).as_py()
+
+    codes = customers["cid"].to_numpy()
+    if not np.array_equal(codes, np.arange(1, len(codes) + 1)):
+        raise RuntimeError("customer codes are not 1..n")  # dense_rank gives exactly these
+    rows = pa.array(cid[starts] - 1)
+    customer_id = customers["customer_id"].combine_chunks().take(rows)
+    lacks_customer = ~np.asarray(customers["has_row"].to_numpy(zero_copy_only=False), dtype=bool)[cid[starts] - 1]
+    date = pc.strftime(items["first_day"].take(pa.array(starts)).cast(pa.timestamp("s")), format="%Y-%m-%d")
+    outfit_id = pc.binary_join_element_wise(customer_id, date, "_" + OUTFIT_ID_MARK[basket])
+    table = pa.table({"outfit_id": outfit_id, "customer_id": customer_id, "article_ids": article_ids, "date": date})
+    schema = pa.schema([pa.field(f.name, f.type, nullable=False) for f in table.schema])  # as DuckDB wrote it
+    return table.cast(schema), int(lacks_customer.sum()), int(outfit_lacks_article.sum()), int(articles_without_row)
 
 
 class _Clock:
@@ -350,15 +378,14 @@ def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig, timings: dict | 
             counts |= clock("customers", _customers(db, source / CUSTOMERS, headers[CUSTOMERS]))
             counts |= clock("articles", _articles(db, source / ARTICLES, headers[ARTICLES]))
             by_definition = clock("basket_definitions", _baskets(db, cfg, max_set_size))
-            counts |= clock("outfits", _outfits(db, cfg, max_set_size))
-            for table, columns, order in (
-                ("articles", "* EXCLUDE (source_row)", "source_row"),
-                ("customers", "* EXCLUDE (source_row)", "source_row"),
-                ("outfits", "outfit_id, customer_id, article_ids, date", "cid, first_day"),  # = customer_id, date
-            ):
-                db.run(f"COPY (SELECT {columns} FROM {table} ORDER BY {order}) "
+            outfits, outfit_counts = clock("outfits", _outfits(db, cfg, max_set_size))
+            counts |= outfit_counts
+            for table in ("articles", "customers"):
+                db.run(f"COPY (SELECT * EXCLUDE (source_row) FROM {table} ORDER BY source_row) "
                        f"TO {_quote(out_dir / f'{table}.parquet')} (FORMAT parquet)")
-            rows = {t: int(db.one(f"SELECT count(*) FROM {t}")[0]) for t in ("articles", "customers", "outfits")}
+            pq.write_table(outfits, out_dir / "outfits.parquet")  # ordered by customer code, then date
+            rows = {t: int(db.one(f"SELECT count(*) FROM {t}")[0]) for t in ("articles", "customers")}
+            rows["outfits"] = outfits.num_rows
             clock("write_parquet", None)
         finally:
             db.con.close()
