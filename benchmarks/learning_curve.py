@@ -6,18 +6,31 @@ For every size, a project of its own under --workdir (params.yaml's settings, `i
 ingest -> validate -> features -> train + evaluate (each variant, one seed) -> baseline -> optimum. The
 planted truth is the same at every size (same seed, catalogue and customers), so the optimum is comparable.
 
-    python benchmarks/learning_curve.py --sizes 15000 50000 150000 --variants none global_state
+    python benchmarks/learning_curve.py --sizes 20000 50000 150000 \
+        --variants none global_state bag_of_items bag_of_items_context --jobs 2
 
-Writes reports/learning_curve/learning_curve.json and learning_curve.png (and each size's Table 1 inputs stay
-in its project). Training is the slow part: about 2,000-3,000 outfits/s per epoch on 2 CPU cores.
+The training budget is set in optimizer steps, not epochs: a size trains for at most --step-budget steps
+(max_epochs = that many steps' worth of epochs, never more than params.yaml's train.max_epochs), so the
+cosine decay ends within the budget at every size, and early stopping still ends a run that overfits.
+Trainings of one size run --jobs at a time, one torch thread each (on 2 CPU cores two one-thread trainings
+run at nearly twice the throughput of one two-thread training).
+
+Writes reports/learning_curve/learning_curve.json and learning_curve.png, and the largest size's Table 1
+(the pipeline's own `report` stage, with the optimum rows) as reports/learning_curve/table1.md. Each size's
+project stays under --workdir.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import shutil
+import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -26,37 +39,70 @@ REPO = Path(__file__).resolve().parents[1]
 CONTEXT_FREE = ("none", "bag_of_items")
 
 
-def project_params(base: dict, root: Path, size: int, variants: list[str], seed: int, threads: int) -> dict:
+def project_params(base: dict, root: Path, size: int, variants: list[str], seed: int, threads: int,
+                   max_epochs: int | None = None) -> dict:
     params = json.loads(json.dumps(base))  # a deep copy
     params["paths"] = {name: str(root / Path(value)) for name, value in base["paths"].items()}
     params["ingest"]["source"] = "planted"
     params.setdefault("planted", {})["n_outfits"] = size
     params["train"].update(variants=variants, seeds=[seed], num_threads=threads)
+    if max_epochs is not None:
+        params["train"]["max_epochs"] = max_epochs
     params["mlflow"]["tracking_uri"] = f"sqlite:///{root / 'mlflow.db'}"
     return params
 
 
-def run_size(base: dict, workdir: Path, size: int, variants: list[str], seed: int, threads: int) -> dict:
-    from contextual_bert.cli import main
+def epochs_for(base: dict, n_train: int, step_budget: int | None) -> int:
+    """train.max_epochs, or fewer: as many epochs as fit into step_budget optimizer steps."""
+    max_epochs = base["train"]["max_epochs"]
+    if step_budget is None:
+        return max_epochs
+    steps_per_epoch = math.ceil(n_train / base["train"]["batch_size"])
+    return max(1, min(max_epochs, step_budget // steps_per_epoch))
 
+
+def run_size(base: dict, workdir: Path, size: int, variants: list[str], seed: int, threads: int,
+             jobs: int = 1, step_budget: int | None = None) -> dict:
     root = workdir / f"n{size}"
     root.mkdir(parents=True, exist_ok=True)
     params_path = root / "params.yaml"
     params_path.write_text(yaml.safe_dump(project_params(base, root, size, variants, seed, threads)))
-    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{root / 'mlflow.db'}"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
+           "OMP_NUM_THREADS": str(threads or 1)}  # fmt: skip
     timings = {}
 
-    def stage(*args: str) -> None:
+    def stage(*args: str) -> None:  # each stage a process of its own, as `dvc repro` runs them
         started = time.perf_counter()
-        if main(["--params", str(params_path), *args]) != 0:
-            raise SystemExit(f"size {size}: `contextual-bert {' '.join(args)}` failed")
+        command = [sys.executable, "-m", "contextual_bert.cli", "--params", str(params_path), *args]
+        log = root / "logs" / f"{'_'.join(args).replace('--', '')}.log"
+        log.parent.mkdir(exist_ok=True)
+        with open(log, "w") as out:
+            if subprocess.run(command, env=env, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
+                raise SystemExit(f"size {size}: `contextual-bert {' '.join(args)}` failed (see {log})")
         timings[" ".join(args)] = round(time.perf_counter() - started, 1)
 
-    for name in ("ingest", "validate", "features", "baseline", "optimum"):
-        stage(name)
-    for variant in variants:
+    stage("ingest")
+    stage("validate")
+    stage("features")
+    manifest = json.loads((root / Path(base["paths"]["features_dir"]) / "manifest.json").read_text())
+    max_epochs = epochs_for(base, manifest["rows"]["train"], step_budget)
+    params_path.write_text(yaml.safe_dump(project_params(base, root, size, variants, seed, threads, max_epochs)))
+    stage("baseline")
+    stage("optimum")
+
+    def train_and_evaluate(variant: str) -> None:
         stage("train", "--variant", variant, "--seed", str(seed))
         stage("evaluate", "--variant", variant, "--seed", str(seed))
+
+    from mlflow import MlflowClient
+
+    from contextual_bert.tracking import experiment_id
+
+    # the store's tables and the experiment exist before trainings log at once (SQLite migrations race)
+    experiment_id(MlflowClient(env["MLFLOW_TRACKING_URI"]), base["mlflow"]["experiment"])
+    with ThreadPoolExecutor(max_workers=jobs) as pool:  # threads that wait on processes
+        list(pool.map(train_and_evaluate, variants))
+    stage("report")
 
     reports = root / Path(base["paths"]["reports_dir"])
     read = lambda name: json.loads((reports / "eval" / f"{name}.json").read_text())  # noqa: E731
@@ -73,9 +119,8 @@ def run_size(base: dict, workdir: Path, size: int, variants: list[str], seed: in
             "converged": trained.get("converged"), "best_epoch": trained.get("best_epoch"),
             "epochs": trained.get("epochs"), "train_seconds": trained.get("seconds"),
         }
-    manifest = json.loads((root / Path(base["paths"]["features_dir"]) / "manifest.json").read_text())
-    return {"n_outfits": size, "rows": manifest.get("rows"), "popularity": popularity, "optimum": optimum,
-            "variants": rows, "seconds": timings}
+    return {"n_outfits": size, "rows": manifest.get("rows"), "max_epochs": max_epochs, "popularity": popularity,
+            "optimum": optimum, "variants": rows, "seconds": timings}
 
 
 def plot(points: list[dict], variants: list[str], out: Path) -> None:
@@ -102,10 +147,14 @@ def plot(points: list[dict], variants: list[str], out: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[15_000, 50_000, 150_000])
-    parser.add_argument("--variants", nargs="+", default=["none", "global_state"])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[20_000, 50_000, 150_000])
+    parser.add_argument("--variants", nargs="+",
+                        default=["none", "global_state", "bag_of_items", "bag_of_items_context"])
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per training")
+    parser.add_argument("--jobs", type=int, default=2, help="trainings at a time")
+    parser.add_argument("--step-budget", type=int, default=24_000,
+                        help="optimizer steps a size trains for at most (0: train.max_epochs epochs)")
     parser.add_argument("--params", type=Path, default=REPO / "params.yaml")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/contextual-bert-learning-curve"))
     parser.add_argument("--out", type=Path, default=REPO / "reports" / "learning_curve")
@@ -115,8 +164,12 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     points = []
     for size in sorted(args.sizes):
-        points.append(run_size(base, args.workdir, size, args.variants, args.seed, args.threads))
-        result = {"variants": args.variants, "seed": args.seed, "points": points,
+        points.append(run_size(base, args.workdir, size, args.variants, args.seed, args.threads, args.jobs,
+                               args.step_budget or None))
+        reports = args.workdir / f"n{size}" / Path(base["paths"]["reports_dir"])
+        shutil.copyfile(reports / "table1.md", args.out / "table1.md")  # the largest size so far
+        result = {"variants": args.variants, "seed": args.seed, "step_budget": args.step_budget or None,
+                  "points": points,
                   "gap_shrinks": {v: all(a["variants"][v]["gap_to_optimum"] > b["variants"][v]["gap_to_optimum"]
                                           for a, b in zip(points, points[1:])) for v in args.variants}}
         (args.out / "learning_curve.json").write_text(json.dumps(result, indent=2))  # after every size
