@@ -38,6 +38,15 @@ def test_bad_value_and_bad_yaml_and_missing_file(tmp_path):
         load_config(tmp_path / "absent.yaml")
 
 
+def test_the_smallest_outfit_may_not_exceed_the_largest(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text("ingest:\n  min_set_size: 9\nmodel:\n  max_set_size: 8\n")
+    with pytest.raises(ContextualBertError, match=r"ingest.min_set_size \(9\) is above model.max_set_size \(8\)"):
+        load_config(path)
+    path.write_text("ingest:\n  min_set_size: 3\n")
+    assert load_config(path).ingest.min_set_size == 3
+
+
 def test_variant_overrides_apply_to_that_variant_only():
     cfg = Config.model_validate(
         {"variants": {"global_state": {"learning_rate": 0.005, "dropout": 0.2}}}

@@ -7,7 +7,13 @@ import torch
 
 from contextual_bert.errors import ContextualBertError, DataError
 from contextual_bert.feature_spec import MASK_INDEX, MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
-from contextual_bert.feature_store import ContextIndexer, OutfitEncoder, load_article_vocab, load_split
+from contextual_bert.feature_store import (
+    SMALL_FRAME_ROWS,
+    ContextIndexer,
+    OutfitEncoder,
+    load_article_vocab,
+    load_split,
+)
 from feature_data import build_paper_features
 
 
@@ -105,3 +111,30 @@ def test_the_outfit_encoder_puts_a_mask_after_a_partial_outfit_and_reports_what_
     with pytest.raises(ContextualBertError, match="row 0: 'article_ids' has 8 ids; an outfit to complete has at most 7"):
         encoder.encode(pd.DataFrame({"article_ids": [[f"a{i:04d}" for i in range(8)]]}), with_mask=True)
     assert encoder.encode(pd.DataFrame({"article_ids": [[f"a{i:04d}" for i in range(8)]]}), with_mask=False)
+
+
+def test_a_small_request_encodes_exactly_as_the_same_rows_in_a_large_one(paper):
+    """A frame of up to SMALL_FRAME_ROWS rows is read in one object conversion, a larger one column by
+    column (numeric columns stay numeric): both give the same tensors and reports, odd values included."""
+    features_dir, _, (_, customers, outfits) = paper
+    rows = outfits.head(SMALL_FRAME_ROWS + 36).merge(customers, on="customer_id", how="left").drop(
+        columns=["customer_id"])
+    rows["article_ids"] = [list(ids[:3]) for ids in rows["article_ids"]]
+    rows.loc[0, "article_ids"] = ["a0000", "never-seen"]
+    rows.loc[1, "gender"] = None
+    rows.loc[2, "gender"] = "martian"
+    rows.loc[3, "preferred_brands"] = "brand_2"  # a plain string: a one-value list
+    rows.loc[4, "occasion"] = float("nan")
+    rows["age"] = rows["age"].astype(float)
+    rows.loc[5, "age"] = float("nan")
+    encoder = OutfitEncoder.load(features_dir, max_set_size=8)
+    large = encoder.encode(rows, with_mask=True)
+    small = encoder.encode(rows.head(8), with_mask=True)
+    assert torch.equal(small.outfits.items, large.outfits.items[:8])
+    for name, values in small.outfits.context.items():
+        assert torch.equal(values, large.outfits.context[name][:8]), name
+    assert small.unknown_article_ids == large.unknown_article_ids[:8] == [["never-seen"]] + [[]] * 7
+    assert small.missing_features == large.missing_features[:8]
+    assert small.unknown_features == large.unknown_features[:8]
+    assert "gender" in small.missing_features[1] and small.unknown_features[2] == ["gender"]
+    assert "age" in small.missing_features[5] and "occasion" in small.missing_features[4]

@@ -134,12 +134,15 @@ def test_too_few_articles_is_a_clear_error(tmp_path):
 
 
 def test_generated_outfits_never_exceed_model_max_set_size(tmp_path):
-    from contextual_bert.contract import MIN_OUTFIT_SIZE
+    from contextual_bert.config import IngestConfig
 
     size = GeneratorSize(n_outfits=400, n_articles=200, n_customers=100)
     generate(size, seed=0, out_dir=tmp_path / "six", max_set_size=6)
     lengths = pq.read_table(tmp_path / "six" / "outfits.parquet").column("article_ids").to_pandas().map(len)
-    assert lengths.max() == 6 and lengths.min() == MIN_OUTFIT_SIZE
+    assert lengths.max() == 6 and lengths.min() == IngestConfig().min_set_size
+    generate(size, seed=0, out_dir=tmp_path / "three", max_set_size=6, min_set_size=3)
+    lengths = pq.read_table(tmp_path / "three" / "outfits.parquet").column("article_ids").to_pandas().map(len)
+    assert lengths.min() == 3 and lengths.max() == 6  # ingest.min_set_size: the smallest outfit drawn
     from contextual_bert.errors import ContextualBertError
 
     with pytest.raises(ContextualBertError, match="max_set_size 3"):

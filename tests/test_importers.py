@@ -114,7 +114,8 @@ def test_fixture_articles_and_customers_mapped(fixture_import):
 
 
 def test_min_max_items_from_config(tmp_path):
-    report = import_hm(hm_fixture(tmp_path / "hm"), tmp_path / "out", ImportHMConfig(min_items=3), max_set_size=9)
+    report = import_hm(hm_fixture(tmp_path / "hm"), tmp_path / "out", ImportHMConfig(), max_set_size=9,
+                       min_set_size=3)
     assert report["baskets_kept"] == 7  # the 3-item and the 9-item baskets now count
     assert report["baskets_dropped"]["too_small"] == 0 and report["baskets_dropped"]["too_large"] == 0
 

@@ -85,7 +85,7 @@ def story():
     rng = np.random.default_rng(cfg.seed)
     cat = _catalogue(rng, cfg)
     cus = _customers(rng, cfg)
-    return cfg, cat, cus, _outfits(rng, cfg, cat, cus, max_set_size=8)
+    return cfg, cat, cus, _outfits(rng, cfg, cat, cus, max_set_size=8, min_set_size=4)
 
 
 def test_tastes_follow_p_of_z_given_the_context(story):

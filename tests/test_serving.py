@@ -125,6 +125,21 @@ def test_scores_are_the_models_probabilities_in_order(core, requests):
     assert core.recommend(requests, top_k=1)["article_ids"].map(lambda ids: ids[0]).tolist() == best
 
 
+def test_the_served_ranking_is_the_plain_models_ranking(core, requests):
+    """Serving's path (traced forward pass, rows grouped by width, top-k of whole batches) ranks the first
+    k articles exactly as the model module does on the request's rows, outfit articles excluded."""
+    import torch
+
+    request = core.encode(requests).outfits
+    with torch.no_grad():
+        logits = core.model.masked_logits(request.items, request.context)
+    logits.scatter_(1, request.items, float("-inf"))
+    expected = torch.topk(torch.log_softmax(logits, dim=1), 10, dim=1)
+    out = core.recommend(requests, top_k=10)
+    assert out["article_ids"].tolist() == [core.article_vocab.to_ids(row) for row in expected.indices]
+    np.testing.assert_allclose(np.array(out["scores"].tolist()), expected.values.exp().numpy(), rtol=1e-5)
+
+
 @pytest.mark.parametrize(
     "article_ids, message",
     [

@@ -409,6 +409,19 @@ def test_console_script_one_line_error_no_traceback(clean_raw, tmp_path):
     assert "customers.parquet, column 'customer_id': required column missing" in result.stderr
 
 
+def test_the_smallest_outfit_is_ingest_min_set_size(clean_raw, tmp_path):
+    """One setting: with ingest.min_set_size 3 an outfit of 3 is valid; with 4 it is quarantined."""
+    tables = _tables(clean_raw)
+    outfits, articles = tables["outfits"], tables["articles"]
+    outfits.at[0, "article_ids"] = list(articles["article_id"][:3])
+    for min_set_size, quarantined in ((3, 0), (4, 1)):
+        root = tmp_path / str(min_set_size)
+        _write(root, clean_raw, tables)
+        summary = validate(root / "raw", root / "validated", root / "quarantine", root / "reports", LENIENT,
+                           min_set_size=min_set_size)
+        assert summary["tables"]["outfits"]["quarantined"] == quarantined, min_set_size
+
+
 def test_the_outfit_size_limit_is_model_max_set_size(clean_raw, tmp_path):
     """One setting: with model.max_set_size 10 an outfit of 9 is valid; with 8 it is quarantined."""
     tables = _tables(clean_raw)

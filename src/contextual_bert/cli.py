@@ -68,6 +68,7 @@ def _cmd_validate(cfg: Config, args) -> None:
             report_dir=cfg.paths.reports_dir / "validation",
             cfg=cfg.validate_,
             max_set_size=cfg.model.max_set_size,
+            min_set_size=cfg.ingest.min_set_size,
         )
     )
 

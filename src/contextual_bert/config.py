@@ -59,6 +59,9 @@ class GeneratorSize(Section):
 
 class IngestConfig(Section):
     source: str = "synthetic"  # a name in contextual_bert.sources.SOURCES
+    # The smallest outfit generated, imported or valid (the largest: model.max_set_size). Here, not under
+    # `model`: only ingest and validate read it, and the trainings (which list `model`) need not re-run.
+    min_set_size: int = Field(4, ge=1)
 
     @model_validator(mode="after")
     def _source_is_known(self):
@@ -103,14 +106,7 @@ class PlantedConfig(Section):
     popularity_exponent: float = Field(0.8, ge=0)  # Zipf exponent of the articles' popularity
 
 
-class OutfitSizeLimits(Section):
-    """Which imported sets become outfits: those with min_items..model.max_set_size distinct articles (the
-    largest is the model's, the one outfit-size limit)."""
-
-    min_items: int = Field(4, ge=1)
-
-
-class ImportHMConfig(OutfitSizeLimits):
+class ImportHMConfig(Section):
     source: Path = Path("../shared/data/hm_sample")
     # One basket = one customer's distinct articles per day, per week (Monday to Sunday), or per session:
     # purchase days at most `session_gap_days` apart belong to one session.
@@ -123,7 +119,7 @@ class ImportHMConfig(OutfitSizeLimits):
 ContextKindName = Literal["categorical", "multi_categorical", "numeric"]
 
 
-class ImportSetsConfig(OutfitSizeLimits):
+class ImportSetsConfig(Section):
     """Curated sets: (outfit id, item id) pairs, or the Polyvore Outfits JSON layout; customers optional."""
 
     source: Path = Path("data/sets.json")  # .csv / .parquet / .jsonl pairs, or .json (Polyvore layout)
@@ -248,6 +244,13 @@ class Config(Section):
     promote: PromoteConfig = PromoteConfig()
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=())
+
+    @model_validator(mode="after")
+    def _outfit_sizes_agree(self):
+        if self.ingest.min_set_size > self.model.max_set_size:
+            raise ValueError(f"ingest.min_set_size ({self.ingest.min_set_size}) is above model.max_set_size "
+                             f"({self.model.max_set_size})")
+        return self
 
     def run_dir(self, variant: str, seed: int) -> Path:
         """Where one training run (variant, seed) keeps its checkpoints and history."""

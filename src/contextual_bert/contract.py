@@ -36,9 +36,8 @@ REQUIRED_COLUMNS: dict[str, dict[str, str]] = {
     "outfits": {"outfit_id": "string", "customer_id": "string", "article_ids": "list[string]"},
 }
 ID_COLUMN = {"articles": "article_id", "customers": "customer_id", "outfits": "outfit_id"}
-# The smallest outfit; the largest is the model's `model.max_set_size` (params), the one setting read by
-# the generator, the importer, validation and the features stage.
-MIN_OUTFIT_SIZE = 4
+# Outfit sizes are settings, not part of the contract: the smallest is `ingest.min_set_size`, the largest
+# `model.max_set_size` (params.yaml), each read by the generators, the importers and validation.
 
 ContextKind = Literal["categorical", "multi_categorical", "numeric"]
 KIND_TO_TYPE = {"categorical": "string", "multi_categorical": "list[string]", "numeric": "float"}

@@ -68,6 +68,21 @@ CATALOGUE_FEATURE_FILES = (CATALOGUE_FILE, ATTRIBUTES_FILE)
 LIST_LIKE = (list, tuple, np.ndarray, pd.Series)  # cells that hold several values (as pandas' explode)
 
 
+SMALL_FRAME_ROWS = 64  # up to this many rows, a frame's columns are read in one conversion (column_arrays)
+
+
+def column_arrays(rows: pd.DataFrame, names) -> dict[str, np.ndarray]:
+    """The frame's columns among `names`, by name, as arrays (positional: the frame's index is not kept).
+
+    Reading a pandas column builds a Series (~10 us each): on a one-row request, more than encoding it.
+    A small frame is converted once into one object array instead (its cells as they are; numbers as
+    Python floats, which encode_numeric reads the same); a large one column by column, keeping numeric
+    columns numeric for the vectorised path."""
+    if len(rows) <= SMALL_FRAME_ROWS and rows.columns.is_unique:
+        return dict(zip(rows.columns, rows.to_numpy(dtype=object).T))
+    return {name: rows[name].to_numpy() for name in names if name in rows.columns}
+
+
 def as_object_array(values) -> np.ndarray:
     """Any column (Series, array, list) as a 1-D object array, one cell per element."""
     if isinstance(values, pd.Series):
@@ -198,31 +213,45 @@ class ContextIndexer:
             return encode_multi(values, self._index[feature.name], feature.max_values)
         return encode_numeric(values, self._edges[feature.name])
 
-    def encode_arrays(self, rows: pd.DataFrame, source: str | None = None):
+    def encode_arrays(self, rows, source: str | None = None, n_rows: int | None = None):
         """Numpy (indices, missing, unknown) dicts for every feature of `source` (all when None).
 
+        `rows`: a frame, or its columns by name (`column_arrays`; then `n_rows` says how many rows).
         A feature whose column is absent from `rows` is missing on every row.
         """
         indices, missing, unknown = {}, {}, {}
-        n = len(rows)
+        n = len(rows) if n_rows is None else n_rows
         for feature in self.spec.features:
             if source is not None and feature.source != source:
                 continue
-            column = rows[feature.name] if feature.name in rows.columns else np.full(n, None, dtype=object)
+            column = rows[feature.name] if feature.name in rows else np.full(n, None, dtype=object)
             name = feature.name
             indices[name], missing[name], unknown[name] = self.encode_feature(feature, column)
         return indices, missing, unknown
 
     def encode(self, rows: pd.DataFrame) -> tuple[dict[str, torch.Tensor], list[dict]]:
         """Index tensors for every context feature, and per row the features that were missing or unknown."""
-        indices, missing, unknown = self.encode_arrays(rows.reset_index(drop=True))
+        tensors, missing, unknown = self.encode_columns(column_arrays(rows, [f.name for f in self.spec.features]), len(rows))
+        return tensors, [{"missing": m, "unknown": u} for m, u in zip(missing, unknown)]
+
+    def encode_columns(self, columns: dict[str, np.ndarray], n_rows: int):
+        """`encode` of a frame's columns by name (`column_arrays`): (index tensors, per row the names of the
+        features that were missing, per row those that held an unseen value)."""
+        indices, missing, unknown = self.encode_arrays(columns, n_rows=n_rows)
         tensors = {name: torch.from_numpy(a) for name, a in indices.items()}
-        names = np.array(list(indices), dtype=object)
-        shape = (len(rows), len(names))
-        missing = np.stack(list(missing.values()), axis=1) if len(names) else np.zeros(shape, dtype=bool)
-        unknown = np.stack(list(unknown.values()), axis=1) if len(names) else np.zeros(shape, dtype=bool)
-        reports = [{"missing": names[m].tolist(), "unknown": names[u].tolist()} for m, u in zip(missing, unknown)]
-        return tensors, reports
+        return tensors, _names_per_row(missing, n_rows), _names_per_row(unknown, n_rows)
+
+
+def _names_per_row(flags: dict[str, np.ndarray], n: int) -> list[list[str]]:
+    """Per row, the names whose flag is set, in the dict's order: a Python step per set flag only (most
+    rows have none), not per row and name."""
+    out = [[] for _ in range(n)]
+    if flags:
+        rows, columns = np.nonzero(np.stack(list(flags.values()), axis=1))
+        names = list(flags)
+        for row, column in zip(rows.tolist(), columns.tolist()):
+            out[row].append(names[column])
+    return out
 
 
 # --- the article vocabulary ------------------------------------------------------------------------------
@@ -395,30 +424,26 @@ class OutfitEncoder:
     def encode(self, rows: pd.DataFrame, with_mask: bool, id_column: str | None = None) -> EncodedRows:
         if "article_ids" not in rows.columns:
             raise ContextualBertError("the request has no 'article_ids' column (the partial outfit of each row)")
-        rows = rows.reset_index(drop=True)
+        needed = ["article_ids", *(f.name for f in self.context.spec.features), *([id_column] if id_column else [])]
+        n_rows, columns = len(rows), column_arrays(rows, needed)  # each column read once, by position
         max_items = self.max_set_size - 1 if with_mask else self.max_set_size
         what = "an outfit to complete" if with_mask else "an outfit"
-        outfits = [outfit_ids_of(v, i, max_items, what) for i, v in enumerate(rows["article_ids"].tolist())]
+        outfits = [outfit_ids_of(v, i, max_items, what) for i, v in enumerate(columns["article_ids"].tolist())]
         lengths = np.fromiter((len(ids) for ids in outfits), dtype=np.int64, count=len(outfits))
         flat = [a for ids in outfits for a in ids]
         indices, _ = self.article_vocab.to_indices(flat)  # one lookup for the whole batch
         rows_of = np.repeat(np.arange(len(outfits)), lengths)
         slots = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        items = np.full((len(rows), self.max_set_size), PAD_INDEX, dtype=np.int64)
+        items = np.full((n_rows, self.max_set_size), PAD_INDEX, dtype=np.int64)
         items[rows_of, slots] = indices
         if with_mask:
             items[np.arange(len(outfits)), lengths] = MASK_INDEX
         unknown_ids = [[] for _ in outfits]
         for position in np.flatnonzero(indices == UNKNOWN_INDEX).tolist():
             unknown_ids[rows_of[position]].append(flat[position])
-        context, reports = self.context.encode(rows)
-        ids = rows[id_column].astype(str).tolist() if id_column else None
-        return EncodedRows(
-            EncodedOutfits(torch.from_numpy(items), context, ids),
-            unknown_ids,
-            [r["missing"] for r in reports],
-            [r["unknown"] for r in reports],
-        )
+        context, missing, unknown = self.context.encode_columns(columns, n_rows)
+        ids = [str(v) for v in columns[id_column].tolist()] if id_column else None
+        return EncodedRows(EncodedOutfits(torch.from_numpy(items), context, ids), unknown_ids, missing, unknown)
 
 
 # --- reading data/features ------------------------------------------------------------------------------

@@ -44,13 +44,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from contextual_bert.config import GeneratorSize, ModelConfig
+from contextual_bert.config import GeneratorSize, IngestConfig, ModelConfig
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.contract import (
     BOTTOM_SIZES,
     COUNTRIES,
     GENDERS,
-    MIN_OUTFIT_SIZE,
     OCCASIONS,
     PAPER_SCHEMA,
     DataSchema,
@@ -173,7 +172,8 @@ OCCASION_BASE_ODDS = {"casual": 5, "office": 2.5, "party": 1.5, "sport": 1.2, "v
                       "outdoor": 1.0}  # fmt: skip
 NORTHERN = ("SE", "NL", "DE", "PL", "BE")  # more outer layers
 
-# Outfit sizes 4..8 (those above model.max_set_size are not drawn).
+# Odds of the outfit sizes ingest.min_set_size, the next, ... (4..8 by default; those above
+# model.max_set_size are not drawn).
 SIZE_ODDS = np.array([0.32, 0.28, 0.2, 0.12, 0.08])
 
 # Article weights within a product type (see the module docstring).
@@ -385,16 +385,18 @@ def _occasion_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     return type_w, style_w, p_dress, p_outer
 
 
-def _size_odds(max_set_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """(sizes, their odds): SIZE_ODDS without the sizes above max_set_size."""
-    sizes = np.arange(MIN_OUTFIT_SIZE, MIN_OUTFIT_SIZE + len(SIZE_ODDS))
+def _size_odds(min_set_size: int, max_set_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(sizes, their odds): SIZE_ODDS from min_set_size on, without the sizes above max_set_size."""
+    sizes = np.arange(min_set_size, min_set_size + len(SIZE_ODDS))
     keep = sizes <= max_set_size
     if not keep.any():
-        raise ContextualBertError(f"model.max_set_size {max_set_size} is below the smallest outfit, {MIN_OUTFIT_SIZE}")
+        raise ContextualBertError(f"model.max_set_size {max_set_size} is below the smallest outfit, "
+                                  f"ingest.min_set_size {min_set_size}")
     return sizes[keep], SIZE_ODDS if keep.all() else SIZE_ODDS[keep] / SIZE_ODDS[keep].sum()
 
 
-def _make_outfits(rng: np.random.Generator, n_outfits: int, art: dict, cus: dict, max_set_size: int) -> dict:
+def _make_outfits(rng: np.random.Generator, n_outfits: int, art: dict, cus: dict, max_set_size: int,
+                  min_set_size: int) -> dict:
     type_w, occ_style_w, p_dress, p_outer = _occasion_tables()
     type_slot = np.array([SLOTS.index(PRODUCT_TYPES[t][0]) for t in PRODUCT_TYPES])
     customer = rng.choice(cus["n"], n_outfits, p=cus["activity"] / cus["activity"].sum())
@@ -410,7 +412,7 @@ def _make_outfits(rng: np.random.Generator, n_outfits: int, art: dict, cus: dict
     mine = styles * (occ_style_w[occasion] + 0.5)
     anchor = np.where(from_customer, _categorical(rng, mine), _categorical(rng, occ_style_w[occasion]))
 
-    sizes, odds = _size_odds(max_set_size)
+    sizes, odds = _size_odds(min_set_size, max_set_size)
     size = rng.choice(sizes, n_outfits, p=odds)
     can_dress = cus["gender"][customer] != 1
     dress = can_dress & (rng.random(n_outfits) < p_dress[occasion])
@@ -592,13 +594,14 @@ def planted_signal(art: dict, cus: dict, out: dict) -> dict[str, float]:
     }
 
 
-def generate(size: GeneratorSize, seed: int, out_dir: Path, max_set_size: int = ModelConfig().max_set_size) -> dict:
+def generate(size: GeneratorSize, seed: int, out_dir: Path, max_set_size: int = ModelConfig().max_set_size,
+             min_set_size: int = IngestConfig().min_set_size) -> dict:
     """Write articles/customers/outfits.parquet, schema.json and ingest_report.json into out_dir."""
     started = time.perf_counter()
     rng = np.random.default_rng(seed)
     art = _make_articles(rng, size.n_articles)
     cus = _make_customers(rng, size.n_customers, art)
-    out = _make_outfits(rng, size.n_outfits, art, cus, max_set_size)
+    out = _make_outfits(rng, size.n_outfits, art, cus, max_set_size, min_set_size)
     tables = _tables(art, cus, out)
 
     out_dir = Path(out_dir)
@@ -623,7 +626,7 @@ def generate(size: GeneratorSize, seed: int, out_dir: Path, max_set_size: int = 
 def ingest(cfg, source=None) -> dict:
     """The `synthetic` entry of sources.SOURCES (it reads no files: `source` is unused)."""
     return generate(cfg.generate.chosen, seed=cfg.generate.seed, out_dir=cfg.paths.raw_dir,
-                    max_set_size=cfg.model.max_set_size)
+                    max_set_size=cfg.model.max_set_size, min_set_size=cfg.ingest.min_set_size)
 
 
 def schema(cfg) -> DataSchema:

@@ -5,8 +5,8 @@ Input (`import_sets.source`), by its suffix:
   `item_column`, and optionally `customer_column`, the outfit's customer (one per outfit).
 - `.json`: the Polyvore Outfits layout, a list of sets, each `{"set_id": ..., "items": [{"item_id": ...}, ...]}`
   (other keys, such as an item's "index", are ignored).
-An item listed twice in a set counts once (the first place it is listed); sets with fewer than `min_items`
-or more than `model.max_set_size` distinct items are dropped and counted (sets = kept + dropped); a pair without an
+An item listed twice in a set counts once (the first place it is listed); sets with fewer than
+`ingest.min_set_size` or more than `model.max_set_size` distinct items are dropped and counted (sets = kept + dropped); a pair without an
 outfit or item id is dropped and counted. Items keep the order the set lists them in.
 
 Customers are optional. Without `customer_column` every outfit has no customer (customer_id null); with it
@@ -27,7 +27,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from contextual_bert.config import ImportSetsConfig, ModelConfig
+from contextual_bert.config import ImportSetsConfig, IngestConfig, ModelConfig
 from contextual_bert.contract import REQUIRED_COLUMNS, ContextColumn, DataSchema
 from contextual_bert.errors import DataError
 
@@ -145,11 +145,9 @@ def _customers(cfg: ImportSetsConfig) -> pa.Table:
 
 
 def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
-                max_set_size: int = ModelConfig().max_set_size) -> dict:
+                max_set_size: int = ModelConfig().max_set_size, min_set_size: int = IngestConfig().min_set_size) -> dict:
     """Read curated sets from `source`; write the raw contract and ingest_report.json into `out_dir`."""
     source, out_dir = Path(source), Path(out_dir)
-    if cfg.min_items > max_set_size:
-        raise DataError(f"import_sets.min_items ({cfg.min_items}) is above model.max_set_size ({max_set_size})")
     pairs, layout = read_pairs(source, cfg)
     n_pairs = len(pairs)
     for column in pairs.columns:
@@ -166,7 +164,7 @@ def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
     sets = unique.groupby("outfit_id", sort=False).agg(article_ids=("item_id", list),
                                                        customer_id=("customer_id", "first"))  # fmt: skip
     sizes = sets["article_ids"].map(len)
-    too_small, too_large = sizes < cfg.min_items, sizes > max_set_size
+    too_small, too_large = sizes < min_set_size, sizes > max_set_size
     kept = sets[~too_small & ~too_large].reset_index()
     customer_ids = kept["customer_id"].astype(object).where(kept["customer_id"].notna(), None)
 
@@ -198,7 +196,7 @@ def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
         "sets": len(sets),
         "sets_kept": len(kept),
         "sets_dropped": {"too_small": int(too_small.sum()), "too_large": int(too_large.sum())},
-        "min_items": cfg.min_items,
+        "min_items": min_set_size,
         "max_items": max_set_size,
         "outfits_without_customer": int(customer_ids.isna().sum()),
         "outfits_without_customer_row": int((customer_ids.notna() & ~customer_ids.isin(known_customers)).sum()),
@@ -212,7 +210,7 @@ def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
 def ingest(cfg, source: Path | None = None) -> dict:
     """The `sets` entry of sources.SOURCES."""
     return import_sets(source or cfg.import_sets.source, out_dir=cfg.paths.raw_dir, cfg=cfg.import_sets,
-                       max_set_size=cfg.model.max_set_size)
+                       max_set_size=cfg.model.max_set_size, min_set_size=cfg.ingest.min_set_size)
 
 
 def schema(cfg) -> DataSchema:

@@ -2,10 +2,10 @@
 
 An outfit is a basket: the distinct articles one customer bought on one day (`import_hm.basket: day`),
 in one week, Monday to Sunday (`week`), or in one session, purchase days at most `session_gap_days` apart
-(`session`). A basket becomes an outfit when it has `min_items`..`model.max_set_size` articles; every other basket
-is dropped and counted as too_small or too_large (baskets = kept + dropped). A basket whose customer has no
-row in customers.csv, or whose articles have no row in articles.csv, is kept: those attributes are
-missing, and ingest_report.json counts such outfits. A transaction without a readable customer, date or
+(`session`). A basket becomes an outfit when it has `ingest.min_set_size`..`model.max_set_size` articles;
+every other basket is dropped and counted as too_small or too_large (baskets = kept + dropped). A basket
+whose customer has no row in customers.csv, or whose articles have no row in articles.csv, is kept: those
+attributes are missing, and ingest_report.json counts such outfits. A transaction without a readable customer, date or
 article id is dropped and counted (transactions = used + malformed). The report also gives how many
 outfits each basket definition yields, so the choice can be made with the numbers at hand.
 
@@ -39,7 +39,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
-from contextual_bert.config import ImportHMConfig, ModelConfig
+from contextual_bert.config import ImportHMConfig, IngestConfig, ModelConfig
 from contextual_bert.contract import HM_SCHEMA, DataSchema
 from contextual_bert.errors import DataError
 
@@ -233,7 +233,7 @@ def _articles(db: _Db, path: Path, header: list[str]) -> dict:
     return {"articles_in_source": int(in_source), "articles_without_price_dropped": int(in_source - priced)}
 
 
-def _baskets(db: _Db, cfg: ImportHMConfig, max_items: int) -> dict:
+def _baskets(db: _Db, cfg: ImportHMConfig, min_items: int, max_items: int) -> dict:
     """Tables `day_items` (cid, day, aid: each distinct purchase), `customer_days` (cid, day, its number of
     distinct articles n, the first day of its session) and, per basket definition, `baskets_<definition>`
     (cid, first_day, n); returns the outfits each definition gives.
@@ -251,7 +251,7 @@ def _baskets(db: _Db, cfg: ImportHMConfig, max_items: int) -> dict:
                    OVER (PARTITION BY cid ORDER BY day ROWS UNBOUNDED PRECEDING) AS session
         FROM (SELECT cid, day, n, lag(day) OVER (PARTITION BY cid ORDER BY day) AS previous
               FROM (SELECT cid, day, count(*) AS n FROM day_items GROUP BY cid, day))""")  # fmt: skip
-    low, high = cfg.min_items, max_items
+    low, high = min_items, max_items
     counts = {}
     for definition, start in BASKET_START.items():
         table = f"baskets_{definition}"
@@ -275,10 +275,10 @@ def _baskets(db: _Db, cfg: ImportHMConfig, max_items: int) -> dict:
     return counts
 
 
-def _outfits(db: _Db, cfg: ImportHMConfig, max_items: int) -> tuple:
+def _outfits(db: _Db, cfg: ImportHMConfig, min_items: int, max_items: int) -> tuple:
     """The outfits in the contract's columns (a pyarrow table) and their counts, for the chosen basket
     definition. Article lists are built only for the kept baskets."""
-    low, high = cfg.min_items, max_items
+    low, high = min_items, max_items
     baskets, too_small, too_large = db.one(f"""SELECT count(*), count(*) FILTER (WHERE n < {low}),
         count(*) FILTER (WHERE n > {high}) FROM baskets_{cfg.basket}""")
     # a day's purchases are distinct already; a week or a session may hold an article on two days
@@ -361,7 +361,7 @@ class _Clock:
 
 
 def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig, timings: dict | None = None,
-              max_set_size: int = ModelConfig().max_set_size) -> dict:
+              max_set_size: int = ModelConfig().max_set_size, min_set_size: int = IngestConfig().min_set_size) -> dict:
     """Read transactions_train.csv, customers.csv and articles.csv from `source`; write the raw contract
     (articles/customers/outfits.parquet, schema.json = HM_SCHEMA, ingest_report.json) into `out_dir`.
     `timings`, when given, receives the wall seconds of each phase (for benchmarks; not in the report, which
@@ -369,8 +369,6 @@ def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig, timings: dict | 
     source, out_dir = Path(source), Path(out_dir)
     if not source.is_dir():
         raise DataError("H&M source folder not found", path=source)
-    if cfg.min_items > max_set_size:
-        raise DataError(f"import_hm.min_items ({cfg.min_items}) is above model.max_set_size ({max_set_size})")
     headers = {name: _header(source / name) for name in (TRANSACTIONS, CUSTOMERS, ARTICLES)}
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".import-hm-", dir=out_dir) as scratch:
@@ -380,8 +378,8 @@ def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig, timings: dict | 
             counts = clock("transactions", _transactions(db, source / TRANSACTIONS))
             counts |= clock("customers", _customers(db, source / CUSTOMERS, headers[CUSTOMERS]))
             counts |= clock("articles", _articles(db, source / ARTICLES, headers[ARTICLES]))
-            by_definition = clock("basket_definitions", _baskets(db, cfg, max_set_size))
-            outfits, outfit_counts = clock("outfits", _outfits(db, cfg, max_set_size))
+            by_definition = clock("basket_definitions", _baskets(db, cfg, min_set_size, max_set_size))
+            outfits, outfit_counts = clock("outfits", _outfits(db, cfg, min_set_size, max_set_size))
             counts |= outfit_counts
             for table in ("articles", "customers"):
                 db.run(f"COPY (SELECT * EXCLUDE (source_row) FROM {table} ORDER BY source_row) "
@@ -403,7 +401,7 @@ def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig, timings: dict | 
         "basket": {"by": cfg.basket, **({"session_gap_days": cfg.session_gap_days} if cfg.basket == "session" else {})},
         **counts,
         "outfits_by_basket_definition": by_definition,
-        "min_items": cfg.min_items,
+        "min_items": min_set_size,
         "max_items": max_set_size,
         "columns_missing": {k: v for k, v in missing_columns.items() if v},
         "rows": rows,
@@ -416,7 +414,7 @@ def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig, timings: dict | 
 def ingest(cfg, source: Path | None = None) -> dict:
     """The `hm` entry of sources.SOURCES."""
     return import_hm(source or cfg.import_hm.source, out_dir=cfg.paths.raw_dir, cfg=cfg.import_hm,
-                     max_set_size=cfg.model.max_set_size)
+                     max_set_size=cfg.model.max_set_size, min_set_size=cfg.ingest.min_set_size)
 
 
 def schema(cfg) -> DataSchema:

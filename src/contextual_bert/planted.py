@@ -26,7 +26,7 @@ Outfits. N outfits, each independently:
 1. its customer uniform over the C customers;
 2. z ~ P(z | x_customer), drawn per outfit (so nothing about a customer beyond its context is shared
    between its outfits);
-3. a size n uniform in MIN_OUTFIT_SIZE..max_set_size (model.max_set_size, the one outfit-size limit);
+3. a size n uniform in min_set_size..max_set_size (ingest.min_set_size, model.max_set_size);
 4. n DISTINCT product types, uniform without replacement: no two articles of one type share an outfit;
 5. per chosen type t, one article a with P(a | t, z) = w[a, z] / W[t, z];
 6. the items in a random order (a position says nothing).
@@ -56,8 +56,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from contextual_bert.config import ModelConfig, PlantedConfig
-from contextual_bert.contract import MIN_OUTFIT_SIZE, ContextColumn, DataSchema
+from contextual_bert.config import IngestConfig, ModelConfig, PlantedConfig
+from contextual_bert.contract import ContextColumn, DataSchema
 from contextual_bert.errors import ContextualBertError, DataError
 
 TRUTH_FILE = "planted_truth.npz"
@@ -186,11 +186,12 @@ def _customers(rng: np.random.Generator, cfg: PlantedConfig) -> dict:
     return dict(values=values, tables=tables, taste_prob=_softmax(taste_logit))
 
 
-def _outfits(rng: np.random.Generator, cfg: PlantedConfig, cat: dict, cus: dict, max_set_size: int) -> dict:
+def _outfits(rng: np.random.Generator, cfg: PlantedConfig, cat: dict, cus: dict, max_set_size: int,
+             min_set_size: int) -> dict:
     n, t = cfg.n_outfits, cfg.n_types
     customer = rng.integers(0, cfg.n_customers, n)
     taste = _categorical(rng, cus["taste_prob"][customer])
-    size = rng.integers(MIN_OUTFIT_SIZE, max_set_size + 1, n)
+    size = rng.integers(min_set_size, max_set_size + 1, n)
     # n distinct types, uniformly: the first n of a random permutation of the types
     types = np.argsort(rng.random((n, t)), axis=1)[:, :max_set_size]
     keep = np.arange(max_set_size)[None, :] < size[:, None]
@@ -249,7 +250,8 @@ def _entropy(p: np.ndarray) -> np.ndarray:
     return -(p * np.log(np.where(p > 0, p, 1.0))).sum(axis=-1)
 
 
-def generate_planted(cfg: PlantedConfig, out_dir: Path, max_set_size: int = ModelConfig().max_set_size) -> dict:
+def generate_planted(cfg: PlantedConfig, out_dir: Path, max_set_size: int = ModelConfig().max_set_size,
+                     min_set_size: int = IngestConfig().min_set_size) -> dict:
     """Write the raw contract (tables, schema.json, ingest_report.json) and the truth into out_dir."""
     if cfg.n_types < max_set_size:
         raise ContextualBertError(f"planted.n_types is {cfg.n_types}; an outfit of {max_set_size} items "
@@ -261,7 +263,7 @@ def generate_planted(cfg: PlantedConfig, out_dir: Path, max_set_size: int = Mode
     rng = np.random.default_rng(cfg.seed)
     cat = _catalogue(rng, cfg)
     cus = _customers(rng, cfg)
-    out = _outfits(rng, cfg, cat, cus, max_set_size)
+    out = _outfits(rng, cfg, cat, cus, max_set_size, min_set_size)
     tables = _tables(cfg, cat, cus, out)
 
     out_dir = Path(out_dir)
@@ -309,7 +311,8 @@ def generate_planted(cfg: PlantedConfig, out_dir: Path, max_set_size: int = Mode
 
 def ingest(cfg, source=None) -> dict:
     """The `planted` entry of sources.SOURCES (it reads no files: `source` is unused)."""
-    return generate_planted(cfg.planted, out_dir=cfg.paths.raw_dir, max_set_size=cfg.model.max_set_size)
+    return generate_planted(cfg.planted, out_dir=cfg.paths.raw_dir, max_set_size=cfg.model.max_set_size,
+                            min_set_size=cfg.ingest.min_set_size)
 
 
 def schema(cfg) -> DataSchema:

@@ -34,8 +34,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from contextual_bert.config import ModelConfig, ValidateConfig
-from contextual_bert.contract import ID_COLUMN, MIN_OUTFIT_SIZE, SCHEMA_FILE, TABLES, DataSchema
+from contextual_bert.config import IngestConfig, ModelConfig, ValidateConfig
+from contextual_bert.contract import ID_COLUMN, SCHEMA_FILE, TABLES, DataSchema
 from contextual_bert.errors import ContextualBertError, DataError
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")  # no telemetry calls from a pipeline stage
@@ -334,6 +334,7 @@ def outfit_checks(
     table: LoadedTable, schema: DataSchema, valid_articles: pa.Table, quarantined_articles: pa.Array,
     quarantined_customers: pa.Array,
     max_set_size: int = ModelConfig().max_set_size,
+    min_set_size: int = IngestConfig().min_set_size,
 ) -> Checks:
     import great_expectations.expectations as gxe
 
@@ -354,9 +355,9 @@ def outfit_checks(
     frame["article_ids__n_items"] = _nullable(stats["n_items"], stats["null"])
     checks.add(
         gxe.ExpectColumnValuesToBeBetween(
-            column="article_ids__n_items", min_value=MIN_OUTFIT_SIZE, max_value=max_set_size
+            column="article_ids__n_items", min_value=min_set_size, max_value=max_set_size
         ),
-        f"an outfit has {MIN_OUTFIT_SIZE}-{max_set_size} articles (model.max_set_size)",
+        f"an outfit has {min_set_size}-{max_set_size} articles (model.max_set_size)",  # as before: the same reports
     )
     frame["article_ids__n_distinct"] = _nullable(stats["n_distinct"], stats["null"])
     checks.add(
@@ -452,17 +453,17 @@ def _write(table: pa.Table, path: Path) -> None:
 
 
 def _checks_for(name: str, table: LoadedTable, schema: DataSchema, valid: dict[str, pa.Table],
-                quarantined_ids: dict[str, pa.Array], max_set_size: int) -> Checks:
+                quarantined_ids: dict[str, pa.Array], max_set_size: int, min_set_size: int) -> Checks:
     if name == "articles":
         return article_checks(table)
     if name == "customers":
         return customer_checks(table, schema, valid["articles"])
     return outfit_checks(table, schema, valid["articles"], quarantined_ids["articles"],
-                         quarantined_ids["customers"], max_set_size)  # fmt: skip
+                         quarantined_ids["customers"], max_set_size, min_set_size)  # fmt: skip
 
 
 def validate(raw_dir: Path, validated_dir: Path, quarantine_dir: Path, report_dir: Path, cfg: ValidateConfig,
-             max_set_size: int = ModelConfig().max_set_size) -> dict:
+             max_set_size: int = ModelConfig().max_set_size, min_set_size: int = IngestConfig().min_set_size) -> dict:
     """Validate data/raw; write data/validated, data/quarantine, reports/validation/{summary.json,data_docs}.
 
     Fails (ContextualBertError) when any table's quarantined share exceeds cfg.max_quarantine_share; the
@@ -479,7 +480,7 @@ def validate(raw_dir: Path, validated_dir: Path, quarantine_dir: Path, report_di
     quarantined_ids: dict[str, pa.Array] = {}  # what an outfit must not reference
     over: dict[str, float] = {}
     for name, table in tables.items():  # in TABLES order: what an outfit references is validated first
-        checks = _checks_for(name, table, schema, valid, quarantined_ids, max_set_size)
+        checks = _checks_for(name, table, schema, valid, quarantined_ids, max_set_size, min_set_size)
         failing = ge.failing_rows(name, checks)
         quarantined, reasons = _split(table, failing)
         valid[name] = table.typed.filter(pa.array(~quarantined))
