@@ -244,7 +244,7 @@ def _data_fingerprint(data: EncodedOutfits) -> str:
 
 def run_key(model: ContextualBert, train_cfg: TrainConfig, seed: int, train_data, val_data, device) -> dict:
     """What must match for last.pt to be resumed; anything else starts the run afresh."""
-    train_settings = train_cfg.model_dump(exclude=set(RESUMABLE_CHANGES))
+    train_settings = train_cfg.read_by(model.variant, exclude=set(RESUMABLE_CHANGES))
     return {
         "device": torch.device(device).type,
         "model_config": model.model_cfg.model_dump(),
@@ -291,6 +291,8 @@ def fit(
         keep_freed_memory()
 
     key = run_key(model, train_cfg, seed, train_data, val_data, device)
+    if uses_attributes(model.variant):  # read by "_attrs" models only: the paper's models train as before
+        model.set_id_dropout(train_cfg.id_dropout)
     model.to(device)
     train_data, val_data = train_data.to(device), val_data.to(device)
     optimizer = make_optimizer(model, train_cfg, device)
