@@ -18,7 +18,9 @@ Article attributes (issue 14; the "<model>_attrs" models, off for the paper's ro
 e_a = E[id(a)] + sum_k A_k[x_k(a)], its id embedding plus one embedding per attribute (product type, colour,
 ...), at the input and, tied, at the output, so the output layer scores every article of the catalogue: an
 article never seen in training has no id row of its own and reads the [UNK] row, and is ranked by what it is.
-See ArticleAttributes for why a sum and not a concatenation with a projection.
+See ArticleAttributes for why a sum and not a concatenation with a projection, and for id dropout
+(train.id_dropout): in training, a share of the articles read the [UNK] id row as an unseen one would, at the
+input and at the output, so that [UNK] + attributes, the vector every unseen article is ranked by, is trained.
 """
 
 from __future__ import annotations
@@ -257,6 +259,15 @@ class ArticleAttributes(nn.Module):
     7.328, CI 7.25-7.40), with 15,536 more parameters for concat. The gap is within the test CI: the
     tie-breakers are that the sum has fewer parameters and keeps an unseen article's vector a plain sum of
     trained attribute rows and the [UNK] row, where the projection mixes the id part into every article.
+
+    Id dropout (`ids`, rate train.id_dropout, training mode only). Without it the id embeddings memorise
+    the training outfits before the attribute embeddings learn anything (at ~12 sightings per article the
+    ids alone fit the training set), and the [UNK] id row is never a target, so the model learns that
+    articles without an id are never the answer. With it, each real article at an input position and each
+    catalogue row of the output layer (with its bias) reads [UNK] instead of its id with probability
+    id_dropout: those articles must be recognised and ranked by their attributes, exactly as an unseen one
+    is at test time. Drawn per position at the input and per catalogue row at the output (independently),
+    from the global generator as dropout is, so a resumed run repeats its draws.
 
     The catalogue's encoded attributes are buffers outside the state_dict (`set_catalogue`): the weights do
     not depend on how many articles there are, so a served model takes a larger catalogue without
