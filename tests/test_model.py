@@ -6,7 +6,7 @@ import torch
 from contextual_bert.cli import main
 from contextual_bert.config import VARIANTS, ModelConfig
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, ContextSpec, FeatureSpec
+from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec, FeatureSpec
 from contextual_bert.model import (
     PAPER_PARAMETERS,
     build_model,
@@ -400,3 +400,59 @@ def test_attributes_are_refused_where_they_do_not_belong():
     bad["price"][5] = N_SPECIAL + 5
     with pytest.raises(ContextualBertError, match="beyond"):
         bert.set_catalogue(bad)
+
+
+# --- id dropout (train.id_dropout) -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", ["none", "global_state", "bag_of_items"])
+def test_id_dropout_reads_unk_for_a_share_of_real_articles_in_training_only(variant):
+    bert = attribute_model(variant)  # eval mode
+    bert.set_id_dropout(0.25)
+    sides = [bert.attributes] + ([bert.output_attributes] if variant == "bag_of_items" else [])
+    for side in sides:
+        assert side.id_dropout == 0.25
+        assert torch.equal(side.ids(), side.id_rows)  # evaluation: never dropped
+    weight, bias = bert.output_layer()
+    bert.train()
+    attributes = bert.attributes
+    torch.manual_seed(0)
+    draws = torch.stack([attributes.ids() for _ in range(200)])
+    changed = draws != attributes.id_rows
+    assert (draws[changed] == UNKNOWN_INDEX).all()
+    real = (attributes.id_rows >= N_SPECIAL)  # the specials, and the articles without an id, never change
+    assert not changed[:, ~real].any() and real.sum() == N_ITEMS - N_SPECIAL
+    assert abs(float(changed[:, real].float().mean()) - 0.25) < 0.02
+    # The input side, per position: padding and [MASK] keep their rows, real articles are dropped at the rate.
+    items = outfits_with_one_mask(400, size=6, length=8)
+    flat = attributes.ids(items.reshape(-1))
+    is_real = items.reshape(-1) >= N_SPECIAL
+    assert torch.equal(flat[~is_real], items.reshape(-1)[~is_real])
+    assert abs(float((flat[is_real] == UNKNOWN_INDEX).float().mean()) - 0.25) < 0.03
+    # The output side: a dropped article is scored as an unseen one with its attributes, with the [UNK] bias.
+    output_side = sides[-1]
+    table = bert.output_embeddings if variant == "bag_of_items" else bert.item_embeddings
+    torch.manual_seed(1)
+    dropped_weight, dropped_bias = bert.output_layer()
+    torch.manual_seed(1)
+    dropped = output_side.ids() != output_side.id_rows
+    assert dropped.any() and not dropped.all()
+    as_unseen = output_side(table, ids=torch.full_like(output_side.id_rows, UNKNOWN_INDEX))
+    torch.testing.assert_close(dropped_weight[dropped], as_unseen[dropped])
+    torch.testing.assert_close(dropped_weight[~dropped], weight[~dropped])
+    assert (dropped_bias[dropped] == bert.output_bias[UNKNOWN_INDEX]).all()
+    torch.testing.assert_close(dropped_bias[~dropped], bias[~dropped])
+
+
+@pytest.mark.parametrize("variant", ["none", "global_state_update", "bag_of_items_context"])
+def test_a_model_without_attributes_has_no_id_dropout_and_draws_nothing_for_it(variant):
+    plain = build_model(SMALL, variant, N_ITEMS, SPEC).train()
+    with pytest.raises(ContextualBertError, match="no id dropout"):
+        plain.set_id_dropout(0.5)
+    weight, bias = plain.output_layer()
+    table = plain.output_embeddings if variant == "bag_of_items_context" else plain.item_embeddings
+    assert weight is table.weight and bias is plain.output_bias  # the output layer as before the attributes
+    state = torch.get_rng_state()
+    items = outfits_with_one_mask(4, size=5, length=8)
+    plain.eval()(items, context(4))
+    assert torch.equal(torch.get_rng_state(), state)

@@ -47,6 +47,8 @@ def test_training_params_are_the_flattened_sections_with_variant_overrides():
     assert params["train.learning_rate"] == "0.5" and params["model.dropout"] == "0.3"
     assert params["model.d_model"] == "128" and "features.val_fraction" in params
     assert "train.variants" not in params  # the matrix, not a setting of this training
+    # id dropout is read by the "_attrs" models only: the paper's runs log what they logged before it existed
+    assert "train.id_dropout" not in params and training_params(cfg, "concat_attrs", 2)["train.id_dropout"] == "0.0"
     assert all(isinstance(v, str) for v in params.values())
 
 

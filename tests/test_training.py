@@ -252,6 +252,39 @@ def test_a_finished_run_is_not_retrained_and_a_changed_one_restarts(tmp_path):
     assert json.loads((tmp_path / "history.json").read_text())[0]["train_loss"] != row["train_loss"]
 
 
+def test_id_dropout_is_read_by_attribute_models_only(tmp_path):
+    """train.id_dropout changes how an "_attrs" model trains; a model without attributes trains bit-identically
+    with any value, and its run key (what a finished run is recognised by) does not hold it."""
+    from contextual_bert.model import build_model
+
+    train, val = planted(200, 0), planted(40, 1)
+    cfg = SHORT.model_copy(update={"max_epochs": 1})
+    dropped = cfg.model_copy(update={"id_dropout": 0.5})
+    trained = {}
+    for name, train_cfg in (("off", cfg), ("on", dropped)):
+        model = new_model("global_state")
+        fit(model, train, val, train_cfg, tmp_path / f"plain-{name}", seed=0)
+        trained[name] = model.state_dict()
+    for key, value in trained["off"].items():
+        assert torch.equal(value, trained["on"][key]), key
+    plain = new_model("global_state")
+    assert (training.run_key(plain, cfg, 0, train, val, "cpu") == training.run_key(plain, dropped, 0, train, val, "cpu"))
+    assert "id_dropout" not in training.run_key(plain, dropped, 0, train, val, "cpu")["train"]
+
+    attributes = ContextSpec((FeatureSpec("product_type", "categorical", "article", N_SPECIAL + 5, 8),))
+    catalogue = {"product_type": torch.cat([torch.zeros(N_SPECIAL, dtype=torch.long),
+                                            N_SPECIAL + torch.arange(N_ITEMS - N_SPECIAL) % 5])}  # fmt: skip
+    for name, train_cfg in (("off", cfg), ("on", dropped)):
+        torch.manual_seed(0)
+        model = build_model(TINY, "global_state_attrs", N_ITEMS, SPEC, attributes)
+        model.set_catalogue(catalogue)
+        fit(model, train, val, train_cfg, tmp_path / f"attrs-{name}", seed=0)
+        assert model.attributes.id_dropout == train_cfg.id_dropout
+        trained[name] = model.state_dict()
+    assert not torch.equal(trained["off"]["item_embeddings.weight"], trained["on"]["item_embeddings.weight"])
+    assert training.run_key(model, dropped, 0, train, val, "cpu")["train"]["id_dropout"] == 0.5
+
+
 def test_early_stopping_keeps_the_best_epoch(tmp_path, monkeypatch):
     curve = iter([3.0, 2.5, 2.6, 2.7, 2.4, 2.3])
     calls = itertools.count()

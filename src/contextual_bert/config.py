@@ -20,6 +20,7 @@ BASELINE_MODELS = ("bag_of_items", "bag_of_items_context")  # learned baselines,
 # (features.article_attributes) beside the article ids. Named models of their own, so DVC matrix keys, run
 # directories, reports and MLflow runs never mix them with the paper's rows.
 ATTRIBUTES_SUFFIX = "_attrs"
+ATTRIBUTE_SETTINGS = ("id_dropout",)  # train settings only the "_attrs" models read
 ATTRIBUTE_MODELS = tuple(m + ATTRIBUTES_SUFFIX for m in VARIANTS + BASELINE_MODELS)
 MODELS = VARIANTS + BASELINE_MODELS + ATTRIBUTE_MODELS
 Variant = Literal["none", "concat", "new_position", "global_state", "global_state_update", "bag_of_items",
@@ -179,8 +180,17 @@ class TrainConfig(Section):
     mask_prob: float = Field(0.3, ge=0, le=1)  # per item; at least one item per outfit is always masked
     mask_token_prob: float = Field(0.8, ge=0, le=1)  # BERT 80/10/10: of masked items, replaced by [MASK]
     random_token_prob: float = Field(0.1, ge=0, le=1)  # ... by a random article (rest kept as is)
+    # "_attrs" models only: the share of real articles whose id embedding a training step replaces by the
+    # [UNK] row, at the input positions and the output rows (model.ArticleAttributes.ids)
+    id_dropout: float = Field(0.0, ge=0, lt=1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     num_threads: int = Field(0, ge=0)  # 0: torch's default
+
+    def read_by(self, model: str, exclude: set[str] = frozenset()) -> dict:
+        """The settings `model` trains with, as a dict: without ATTRIBUTE_SETTINGS for a model without
+        attributes, which never reads them, so its run key and logged params are what they were before."""
+        skip = set(exclude) | (set() if uses_attributes(model) else set(ATTRIBUTE_SETTINGS))
+        return self.model_dump(mode="json", exclude=skip)
 
 
 class VariantOverrides(Section):

@@ -18,7 +18,9 @@ Article attributes (issue 14; the "<model>_attrs" models, off for the paper's ro
 e_a = E[id(a)] + sum_k A_k[x_k(a)], its id embedding plus one embedding per attribute (product type, colour,
 ...), at the input and, tied, at the output, so the output layer scores every article of the catalogue: an
 article never seen in training has no id row of its own and reads the [UNK] row, and is ranked by what it is.
-See ArticleAttributes for why a sum and not a concatenation with a projection.
+See ArticleAttributes for why a sum and not a concatenation with a projection, and for id dropout
+(train.id_dropout): in training, a share of the articles read the [UNK] id row as an unseen one would, at the
+input and at the output, so that [UNK] + attributes, the vector every unseen article is ranked by, is trained.
 """
 
 from __future__ import annotations
@@ -258,6 +260,15 @@ class ArticleAttributes(nn.Module):
     tie-breakers are that the sum has fewer parameters and keeps an unseen article's vector a plain sum of
     trained attribute rows and the [UNK] row, where the projection mixes the id part into every article.
 
+    Id dropout (`ids`, rate train.id_dropout, training mode only). Without it the id embeddings memorise
+    the training outfits before the attribute embeddings learn anything (at ~12 sightings per article the
+    ids alone fit the training set), and the [UNK] id row is never a target, so the model learns that
+    articles without an id are never the answer. With it, each real article at an input position and each
+    catalogue row of the output layer (with its bias) reads [UNK] instead of its id with probability
+    id_dropout: those articles must be recognised and ranked by their attributes, exactly as an unseen one
+    is at test time. Drawn per position at the input and per catalogue row at the output (independently),
+    from the global generator as dropout is, so a resumed run repeats its draws.
+
     The catalogue's encoded attributes are buffers outside the state_dict (`set_catalogue`): the weights do
     not depend on how many articles there are, so a served model takes a larger catalogue without
     retraining. An article without an id embedding (index >= n_ids) reads the [UNK] id row. Multi-valued
@@ -271,6 +282,7 @@ class ArticleAttributes(nn.Module):
         if not spec.features:
             raise ContextualBertError("a model with article attributes needs at least one attribute")
         self.spec, self.n_ids, self.combine = spec, n_ids, combine
+        self.id_dropout = 0.0  # a training setting (train.id_dropout, set by training.fit), not a weight
         widths = [d_model if combine == "sum" else f.dim for f in spec.features]
         self.embeddings = nn.ModuleList(
             nn.EmbeddingBag(f.cardinality, w, mode="mean", padding_idx=PAD_INDEX) if f.kind == "multi_categorical"
@@ -314,10 +326,22 @@ class ArticleAttributes(nn.Module):
     def catalogue(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f"catalogue_{f.name}") for f in self.spec.features}
 
-    def forward(self, id_embeddings: nn.Embedding, articles: torch.Tensor | None = None) -> torch.Tensor:
-        """e_a for the article indices `articles` (any shape; (..., d)), or for the whole catalogue (n, d)."""
-        flat = None if articles is None else articles.reshape(-1)
+    def ids(self, flat: torch.Tensor | None = None) -> torch.Tensor:
+        """The id rows of the article indices `flat` (1-d), or of the whole catalogue. In training mode, with
+        id_dropout > 0, each real article's id row is replaced by [UNK] with that probability (one draw per
+        row, from the global generator, as dropout's): the article is then seen as an unseen one would be."""
         ids = self.id_rows if flat is None else self.id_rows[flat]
+        if self.training and self.id_dropout > 0:
+            dropped = (torch.rand(ids.shape, device=ids.device) < self.id_dropout) & (ids >= N_SPECIAL)
+            ids = ids.masked_fill(dropped, UNKNOWN_INDEX)
+        return ids
+
+    def forward(self, id_embeddings: nn.Embedding, articles: torch.Tensor | None = None,
+                ids: torch.Tensor | None = None) -> torch.Tensor:
+        """e_a for the article indices `articles` (any shape; (..., d)), or for the whole catalogue (n, d);
+        `ids`: the id rows to read (from `ids()`), when the caller needs them too (the output bias)."""
+        flat = None if articles is None else articles.reshape(-1)
+        ids = self.ids(flat) if ids is None else ids
         parts = [id_embeddings(ids)]
         for f, table in zip(self.spec.features, self.embeddings):
             values = getattr(self, f"catalogue_{f.name}")
@@ -365,9 +389,22 @@ class ArticleScores:
             return self.attributes(table, articles)
         return table.weight if articles is None else table(articles)
 
-    def article_bias(self) -> torch.Tensor:
-        """The output bias of every article: an article without an id shares the [UNK] row's."""
-        return self.output_bias if self.attributes is None else self.output_bias[self.attributes.id_rows]
+    def set_id_dropout(self, rate: float) -> None:
+        """Id dropout for training (train.id_dropout; ArticleAttributes.ids), on both article sides."""
+        if self.attributes is None:
+            raise ContextualBertError(f"model '{self.variant}' reads article ids only; it has no id dropout")
+        for side in (self.attributes, getattr(self, "output_attributes", None)):
+            if side is not None:
+                side.id_dropout = float(rate)
+
+    def output_articles(self, table: nn.Embedding, attributes: "ArticleAttributes | None"):
+        """(weight (n_items, d), bias (n_items,)) of the output layer over every article, from the id table
+        `table` and, with attributes, the attribute embeddings `attributes`. An article without an id (or
+        whose id is dropped in this step) shares the [UNK] row's bias: one draw of `ids()` serves both."""
+        if attributes is None:
+            return table.weight, self.output_bias
+        ids = attributes.ids()
+        return attributes(table, ids=ids), self.output_bias[ids]
 
     def article_logits(self, head_states: torch.Tensor) -> torch.Tensor:
         """(M, n_items - N_SPECIAL) logits over the real articles (specials are never predicted)."""
@@ -468,7 +505,7 @@ class ContextualBert(ArticleScores, nn.Module):
 
     def output_layer(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(weight (n_items, d), bias (n_items,)) of the output layer: tied to the article vectors."""
-        return self.article_vectors(self.item_embeddings), self.article_bias()
+        return self.output_articles(self.item_embeddings, self.attributes)
 
 
 # --- the learned baseline -----------------------------------------------------------------------------
@@ -526,9 +563,7 @@ class BagOfItems(ArticleScores, nn.Module):
         return hidden
 
     def output_layer(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.output_attributes is None:
-            return self.output_embeddings.weight, self.output_bias
-        return self.output_attributes(self.output_embeddings), self.article_bias()
+        return self.output_articles(self.output_embeddings, self.output_attributes)
 
 
 def build_model(model_cfg: ModelConfig, variant: str, n_items: int, spec: ContextSpec,

@@ -123,7 +123,7 @@ def training_params(cfg: Config, variant: str, seed: int) -> dict[str, str]:
     """What a training depends on in params.yaml, flattened: its model, train and features sections."""
     sections = {
         "model": cfg.model_for(variant).model_dump(mode="json"),
-        "train": cfg.train_for(variant).model_dump(mode="json", exclude={"variants", "seeds"}),
+        "train": cfg.train_for(variant).read_by(variant, exclude={"variants", "seeds"}),
         "features": cfg.features.model_dump(mode="json"),
     }
     params = {k: json.dumps(v) if isinstance(v, (list, dict)) else str(v) for k, v in flatten(sections).items()}

@@ -13,6 +13,11 @@ the answer is in the input, and several items are masked at once. Every epoch th
 overfitting. A run records whether it converged: early stopping fired, or its last CONVERGENCE_EPOCHS epochs
 together improved the best validation cross-entropy by less than CONVERGENCE_NATS.
 
+Models with article attributes ("_attrs") also train with id dropout (train.id_dropout,
+model.ArticleAttributes): a share of the articles is seen by its attributes and the [UNK] id only, so the
+attributes learn to rank before the ids memorise. No other model reads the setting: neither its training
+nor its run key nor its logged params depend on it.
+
 Determinism: one seed fixes the initial weights (`train`), the shuffling and masking (a generator of its own)
 and dropout (the global generator). last.pt holds everything that changes during a run - weights, optimizer,
 scheduler, both generators, history and early-stopping state - after every epoch, so a run killed mid-way and
@@ -244,7 +249,7 @@ def _data_fingerprint(data: EncodedOutfits) -> str:
 
 def run_key(model: ContextualBert, train_cfg: TrainConfig, seed: int, train_data, val_data, device) -> dict:
     """What must match for last.pt to be resumed; anything else starts the run afresh."""
-    train_settings = train_cfg.model_dump(exclude=set(RESUMABLE_CHANGES))
+    train_settings = train_cfg.read_by(model.variant, exclude=set(RESUMABLE_CHANGES))
     return {
         "device": torch.device(device).type,
         "model_config": model.model_cfg.model_dump(),
@@ -291,6 +296,8 @@ def fit(
         keep_freed_memory()
 
     key = run_key(model, train_cfg, seed, train_data, val_data, device)
+    if uses_attributes(model.variant):  # read by "_attrs" models only: the paper's models train as before
+        model.set_id_dropout(train_cfg.id_dropout)
     model.to(device)
     train_data, val_data = train_data.to(device), val_data.to(device)
     optimizer = make_optimizer(model, train_cfg, device)
