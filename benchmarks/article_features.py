@@ -6,7 +6,7 @@ wrote (features.article_features on), evaluate them and compare with both popula
 
 Each (model, combine, id dropout) trains one seed with the params' recipe (train_for(model), max_epochs overridden) by
 the library's own training loop, and is evaluated by the evaluate stage's code (`evaluate_run`); "combine"
-and "id dropout" (train.id_dropout; default: the params') only matter for "_attrs" models
+and "id dropout" (variants.<model>_attrs.id_dropout; default: the params') only matter for "_attrs" models
 (model.ArticleAttributes: sum vs concat + projection; ArticleAttributes.ids). Writes one JSON:
 per run the best validation cross-entropy, epochs, seconds, and the test metrics (all / known / unseen
 targets, bootstrap intervals); and the two popularity baselines' test metrics.
@@ -71,7 +71,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["none", "none_attrs"])
     parser.add_argument("--combine", nargs="+", default=["sum"])
     parser.add_argument("--id-dropout", nargs="+", type=float, default=None,
-                        help="train.id_dropout values for the _attrs models (default: the params')")
+                        help="id_dropout values for the _attrs models (default: the params')")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-epochs", type=int, default=20)
     parser.add_argument("--out", type=Path, required=True)

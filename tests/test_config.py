@@ -63,3 +63,15 @@ def test_attribute_models_are_named_after_their_base_model():
     cfg = Config.model_validate({"train": {"variants": ["none", "none_attrs"]},
                                  "variants": {"none_attrs": {"learning_rate": 0.001}}})
     assert cfg.train_for("none_attrs").learning_rate == 0.001
+
+
+def test_id_dropout_is_set_per_attribute_model_only():
+    """DVC tracks a training's train keys and its own variants.<model>: a setting only "_attrs" models read
+    lives under their keys, so changing it never re-runs the paper's models."""
+    cfg = Config.model_validate({"variants": {"none_attrs": {"id_dropout": 0.5}}})
+    assert cfg.train_for("none_attrs").id_dropout == 0.5
+    assert cfg.train_for("none").id_dropout == 0.0
+    with pytest.raises(ValueError, match="variants.<model>_attrs.id_dropout"):
+        Config.model_validate({"train": {"id_dropout": 0.5}})
+    with pytest.raises(ValueError, match="variants.none.id_dropout"):
+        Config.model_validate({"variants": {"none": {"id_dropout": 0.5}}})

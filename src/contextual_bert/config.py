@@ -181,7 +181,8 @@ class TrainConfig(Section):
     mask_token_prob: float = Field(0.8, ge=0, le=1)  # BERT 80/10/10: of masked items, replaced by [MASK]
     random_token_prob: float = Field(0.1, ge=0, le=1)  # ... by a random article (rest kept as is)
     # "_attrs" models only: the share of real articles whose id embedding a training step replaces by the
-    # [UNK] row, at the input positions and the output rows (model.ArticleAttributes.ids)
+    # [UNK] row, at the input positions and the output rows (model.ArticleAttributes.ids). Set per model in
+    # params.yaml (variants.<model>_attrs.id_dropout), never here: DVC then tracks it for those models alone.
     id_dropout: float = Field(0.0, ge=0, lt=1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     num_threads: int = Field(0, ge=0)  # 0: torch's default
@@ -201,6 +202,7 @@ class VariantOverrides(Section):
     max_epochs: int | None = None
     weight_decay: float | None = None
     dropout: float | None = None
+    id_dropout: float | None = Field(None, ge=0, lt=1)  # "_attrs" models only (TrainConfig.id_dropout)
 
 
 class SweepConfig(Section):
@@ -254,6 +256,20 @@ class Config(Section):
     promote: PromoteConfig = PromoteConfig()
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=())
+
+    @model_validator(mode="after")
+    def _attribute_settings_per_model(self):
+        # The trainings' DVC params are train's keys plus their own variants.<model>: a setting only the
+        # "_attrs" models read lives in their own keys, so changing it never re-runs the paper's models.
+        for name in ATTRIBUTE_SETTINGS:
+            if name in self.train.model_fields_set:
+                raise ValueError(f"train.{name}: set it per model, variants.<model>_attrs.{name} (only the "
+                                 "models with article attributes read it)")
+            for variant, overrides in self.variants.items():
+                if getattr(overrides, name) is not None and not uses_attributes(variant):
+                    raise ValueError(f"variants.{variant}.{name}: only the models with article attributes "
+                                     f"('{variant}{ATTRIBUTES_SUFFIX}') read it")
+        return self
 
     @model_validator(mode="after")
     def _outfit_sizes_agree(self):

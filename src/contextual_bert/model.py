@@ -19,8 +19,9 @@ e_a = E[id(a)] + sum_k A_k[x_k(a)], its id embedding plus one embedding per attr
 ...), at the input and, tied, at the output, so the output layer scores every article of the catalogue: an
 article never seen in training has no id row of its own and reads the [UNK] row, and is ranked by what it is.
 See ArticleAttributes for why a sum and not a concatenation with a projection, and for id dropout
-(train.id_dropout): in training, a share of the articles read the [UNK] id row as an unseen one would, at the
-input and at the output, so that [UNK] + attributes, the vector every unseen article is ranked by, is trained.
+(variants.<model>_attrs.id_dropout): in training, a share of the articles read the [UNK] id row as an unseen
+one would, at the input and at the output, so that [UNK] + attributes, the vector every unseen article is
+ranked by, is trained.
 """
 
 from __future__ import annotations
@@ -260,9 +261,9 @@ class ArticleAttributes(nn.Module):
     tie-breakers are that the sum has fewer parameters and keeps an unseen article's vector a plain sum of
     trained attribute rows and the [UNK] row, where the projection mixes the id part into every article.
 
-    Id dropout (`ids`, rate train.id_dropout, training mode only). Without it the id embeddings memorise
-    the training outfits before the attribute embeddings learn anything (at ~12 sightings per article the
-    ids alone fit the training set), and the [UNK] id row is never a target, so the model learns that
+    Id dropout (`ids`, rate variants.<model>_attrs.id_dropout, training mode only). Without it the id
+    embeddings memorise the training outfits before the attribute embeddings learn anything (at ~12
+    sightings per article the ids alone fit the training set), and the [UNK] id row is never a target, so the model learns that
     articles without an id are never the answer. With it, each real article at an input position and each
     catalogue row of the output layer (with its bias) reads [UNK] instead of its id with probability
     id_dropout: those articles must be recognised and ranked by their attributes, exactly as an unseen one
@@ -282,7 +283,7 @@ class ArticleAttributes(nn.Module):
         if not spec.features:
             raise ContextualBertError("a model with article attributes needs at least one attribute")
         self.spec, self.n_ids, self.combine = spec, n_ids, combine
-        self.id_dropout = 0.0  # a training setting (train.id_dropout, set by training.fit), not a weight
+        self.id_dropout = 0.0  # a training setting (variants.<model>_attrs.id_dropout; training.fit), not a weight
         widths = [d_model if combine == "sum" else f.dim for f in spec.features]
         self.embeddings = nn.ModuleList(
             nn.EmbeddingBag(f.cardinality, w, mode="mean", padding_idx=PAD_INDEX) if f.kind == "multi_categorical"
@@ -390,7 +391,7 @@ class ArticleScores:
         return table.weight if articles is None else table(articles)
 
     def set_id_dropout(self, rate: float) -> None:
-        """Id dropout for training (train.id_dropout; ArticleAttributes.ids), on both article sides."""
+        """Id dropout for training (variants.<model>_attrs.id_dropout; ArticleAttributes.ids), on both article sides."""
         if self.attributes is None:
             raise ContextualBertError(f"model '{self.variant}' reads article ids only; it has no id dropout")
         for side in (self.attributes, getattr(self, "output_attributes", None)):
