@@ -145,6 +145,10 @@ class _Db:
     def one(self, sql: str, path: Path | None = None) -> tuple:
         return self.run(sql, path).fetchone()
 
+    def arrow(self, sql: str):
+        """A query's result as a pyarrow Table (through con.sql: execute()'s Arrow output copies the rows)."""
+        return self.con.sql(sql).to_arrow_table()
+
 
 def _transactions(db: _Db, path: Path) -> dict:
     """Table `tx` (cid, day, aid, price) of the readable transactions, customers and articles as integer
@@ -296,10 +300,10 @@ def _outfits(db: _Db, cfg: ImportHMConfig, min_items: int, max_items: int) -> tu
     # No list() aggregate: its states hold every basket's strings at once and cannot spill (2.7 M baskets ran
     # out of 3 GiB). DuckDB sorts the kept purchases (out of core), and the lists are cut from the sorted
     # column by offsets. An aid code sorts like its article id, so each list comes out sorted.
-    items = db.run("""SELECT i.cid, i.first_day, a.article_id, a.has_row FROM outfit_items i
-        JOIN article_rows a USING (aid) ORDER BY i.cid, i.first_day, i.aid""").to_arrow_table()
+    items = db.arrow("""SELECT i.cid, i.first_day, a.article_id, a.has_row FROM outfit_items i
+        JOIN article_rows a USING (aid) ORDER BY i.cid, i.first_day, i.aid""")
     db.run("DROP TABLE outfit_items")
-    customers = db.run("SELECT cid, customer_id, has_row FROM customer_rows ORDER BY cid").to_arrow_table()
+    customers = db.arrow("SELECT cid, customer_id, has_row FROM customer_rows ORDER BY cid")
     outfits, no_customer, no_article_row, articles_without_row = _outfit_lists(items, customers, cfg.basket)
     kept = outfits.num_rows
     if kept + too_small + too_large != baskets:
