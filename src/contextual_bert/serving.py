@@ -211,9 +211,10 @@ def serving_threads(rows: int) -> int:
     Below PARALLEL_ROWS, one: a small request is a few small matrix products, and threads only add
     hand-offs. From PARALLEL_ROWS on, CONTEXTUAL_BERT_SERVING_THREADS (default 1): more threads split a
     large forward pass, but they wait for each other, and on a machine with other work they lose badly
-    (on the shared 2-core machine at load 3-4, in process, 1,024 rows: 2 threads 309 rows/s, 1 thread
-    1,960; reports/benchmarks/serving_2threads.json and serving.json). Set it on a machine of its own; scale a server out
-    with workers (`mlflow models serve --workers N`) otherwise.
+    (on the shared 2-core machine at load 3-4, in process, 1,024 rows: 2 threads 309 rows/s,
+    reports/benchmarks/serving_2threads.json, against 1,960 with 1 thread in the same conditions; serving.json
+    has the current one-thread numbers). Set it on a machine of its own; scale a server out with workers
+    (`mlflow models serve --workers N`) otherwise.
     """
     if rows < PARALLEL_ROWS:
         return 1
