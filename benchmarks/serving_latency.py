@@ -9,7 +9,8 @@ MLflow store -> `mlflow models serve -m models:/outfit-completion@champion --env
 Requests are real validation outfits with one article removed, with their customer's raw context. Measured:
 single-row request latency (p50/p99 over --requests sequential requests on one keep-alive connection, after
 a warm-up) and batch throughput (rows/s) for several batch sizes; the same batches through the same pyfunc
-in-process (no HTTP, no JSON) show what the server adds. Torch threads per request: serving.serving_threads
+in-process (no HTTP, no JSON) show what the server adds, with this process's CPU time per request beside
+the wall time (`cpu`: the work, without the wait for a shared core). Torch threads per request: serving.serving_threads
 (one below serving.PARALLEL_ROWS rows; from there on CONTEXTUAL_BERT_SERVING_THREADS, default 1). Writes
 reports/benchmarks/serving.json, with the load average before, between and after the phases: other work on
 this 2-core machine slows every number.
@@ -161,20 +162,29 @@ def single_request_latency(client: Client, records: list[dict], n: int, warmup: 
     return percentiles(seconds)
 
 
-def batch_throughput(score, records: list[dict], batch_size: int, min_seconds: float = 4.0) -> dict:
-    """Rows per second scoring batches of `batch_size` rows, repeated for at least min_seconds (and 3 times)."""
-    seconds, rows = [], 0
+def batch_throughput(score, records: list[dict], batch_size: int, min_seconds: float = 4.0,
+                     cpu: bool = False) -> dict:
+    """Rows per second scoring batches of `batch_size` rows, repeated for at least min_seconds (and 3 times).
+
+    `cpu` (in-process scoring only): also this process's CPU time per request. On a shared machine the
+    wall time is the work plus the wait for a core; the CPU time is the work alone."""
+    seconds, cpu_seconds, rows = [], [], 0
     score(records[:batch_size])  # warm-up
     start = 0
     while sum(seconds) < min_seconds or len(seconds) < 3:
         batch = [records[(start + i) % len(records)] for i in range(batch_size)]
         start += batch_size
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.process_time()
         score(batch)
         seconds.append(time.perf_counter() - began)
+        cpu_seconds.append(time.process_time() - began_cpu)
         rows += batch_size
-    return {"batch_size": batch_size, "requests": len(seconds), "rows_per_s": round(rows / sum(seconds), 1),
-            **{k: v for k, v in percentiles(seconds).items() if k != "n"}}  # fmt: skip
+    result = {"batch_size": batch_size, "requests": len(seconds), "rows_per_s": round(rows / sum(seconds), 1),
+              **{k: v for k, v in percentiles(seconds).items() if k != "n"}}  # fmt: skip
+    if cpu:
+        result["cpu"] = {"rows_per_cpu_s": round(rows / sum(cpu_seconds), 1),
+                         **{k: v for k, v in percentiles(cpu_seconds).items() if k != "n"}}  # fmt: skip
+    return result
 
 
 def main() -> None:
@@ -237,8 +247,8 @@ def main() -> None:
         def in_process(batch):  # the same pyfunc (schema enforcement included), without HTTP and JSON
             pyfunc.predict(pd.DataFrame(batch))
 
-        local_single = batch_throughput(in_process, records, 1, min_seconds=2.0)
-        local_batches = [batch_throughput(in_process, records, b) for b in args.batch_sizes]
+        local_single = batch_throughput(in_process, records, 1, min_seconds=2.0, cpu=True)
+        local_batches = [batch_throughput(in_process, records, b, cpu=True) for b in args.batch_sizes]
 
     result = {
         "what": "mlflow models serve --env-manager local (one uvicorn worker), POST /invocations, dataframe_records",

@@ -239,6 +239,23 @@ def test_the_pyfunc_turns_bad_input_into_an_mlflow_error(logged_pyfunc):
     assert error.value.get_http_status_code() == 400
     with pytest.raises(MlflowException):
         pyfunc.predict(pd.DataFrame({"article_ids": [["A1"]]}), params={"top_k": 1000})
+    # List columns are declared Any (MLflow checks no cell): the encoder refuses an outfit that is not a list
+    with pytest.raises(MlflowException, match="row 1: 'article_ids' must be a list") as error:
+        pyfunc.predict(pd.DataFrame({"article_ids": [["A1"], "A1"]}))
+    assert error.value.get_http_status_code() == 400
+
+
+def test_a_plain_string_in_a_list_column_is_one_value(logged_pyfunc, requests):
+    """The encoder's rule (feature_store: a plain string counts as a one-value list) holds for served
+    requests too."""
+    pyfunc = mlflow.pyfunc.load_model(logged_pyfunc.model_uri)
+    as_list, as_string = requests.iloc[[0]].copy(), requests.iloc[[0]].copy()
+    brand = requests.loc[0, "preferred_brands"][0]
+    as_list.at[0, "preferred_brands"] = [brand]
+    as_string.at[0, "preferred_brands"] = brand
+    expected, got = pyfunc.predict(as_list), pyfunc.predict(as_string)
+    assert got["article_ids"].tolist() == expected["article_ids"].tolist()
+    assert got["scores"].tolist() == expected["scores"].tolist()
 
 
 # --- the served champion -------------------------------------------------------------------------------------

@@ -409,27 +409,18 @@ def test_console_script_one_line_error_no_traceback(clean_raw, tmp_path):
     assert "customers.parquet, column 'customer_id': required column missing" in result.stderr
 
 
-def test_the_smallest_outfit_is_ingest_min_set_size(clean_raw, tmp_path):
-    """One setting: with ingest.min_set_size 3 an outfit of 3 is valid; with 4 it is quarantined."""
+@pytest.mark.parametrize("setting, n_items, valid_at, quarantined_at",
+                         [("min_set_size", 3, 3, 4), ("max_set_size", 9, 10, 8)])
+def test_the_outfit_size_limits_are_ingest_min_set_size_and_model_max_set_size(clean_raw, tmp_path, setting,
+                                                                                n_items, valid_at, quarantined_at):
+    """One setting each: an outfit of 3 is valid with ingest.min_set_size 3 and quarantined with 4; one of 9
+    is valid with model.max_set_size 10 and quarantined with 8."""
     tables = _tables(clean_raw)
     outfits, articles = tables["outfits"], tables["articles"]
-    outfits.at[0, "article_ids"] = list(articles["article_id"][:3])
-    for min_set_size, quarantined in ((3, 0), (4, 1)):
-        root = tmp_path / str(min_set_size)
+    outfits.at[0, "article_ids"] = list(articles["article_id"][:n_items])
+    for value, quarantined in ((valid_at, 0), (quarantined_at, 1)):
+        root = tmp_path / str(value)
         _write(root, clean_raw, tables)
         summary = validate(root / "raw", root / "validated", root / "quarantine", root / "reports", LENIENT,
-                           min_set_size=min_set_size)
-        assert summary["tables"]["outfits"]["quarantined"] == quarantined, min_set_size
-
-
-def test_the_outfit_size_limit_is_model_max_set_size(clean_raw, tmp_path):
-    """One setting: with model.max_set_size 10 an outfit of 9 is valid; with 8 it is quarantined."""
-    tables = _tables(clean_raw)
-    outfits, articles = tables["outfits"], tables["articles"]
-    outfits.at[0, "article_ids"] = list(articles["article_id"][:9])
-    for max_set_size, quarantined in ((10, 0), (8, 1)):
-        root = tmp_path / str(max_set_size)
-        _write(root, clean_raw, tables)
-        summary = validate(root / "raw", root / "validated", root / "quarantine", root / "reports", LENIENT,
-                           max_set_size=max_set_size)
-        assert summary["tables"]["outfits"]["quarantined"] == quarantined, max_set_size
+                           **{setting: value})
+        assert summary["tables"]["outfits"]["quarantined"] == quarantined, (setting, value)

@@ -231,7 +231,8 @@ class ContextIndexer:
 
     def encode(self, rows: pd.DataFrame) -> tuple[dict[str, torch.Tensor], list[dict]]:
         """Index tensors for every context feature, and per row the features that were missing or unknown."""
-        tensors, missing, unknown = self.encode_columns(column_arrays(rows, [f.name for f in self.spec.features]), len(rows))
+        columns = column_arrays(rows, [f.name for f in self.spec.features])
+        tensors, missing, unknown = self.encode_columns(columns, len(rows))
         return tensors, [{"missing": m, "unknown": u} for m, u in zip(missing, unknown)]
 
     def encode_columns(self, columns: dict[str, np.ndarray], n_rows: int):

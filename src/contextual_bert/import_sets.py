@@ -6,8 +6,8 @@ Input (`import_sets.source`), by its suffix:
 - `.json`: the Polyvore Outfits layout, a list of sets, each `{"set_id": ..., "items": [{"item_id": ...}, ...]}`
   (other keys, such as an item's "index", are ignored).
 An item listed twice in a set counts once (the first place it is listed); sets with fewer than
-`ingest.min_set_size` or more than `model.max_set_size` distinct items are dropped and counted (sets = kept + dropped); a pair without an
-outfit or item id is dropped and counted. Items keep the order the set lists them in.
+`ingest.min_set_size` or more than `model.max_set_size` distinct items are dropped and counted (sets = kept +
+dropped); a pair without an outfit or item id is dropped and counted. Items keep the order the set lists them in.
 
 Customers are optional. Without `customer_column` every outfit has no customer (customer_id null); with it
 but without a customers table, or for a customer the table lacks, the customer's context is missing. The
@@ -145,7 +145,8 @@ def _customers(cfg: ImportSetsConfig) -> pa.Table:
 
 
 def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
-                max_set_size: int = ModelConfig().max_set_size, min_set_size: int = IngestConfig().min_set_size) -> dict:
+                max_set_size: int = ModelConfig().max_set_size,
+                min_set_size: int = IngestConfig().min_set_size) -> dict:
     """Read curated sets from `source`; write the raw contract and ingest_report.json into `out_dir`."""
     source, out_dir = Path(source), Path(out_dir)
     pairs, layout = read_pairs(source, cfg)

@@ -211,9 +211,10 @@ def serving_threads(rows: int) -> int:
     Below PARALLEL_ROWS, one: a small request is a few small matrix products, and threads only add
     hand-offs. From PARALLEL_ROWS on, CONTEXTUAL_BERT_SERVING_THREADS (default 1): more threads split a
     large forward pass, but they wait for each other, and on a machine with other work they lose badly
-    (on the shared 2-core machine at load 3-4, in process, 1,024 rows: 2 threads 309 rows/s, 1 thread
-    1,960; reports/benchmarks/serving_2threads.json and serving.json). Set it on a machine of its own; scale a server out
-    with workers (`mlflow models serve --workers N`) otherwise.
+    (on the shared 2-core machine at load 3-4, in process, 1,024 rows: 2 threads 309 rows/s,
+    reports/benchmarks/serving_2threads.json, against 1,960 with 1 thread in the same conditions; serving.json
+    has the current one-thread numbers). Set it on a machine of its own; scale a server out with workers
+    (`mlflow models serve --workers N`) otherwise.
     """
     if rows < PARALLEL_ROWS:
         return 1
@@ -244,11 +245,14 @@ def signature(spec, top_k: int):
     from mlflow.types import DataType
     from mlflow.types.schema import AnyType, Array, ColSpec, ParamSchema, ParamSpec, Schema
 
-    # List-valued inputs are arrays of any element type: MLflow enforces Array(string) by building a
-    # pandas Series per cell (0.3-0.6 ms each: 60% of a 1,024-row request, measured). Their elements
-    # are checked where they are read (feature_store.outfit_ids_of: a one-line error naming the row;
-    # unseen context values are reported per row), as MLflow would for strings.
-    any_list = Array(AnyType())
+    # List-valued inputs are declared Any, and checked where they are read: the outfit by
+    # feature_store.outfit_ids_of (not a list, empty, a repeated or odd id: a one-line error naming the row,
+    # HTTP 400); a multi-valued context cell by the encoder's rule (a plain string is a one-value list,
+    # unseen values are reported per row). MLflow checks Array(string) by building a pandas Series per cell
+    # (60% of a 1,024-row request), and even Array(Any) cell by cell, element by element, twice over HTTP
+    # (parsing and predict): Any instead cuts the scoring server's CPU for 1,024 rows by a fifth
+    # (reports/benchmarks/serving.json).
+    any_list = AnyType()
     kind_type = {
         "categorical": DataType.string,
         "multi_categorical": any_list,
