@@ -13,7 +13,7 @@ the answer is in the input, and several items are masked at once. Every epoch th
 overfitting. A run records whether it converged: early stopping fired, or its last CONVERGENCE_EPOCHS epochs
 together improved the best validation cross-entropy by less than CONVERGENCE_NATS.
 
-Models with article attributes ("_attrs") also train with id dropout (train.id_dropout,
+Models with article attributes ("_attrs") also train with id dropout (variants.<model>_attrs.id_dropout,
 model.ArticleAttributes): a share of the articles is seen by its attributes and the [UNK] id only, so the
 attributes learn to rank before the ids memorise. No other model reads the setting: neither its training
 nor its run key nor its logged params depend on it.
