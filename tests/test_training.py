@@ -231,6 +231,25 @@ def test_killed_inside_the_epoch_hook_resumes_exactly(tmp_path):
         assert torch.equal(value, resumed.state_dict()[name]), name
 
 
+def test_more_patience_resumes_a_run_that_stopped_early(tmp_path, monkeypatch):
+    """Patience only decides when a run stops: a run stopped by a smaller patience goes on under a larger one
+    and ends exactly where a run with the larger patience from the start ends."""
+    calls = itertools.count()
+    monkeypatch.setattr(training, "validation_cross_entropy", lambda *a, **k: float(next(calls)))  # always worse
+    train, val = planted(120, 0), planted(30, 1)
+    cfg = SHORT.model_copy(update={"max_epochs": 4})
+    stopped = fit(new_model("none"), train, val, cfg.model_copy(update={"patience": 1}), tmp_path / "run", seed=0)
+    assert stopped["stopped_early"] and stopped["epochs"] == 2
+    logged = []
+    resumed = new_model("none", seed=3)
+    metrics = fit(resumed, train, val, cfg, tmp_path / "run", seed=0, on_epoch_end=lambda e, r: logged.append(e))
+    assert logged == [3, 4] and metrics["epochs"] == 4 and not metrics["stopped_early"]
+    whole = new_model("none")
+    fit(whole, train, val, cfg, tmp_path / "whole", seed=0)
+    for name, value in whole.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[name]), name
+
+
 def test_a_finished_run_is_not_retrained_and_a_changed_one_restarts(tmp_path):
     train, val = planted(200, 0), planted(40, 1)
     first = fit(new_model("new_position"), train, val, SHORT, tmp_path, seed=0)

@@ -326,6 +326,9 @@ def fit(
             if device.type == "cuda" and saved.get("cuda_rng") is not None:
                 torch.cuda.set_rng_state(saved["cuda_rng"], device)
             state = saved["state"]
+            # patience may differ: it only decides when a run stops, so a run the old patience stopped goes
+            # on under a larger one, exactly as if it had had that patience from the start
+            state["stopped"] = state["bad_epochs"] >= train_cfg.patience
         else:
             for stale in ("last.pt", "checkpoint.pt", "history.json", "metrics.json"):
                 (out_dir / stale).unlink(missing_ok=True)
