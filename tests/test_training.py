@@ -317,8 +317,10 @@ def test_early_stopping_keeps_the_best_epoch(tmp_path, monkeypatch):
     assert metrics["stopped_early"] and metrics["converged"] == "early_stopping"
     _, meta = load_checkpoint(tmp_path / "checkpoint.pt")
     assert meta["epoch"] == 2
-    # A longer patience does not revive a run that stopped early.
-    assert fit(new_model("none"), train, val, cfg.model_copy(update={"patience": 5}), tmp_path, seed=0)["epochs"] == 4
+    # A longer patience revives a run that stopped early: it goes on as a run with that patience from the start
+    # would (here to max_epochs, the curve improving again), so the patience in dvc.lock is the one it trained with.
+    again = fit(new_model("none"), train, val, cfg.model_copy(update={"patience": 5}), tmp_path, seed=0)
+    assert (again["epochs"], again["best_epoch"], again["stopped_early"]) == (6, 6, False)
 
 
 def test_convergence_is_early_stopping_or_a_plateau_of_three_epochs():

@@ -282,8 +282,9 @@ def fit(
 
     Writes out_dir/checkpoint.pt (best validation cross-entropy), last.pt (resume state, every epoch),
     history.json (one row per epoch) and metrics.json, which is also returned. A run that has already
-    stopped (early, or at max_epochs) is not trained further; a new max_epochs (the decay's horizon) starts
-    it afresh.
+    stopped (at max_epochs, or early under the current patience) is not trained further; a larger patience
+    continues a run that stopped early, as if it had had that patience from the start; a new max_epochs (the
+    decay's horizon) starts it afresh.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
