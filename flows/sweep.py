@@ -30,12 +30,19 @@ from flows.params_file import apply_overrides
 from flows.tasks import TASK_DEFAULTS
 
 
-def _dvc(args: list[str], workdir: Path) -> str:
-    done = subprocess.run(["dvc", *args], cwd=workdir, capture_output=True, text=True,
-                          env={**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})
+def _dvc(args: list[str], workdir: Path, log: Path | None = None) -> str:
+    """`dvc <args>` in workdir; its output, or with `log` its output written there (and "" returned)."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    if log is None:
+        done = subprocess.run(["dvc", *args], cwd=workdir, capture_output=True, text=True, env=env)
+        output, errors = done.stdout, done.stderr
+    else:
+        with open(log, "w") as out:
+            done = subprocess.run(["dvc", *args], cwd=workdir, stdout=out, stderr=subprocess.STDOUT, env=env)
+        output, errors = "", Path(log).read_text()
     if done.returncode != 0:
-        raise RuntimeError(f"dvc {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
-    return done.stdout
+        raise RuntimeError(f"dvc {' '.join(args)} failed ({done.returncode}): {errors.strip()[-2000:]}")
+    return output
 
 
 def _queued_or_running(workdir: Path) -> int:
@@ -56,10 +63,17 @@ def queue_experiments(workdir: Path, threads: int = 0) -> list[str]:
 
 
 def run_queue(workdir: Path, jobs: int, poll_s: float = 5.0) -> None:
-    """`dvc queue start -j jobs`, then wait until nothing is queued or running."""
-    _dvc(["queue", "start", "-j", str(jobs)], workdir)
+    """`dvc queue start -j jobs`, wait until nothing is queued or running, then `dvc queue stop`.
+
+    `dvc queue start` leaves detached workers that keep its stdout and stderr open: reading them (as `_dvc`
+    does) waits until the last worker exits, which a worker left idle never does (the sweep hung so, once).
+    Its output goes to a log file instead, and the workers are stopped when the queue is done."""
+    log = Path(workdir) / ".dvc" / "tmp" / "sweep-queue-start.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    _dvc(["queue", "start", "-j", str(jobs)], workdir, log=log)
     while _queued_or_running(workdir):
         time.sleep(poll_s)
+    _dvc(["queue", "stop"], workdir)
 
 
 def choose_and_apply(workdir: Path, apply: bool) -> dict:

@@ -148,3 +148,38 @@ def test_an_earlier_sweeps_experiment_of_the_same_name_is_not_read():
     rows = rows_from_exp_show(shown, cfg)
     assert [(r["experiment"], r["best_val_cross_entropy"]) for r in rows] == [("sweep-none-0", 5.2), ("sweep-none-1", 5.1)]
     assert choose(rows) == {"none": {"learning_rate": 0.002}}
+
+
+FAKE_DVC = """#!/bin/bash
+# `dvc queue start` as DVC does it: a detached worker that keeps the command's stdout and stderr open
+case "$1 $2" in
+  "queue start") (sleep 120 & echo $! > "$PWD/worker.pid") ; exit 0 ;;
+  "queue status") echo "Worker status: 0 active, 0 idle" ;;
+  "queue stop") kill "$(cat "$PWD/worker.pid")" ; echo stopped > "$PWD/stopped" ;;
+esac
+"""
+
+
+def test_run_queue_does_not_wait_for_the_detached_workers(tmp_path, monkeypatch):
+    """Reading `dvc queue start`'s output waited until its detached worker exited; an idle worker never did,
+    and the sweep hung. Its output goes to a log file, and the workers are stopped once the queue is empty."""
+    import subprocess
+    import sys
+    import threading
+
+    from flows.sweep import run_queue
+
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "dvc").write_text(FAKE_DVC)
+    (fake_bin / "dvc").chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(fake_bin / "python"))  # _dvc puts this folder first on PATH
+    workdir = tmp_path / "repo"
+    workdir.mkdir()
+    done = threading.Thread(target=run_queue, args=(workdir, 2), kwargs={"poll_s": 0.1}, daemon=True)
+    done.start()
+    done.join(timeout=60)  # the worker lives 120 s: waiting for it would outlast this
+    if done.is_alive():
+        subprocess.run(["kill", (workdir / "worker.pid").read_text().strip()])
+    assert not done.is_alive(), "run_queue waited for the detached queue worker"
+    assert (workdir / "stopped").exists(), "the queue's workers were not stopped"
