@@ -85,6 +85,7 @@ def main() -> None:
               "seed": args.seed, "max_epochs": args.max_epochs, "load": os.getloadavg(), "runs": {}, "baselines": {}}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp) if args.keep is None else args.keep
+        tmp.mkdir(parents=True, exist_ok=True)
         report["baselines"]["popularity"] = summary(evaluate_popularity(features_dir, tmp / "p.json", cfg.evaluate,
                                                                         cfg.model.max_set_size))
         attribute = evaluate_attribute_popularity(features_dir, tmp / "pa.json", cfg.evaluate, cfg.model.max_set_size)

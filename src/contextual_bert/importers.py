@@ -5,9 +5,9 @@ in one week, Monday to Sunday (`week`), or in one session, purchase days at most
 (`session`). A basket becomes an outfit when it has `ingest.min_set_size`..`model.max_set_size` articles;
 every other basket is dropped and counted as too_small or too_large (baskets = kept + dropped). A basket
 whose customer has no row in customers.csv, or whose articles have no row in articles.csv, is kept: those
-attributes are missing, and ingest_report.json counts such outfits. A transaction without a readable customer, date or
-article id is dropped and counted (transactions = used + malformed). The report also gives how many
-outfits each basket definition yields, so the choice can be made with the numbers at hand.
+attributes are missing, and ingest_report.json counts such outfits. A transaction without a readable
+customer, date or article id is dropped and counted (transactions = used + malformed). The report also gives
+how many outfits each basket definition yields, so the choice can be made with the numbers at hand.
 
 Column mapping (H&M has no brand and no style; the nearest columns stand in, and the report says so):
   product_type <- product_type_name    brand <- section_name (H&M's own lines, e.g. "Divided", "H&M+")
@@ -24,7 +24,7 @@ failing, and sorts out of core, so no step holds the whole file as Python object
 engine covers fewer of these operations out of core; plain pyarrow has no out-of-core group-by. The one
 step DuckDB does not do well is building a list per basket (a list() aggregate cannot spill): the outfits'
 article lists are cut in pyarrow from DuckDB's sorted output, as offsets into one column of article ids.
-At full size: 57 s and 3.1 GiB peak (reports/benchmarks/hm_full_size.json).
+The full-size timings: reports/benchmarks/hm_full_size.json.
 """
 
 from __future__ import annotations
@@ -36,7 +36,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from contextual_bert.config import ImportHMConfig, IngestConfig, ModelConfig
@@ -323,14 +326,11 @@ def _outfit_lists(items, customers, basket: str):
     first_day, article_id, has_row), sorted by basket then article, and `customers` (cid, customer_id,
     has_row) sorted by cid = 1..n; with the outfits lacking a customer row, lacking an article row, and the
     distinct articles without a row."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     items = items.combine_chunks()
     cid = items["cid"].to_numpy().astype(np.int64)
     day = items["first_day"].cast(pa.int32()).to_numpy()
-    starts = np.flatnonzero(np.r_[True, (cid[1:] != cid[:-1]) | (day[1:] != day[:-1])]) if len(cid) else np.zeros(0, int)
+    new_basket = np.r_[True, (cid[1:] != cid[:-1]) | (day[1:] != day[:-1])] if len(cid) else np.zeros(0, bool)
+    starts = np.flatnonzero(new_basket)
     offsets = pa.array(np.r_[starts, len(cid)].astype(np.int32))
     article_ids = pa.ListArray.from_arrays(offsets, items["article_id"].combine_chunks())
     lacks_article = ~np.asarray(items["has_row"].to_numpy(zero_copy_only=False), dtype=bool)

@@ -261,17 +261,17 @@ class ArticleAttributes(nn.Module):
     tie-breakers are that the sum has fewer parameters and keeps an unseen article's vector a plain sum of
     trained attribute rows and the [UNK] row, where the projection mixes the id part into every article.
 
-    Id dropout (`ids`, rate variants.<model>_attrs.id_dropout, training mode only). Without it the id
-    embeddings memorise the training outfits before the attribute embeddings learn anything (at ~12
-    sightings per article the ids alone fit the training set), and the [UNK] id row is never a target, so the model learns that
-    articles without an id are never the answer. With it, each real article at an input position and each
-    catalogue row of the output layer (with its bias) reads [UNK] instead of its id with probability
-    id_dropout: those articles must be recognised and ranked by their attributes, exactly as an unseen one
-    is at test time. Drawn per position at the input and per catalogue row at the output (independently),
-    from the global generator as dropout is, so a resumed run repeats its draws. The rate, 0.5, is chosen
-    on validation (reports/experiments/article_features/): on H&M's sample, where half the test targets
-    are unseen, the models without it stop after one epoch with recall@5 0; on planted data, where nearly
-    every target is known, it gains 0.02 nats of validation cross-entropy (0.25 and 0.75 less).
+    Id dropout (`ids`, rate variants.<model>_attrs.id_dropout, training mode only). Without it the id embeddings
+    memorise the training outfits before the attribute embeddings learn anything (at ~12 sightings per article the
+    ids alone fit the training set), and the [UNK] id row is never a target, so the model learns that articles
+    without an id are never the answer. With it, each real article at an input position and each catalogue row of
+    the output layer (with its bias) reads [UNK] instead of its id with probability id_dropout: those articles
+    must be recognised and ranked by their attributes, exactly as an unseen one is at test time. Drawn per
+    position at the input and per catalogue row at the output (independently), from the global generator as
+    dropout is, so a resumed run repeats its draws. The rate, 0.5, is chosen on validation
+    (reports/experiments/article_features/): on H&M's sample, where half the test targets are unseen, the models
+    without it stop after one epoch with recall@5 0; on planted data, where nearly every target is known, it gains
+    0.02 nats of validation cross-entropy (0.25 and 0.75 less).
 
     The catalogue's encoded attributes are buffers outside the state_dict (`set_catalogue`): the weights do
     not depend on how many articles there are, so a served model takes a larger catalogue without
