@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from contextual_bert.bootstrap import paired_difference
 from contextual_bert.config import EvaluateConfig, ModelConfig
 from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, UNKNOWN_INDEX, ContextSpec, EncodedOutfits, FeatureSpec
 from contextual_bert.evaluation import (
@@ -111,7 +112,7 @@ def test_evaluation_json_of_a_run_and_of_the_baseline(tmp_path, monkeypatch):
 
     spec = ContextSpec((FeatureSpec("gender", "categorical", "customer", N_SPECIAL + 2, 4),))
     splits = {
-        "test": EncodedOutfits(OUTFITS, {"gender": torch.tensor([3, 4, 3])}),
+        "test": EncodedOutfits(OUTFITS, {"gender": torch.tensor([3, 4, 3])}, ["o-a", "o-b", "o-c"]),
         "val": EncodedOutfits(OUTFITS[:2], {"gender": torch.tensor([4, 4])}),
     }
 
@@ -143,6 +144,21 @@ def test_evaluation_json_of_a_run_and_of_the_baseline(tmp_path, monkeypatch):
     baseline = evaluate_popularity(tmp_path, tmp_path / "eval" / "popularity.json", cfg)
     assert (baseline["variant"], baseline["seed"], baseline["parameters"]) == ("popularity", None, 0)
     assert baseline["test"]["recall@1"] == pytest.approx(2 / 7)  # ranks from the popularity test above
+    assert json.loads((tmp_path / "eval" / "popularity.json").read_text()) == baseline
+
+    # Per test outfit: its id, its cases ([UNK] skipped) and sums whose totals give the test metrics; the run
+    # and the baseline rank the same cases, so they pair (bootstrap.paired_difference).
+    for evaluated in (result, baseline):
+        record = evaluated["test_outfits"]
+        assert record["outfit_id"] == ["o-a", "o-b", "o-c"] and record["cases"] == [3, 2, 2]
+        for metric in ("cross_entropy", "recall@1", "recall@5"):
+            total = sum(record["sums"][metric]) / sum(record["cases"])
+            assert total == pytest.approx(evaluated["test"][metric], abs=1e-9), metric
+    paired = paired_difference(result["test_outfits"], baseline["test_outfits"], "cross_entropy")
+    assert paired["difference"] == pytest.approx(result["test"]["cross_entropy"] - baseline["test"]["cross_entropy"])
+    assert paired["interval"][0] <= paired["difference"] <= paired["interval"][1]
+    text = (tmp_path / "eval" / "global_state-s0.json").read_text()
+    assert '"cases": [3, 2, 2]' in text  # a line per list, not a line per outfit
 
     monkeypatch.setattr(features, "load_article_vocab", lambda d: [0] * 12)
     with pytest.raises(Exception, match="features changed"):

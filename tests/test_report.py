@@ -43,7 +43,16 @@ def _curve(r1, r5):
     return {"k": KS, "test": [min(1.0, r1 + (r5 - r1) * math.log(k) / math.log(5)) for k in KS]}
 
 
-def write_fake_runs(root, seeds=(0, 1, 2), variants=tuple(FAKE)):
+def fake_outfits(test, n_outfits=100):
+    """A per-outfit record (bootstrap.outfit_record) matching `test`: 6 cases an outfit, the outfits' sums
+    spread the same way for every model (w from 0.5 to 1.5, mean 1), so a better model is better on each."""
+    cases = test["n_cases"] // n_outfits
+    weights = [1 + ((j % 5) - 2) / 4 for j in range(n_outfits)]
+    return {"outfit_id": [f"o{j}" for j in range(n_outfits)], "cases": [cases] * n_outfits,
+            "sums": {m: [test[m] * cases * w for w in weights] for m in ("cross_entropy", "recall@1", "recall@5")}}
+
+
+def write_fake_runs(root, seeds=(0, 1, 2), variants=tuple(FAKE), with_outfits=False):
     cfg = Config.model_validate({
         "paths": {"reports_dir": str(root / "reports"), "models_dir": str(root / "models"),
                   "features_dir": str(root / "features"), "raw_dir": str(root / "raw")},
@@ -57,6 +66,8 @@ def write_fake_runs(root, seeds=(0, 1, 2), variants=tuple(FAKE)):
             result = {"name": f"{variant}-s{seed}", "variant": variant, "seed": seed,
                       "parameters": PARAMETERS[variant], "test": test, "val": test,
                       "recall_curve": _curve(numbers["recall@1"], numbers["recall@5"])}
+            if with_outfits:
+                result["test_outfits"] = fake_outfits(test)
             (root / "reports" / "eval" / f"{variant}-s{seed}.json").write_text(json.dumps(result))
             run = root / "models" / f"{variant}-s{seed}"
             run.mkdir(parents=True)
@@ -87,6 +98,26 @@ def test_mean_se_and_compare():
     assert better["beats_by_more_than_se"] is True
     assert compare({"mean": 0.21, "se": 0.01}, {"mean": 0.2, "se": 0.01}, True)["beats_by_more_than_se"] is False
     assert compare({"mean": 0.3, "se": None}, {"mean": 0.2, "se": 0.01}, True)["beats_by_more_than_se"] is None
+
+
+def test_compare_reads_one_seed_from_the_paired_bootstrap_and_more_seeds_from_the_se():
+    test = {"n_cases": 600, "cross_entropy": 5.0, "recall@1": 0.1, "recall@5": 0.2}
+    base, better = fake_outfits(test), fake_outfits(test | {"cross_entropy": 4.9})
+    one = compare({"mean": 4.9, "se": None}, {"mean": 5.0, "se": None}, False, "cross_entropy", (better, base))
+    assert one["yardstick"] == "paired bootstrap" and one["se"] is None and one["beats_by_more_than_se"] is True
+    low, high = one["ci"]  # the improvement's interval: lower cross-entropy is better, so positive
+    assert one["improvement"] == pytest.approx(0.1) and 0 < low <= one["improvement"] <= high
+    same = compare({"mean": 5.0, "se": None}, {"mean": 5.0, "se": None}, False, "cross_entropy", (base, base))
+    assert same["ci"] == [0.0, 0.0] and same["beats_by_more_than_se"] is False
+    # two seeds a side: the SE rule, whatever the records say
+    seeds = compare({"mean": 4.9, "se": 0.06}, {"mean": 5.0, "se": 0.08}, False, "cross_entropy", (better, base))
+    assert seeds["yardstick"] == "se" and seeds["beats_by_more_than_se"] is False and "ci" not in seeds
+    # one seed and nothing to pair: undetermined, and why
+    alone = compare({"mean": 4.9, "se": None}, {"mean": 5.0, "se": None}, False, "cross_entropy", (better, None))
+    assert alone["beats_by_more_than_se"] is None and alone["why"] == "n=1, no per-outfit cases"
+    fewer = better | {"cases": [5] + better["cases"][1:]}
+    mismatch = compare({"mean": 4.9, "se": None}, {"mean": 5.0, "se": None}, False, "cross_entropy", (fewer, base))
+    assert mismatch["beats_by_more_than_se"] is None and "different cases of 1 test outfit(s)" in mismatch["why"]
 
 
 def test_report_numbers_verdicts_and_files(tmp_path):
@@ -144,8 +175,33 @@ def test_single_seed_says_no_se(tmp_path):
     result = build_report(cfg)
     table = (tmp_path / "reports" / "table1.md").read_text()
     assert "n=1, no SE" in table and "| [GS] | 4.84 | 4.85 |" in table
+    assert "[GS]: cross-entropy better by +0.46: undetermined (n=1, no per-outfit cases)" in table
     assert result["all_beat_none_by_more_than_se"] is None
     assert "se" not in json.loads((tmp_path / "reports" / "metrics.json").read_text())["none"]["test"]["recall@1"]
+
+
+def test_single_seed_verdicts_from_the_paired_bootstrap(tmp_path):
+    cfg = write_fake_runs(tmp_path, seeds=(0,), variants=("none", "concat", "global_state"), with_outfits=True)
+    result = build_report(cfg)
+    table = (tmp_path / "reports" / "table1.md").read_text()
+    assert result["all_beat_none_by_more_than_se"] is True
+    assert "[None] on cross-entropy and recall@5 with the paired bootstrap's 95% interval of the difference " \
+           "above 0: **yes**" in table
+    assert "[C]: cross-entropy better by +0.40 (paired bootstrap 95% CI +0.3" in table
+    assert "recall@5 better by +1.00 pts (paired bootstrap 95% CI +0." in table
+    vs_none = json.loads((tmp_path / "reports" / "metrics.json").read_text())["concat"]["vs_none"]["recall@5"]
+    assert vs_none["paired_bootstrap"] == 1 and vs_none["beats_by_more_than_se"] == 1 and "se" not in vs_none
+    assert vs_none["improvement"] == pytest.approx(0.01) and 0 < vs_none["ci_low"] <= 0.01 <= vs_none["ci_high"]
+
+    # [None]'s record has a case fewer in one outfit (say, a target it skips): no pairing, and the table says so
+    path = tmp_path / "reports" / "eval" / "none-s0.json"
+    none = json.loads(path.read_text())
+    none["test_outfits"]["cases"][3] -= 1
+    path.write_text(json.dumps(none))
+    result = build_report(cfg)
+    table = (tmp_path / "reports" / "table1.md").read_text()
+    assert result["all_beat_none_by_more_than_se"] is None
+    assert "undetermined (n=1, the two were measured on different cases of 1 test outfit(s))" in table
 
 
 def test_missing_eval_or_history_is_a_clear_error(tmp_path):

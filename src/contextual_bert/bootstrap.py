@@ -5,6 +5,10 @@ sampling varies as much or more. Cases (outfit, masked position) of one outfit a
 the resampling unit is the outfit: draw as many outfits as the split has, with replacement, and recompute
 each metric as the mean over the drawn outfits' cases. The interval is the percentile interval of
 `n_resamples` draws, from a fixed seed (the same case data gives the same interval).
+
+The paired bootstrap compares two models on the same test cases: each model's per-outfit sums
+(`outfit_record`, stored in the evaluation JSON) are paired on the outfit ids, and the difference of the two
+models' means is resampled by outfit, so what both models find hard in an outfit cancels out.
 """
 
 from __future__ import annotations
@@ -14,6 +18,37 @@ import numpy as np
 N_RESAMPLES = 1000
 LEVEL = 0.95
 CI_METRICS = ("cross_entropy", "recall@1", "recall@5", "recall@10")
+OUTFITS_KEY = "test_outfits"  # the evaluation JSON's per-outfit record (outfit_record)
+SUM_DIGITS = 9  # per-outfit sums in the JSON: far below 1e-6 nats, yet a short number
+
+
+def _per_outfit(outfit: np.ndarray, values: dict[str, np.ndarray], n_outfits: int) -> tuple[np.ndarray, dict]:
+    """Number of cases and metric -> sum of the case values, per outfit 0..n_outfits-1."""
+    outfit = np.asarray(outfit, dtype=np.int64)
+    cases = np.bincount(outfit, minlength=n_outfits).astype(np.float64)
+    sums = {m: np.bincount(outfit, weights=np.asarray(v, dtype=np.float64), minlength=n_outfits)
+            for m, v in values.items()}  # fmt: skip
+    return cases, sums
+
+
+def _resampled_means(cases: np.ndarray, sums: dict[str, np.ndarray], n_resamples: int,
+                     seed: int) -> dict[str, np.ndarray]:
+    """metric -> the case mean of each of n_resamples draws of len(cases) outfits with replacement."""
+    n_outfits = len(cases)
+    rng = np.random.default_rng(seed)
+    draws = {m: [] for m in sums}
+    for start in range(0, n_resamples, 100):  # 100 resamples at a time bounds the memory
+        counts = rng.multinomial(n_outfits, np.full(n_outfits, 1.0 / n_outfits), size=min(100, n_resamples - start))
+        drawn = counts @ cases
+        for m, s in sums.items():
+            draws[m].append(np.divide(counts @ s, drawn, out=np.full(len(drawn), np.nan), where=drawn > 0))
+    return {m: np.concatenate(chunks) for m, chunks in draws.items()}
+
+
+def _percentile_interval(draws: np.ndarray, level: float) -> list[float]:
+    tail = (1 - level) / 2 * 100
+    low, high = np.nanpercentile(draws, [tail, 100 - tail])
+    return [float(low), float(high)]
 
 
 def bootstrap_ci(outfit: np.ndarray, values: dict[str, np.ndarray], n_outfits: int,
@@ -21,25 +56,12 @@ def bootstrap_ci(outfit: np.ndarray, values: dict[str, np.ndarray], n_outfits: i
     """Percentile intervals of case means, resampling outfits. `outfit`: the outfit (0..n_outfits-1) of
     each case; `values`: metric -> per-case value (e.g. -log p, rank <= k). Returns metric -> [low, high]
     (None when there are no cases) and the settings used."""
-    outfit = np.asarray(outfit, dtype=np.int64)
-    per_outfit_cases = np.bincount(outfit, minlength=n_outfits).astype(np.float64)
-    sums = {m: np.bincount(outfit, weights=np.asarray(v, dtype=np.float64), minlength=n_outfits)
-            for m, v in values.items()}  # fmt: skip
     out = {"n_resamples": n_resamples, "level": level, "unit": "test outfits", "seed": seed}
     if len(outfit) == 0 or n_outfits == 0:
         return out | {m: None for m in values}
-    rng = np.random.default_rng(seed)
-    draws = {m: [] for m in values}
-    for start in range(0, n_resamples, 100):  # 100 resamples at a time bounds the memory
-        counts = rng.multinomial(n_outfits, np.full(n_outfits, 1.0 / n_outfits), size=min(100, n_resamples - start))
-        cases = counts @ per_outfit_cases
-        for m in values:
-            draws[m].append(np.divide(counts @ sums[m], cases, out=np.full(len(cases), np.nan), where=cases > 0))
-    tail = (1 - level) / 2 * 100
-    for m, chunks in draws.items():
-        low, high = np.nanpercentile(np.concatenate(chunks), [tail, 100 - tail])
-        out[m] = [float(low), float(high)]
-    return out
+    cases, sums = _per_outfit(outfit, values, n_outfits)
+    draws = _resampled_means(cases, sums, n_resamples, seed)
+    return out | {m: _percentile_interval(d, level) for m, d in draws.items()}
 
 
 def case_values(ranks: np.ndarray, log_probs: np.ndarray) -> dict[str, np.ndarray]:
@@ -59,3 +81,66 @@ def pooled_interval(intervals: list[list[float] | None]) -> list[float] | None:
     if not intervals:
         return None
     return [float(np.mean([i[0] for i in intervals])), float(np.mean([i[1] for i in intervals]))]
+
+
+# --- pairing two models on the same test outfits ----------------------------------------------------------
+
+
+def outfit_record(outfit: np.ndarray, values: dict[str, np.ndarray], outfit_ids: list) -> dict:
+    """Per test outfit (`outfit_ids[i]` for row i, every row, with or without cases): its id, its number of
+    cases and metric -> the sum of its cases' values; sum / cases over all outfits is the split's metric."""
+    cases, sums = _per_outfit(outfit, values, len(outfit_ids))
+    return {"outfit_id": list(outfit_ids), "cases": cases.astype(np.int64).tolist(),
+            "sums": {m: np.round(s, SUM_DIGITS).tolist() for m, s in sums.items()}}
+
+
+def mean_record(records: list[dict | None]) -> dict | None:
+    """The record of a mean over seeds (their sums averaged); None unless every seed has a record of the
+    same outfits and cases (the same test split)."""
+    if not records or any(r is None for r in records):
+        return None
+    first = records[0]
+    if any(r["outfit_id"] != first["outfit_id"] or r["cases"] != first["cases"] for r in records[1:]):
+        return None
+    metrics = [m for m in first["sums"] if all(m in r["sums"] for r in records)]
+    return {"outfit_id": first["outfit_id"], "cases": first["cases"],
+            "sums": {m: np.mean([r["sums"][m] for r in records], axis=0).tolist() for m in metrics}}
+
+
+def _paired_sums(a: dict, b: dict, metric: str) -> tuple[np.ndarray, np.ndarray] | str:
+    """(cases, a's sums - b's sums) of the outfits with cases, paired on outfit id; or why they do not pair.
+    An outfit one record lacks has no cases there: cases must match outfit by outfit, or the two models
+    were measured on different cases (e.g. one skips the targets unseen in training, one ranks them)."""
+    if metric not in a["sums"] or metric not in b["sums"]:
+        return f"no per-outfit {metric} on both sides"
+    ids = list(dict.fromkeys([*a["outfit_id"], *b["outfit_id"]]))
+
+    def aligned(record: dict) -> tuple[np.ndarray, np.ndarray]:
+        position = {o: i for i, o in enumerate(record["outfit_id"])}
+        take = np.array([position.get(o, -1) for o in ids], dtype=np.int64)
+        cases, sums = (np.append(np.asarray(v, dtype=np.float64), 0.0)[take]  # absent (-1): the appended 0
+                       for v in (record["cases"], record["sums"][metric]))
+        return cases, sums
+
+    (cases_a, sums_a), (cases_b, sums_b) = aligned(a), aligned(b)
+    differ = int((cases_a != cases_b).sum())
+    if differ:
+        return f"the two were measured on different cases of {differ} test outfit(s)"
+    keep = cases_a > 0
+    if not keep.any():
+        return "no test cases"
+    return cases_a[keep], sums_a[keep] - sums_b[keep]
+
+
+def paired_difference(a: dict, b: dict, metric: str, n_resamples: int = N_RESAMPLES, level: float = LEVEL,
+                      seed: int = 0) -> dict:
+    """Mean of `metric` under record `a` minus under record `b` (outfit_record) on the same test cases, and
+    its percentile interval resampling the paired outfits. "interval" is None, and "why" says why, when the
+    records do not cover the same cases."""
+    paired = _paired_sums(a, b, metric)
+    if isinstance(paired, str):
+        return {"difference": None, "interval": None, "why": paired}
+    cases, difference = paired
+    draws = _resampled_means(cases, {metric: difference}, n_resamples, seed)[metric]
+    return {"difference": float(difference.sum() / cases.sum()), "interval": _percentile_interval(draws, level),
+            "n_outfits": len(cases), "n_resamples": n_resamples, "level": level, "seed": seed}

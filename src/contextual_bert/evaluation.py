@@ -13,6 +13,10 @@ result holds the metrics of all targets ("test"), of the targets with an id embe
 those without ("test_unseen"), each with its bootstrap interval. Models of ids only rank the train
 vocabulary as before and skip the unseen targets.
 
+The result also holds, per test outfit, its id, its number of cases and the sums of their CI metrics
+("test_outfits", bootstrap.outfit_record), all targets only: what the report pairs two models on (the paired
+bootstrap) when a seed's SE is missing. Its lists, a number per test outfit, are written one line each.
+
 The popularity baseline goes through the same code: its scores are log(1 + training count). The
 attribute-aware popularity (AttributePopularityModel) is the yardstick of the attribute models.
 """
@@ -27,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from contextual_bert.bootstrap import bootstrap_ci, case_values
+from contextual_bert.bootstrap import OUTFITS_KEY, bootstrap_ci, case_values, outfit_record
 from contextual_bert.config import EvaluateConfig, ModelConfig, uses_attributes
 from contextual_bert.devices import evaluation_device, keep_freed_memory
 from contextual_bert.errors import ContextualBertError
@@ -238,6 +242,7 @@ def _evaluate(model, name, variant, seed, parameters, features_dir, max_set_size
     test, test_cases = evaluate_split(model, test_data, cfg, device)
     val, _ = evaluate_split(model, load_split(features_dir, "val", max_set_size, catalogue=catalogue), cfg, device)
     test_ranks = test_cases["rank"]
+    test_values = case_values(test_ranks, test_cases["log_prob"])
     curve = recall_curve(test_ranks)
     result = {
         "name": name,
@@ -247,8 +252,9 @@ def _evaluate(model, name, variant, seed, parameters, features_dir, max_set_size
         "test": test,
         "val": val,
         # how much the test metrics move with the test outfits themselves (bootstrap.py)
-        "test_bootstrap": bootstrap_ci(test_cases["outfit"], case_values(test_ranks, test_cases["log_prob"]),
-                                       n_outfits=test["n_outfits"]),
+        "test_bootstrap": bootstrap_ci(test_cases["outfit"], test_values, n_outfits=test["n_outfits"]),
+        # to pair this model with another on the same test cases (the report's paired bootstrap)
+        OUTFITS_KEY: outfit_record(test_cases["outfit"], test_values, _outfit_ids(test_data)),
         "recall_curve": {"k": curve["k"], "test": curve["values"]},
         "ranked": "catalogue" if catalogue else "vocabulary",
     }
@@ -259,8 +265,34 @@ def _evaluate(model, name, variant, seed, parameters, features_dir, max_set_size
                 test_cases, keep, len(test_data), cfg)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(result, indent=2))
+    out_path.write_text(result_json(result))
     return result
+
+
+def _outfit_ids(data: EncodedOutfits) -> list:
+    # splits built without ids (tests) pair on the row, the same for every model on that split
+    return list(range(len(data))) if data.outfit_ids is None else list(data.outfit_ids)
+
+
+def result_json(result: dict) -> str:
+    """An evaluation result as indented JSON, but the per-outfit record's lists on one line each: indented,
+    they would be a line per test outfit and the bulk of the file."""
+    record = result.get(OUTFITS_KEY)
+    if record is None:
+        return json.dumps(result, indent=2)
+    lists = {}
+
+    def placeholder(values: list) -> str:
+        key = f"\x00list{len(lists)}"  # a string no result holds: it is swapped for the list below
+        lists[json.dumps(key)] = json.dumps(values)
+        return key
+
+    short = {"outfit_id": placeholder(record["outfit_id"]), "cases": placeholder(record["cases"]),
+             "sums": {m: placeholder(v) for m, v in record["sums"].items()}}
+    text = json.dumps(result | {OUTFITS_KEY: short}, indent=2)
+    for key, values in lists.items():
+        text = text.replace(key, values, 1)
+    return text
 
 
 def evaluate_run(features_dir: Path, run_dir: Path, out_path: Path, cfg: EvaluateConfig) -> dict:
@@ -333,5 +365,5 @@ def evaluate_attribute_popularity(features_dir: Path, out_path: Path, cfg: Evalu
     result = _evaluate(model, "popularity_attribute", "popularity_attribute", None, 0, features_dir, max_set_size,
                        out_path, cfg, catalogue.n_ids)
     result |= {"attribute": attribute, "in_outfit_share": share}
-    out_path.write_text(json.dumps(result, indent=2))
+    out_path.write_text(result_json(result))
     return result

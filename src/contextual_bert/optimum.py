@@ -228,7 +228,7 @@ def evaluate_optimum(raw_dir: Path, features_dir: Path, out_paths: dict[str, Pat
 
     `out_paths`: eval name (RESULTS' keys) -> file. Without a truth file (data not made by
     `generate-planted`) each file says {"known": false, "why": ...}, so the stage's outputs always exist."""
-    from contextual_bert.evaluation import _evaluate
+    from contextual_bert.evaluation import _evaluate, result_json
 
     results = {}
     for name, with_context in RESULTS.items():
@@ -247,6 +247,6 @@ def evaluate_optimum(raw_dir: Path, features_dir: Path, out_paths: dict[str, Pat
                     raise ContextualBertError(f"{name}: {split} cross-entropy is {ce}: a case the truth gives "
                                               "probability 0, so the data and its truth file disagree")
             result = {**result, "known": True}
-            out_path.write_text(json.dumps(result, indent=2))
+            out_path.write_text(result_json(result))
         results[name] = result
     return results

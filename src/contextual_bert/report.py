@@ -5,8 +5,10 @@ reports/eval/popularity.json, the optimum's results where the data's optimum is 
 (reports/eval/optimum_context.json, optimum_no_context.json) and models/<variant>-s<seed>/history.json and
 metrics.json. Each number is a mean over seeds with its standard error, SE = sample std / sqrt(n). "Beats
 [None] by more than the standard error" means the difference of the means exceeds the standard error of that
-difference, sqrt(SE_a^2 + SE_b^2). Every model is read against yardsticks: popularity, the learned
-bag-of-items baselines, and, where known, the best possible.
+difference, sqrt(SE_a^2 + SE_b^2). Where a side has one seed (no SE), "beats" is read from a paired bootstrap
+over the test outfits instead (bootstrap.paired_difference): yes when its 95% interval of the difference lies
+on the better side of 0. Every model is read against yardsticks: popularity, the learned bag-of-items
+baselines, and, where known, the best possible.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from contextual_bert.bootstrap import CI_METRICS, pooled_interval
+from contextual_bert.bootstrap import (CI_METRICS, LEVEL, OUTFITS_KEY, mean_record, paired_difference,
+                                      pooled_interval)
 from contextual_bert.config import BASELINE_MODELS, VARIANTS, Config, base_model, uses_attributes
 from contextual_bert.errors import ContextualBertError, DataError
 from contextual_bert.feature_store import MANIFEST_FILE
@@ -128,16 +131,37 @@ def mean_se(values) -> dict:
     return {"mean": float(values.mean()), "se": se, "n": int(len(values))}
 
 
-def compare(variant: dict, baseline: dict, higher_is_better: bool) -> dict:
-    """How much `variant` improves on `baseline` (positive = better), the SE of that difference, and
-    whether the improvement exceeds it (None when either side has a single seed)."""
+def compare(variant: dict, baseline: dict, higher_is_better: bool, metric: str | None = None,
+            outfits: tuple[dict | None, dict | None] = (None, None)) -> dict:
+    """How much `variant` improves on `baseline` (positive = better) and whether it beats it
+    ("beats_by_more_than_se"), by one of two yardsticks:
+
+    - "se": both sides have >= 2 seeds; beats when the improvement exceeds the SE of the difference.
+    - "paired bootstrap": a side has one seed and `outfits` (the two sides' per-outfit records) pair on the
+      same test cases; "ci" is the interval of the improvement and it beats when all of it is above 0.
+
+    Otherwise the verdict is None and "why" says why."""
     improvement = variant["mean"] - baseline["mean"]
     if not higher_is_better:
         improvement = -improvement
-    if variant["se"] is None or baseline["se"] is None:
-        return {"improvement": improvement, "se": None, "beats_by_more_than_se": None}
-    se = math.sqrt(variant["se"] ** 2 + baseline["se"] ** 2)
-    return {"improvement": improvement, "se": se, "beats_by_more_than_se": bool(improvement > se)}
+    out = {"improvement": improvement, "se": None, "yardstick": None, "beats_by_more_than_se": None}
+    if variant["se"] is not None and baseline["se"] is not None:
+        se = math.sqrt(variant["se"] ** 2 + baseline["se"] ** 2)
+        return out | {"se": se, "yardstick": "se", "beats_by_more_than_se": bool(improvement > se)}
+    if metric is None or None in outfits:
+        return out | {"why": "n=1, no per-outfit cases"}
+    paired = paired_difference(*outfits, metric)
+    if paired["interval"] is None:
+        return out | {"why": f"n=1, {paired['why']}"}
+    sign = 1.0 if higher_is_better else -1.0
+    low, high = sorted(sign * bound + 0.0 for bound in paired["interval"])  # + 0.0: no "-0.00" in the text
+    return out | {"yardstick": "paired bootstrap", "ci": [low, high], "beats_by_more_than_se": bool(low > 0)}
+
+
+def compare_models(a: dict, b: dict, metric: str, higher_is_better: bool) -> dict:
+    """compare() of two summaries (summarize_runs, or a reference's) on one metric, with their records."""
+    return compare(a["test"][metric], b["test"][metric], higher_is_better, metric,
+                   (a.get(OUTFITS_KEY), b.get(OUTFITS_KEY)))
 
 
 def summarize_runs(evals: list[dict]) -> dict:
@@ -148,6 +172,7 @@ def summarize_runs(evals: list[dict]) -> dict:
         "parameters": int(evals[0].get("parameters") or 0),
         "n_seeds": len(evals),
         "seeds": [e.get("seed") for e in evals],
+        OUTFITS_KEY: mean_record([e.get(OUTFITS_KEY) for e in evals]),
         "test_bootstrap": {m: pooled_interval([(e.get("test_bootstrap") or {}).get(m) for e in evals])
                            for m in CI_METRICS},
         # models that rank the catalogue: targets with an id embedding (known) and without (unseen) apart
@@ -174,7 +199,7 @@ def attribute_lines(summary: dict, references: dict) -> list[str]:
              "and skip unseen targets (their rows above). Known: the target has an id embedding (seen in "
              "training); unseen: it has none. Cross-entropy (nats) / recall@5 % [95% bootstrap CI]:", ""]
     rows = {name: {"test": {k: {"mean": v, "se": None} for k, v in ref["test"].items() if isinstance(v, (int, float))},
-                   "test_bootstrap": ref.get("test_bootstrap") or {},
+                   "test_bootstrap": ref.get("test_bootstrap") or {}, OUTFITS_KEY: ref.get(OUTFITS_KEY),
                    **{part: {"test": {k: {"mean": v, "se": None} for k, v in ref[part].items()
                                       if isinstance(v, (int, float))},
                              "bootstrap": ref.get(f"{part}_bootstrap") or {}} for part in TARGET_PARTS if part in ref}}
@@ -192,10 +217,10 @@ def attribute_lines(summary: dict, references: dict) -> list[str]:
                 f"{_fmt(p['test'].get('recall@5'), True, 2)} [{_fmt_ci(p['bootstrap'].get('recall@5'))}]"]
         lines.append("| " + " | ".join(cells) + " |")
     if "popularity_attribute" in references:
-        ref = rows["popularity_attribute"]["test"]
+        ref = rows["popularity_attribute"]
         lines.append("")
         for v in models:
-            per_metric = {m: compare(summary[v]["test"][m], ref[m], higher) for m, higher in VERDICT_METRICS}
+            per_metric = {m: compare_models(summary[v], ref, m, higher) for m, higher in VERDICT_METRICS}
             lines.append(f"- {LABELS.get(v, v)} against {LABELS['popularity_attribute'].lower()} (all targets): "
                          f"{_comparison_text(per_metric)}")
     return lines
@@ -228,14 +253,31 @@ def _comparison_text(per_metric: dict) -> str:
     parts = []
     for metric, c in per_metric.items():
         scale, unit = (100, " pts") if metric.startswith("recall") else (1, "")
-        se = "no SE" if c["se"] is None else f"SE {c['se'] * scale:.2f}{unit}"
-        parts.append(f"{METRIC_LABELS[metric]} better by {c['improvement'] * scale:+.2f}{unit} ({se}): "
-                     f"{_verdict_text(c['beats_by_more_than_se'])}")
+        if c["yardstick"] == "se":
+            yardstick = f" (SE {c['se'] * scale:.2f}{unit})"
+        elif c["yardstick"] == "paired bootstrap":
+            low, high = (bound * scale for bound in c["ci"])
+            yardstick = f" (paired bootstrap {LEVEL:.0%} CI {low:+.2f}..{high:+.2f}{unit})"
+        else:
+            yardstick = ""
+        parts.append(f"{METRIC_LABELS[metric]} better by {c['improvement'] * scale:+.2f}{unit}{yardstick}: "
+                     f"{_verdict_text(c['beats_by_more_than_se'], c.get('why'))}")
     return "; ".join(parts)
 
 
-def _verdict_text(value) -> str:
-    return {True: "yes", False: "no", None: "undetermined (n=1, no SE)"}[value]
+def _verdict_text(value, why: str | None = None) -> str:
+    return {True: "yes", False: "no"}.get(value) or f"undetermined ({why or 'n=1, no SE'})"
+
+
+def _yardstick_phrase(comparisons: list[dict]) -> str:
+    """How the 'beats' of these comparisons was decided, for a sentence over all of them."""
+    used = {c["yardstick"] for c in comparisons}
+    if used == {"se"}:
+        return "by more than the standard error"
+    if used == {"paired bootstrap"}:
+        return f"with the paired bootstrap's {LEVEL:.0%} interval of the difference above 0"
+    return (f"by more than their yardstick (the standard error; with one seed, the paired bootstrap's "
+            f"{LEVEL:.0%} interval above 0)")
 
 
 def _data_lines(cfg: Config) -> list[str]:
@@ -289,6 +331,9 @@ def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, 
         "the vocabulary is ranked; the outfit's other (in-outfit) articles are excluded from the ranking.",
         "- 95% CI: percentile bootstrap over the test outfits (bootstrap.py), the bounds averaged over seeds: "
         "how much the numbers move with the test split itself, besides the seed SE.",
+        "- \"Beats\": with two seeds or more on both sides, the improvement must exceed the SE of the difference; "
+        "with one seed, a paired bootstrap over the test outfits (both models' cases of an outfit drawn "
+        f"together) must put the whole {LEVEL:.0%} interval of the difference on the better side of 0.",
         "- Recall in %. Paper columns: Denk & Peleteiro Ramallo (2020), Table 1, 17k held-out of 380k outfits, "
         "mean of 3 runs (their own data; compare the pattern, not the numbers).",
         "",
@@ -352,8 +397,10 @@ def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, 
                      "compare against.")
     else:
         overall = verdicts["all_beat_none_by_more_than_se"]
-        lines.append(f"- Every context variant beats [None] on cross-entropy and recall@5 by more than the "
-                     f"standard error: **{_verdict_text(overall)}**.")
+        comparisons = [c for pv in verdicts["per_variant"].values() for c in pv.values()]
+        lines.append(f"- Every context variant beats [None] on cross-entropy and recall@5 "
+                     f"{_yardstick_phrase(comparisons)}: "
+                     f"**{_verdict_text(overall, 'a comparison below has no yardstick')}**.")
         for v, per_metric in verdicts["per_variant"].items():
             lines.append(f"  - {LABELS.get(v, v)}: {_comparison_text(per_metric)}")
     if order:
@@ -368,7 +415,8 @@ def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, 
         ]
         if order["within_se"]:
             pairs = ", ".join(f"{LABELS.get(a, a)} vs {LABELS.get(b, b)}" for a, b in order["within_se"])
-            lines.append(f"- Neighbours whose recall@1 differs by less than the SE of the difference: {pairs}.")
+            lines.append(f"- Neighbours whose recall@1 does not differ beyond its yardstick (the SE of the "
+                         f"difference; with one seed, the paired bootstrap): {pairs}.")
     lines += ["", "Plots: `reports/plots/recall_at_k.png`, `reports/plots/training_curves.png`.", ""]
     return "\n".join(lines)
 
@@ -479,12 +527,23 @@ def against_learned_baselines(summary: dict, context_variants: list[str]) -> dic
         return None
     checks, lines = {}, []
     for model, baseline in pairs:
-        per_metric = {m: compare(summary[model]["test"][m], summary[baseline]["test"][m], higher)
-                      for m, higher in VERDICT_METRICS}
-        checks[f"{model}_vs_{baseline}"] = {m: {k: (int(v) if isinstance(v, bool) else v) for k, v in c.items()
-                                                if v is not None} for m, c in per_metric.items()}
+        per_metric = {m: compare_models(summary[model], summary[baseline], m, higher) for m, higher in VERDICT_METRICS}
+        checks[f"{model}_vs_{baseline}"] = {m: comparison_numbers(c) for m, c in per_metric.items()}
         lines.append(f"{LABELS.get(model, model)} against {LABELS[baseline]}: {_comparison_text(per_metric)}")
     return {"checks": checks, "lines": lines}
+
+
+def comparison_numbers(c: dict) -> dict:
+    """A compare() result as numbers only, for `dvc metrics show`: the verdict 1 / 0, the interval as
+    ci_low / ci_high, paired_bootstrap 1 (its yardstick) or 0 (the SE); what is None left out."""
+    out = {k: c[k] for k in ("improvement", "se") if c.get(k) is not None}
+    if c.get("ci") is not None:
+        out["ci_low"], out["ci_high"] = c["ci"]
+    if c["yardstick"] is not None:
+        out["paired_bootstrap"] = int(c["yardstick"] == "paired bootstrap")
+    if c["beats_by_more_than_se"] is not None:
+        out["beats_by_more_than_se"] = int(c["beats_by_more_than_se"])
+    return out
 
 
 def _metrics_json(summary: dict, references: dict, verdicts: dict) -> dict:
@@ -502,8 +561,7 @@ def _metrics_json(summary: dict, references: dict, verdicts: dict) -> dict:
         if s.get("convergence"):
             entry["converged_runs"] = s["convergence"]["converged"]
         for metric, c in verdicts.get("per_variant", {}).get(variant, {}).items():
-            entry.setdefault("vs_none", {})[metric] = {
-                k: (int(v) if isinstance(v, bool) else v) for k, v in c.items() if v is not None}
+            entry.setdefault("vs_none", {})[metric] = comparison_numbers(c)
         out[variant] = entry
     return out
 
@@ -532,8 +590,8 @@ def build_report(cfg: Config) -> dict:
             summary[v]["recall@1_gain_vs_none"] = \
                 summary[v]["test"]["recall@1"]["mean"] / baseline_r1 - 1 if baseline_r1 else None
         if context_variants:
-            per_variant = {v: {m: compare(summary[v]["test"][m], none[m], higher) for m, higher in VERDICT_METRICS}
-                           for v in context_variants}
+            per_variant = {v: {m: compare_models(summary[v], summary["none"], m, higher)
+                               for m, higher in VERDICT_METRICS} for v in context_variants}
             flags = [c["beats_by_more_than_se"] for pv in per_variant.values() for c in pv.values()]
             overall = False if False in flags else (None if None in flags else True)
             verdicts = {"all_beat_none_by_more_than_se": overall, "per_variant": per_variant}
@@ -541,8 +599,7 @@ def build_report(cfg: Config) -> dict:
         ours = sorted(context_variants, key=lambda v: -summary[v]["test"]["recall@1"]["mean"])
         paper = [v for v in PAPER_ORDER if v in context_variants]
         within = [(a, b) for a, b in zip(ours, ours[1:])
-                  if compare(summary[a]["test"]["recall@1"], summary[b]["test"]["recall@1"], True)[
-                      "beats_by_more_than_se"] is False]
+                  if compare_models(summary[a], summary[b], "recall@1", True)["beats_by_more_than_se"] is False]
         order = {"ours": ours, "paper": paper, "matches_paper": ours == paper, "within_se": within}
 
     baseline_verdicts = against_learned_baselines(summary, context_variants)
