@@ -25,30 +25,27 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
-import subprocess
-import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
+from project import Project, relocated
+
+from contextual_bert.bootstrap import OUTFITS_KEY, paired_difference
+from contextual_bert.config import base_model
 
 REPO = Path(__file__).resolve().parents[1]
-CONTEXT_FREE = ("none", "bag_of_items")
+CONTEXT_FREE = ("none", "bag_of_items")  # read against the optimum without the context (and "_attrs" twins)
 
 
 def project_params(base: dict, root: Path, size: int, variants: list[str], seed: int, threads: int,
                    max_epochs: int | None = None) -> dict:
-    params = json.loads(json.dumps(base))  # a deep copy
-    params["paths"] = {name: str(root / Path(value)) for name, value in base["paths"].items()}
+    params = relocated(base, root)
     params["ingest"]["source"] = "planted"
     params.setdefault("planted", {})["n_outfits"] = size
     params["train"].update(variants=variants, seeds=[seed], num_threads=threads)
     if max_epochs is not None:
         params["train"]["max_epochs"] = max_epochs
-    params["mlflow"]["tracking_uri"] = f"sqlite:///{root / 'mlflow.db'}"
     return params
 
 
@@ -64,63 +61,44 @@ def epochs_for(base: dict, n_train: int, step_budget: int | None) -> int:
 def run_size(base: dict, workdir: Path, size: int, variants: list[str], seed: int, threads: int,
              jobs: int = 1, step_budget: int | None = None) -> dict:
     root = workdir / f"n{size}"
-    root.mkdir(parents=True, exist_ok=True)
-    params_path = root / "params.yaml"
-    params_path.write_text(yaml.safe_dump(project_params(base, root, size, variants, seed, threads)))
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
-           "OMP_NUM_THREADS": str(threads or 1)}  # fmt: skip
-    timings = {}
-
-    def stage(*args: str) -> None:  # each stage a process of its own, as `dvc repro` runs them
-        started = time.perf_counter()
-        command = [sys.executable, "-m", "contextual_bert.cli", "--params", str(params_path), *args]
-        log = root / "logs" / f"{'_'.join(args).replace('--', '')}.log"
-        log.parent.mkdir(exist_ok=True)
-        with open(log, "w") as out:
-            if subprocess.run(command, env=env, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
-                raise SystemExit(f"size {size}: `contextual-bert {' '.join(args)}` failed (see {log})")
-        timings[" ".join(args)] = round(time.perf_counter() - started, 1)
-
-    stage("ingest")
-    stage("validate")
-    stage("features")
-    manifest = json.loads((root / Path(base["paths"]["features_dir"]) / "manifest.json").read_text())
+    project = Project(root, project_params(base, root, size, variants, seed, threads), threads)
+    for stage in ("ingest", "validate", "features"):
+        project.stage(stage)
+    manifest = json.loads((project.path("features_dir") / "manifest.json").read_text())
     max_epochs = epochs_for(base, manifest["rows"]["train"], step_budget)
-    params_path.write_text(yaml.safe_dump(project_params(base, root, size, variants, seed, threads, max_epochs)))
-    stage("baseline")
-    stage("optimum")
+    project.write_params(project_params(base, root, size, variants, seed, threads, max_epochs))
+    project.stage("baseline")
+    project.stage("optimum")
+    project.train_and_evaluate([(v, seed) for v in variants], jobs)
+    project.stage("report")
 
-    def train_and_evaluate(variant: str) -> None:
-        stage("train", "--variant", variant, "--seed", str(seed))
-        stage("evaluate", "--variant", variant, "--seed", str(seed))
-
-    from mlflow import MlflowClient
-
-    from contextual_bert.tracking import experiment_id
-
-    # the store's tables and the experiment exist before trainings log at once (SQLite migrations race)
-    experiment_id(MlflowClient(env["MLFLOW_TRACKING_URI"]), base["mlflow"]["experiment"])
-    with ThreadPoolExecutor(max_workers=jobs) as pool:  # threads that wait on processes
-        list(pool.map(train_and_evaluate, variants))
-    stage("report")
-
-    reports = root / Path(base["paths"]["reports_dir"])
-    read = lambda name: json.loads((reports / "eval" / f"{name}.json").read_text())  # noqa: E731
+    evals = project.path("reports_dir") / "eval"
+    read = lambda name: json.loads((evals / f"{name}.json").read_text())  # noqa: E731
     optimum = {"with_context": read("optimum_context")["test"], "without_context": read("optimum_no_context")["test"]}
     popularity = read("popularity")["test"]
+    # with article attributes on: popularity among the articles whose product type is not yet in the outfit
+    by_attribute = read("popularity_attribute") if (evals / "popularity_attribute.json").is_file() else None
     rows = {}
     for variant in variants:
-        test = read(f"{variant}-s{seed}")["test"]
-        reference = optimum["without_context" if variant in CONTEXT_FREE else "with_context"]
-        trained = json.loads((root / Path(base["paths"]["models_dir"]) / f"{variant}-s{seed}" / "metrics.json").read_text())
+        result = read(f"{variant}-s{seed}")
+        test = result["test"]
+        reference = optimum["without_context" if base_model(variant) in CONTEXT_FREE else "with_context"]
+        trained = json.loads((project.path("models_dir") / f"{variant}-s{seed}" / "metrics.json").read_text())
         rows[variant] = {
             "cross_entropy": test["cross_entropy"], "recall@5": test["recall@5"],
             "gap_to_optimum": test["cross_entropy"] - reference["cross_entropy"],
             "converged": trained.get("converged"), "best_epoch": trained.get("best_epoch"),
             "epochs": trained.get("epochs"), "train_seconds": trained.get("seconds"),
         }
-    return {"n_outfits": size, "rows": manifest.get("rows"), "max_epochs": max_epochs, "popularity": popularity,
-            "optimum": optimum, "variants": rows, "seconds": timings}
+        if by_attribute is not None:  # paired over the same test cases (the id-only models skip unseen targets)
+            records = (by_attribute.get(OUTFITS_KEY), result.get(OUTFITS_KEY))
+            rows[variant]["better_than_popularity_by_attribute"] = (
+                {"why": "no per-outfit record"} if None in records else paired_difference(*records, "cross_entropy"))
+    point = {"n_outfits": size, "rows": manifest.get("rows"), "max_epochs": max_epochs, "popularity": popularity,
+             "optimum": optimum, "variants": rows, "seconds": project.timings}
+    if by_attribute is not None:
+        point["popularity_by_attribute"] = by_attribute["test"] | {"attribute": by_attribute.get("attribute")}
+    return point
 
 
 def plot(points: list[dict], variants: list[str], out: Path) -> None:
@@ -133,6 +111,9 @@ def plot(points: list[dict], variants: list[str], out: Path) -> None:
     sizes = [p["n_outfits"] for p in points]
     for variant in variants:
         ax.plot(sizes, [p["variants"][variant]["gap_to_optimum"] for p in points], marker="o", label=variant)
+    if all("popularity_by_attribute" in p for p in points):  # read against the optimum without the context
+        ax.plot(sizes, [p["popularity_by_attribute"]["cross_entropy"] - p["optimum"]["without_context"]["cross_entropy"]
+                        for p in points], color="black", linestyle=":", label="popularity by product type")
     ax.axhline(0.10, color="grey", linestyle="--", linewidth=1, label="0.10 nats")
     ax.set_xscale("log")
     ax.set_xlabel("outfits (log scale)")

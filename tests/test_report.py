@@ -279,19 +279,20 @@ def test_attribute_models_are_read_against_the_attribute_aware_popularity(tmp_pa
     """"_attrs" models: a row in Table 1, and a section with all / known / unseen targets against the
     attribute-aware popularity; the paper's verdicts ignore them."""
     cfg = write_fake_runs(tmp_path, seeds=(0, 1), variants=("none", "global_state"))
-    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"variants": ["none", "global_state",
-                                                                                    "none_attrs"]})})
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"variants": [
+        "none", "global_state", "none_attrs", "global_state_attrs"]})})
     evals = tmp_path / "reports" / "eval"
-    for i, seed in enumerate((0, 1)):
-        test = _metrics(4.0 + i * 0.02, 0.2, 0.5)
-        known, unseen = _metrics(3.5, 0.25, 0.6), _metrics(6.0 + i * 0.1, 0.01, 0.07)
-        result = {"name": f"none_attrs-s{seed}", "variant": "none_attrs", "seed": seed, "parameters": 546_432,
-                  "test": test, "val": test, "test_known": known, "test_unseen": unseen,
-                  "test_unseen_bootstrap": {"recall@5": [0.03, 0.11]}, "recall_curve": _curve(0.2, 0.5)}
-        (evals / f"none_attrs-s{seed}.json").write_text(json.dumps(result))
-        run = tmp_path / "models" / f"none_attrs-s{seed}"
-        run.mkdir(parents=True)
-        (run / "history.json").write_text(json.dumps([{"epoch": 1, "train_loss": 5.0, "val_cross_entropy": 4.5}]))
+    for variant, shift in (("none_attrs", 0.0), ("global_state_attrs", -0.3)):
+        for i, seed in enumerate((0, 1)):
+            test = _metrics(4.0 + shift + i * 0.02, 0.2, 0.5 - shift)
+            known, unseen = _metrics(3.5 + shift, 0.25, 0.6), _metrics(6.0 + i * 0.1, 0.01, 0.07)
+            result = {"name": f"{variant}-s{seed}", "variant": variant, "seed": seed, "parameters": 546_432,
+                      "test": test, "val": test, "test_known": known, "test_unseen": unseen,
+                      "test_unseen_bootstrap": {"recall@5": [0.03, 0.11]}, "recall_curve": _curve(0.2, 0.5)}
+            (evals / f"{variant}-s{seed}.json").write_text(json.dumps(result))
+            run = tmp_path / "models" / f"{variant}-s{seed}"
+            run.mkdir(parents=True)
+            (run / "history.json").write_text(json.dumps([{"epoch": 1, "train_loss": 5.0, "val_cross_entropy": 4.5}]))
     reference = _metrics(5.0, 0.05, 0.2)
     (evals / "popularity_attribute.json").write_text(json.dumps(
         {"name": "popularity_attribute", "test": reference, "test_known": reference, "test_unseen": reference,
@@ -303,5 +304,9 @@ def test_attribute_models_are_read_against_the_attribute_aware_popularity(tmp_pa
     assert "| [None] + attributes | 4.01 ± 0.01 | 50.00 ± 0.00 [–] | 3.50 ± 0.00 |" in section
     assert "6.05 ± 0.05 | 7.00 ± 0.00 [3.00–11.00]" in section
     assert "[None] + attributes against popularity by attribute (all targets): cross-entropy better by +0.99" in section
+    # the context still helps with attributes (same cases), and what attributes add over ids only (known targets)
+    assert "  - [GS] + attributes: cross-entropy better by +0.30 (SE 0.01): yes" in section
+    none_ce = build_report(cfg)["summary"]["none"]["cross_entropy"]["mean"]
+    assert f"  - [None] + attributes against [None]: cross-entropy better by {none_ce - 3.5:+.2f}" in section
     metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
     assert "none_attrs" not in metrics["global_state"].get("vs_none", {}) and "popularity_attribute" in metrics

@@ -22,7 +22,8 @@ import numpy as np
 
 from contextual_bert.bootstrap import (CI_METRICS, LEVEL, OUTFITS_KEY, mean_record, paired_difference,
                                       pooled_interval)
-from contextual_bert.config import BASELINE_MODELS, VARIANTS, Config, base_model, uses_attributes
+from contextual_bert.config import (ATTRIBUTES_SUFFIX, BASELINE_MODELS, VARIANTS, Config, base_model,
+                                     uses_attributes)
 from contextual_bert.errors import ContextualBertError, DataError
 from contextual_bert.feature_store import MANIFEST_FILE
 
@@ -222,6 +223,25 @@ def attribute_lines(summary: dict, references: dict) -> list[str]:
         for v in models:
             per_metric = {m: compare_models(summary[v], ref, m, higher) for m, higher in VERDICT_METRICS}
             lines.append(f"- {LABELS.get(v, v)} against {LABELS['popularity_attribute'].lower()} (all targets): "
+                         f"{_comparison_text(per_metric)}")
+    # does the context still help when the articles are known by their attributes? (same cases both sides)
+    none_attrs = "none" + ATTRIBUTES_SUFFIX
+    context = [v for v in models if base_model(v) in VARIANTS and v != none_attrs]
+    if none_attrs in summary and context:
+        lines += ["", f"- Against {LABELS.get(none_attrs, none_attrs)} (all targets):"]
+        for v in context:
+            per_metric = {m: compare_models(summary[v], summary[none_attrs], m, higher) for m, higher in VERDICT_METRICS}
+            lines.append(f"  - {LABELS.get(v, v)}: {_comparison_text(per_metric)}")
+    # what the attributes add to each model: its known targets against its twin of ids only (which ranks the
+    # train vocabulary, the attribute model the larger catalogue: a harder task for the latter)
+    twins = [v for v in models if base_model(v) in summary and "test_known" in summary[v]]
+    if twins:
+        lines += ["", "- Against the same model of ids only (known targets, the only ones the latter ranks):"]
+        for v in twins:
+            known = summary[v]["test_known"]["test"]
+            per_metric = {m: compare(known[m], summary[base_model(v)]["test"][m], higher)
+                          for m, higher in VERDICT_METRICS}
+            lines.append(f"  - {LABELS.get(v, v)} against {LABELS.get(base_model(v), base_model(v))}: "
                          f"{_comparison_text(per_metric)}")
     return lines
 

@@ -1,0 +1,93 @@
+"""Why [None] stays at popularity on planted data: one change at a time to the model or the recipe.
+
+A diagnostic, not part of the pipeline: it trains [None] (or another model) with the library's own loop
+(`training.fit`) on a features folder that the pipeline already wrote for planted data (e.g. a learning-curve
+size: benchmarks/learning_curve.py keeps each size's project under its --workdir), after changing one thing,
+some of them by replacing a method of the model (the head, the output layer) for this process only.
+
+    python benchmarks/planted_diagnostics.py base --features /tmp/contextual-bert-learning-curve/n50000/data/features
+    python benchmarks/planted_diagnostics.py nohead --head none --features ...
+
+Writes <out>/<name>/history.json (validation and training-sample cross-entropy per epoch) and prints it.
+Measured: reports/experiments/planted_diagnostics/ (and docs/training.md, the learning curve).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from contextual_bert.config import ModelConfig, TrainConfig
+from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL
+from contextual_bert.feature_store import load_article_vocab, load_spec, load_split
+from contextual_bert.model import build_model
+from contextual_bert.training import fit
+
+HEADS = {  # the head before the tied output layer; "gelu" is the model's own
+    "gelu": None,
+    "none": lambda model, h: h,
+    "linear": lambda model, h: model.head_transform(h),
+    "layernorm": lambda model, h: F.layer_norm(F.gelu(model.head_transform(h)), h.shape[-1:]),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("name")
+    parser.add_argument("--features", type=Path, required=True, help="the features stage's folder (planted data)")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/planted-diagnostics"))
+    parser.add_argument("--variant", default="none")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--epochs", type=int, default=8, help="max_epochs: the cosine horizon")
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--blocks", type=int, default=4)
+    parser.add_argument("--head", choices=sorted(HEADS), default="gelu")
+    parser.add_argument("--head-identity", action="store_true", help="the head's W starts at the identity")
+    parser.add_argument("--untied", action="store_true", help="an output embedding table of its own")
+    parser.add_argument("--mask-zero", action="store_true", help="the [MASK] row starts at zero")
+    parser.add_argument("--bias-init", action="store_true",
+                        help="the output bias starts at the log unigram frequencies of the training split")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    spec, n_items = load_spec(args.features), len(load_article_vocab(args.features))
+    train, val = load_split(args.features, "train", 8), load_split(args.features, "val", 8)
+    model_cfg = ModelConfig(d_model=128, n_blocks=args.blocks, n_heads=8, d_ff=256, dropout=args.dropout, max_set_size=8)
+    train_cfg = TrainConfig(batch_size=args.batch, max_epochs=args.epochs, learning_rate=args.lr, weight_decay=0.01,
+                            warmup_steps=200, patience=args.epochs, num_threads=1, device="cpu")
+    torch.manual_seed(args.seed)
+    model = build_model(model_cfg, args.variant, n_items, spec)
+    cls = type(model)
+    if HEADS[args.head] is not None:
+        cls.head = HEADS[args.head]
+    if args.head_identity:
+        with torch.no_grad():
+            model.head_transform.weight.copy_(torch.eye(model_cfg.d_model))
+            model.head_transform.bias.zero_()
+    if args.untied:
+        model.untied_output = nn.Embedding(n_items, model_cfg.d_model)
+        nn.init.normal_(model.untied_output.weight, std=model_cfg.d_model**-0.5)
+        cls.output_layer = lambda self: (self.untied_output.weight, self.output_bias)
+    with torch.no_grad():
+        if args.mask_zero:
+            model.item_embeddings.weight[MASK_INDEX].zero_()
+        if args.bias_init:
+            counts = torch.bincount(train.items.reshape(-1), minlength=n_items).double()[N_SPECIAL:] + 1
+            log_p = (counts / counts.sum()).log()
+            model.output_bias[N_SPECIAL:] = (log_p - log_p.mean()).float()
+
+    fit(model, train, val, train_cfg, args.out / args.name, args.seed)
+    history = json.loads((args.out / args.name / "history.json").read_text())
+    for row in history:
+        print(args.name, row["epoch"], f"val {row['val_cross_entropy']:.4f} train {row['train_cross_entropy']:.4f}")
+
+
+if __name__ == "__main__":
+    main()
