@@ -184,7 +184,9 @@ def test_dvc_repro_on_polyvore_sets_runs_none_and_popularity(tmp_path):
     params["ingest"]["source"] = "sets"
     params["import_sets"]["source"] = "data/sets.json"
     params["model"] = TINY_MODEL
-    params["features"].update({"default_dim": 8, "embedding_dims": {}, "val_fraction": 0.1, "test_fraction": 0.1})
+    # curated sets declare no article attributes (features.article_attributes): the "_attrs" models are off
+    params["features"].update({"default_dim": 8, "embedding_dims": {}, "val_fraction": 0.1, "test_fraction": 0.1,
+                               "article_features": False})
     params["train"].update({"variants": ["none"], "seeds": [0], "max_epochs": 1, "batch_size": 64,
                             "device": "cpu", "num_threads": 1})  # fmt: skip
     params["variants"] = {"none": {}}
