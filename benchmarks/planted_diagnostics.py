@@ -59,7 +59,8 @@ def main() -> None:
 
     spec, n_items = load_spec(args.features), len(load_article_vocab(args.features))
     train, val = load_split(args.features, "train", 8), load_split(args.features, "val", 8)
-    model_cfg = ModelConfig(d_model=128, n_blocks=args.blocks, n_heads=8, d_ff=256, dropout=args.dropout, max_set_size=8)
+    model_cfg = ModelConfig(d_model=128, n_blocks=args.blocks, n_heads=8, d_ff=256, dropout=args.dropout,
+                            max_set_size=8)
     train_cfg = TrainConfig(batch_size=args.batch, max_epochs=args.epochs, learning_rate=args.lr, weight_decay=0.01,
                             warmup_steps=200, patience=args.epochs, num_threads=1, device="cpu")
     torch.manual_seed(args.seed)

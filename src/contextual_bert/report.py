@@ -230,7 +230,8 @@ def attribute_lines(summary: dict, references: dict) -> list[str]:
     if none_attrs in summary and context:
         lines += ["", f"- Against {LABELS.get(none_attrs, none_attrs)} (all targets):"]
         for v in context:
-            per_metric = {m: compare_models(summary[v], summary[none_attrs], m, higher) for m, higher in VERDICT_METRICS}
+            per_metric = {m: compare_models(summary[v], summary[none_attrs], m, higher)
+                          for m, higher in VERDICT_METRICS}
             lines.append(f"  - {LABELS.get(v, v)}: {_comparison_text(per_metric)}")
     # what the attributes add to each model: its known targets against its twin of ids only (which ranks the
     # train vocabulary, the attribute model the larger catalogue: a harder task for the latter)
