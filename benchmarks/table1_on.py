@@ -14,26 +14,27 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import sys
 from pathlib import Path
 
 import yaml
 from project import Project, relocated
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # flows/: the params writer's dotted-key setter
+
+from flows.params_file import set_dotted  # noqa: E402
 
 
 def override(params: dict, assignment: str) -> None:
-    """`a.b.c=value` (value read as YAML) into params, naming the key when a section is missing."""
+    """`a.b.c=value` (value read as YAML) into params, as a flow parameter is written into params.yaml."""
     key, sep, value = assignment.partition("=")
     if not sep:
         raise SystemExit(f"--set {assignment!r}: expected key.path=value")
-    *sections, last = key.split(".")
-    node = params
-    for section in sections:
-        if not isinstance(node.get(section), dict):
-            raise SystemExit(f"--set {assignment!r}: params have no section {section!r}")
-        node = node[section]
-    node[last] = yaml.safe_load(value)
+    try:
+        set_dotted(params, key, yaml.safe_load(value))
+    except KeyError as exc:
+        raise SystemExit(f"--set {assignment!r}: {exc.args[0]}") from None
 
 
 def main() -> int:
