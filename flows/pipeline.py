@@ -9,7 +9,8 @@ never a Prefect one). The parent's workspace takes one `dvc` command at a time (
    each in its own git worktree sharing the DVC cache, to the `gpu` pool when a GPU worker is up and
    to the `cpu` pool otherwise (`flows/work_pools.py`); only units DVC finds stale are sent;
 3. as each training run completes, the parent copies its outputs back and `dvc commit`s them, in
-   series; a later `dvc repro` finds them up to date;
+   series; a later `dvc repro` finds them up to date (run locally, the next unit is sent off first, so
+   its core does not wait for the bring-back);
 4. baseline, report, register and promote run in series (MLflow stages retried while the server is
    unreachable).
 
@@ -58,7 +59,7 @@ from flows.tasks import (
     stale_units,
     wait_for_mlflow,
 )
-from flows.train_run import REPORT_ARTIFACT, train_unit
+from flows.train_run import REPORT_ARTIFACT, prepare_checkout, train_unit
 from flows.work_pools import (
     CLONE_COMMIT_ENV,
     CLONE_URL_ENV,
@@ -190,7 +191,8 @@ def hand_over(workdir: Path, units: list[tuple[str, ...]], git_remote: str, dvc_
 
 @task(name="train-unit-local", task_run_name="train {key} in this process", **TASK_DEFAULTS)
 def run_unit_locally(key: str, stages: tuple[str, ...], workdir: Path, checkout: Path, env: dict[str, str]) -> str:
-    train_unit(list(stages), workdir, checkout, env=env)
+    """Train a unit in its checkout, which `fan_out_units` has made already (see there)."""
+    train_unit(list(stages), workdir, checkout, env=env, prepared=True)
     return str(checkout)
 
 
@@ -274,21 +276,35 @@ def fan_out_units(
     failures: list[str] = []
     pending = list(todo)
     running: dict = {}
+
+    def launch(unit: tuple[str, ...]) -> None:
+        key = dvc_stages.unit_key(unit[0])
+        checkout = workdir / CHECKOUTS / key
+        if mode == "remote":
+            fut = launch_remote_unit.submit(key, unit, placements[unit], state, env, timeout_s)
+        elif mode == "deployments":
+            fut = launch_unit.submit(key, unit, placements[unit], workdir, checkout, env, timeout_s)
+        else:
+            # Made here, in this thread, with every other write to the parent's workspace: a checkout copies
+            # the parent's dvc.lock, which a bring-back rewrites.
+            try:
+                prepare_checkout(workdir, checkout)
+            except Exception as exc:  # a failed unit, as if it had failed in its own thread
+                failures.append(f"{key}: {exc}")
+                return
+            fut = run_unit_locally.submit(key, unit, workdir, checkout, env)
+        running[fut] = (key, unit, checkout)
+
     while pending or running:
         while pending and len(running) < max(1, max_parallel):
-            unit = pending.pop(0)
-            key = dvc_stages.unit_key(unit[0])
-            checkout = workdir / CHECKOUTS / key
-            if mode == "remote":
-                fut = launch_remote_unit.submit(key, unit, placements[unit], state, env, timeout_s)
-            elif mode == "deployments":
-                fut = launch_unit.submit(key, unit, placements[unit], workdir, checkout, env, timeout_s)
-            else:
-                fut = run_unit_locally.submit(key, unit, workdir, checkout, env)
-            running[fut] = (key, unit, checkout)
+            launch(pending.pop(0))
+        if not running:
+            continue
         fut = next(as_completed(list(running)))
         key, unit, checkout = running.pop(fut)
         fut.wait()  # sets the final state; before that `.state` may lag behind the API
+        if mode == "local" and pending and len(running) < max(1, max_parallel):
+            launch(pending.pop(0))  # the freed core trains the next unit while this one is brought back
         if fut.state.is_completed():
             # In series, in this thread: the only `dvc` commands in the parent's workspace.
             if mode == "remote":

@@ -65,11 +65,13 @@ def train_unit(
     slot: str | None = None,
     slot_timeout_s: float | None = None,
     env: dict[str, str] | None = None,
+    prepared: bool = False,
 ) -> list[str]:
     """Run one unit's stages in its own checkout; called by the flow below or, without deployments, by
     the pipeline flow directly. `env`: added to the stages' environment (deployments pass it through the
-    run's job variables instead)."""
-    prepare_checkout(workdir, checkout)
+    run's job variables instead). `prepared`: the checkout exists already (the pipeline flow made it)."""
+    if not prepared:
+        prepare_checkout(workdir, checkout)
     with _slot(slot, slot_timeout_s):
         link_inputs(checkout, stages)
         for stage in stages:

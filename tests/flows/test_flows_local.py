@@ -67,3 +67,23 @@ def test_pools_and_slots_are_created_once_and_read_back(prefect_api):
             assert read_cluster(client).devices == [0]
         finally:
             ensure_pools(client, gpus=[], cpu_trainings=2)  # leave no GPU slot to later tests
+
+
+def test_the_next_unit_starts_before_a_finished_one_is_brought_back(prefect_api, toy_repo, monkeypatch):
+    # One core: when a unit ends, the next one's checkout is made and it is sent off before the parent
+    # copies back and commits the finished one, so the core is not idle for the bring-back.
+    import flows.pipeline
+
+    checkouts = toy_repo / flows.pipeline.CHECKOUTS
+    bring_back = flows.pipeline.bring_back.fn  # the task's function
+    seen = []
+
+    def bring_back_spy(key, checkout, workdir, stages):
+        seen.append((key, sorted(p.name for p in checkouts.iterdir())))
+        return bring_back(key, checkout, workdir, stages)
+
+    monkeypatch.setattr(flows.pipeline, "bring_back", bring_back_spy)
+    result = pipeline(workdir=str(toy_repo), fan_out="local", max_parallel=1)
+    assert seen == [("none-0", ["concat-0", "none-0"]), ("concat-0", ["concat-0"])]
+    assert sorted(result["trained"]) == ["evaluate@concat-0", "evaluate@none-0", "train@concat-0", "train@none-0"]
+    assert result["stale"] == [] and not list(checkouts.iterdir())
