@@ -169,11 +169,15 @@ def load_plan(workdir: Path) -> Plan:
 
 
 def stale(stages: list[str] | tuple[str, ...], workdir: Path) -> dict[str, list]:
-    """`dvc status` of just these stages: {stage: [changes]} for the stale ones, {} when all are fresh."""
+    """`dvc status` of just these stages: {stage: [changes]} for the stale ones, {} when all are fresh.
+
+    One `dvc status` of the whole pipeline, filtered: naming the stages costs DVC a collection per target,
+    and for make repro's 84 training stages that took 50 s of CPU against 3 s for all of them at once."""
     if not stages:
         return {}
-    out = run_dvc(["status", "--json", *stages], workdir)
-    return json.loads(out.strip().splitlines()[-1] or "{}")
+    out = run_dvc(["status", "--json"], workdir)
+    wanted = set(stages)
+    return {s: c for s, c in json.loads(out.strip().splitlines()[-1] or "{}").items() if s in wanted}
 
 
 def status_all(workdir: Path) -> dict[str, list]:
