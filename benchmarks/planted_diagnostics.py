@@ -36,6 +36,46 @@ HEADS = {  # the head before the tied output layer; "gelu" is the model's own
 }
 
 
+def hide_mask_keys(model) -> None:
+    """[MASK] positions get no attention as keys (unless a row has nothing else), for this model only."""
+    from contextual_bert.model import MultiHeadSelfAttention
+
+    seen = {}
+    model_forward = model.forward
+
+    def forward(items, context=None, select=None):
+        seen["items"] = items
+        return model_forward(items, context, select)
+
+    attention_forward = MultiHeadSelfAttention.forward
+
+    def attention(self, h, key_bias, select=None):
+        items = seen["items"]
+        hidden = items == MASK_INDEX
+        hidden &= ((items != MASK_INDEX) & (items != 0)).any(dim=1, keepdim=True)  # 0: padding
+        if h.shape[1] == items.shape[1] + 1:  # [NP]: the context position comes first
+            hidden = F.pad(hidden, (1, 0), value=False)
+        key_bias = key_bias.masked_fill(hidden[:, None, None, :], float("-inf"))
+        return attention_forward(self, h, key_bias, select)
+
+    model.forward = forward
+    MultiHeadSelfAttention.forward = attention
+
+
+def pre_norm(model) -> None:
+    """Pre-norm blocks for this model ([None] only: no global-state sublayer)."""
+    from contextual_bert.model import Block
+
+    def forward(self, h, key_bias, global_state=None, select=None):
+        residual = h if select is None else h[select]
+        h = residual + self.dropout(self.attention(self.attention_norm(h), key_bias, select))
+        return h + self.dropout(self.feed_forward(self.feed_forward_norm(h)))
+
+    Block.forward = forward
+    head = type(model).head
+    type(model).head = lambda self, h: head(self, F.layer_norm(h, h.shape[-1:]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("name")
@@ -54,6 +94,16 @@ def main() -> None:
     parser.add_argument("--mask-zero", action="store_true", help="the [MASK] row starts at zero")
     parser.add_argument("--bias-init", action="store_true",
                         help="the output bias starts at the log unigram frequencies of the training split")
+    parser.add_argument("--mask-token-prob", type=float, default=0.8)
+    parser.add_argument("--random-token-prob", type=float, default=0.1)
+    parser.add_argument("--no-mask-key", action="store_true",
+                        help="[MASK] positions are hidden as keys: a [MASK] reads the outfit's other articles only")
+    parser.add_argument("--init", choices=["default", "bert", "zero-out"], default="default",
+                        help="bert: every Linear N(0, 0.02), biases 0 (as Hugging Face BERT); zero-out: each "
+                             "block's attention and FFN output projections start at 0 (blocks start as LayerNorm)")
+    parser.add_argument("--pre-norm", action="store_true",
+                        help="pre-norm blocks (h + Attn(LN(h)), h + FFN(LN(h))) and a LayerNorm without gain "
+                             "before the head: the same parameters")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -62,7 +112,8 @@ def main() -> None:
     model_cfg = ModelConfig(d_model=128, n_blocks=args.blocks, n_heads=8, d_ff=256, dropout=args.dropout,
                             max_set_size=8)
     train_cfg = TrainConfig(batch_size=args.batch, max_epochs=args.epochs, learning_rate=args.lr, weight_decay=0.01,
-                            warmup_steps=200, patience=args.epochs, num_threads=1, device="cpu")
+                            warmup_steps=200, patience=args.epochs, num_threads=1, device="cpu",
+                            mask_token_prob=args.mask_token_prob, random_token_prob=args.random_token_prob)
     torch.manual_seed(args.seed)
     model = build_model(model_cfg, args.variant, n_items, spec)
     cls = type(model)
@@ -76,6 +127,19 @@ def main() -> None:
         model.untied_output = nn.Embedding(n_items, model_cfg.d_model)
         nn.init.normal_(model.untied_output.weight, std=model_cfg.d_model**-0.5)
         cls.output_layer = lambda self: (self.untied_output.weight, self.output_bias)
+    for module in model.modules():
+        if args.init == "bert" and isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+            nn.init.zeros_(module.bias)
+    if args.init == "zero-out":
+        for block in model.blocks:
+            for layer in (block.attention.output, block.feed_forward.output):
+                nn.init.zeros_(layer.weight)
+                nn.init.zeros_(layer.bias)
+    if args.no_mask_key:
+        hide_mask_keys(model)
+    if args.pre_norm:
+        pre_norm(model)
     with torch.no_grad():
         if args.mask_zero:
             model.item_embeddings.weight[MASK_INDEX].zero_()
