@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from contextual_bert.config import ModelConfig, TrainConfig
-from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL
+from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX
 from contextual_bert.feature_store import load_article_vocab, load_spec, load_split
 from contextual_bert.model import build_model
 from contextual_bert.training import fit
@@ -52,7 +52,7 @@ def hide_mask_keys(model) -> None:
     def attention(self, h, key_bias, select=None):
         items = seen["items"]
         hidden = items == MASK_INDEX
-        hidden &= ((items != MASK_INDEX) & (items != 0)).any(dim=1, keepdim=True)  # 0: padding
+        hidden &= ((items != MASK_INDEX) & (items != PAD_INDEX)).any(dim=1, keepdim=True)
         if h.shape[1] == items.shape[1] + 1:  # [NP]: the context position comes first
             hidden = F.pad(hidden, (1, 0), value=False)
         key_bias = key_bias.masked_fill(hidden[:, None, None, :], float("-inf"))
@@ -127,10 +127,11 @@ def main() -> None:
         model.untied_output = nn.Embedding(n_items, model_cfg.d_model)
         nn.init.normal_(model.untied_output.weight, std=model_cfg.d_model**-0.5)
         cls.output_layer = lambda self: (self.untied_output.weight, self.output_bias)
-    for module in model.modules():
-        if args.init == "bert" and isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, std=0.02)
-            nn.init.zeros_(module.bias)
+    if args.init == "bert":
+        for module in model.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)
+                nn.init.zeros_(module.bias)
     if args.init == "zero-out":
         for block in model.blocks:
             for layer in (block.attention.output, block.feed_forward.output):
