@@ -22,10 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from contextual_bert.config import ModelConfig, TrainConfig
+from contextual_bert.config import EvaluateConfig, ModelConfig, TrainConfig
+from contextual_bert.cooccurrence import init_from_cooccurrence
+from contextual_bert.evaluation import evaluate_split
 from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX
 from contextual_bert.feature_store import load_article_vocab, load_spec, load_split
-from contextual_bert.model import build_model
+from contextual_bert.model import build_model, load_checkpoint
 from contextual_bert.training import fit
 
 HEADS = {  # the head before the tied output layer; "gelu" is the model's own
@@ -104,6 +106,11 @@ def main() -> None:
     parser.add_argument("--pre-norm", action="store_true",
                         help="pre-norm blocks (h + Attn(LN(h)), h + FFN(LN(h))) and a LayerNorm without gain "
                              "before the head: the same parameters")
+    parser.add_argument("--init-embeddings", choices=["random", "cooccurrence"], default="random",
+                        help="train.init_embeddings: cooccurrence starts the article embeddings (tied: also the "
+                             "output side) at the training outfits' factorised PPMI (contextual_bert.cooccurrence)")
+    parser.add_argument("--test", action="store_true",
+                        help="also score the best checkpoint on the test split (unpatched models only)")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -149,10 +156,17 @@ def main() -> None:
             log_p = (counts / counts.sum()).log()
             model.output_bias[N_SPECIAL:] = (log_p - log_p.mean()).float()
 
+    if args.init_embeddings == "cooccurrence":
+        init_from_cooccurrence(model, train.items)
     fit(model, train, val, train_cfg, args.out / args.name, args.seed)
     history = json.loads((args.out / args.name / "history.json").read_text())
     for row in history:
         print(args.name, row["epoch"], f"val {row['val_cross_entropy']:.4f} train {row['train_cross_entropy']:.4f}")
+    if args.test:
+        best, _ = load_checkpoint(args.out / args.name / "checkpoint.pt")
+        metrics = evaluate_split(best, load_split(args.features, "test", 8), EvaluateConfig(), "cpu")[0]
+        (args.out / args.name / "test.json").write_text(json.dumps(metrics, indent=2))
+        print(args.name, "test", f"{metrics['cross_entropy']:.4f}", "recall@5", f"{metrics['recall@5']:.4f}")
 
 
 if __name__ == "__main__":

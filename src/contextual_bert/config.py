@@ -21,6 +21,7 @@ BASELINE_MODELS = ("bag_of_items", "bag_of_items_context")  # learned baselines,
 # directories, reports and MLflow runs never mix them with the paper's rows.
 ATTRIBUTES_SUFFIX = "_attrs"
 ATTRIBUTE_SETTINGS = ("id_dropout",)  # train settings only the "_attrs" models read
+LATER_SETTINGS = {"init_embeddings": "random"}  # train settings added after runs were recorded: their default
 ATTRIBUTE_MODELS = tuple(m + ATTRIBUTES_SUFFIX for m in VARIANTS + BASELINE_MODELS)
 MODELS = VARIANTS + BASELINE_MODELS + ATTRIBUTE_MODELS
 Variant = Literal["none", "concat", "new_position", "global_state", "global_state_update", "bag_of_items",
@@ -184,13 +185,18 @@ class TrainConfig(Section):
     # [UNK] row, at the input positions and the output rows (model.ArticleAttributes.ids). Set per model in
     # params.yaml (variants.<model>_attrs.id_dropout), never here: DVC then tracks it for those models alone.
     id_dropout: float = Field(0.0, ge=0, lt=1)
+    # How the article-id embeddings start: random, or the training outfits' co-occurrence (cooccurrence.py;
+    # for sparse data, where the encoder otherwise stays at popularity: docs/training.md).
+    init_embeddings: Literal["random", "cooccurrence"] = "random"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     num_threads: int = Field(0, ge=0)  # 0: torch's default
 
     def read_by(self, model: str, exclude: set[str] = frozenset()) -> dict:
         """The settings `model` trains with, as a dict: without ATTRIBUTE_SETTINGS for a model without
-        attributes, which never reads them, so its run key and logged params are what they were before."""
+        attributes, which never reads them, and without a LATER_SETTINGS entry at its default, so a run's key
+        and logged params are what they were before the setting existed."""
         skip = set(exclude) | (set() if uses_attributes(model) else set(ATTRIBUTE_SETTINGS))
+        skip |= {name for name, default in LATER_SETTINGS.items() if getattr(self, name) == default}
         return self.model_dump(mode="json", exclude=skip)
 
 
@@ -203,6 +209,7 @@ class VariantOverrides(Section):
     weight_decay: float | None = None
     dropout: float | None = None
     id_dropout: float | None = Field(None, ge=0, lt=1)  # "_attrs" models only (TrainConfig.id_dropout)
+    init_embeddings: Literal["random", "cooccurrence"] | None = None
 
 
 class SweepConfig(Section):

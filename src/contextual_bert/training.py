@@ -438,6 +438,7 @@ def train(
     and data; patience, device and threads may differ). A run that already finished is not
     re-trained (its metrics are returned again); a run whose settings or data differ starts from scratch.
     """
+    from contextual_bert.cooccurrence import init_from_cooccurrence
     from contextual_bert.feature_store import load_article_vocab, load_catalogue, load_spec, load_split
 
     spec = load_spec(features_dir)
@@ -454,4 +455,6 @@ def train(
     model = build_model(model_cfg, variant, n_items, spec, None if catalogue is None else catalogue.spec)
     if catalogue is not None:
         model.set_catalogue(catalogue.tensors())
+    if train_cfg.init_embeddings == "cooccurrence":  # before fit: a resumed run loads its own weights
+        init_from_cooccurrence(model, train_data.items)
     return fit(model, train_data, val_data, train_cfg, out_dir, seed, on_epoch_end)
