@@ -10,7 +10,7 @@ share outfits start close, so the other items are informative from the first ste
     E[a] = U[a, :d] * sqrt(S[:d])                         (truncated SVD of the symmetric PPMI)
 
 rescaled to the table's own standard deviation, so the model starts at the scale it was built for. Articles
-with no pair in the training outfits keep their random rows. Deterministic: the SVD is exact for vocabularies
+without a positive-PMI pair in the training outfits keep their random rows. Deterministic: the SVD is exact for vocabularies
 up to DENSE_SVD_MAX_ITEMS, randomised (fixed seed, the caller's random stream untouched) beyond.
 """
 
@@ -49,7 +49,7 @@ def ppmi(counts: torch.Tensor) -> torch.Tensor:
 
 def cooccurrence_embeddings(items: torch.Tensor, n_rows: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(n_rows, dim) rows U * sqrt(S) of the PPMI's truncated SVD, and a (n_rows,) mask of the rows that
-    have at least one pair (the others are zero)."""
+    have at least one positive-PMI pair (the others are zero)."""
     matrix = ppmi(pair_counts(items, n_rows))
     has_pairs = torch.zeros(n_rows, dtype=torch.bool)
     has_pairs[matrix.indices()[0]] = True
