@@ -6,6 +6,7 @@ import torch
 import contextual_bert.cooccurrence as cooccurrence
 from contextual_bert.config import ModelConfig, TrainConfig
 from contextual_bert.feature_spec import N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec
+from contextual_bert.feature_store import load_spec
 from contextual_bert.model import build_model
 
 A, B, C, D = (N_SPECIAL + i for i in range(4))
@@ -81,3 +82,24 @@ def test_init_embeddings_is_outside_the_run_key_at_its_default_only():
     """Runs recorded before the setting existed keep their key and logged params; a run that uses it holds it."""
     assert "init_embeddings" not in TrainConfig().read_by("none")
     assert TrainConfig(init_embeddings="cooccurrence").read_by("none")["init_embeddings"] == "cooccurrence"
+
+
+def test_train_starts_from_cooccurrence_only_when_asked(tmp_path, monkeypatch):
+    """`training.train` applies the setting before `fit` (stubbed here: only the start matters)."""
+    import contextual_bert.training as training
+    from feature_data import build_paper_features
+
+    features_dir, _, _ = build_paper_features(tmp_path)
+    started = []
+    monkeypatch.setattr(training, "fit", lambda model, *args, **kwargs: started.append(
+        model.item_embeddings.weight.detach().clone()) or {})
+    model_cfg = ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32, max_set_size=8)
+    for name in ("random", "cooccurrence"):
+        training.train(features_dir, tmp_path / name, "none", 0, model_cfg,
+                       TrainConfig(init_embeddings=name, device="cpu"))
+    random_start, cooccurrence_start = started
+    assert not torch.equal(random_start, cooccurrence_start)
+    torch.manual_seed(0)
+    fresh = build_model(model_cfg, "none", random_start.shape[0], load_spec(features_dir))
+    assert torch.equal(random_start, fresh.item_embeddings.weight.detach())
+
