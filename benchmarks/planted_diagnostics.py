@@ -17,12 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import get_args
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from contextual_bert.config import EvaluateConfig, ModelConfig, TrainConfig
+from contextual_bert.config import EvaluateConfig, InitEmbeddings, ModelConfig, TrainConfig
 from contextual_bert.cooccurrence import init_from_cooccurrence
 from contextual_bert.evaluation import evaluate_split
 from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX
@@ -106,7 +107,7 @@ def main() -> None:
     parser.add_argument("--pre-norm", action="store_true",
                         help="pre-norm blocks (h + Attn(LN(h)), h + FFN(LN(h))) and a LayerNorm without gain "
                              "before the head: the same parameters")
-    parser.add_argument("--init-embeddings", choices=["random", "cooccurrence"], default="random",
+    parser.add_argument("--init-embeddings", choices=get_args(InitEmbeddings), default="random",
                         help="train.init_embeddings: cooccurrence starts the article embeddings (tied: also the "
                              "output side) at the training outfits' factorised PPMI (contextual_bert.cooccurrence)")
     parser.add_argument("--test", action="store_true",
@@ -164,7 +165,8 @@ def main() -> None:
         print(args.name, row["epoch"], f"val {row['val_cross_entropy']:.4f} train {row['train_cross_entropy']:.4f}")
     if args.test:
         best, _ = load_checkpoint(args.out / args.name / "checkpoint.pt")
-        metrics = evaluate_split(best, load_split(args.features, "test", 8), EvaluateConfig(), "cpu")[0]
+        metrics = evaluate_split(best, load_split(args.features, "test", model_cfg.max_set_size), EvaluateConfig(),
+                                 "cpu")[0]
         (args.out / args.name / "test.json").write_text(json.dumps(metrics, indent=2))
         print(args.name, "test", f"{metrics['cross_entropy']:.4f}", "recall@5", f"{metrics['recall@5']:.4f}")
 

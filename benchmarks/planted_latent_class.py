@@ -9,16 +9,17 @@ it on the test split exactly as the pipeline scores every model (`evaluation.eva
   know that an outfit holds each type once).
 - `types`: the generator's own structure with free parameters: items of distinct product types (from the
   truth, as an article attribute would give them), P(a | t, z) = phi_t[z, a] within each type, and the
-  remaining types equally likely for a masked position, as in planted.py. Everything but the 128 x 3,000
+  remaining types equally likely for a masked position, as in planted.py. Everything but the K x 3,000
   parameters and pi is the truth's.
 
 Neither uses the customer context: they are yardsticks for [None] and the bag of items (the optimum without
-context). phi is smoothed towards popularity (pseudo-counts `alpha` x an article's training count / K); K and alpha
-are chosen on validation; EM stops at the best validation
-cross-entropy (checked every `--check` iterations). Fitting the right family is the best case for a learner of
-this data size, so its gap to the optimum is about what the data allows, not what a recipe gets wrong.
+context). phi is smoothed towards popularity (pseudo-counts `alpha` x an article's training count / K); K
+and alpha are chosen on validation; EM stops at the best validation cross-entropy (checked every `--check`
+iterations). Fitting the right family is the best case for a learner of this data size, so its gap to the
+optimum is about what the data allows, not what a recipe gets wrong.
 
-    python benchmarks/planted_latent_class.py --project /work/lc/n150000 --out reports/learning_curve/latent_class_n150000.json
+    python benchmarks/planted_latent_class.py --project /tmp/contextual-bert-learning-curve/n150000 \
+        --classes 16 64 128 --alphas 1 0.3 --max-iter 80 --out reports/learning_curve/latent_class/n150000.json
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from contextual_bert.config import EvaluateConfig
+from contextual_bert.config import EvaluateConfig, ModelConfig
 from contextual_bert.evaluation import evaluate_split
-from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL
+from contextual_bert.feature_spec import N_SPECIAL
 from contextual_bert.feature_store import load_split
 from contextual_bert.optimum import optimum_from_features
 from contextual_bert.planted import load_truth
@@ -135,9 +136,10 @@ def main() -> None:
     raw, features = args.project / "data/raw", args.project / "data/features"
     truth = load_truth(raw)
     optimum = optimum_from_features(raw, features, with_context=False)
-    item_type = np.asarray(optimum.item_type.numpy() if torch.is_tensor(optimum.item_type) else optimum.item_type)
+    item_type = optimum.item_type.numpy()
     n_items = len(item_type)
-    train, val, test = (load_split(features, s, 8) for s in ("train", "val", "test"))
+    max_set_size = ModelConfig().max_set_size
+    train, val, test = (load_split(features, s, max_set_size) for s in ("train", "val", "test"))
     x = item_matrix(train.items, n_items)
     cfg = EvaluateConfig()
     result = {"project": str(args.project), "n_train_outfits": len(train), "n_classes": truth.n_tastes,

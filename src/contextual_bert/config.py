@@ -21,6 +21,7 @@ BASELINE_MODELS = ("bag_of_items", "bag_of_items_context")  # learned baselines,
 # directories, reports and MLflow runs never mix them with the paper's rows.
 ATTRIBUTES_SUFFIX = "_attrs"
 ATTRIBUTE_SETTINGS = ("id_dropout",)  # train settings only the "_attrs" models read
+InitEmbeddings = Literal["random", "cooccurrence"]  # how the article-id embeddings start (cooccurrence.py)
 LATER_SETTINGS = {"init_embeddings": "random"}  # train settings added after runs were recorded: their default
 ATTRIBUTE_MODELS = tuple(m + ATTRIBUTES_SUFFIX for m in VARIANTS + BASELINE_MODELS)
 MODELS = VARIANTS + BASELINE_MODELS + ATTRIBUTE_MODELS
@@ -187,7 +188,7 @@ class TrainConfig(Section):
     id_dropout: float = Field(0.0, ge=0, lt=1)
     # How the article-id embeddings start: random, or the training outfits' co-occurrence (cooccurrence.py;
     # for sparse data, where the encoder otherwise stays at popularity: docs/training.md).
-    init_embeddings: Literal["random", "cooccurrence"] = "random"
+    init_embeddings: InitEmbeddings = "random"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     num_threads: int = Field(0, ge=0)  # 0: torch's default
 
@@ -209,7 +210,7 @@ class VariantOverrides(Section):
     weight_decay: float | None = None
     dropout: float | None = None
     id_dropout: float | None = Field(None, ge=0, lt=1)  # "_attrs" models only (TrainConfig.id_dropout)
-    init_embeddings: Literal["random", "cooccurrence"] | None = None
+    init_embeddings: InitEmbeddings | None = None
 
 
 class SweepConfig(Section):

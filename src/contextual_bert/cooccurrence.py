@@ -10,8 +10,8 @@ share outfits start close, so the other items are informative from the first ste
     E[a] = U[a, :d] * sqrt(S[:d])                         (truncated SVD of the symmetric PPMI)
 
 rescaled to the table's own standard deviation, so the model starts at the scale it was built for. Articles
-without a positive-PMI pair in the training outfits keep their random rows. Deterministic: the SVD is exact for vocabularies
-up to DENSE_SVD_MAX_ITEMS, randomised (fixed seed, the caller's random stream untouched) beyond.
+without a positive-PMI pair in the training outfits keep their random rows. Deterministic: the SVD is exact for
+vocabularies up to DENSE_SVD_MAX_ITEMS, randomised (fixed seed, the caller's random stream untouched) beyond.
 """
 
 from __future__ import annotations
