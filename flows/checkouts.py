@@ -9,7 +9,9 @@ Why: DVC allows one `dvc` command per workspace at a time (`.dvc/tmp/lock`), so 
    the checkout sees exactly what the parent sees; its `.dvc/config.local` points `cache.dir` at the
    parent's cache, so upstream outputs (data/features) are linked in, not recomputed, and new outputs
    land in the shared cache.
-2. The training flow runs `dvc repro --single-item train@<v>-<s>` (and `evaluate@...`) there.
+2. `checkout_inputs` cuts the checkout's dvc.lock down to the unit's and the upstream stages' entries
+   (DVC reads and rewrites the whole file several times per command) and links the upstream outputs in;
+   the training flow runs `dvc repro --single-item train@<v>-<s> evaluate@<v>-<s>` there.
 3. `bring_back`, in the parent and in series: copies the stage outputs into the parent workspace,
    `dvc commit`s the stage there, and checks that the parent's new dvc.lock entry equals the one the
    checkout wrote (same deps, params and outputs). A later `dvc repro` in the parent finds the stage
@@ -22,7 +24,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from flows.dvc_stages import cache_dir, lock_entry, run_dvc, stage_records
+from flows.dvc_stages import cache_dir, keep_lock_entries, read_lock, run_dvc, same_record, stage_records
 
 
 def _git(args: list[str], cwd: Path) -> str:
@@ -75,14 +77,11 @@ def create_checkout(workdir: Path, checkout: Path) -> Path:
 def checkout_inputs(checkout: Path, stages: list[str] | tuple[str, ...]) -> str:
     """Link the outputs of the stages' upstream stages (and their own last outputs) from the cache.
 
+    The checkout's dvc.lock is first cut down to what the unit reads (`dvc_stages.keep_lock_entries`).
     Outputs never produced yet are skipped (`--allow-missing`); `dvc repro` then produces them.
     """
+    keep_lock_entries(checkout, stages)
     return run_dvc(["checkout", "--with-deps", "--allow-missing", *stages], checkout)
-
-
-def _same_record(a: dict, b: dict) -> bool:
-    keep = ("cmd", "deps", "params", "outs")
-    return {k: a.get(k) for k in keep} == {k: b.get(k) for k in keep}
 
 
 def bring_back(checkout: Path, workdir: Path, stages: list[str] | tuple[str, ...]) -> list[str]:
@@ -108,9 +107,9 @@ def bring_back(checkout: Path, workdir: Path, stages: list[str] | tuple[str, ...
             else:
                 shutil.copyfile(src, dst)
     run_dvc(["commit", "--force", *stages], workdir)
+    mine = read_lock(workdir).get("stages", {})
     for stage, entry in entries.items():
-        mine = lock_entry(workdir, stage)
-        if mine is None or not _same_record(mine, entry):
+        if stage not in mine or not same_record(mine[stage], entry):
             raise RuntimeError(
                 f"{stage}: the record in {workdir / 'dvc.lock'} differs from the one in "
                 f"{checkout / 'dvc.lock'}; the checkout trained on other inputs"

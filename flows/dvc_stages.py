@@ -102,9 +102,10 @@ def run_dvc(
     return proc.stdout
 
 
-def repro(stage: str, workdir: Path, env: dict[str, str] | None = None) -> str:
-    """`dvc repro --single-item <stage>`: runs the stage only if DVC finds it stale."""
-    return run_dvc(["repro", "--single-item", stage], workdir, env)
+def repro(stages: str | list[str] | tuple[str, ...], workdir: Path, env: dict[str, str] | None = None) -> str:
+    """`dvc repro --single-item <stage>...`: runs each stage, in the order given, only if DVC finds it stale
+    (a unit's stages in one `dvc` command: DVC's start and pipeline load are paid once)."""
+    return run_dvc(["repro", "--single-item", *([stages] if isinstance(stages, str) else stages)], workdir, env)
 
 
 def stage_graph(workdir: Path) -> tuple[list[str], list[tuple[str, str]]]:
@@ -188,22 +189,46 @@ def status_all(workdir: Path) -> dict[str, list]:
     return {stage: c for stage, c in changes.items() if c != ["always changed"]}
 
 
-def lock_entry(workdir: Path, stage: str) -> dict | None:
-    """The stage's entry in dvc.lock (cmd, deps, params, outs with their hashes), or None."""
+# libyaml when PyYAML has it: make repro's dvc.lock (~230 KB) parses in 0.04 s instead of 0.34 s.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def read_lock(workdir: Path) -> dict:
+    """The workspace's dvc.lock, parsed ({} when there is none)."""
     lock = Path(workdir) / "dvc.lock"
-    if not lock.exists():
-        return None
-    return (yaml.safe_load(lock.read_text()) or {}).get("stages", {}).get(stage)
+    return (yaml.load(lock.read_text(), Loader=_LOADER) or {}) if lock.exists() else {}
 
 
 def stage_records(workdir: Path, stages) -> dict[str, dict]:
     """The stages' dvc.lock entries (dvc.lock read once); raises if one has none: that stage did not run."""
-    lock = Path(workdir) / "dvc.lock"
-    recorded = (yaml.safe_load(lock.read_text()) or {}).get("stages", {}) if lock.exists() else {}
+    recorded = read_lock(workdir).get("stages", {})
     for stage in stages:
         if stage not in recorded:
             raise RuntimeError(f"{workdir}: stage {stage} has no record in dvc.lock; it did not run")
     return {stage: recorded[stage] for stage in stages}
+
+
+def same_record(a: dict, b: dict) -> bool:
+    """Two dvc.lock entries of a stage agree on what it ran (command, deps, params) and produced."""
+    keep = ("cmd", "deps", "params", "outs")
+    return {k: a.get(k) for k in keep} == {k: b.get(k) for k in keep}
+
+
+def keep_lock_entries(workdir: Path, stages) -> None:
+    """Cut the workspace's dvc.lock down to the entries of `stages` and of every stage outside the
+    fan-out (the upstream ones among them).
+
+    For a training checkout: DVC parses dvc.lock about ten times per command and rewrites it after each
+    stage, and make repro's holds 84 training stages; a checkout needs only its own unit's and those
+    upstream (1-1.8 s less per `dvc` command there, docs/training.md). The parent's dvc.lock is untouched.
+    """
+    lock = read_lock(workdir)
+    if not lock:
+        return
+    wanted = set(stages)
+    lock["stages"] = {name: entry for name, entry in lock.get("stages", {}).items()
+                      if name in wanted or kind(name) not in FANOUT_KINDS}
+    (Path(workdir) / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
 
 
 def cache_dir(workdir: Path) -> Path:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-from flows.dvc_stages import lock_entry, run_dvc, stage_records
+from flows.dvc_stages import read_lock, run_dvc, same_record, stage_records
 
 # The files a clone takes from the parent as text; every other tracked file must be committed.
 CARRIED = ("params.yaml", "dvc.lock")
@@ -220,11 +220,6 @@ def push_outputs(clone: Path, stages: list[str] | tuple[str, ...], dvc_remote: s
     }
 
 
-def _same_record(a: dict, b: dict) -> bool:
-    keep = ("cmd", "deps", "params", "outs")
-    return {k: a.get(k) for k in keep} == {k: b.get(k) for k in keep}
-
-
 def apply_report(workdir: Path, report: dict, dvc_remote: str) -> list[str]:
     """Bring a unit's results into the parent's workspace and record them (run in series).
 
@@ -236,7 +231,7 @@ def apply_report(workdir: Path, report: dict, dvc_remote: str) -> list[str]:
         raise RuntimeError(f"the unit ran at commit {report['commit'][:12]}, this workspace is at {head[:12]}")
     stages = list(report["stages"])
     lock_path = workdir / "dvc.lock"
-    lock = (yaml.safe_load(lock_path.read_text()) if lock_path.exists() else None) or {"schema": "2.0"}
+    lock = read_lock(workdir) or {"schema": "2.0"}
     lock.setdefault("stages", {}).update(report["stages"])
     lock_path.write_text(yaml.safe_dump(lock, sort_keys=False))
     for rel, data in report["files"].items():
@@ -246,9 +241,9 @@ def apply_report(workdir: Path, report: dict, dvc_remote: str) -> list[str]:
         dst.write_bytes(base64.b64decode(data))
     run_dvc(["pull", "--force", "-r", dvc_remote, *stages], workdir)
     run_dvc(["commit", "--force", *stages], workdir)
+    mine = read_lock(workdir).get("stages", {})
     for stage in stages:
-        mine = lock_entry(workdir, stage)
-        if mine is None or not _same_record(mine, report["stages"][stage]):
+        if stage not in mine or not same_record(mine[stage], report["stages"][stage]):
             raise RuntimeError(
                 f"{stage}: the record DVC computes in {workdir} differs from the one the unit wrote at "
                 f"{report['where']}; the unit trained on other inputs"

@@ -59,6 +59,21 @@ def repro_stage(stage: str, workdir: Path, env: dict[str, str] | None = None) ->
     return output
 
 
+def _unit_run_name() -> str:
+    from prefect.runtime import task_run
+
+    return "dvc repro " + " ".join(task_run.parameters["stages"])
+
+
+@task(name="dvc-repro-unit", task_run_name=_unit_run_name, **TASK_DEFAULTS)
+def repro_unit(stages: list[str], workdir: Path, env: dict[str, str] | None = None) -> str:
+    """A training unit's stages (train, then evaluate) in one `dvc repro --single-item`; each runs only if
+    DVC finds it stale when its turn comes."""
+    output = dvc_stages.repro(list(stages), Path(workdir), dvc_stages.stage_env(Path(workdir), env))
+    log_output(output)
+    return output
+
+
 # The same, retried: for stages that talk to the MLflow server (a restart, a server not up yet).
 repro_mlflow_stage = repro_stage.with_options(
     name="dvc-repro-mlflow", retries=3, retry_delay_seconds=[10, 30, 60], retry_condition_fn=not_user_error

@@ -7,8 +7,9 @@ environment and so in every stage's.
 
 Why a checkout: DVC allows one `dvc` command per workspace at a time, so parallel trainings cannot share
 the parent's workspace. This flow makes a `git worktree` of the parent's repository (with its
-uncommitted changes and the shared DVC cache, `flows/checkouts.py`), links the upstream outputs in, and
-runs `dvc repro --single-item train@<variant>-<seed>` and `evaluate@...` there. DVC decides whether
+uncommitted changes and the shared DVC cache, `flows/checkouts.py`), cuts its dvc.lock down to the
+unit's part, links the upstream outputs in, and runs
+`dvc repro --single-item train@<variant>-<seed> evaluate@<variant>-<seed>` there. DVC decides whether
 they are stale. The parent then brings the outputs back and `dvc commit`s them, in series, so a later
 `dvc repro` in the parent finds them up to date.
 
@@ -32,7 +33,7 @@ from prefect import flow, get_run_logger, task
 from prefect.concurrency.sync import concurrency
 
 from flows import checkouts, remote
-from flows.tasks import TASK_DEFAULTS, log_output, repro_stage
+from flows.tasks import TASK_DEFAULTS, log_output, repro_unit
 from flows.work_pools import TRAIN_FLOW, TRAIN_REMOTE_FLOW, TRAIN_SLOT_LEASE_S
 
 REPORT_ARTIFACT = "unit-report"  # the artifact type a remote unit reports back with
@@ -74,8 +75,7 @@ def train_unit(
         prepare_checkout(workdir, checkout)
     with _slot(slot, slot_timeout_s):
         link_inputs(checkout, stages)
-        for stage in stages:
-            repro_stage(stage, checkout, env)
+        repro_unit(stages, checkout, env)
     return list(stages)
 
 
@@ -157,8 +157,7 @@ def train_unit_remote(
     prepare_clone(state, here, make)
     with _slot(slot, slot_timeout_s):
         pull_inputs(here, stages, state.dvc_remote)
-        for stage in stages:
-            repro_stage(stage, here, env)
+        repro_unit(stages, here, env)
     report = push_outputs(here, stages, state.dvc_remote)
     publish_report(report)
     return report

@@ -35,6 +35,32 @@ def test_register_makes_one_tagged_version_per_run_and_is_idempotent(tiny_traine
     assert json.loads((cfg.paths.reports_dir / "registry.json").read_text())["versions"] == again["versions"]
 
 
+def test_registering_again_sets_only_the_tags_that_changed(tiny_trained_runs, tmp_path, monkeypatch):
+    """A re-evaluation reaches the version's tags; the unchanged ones cost no request."""
+    import shutil
+
+    from mlflow import MlflowClient
+
+    cfg = _with(tiny_trained_runs.cfg, "registry-retag", [STRONG[0]])
+    reports = tmp_path / "reports"
+    shutil.copytree(cfg.paths.reports_dir / "eval", reports / "eval")
+    cfg = cfg.model_copy(update={"paths": cfg.paths.model_copy(update={"reports_dir": reports})})
+    entry = register_all(cfg)["versions"][0]
+    eval_file = cfg.eval_path(f"{STRONG[0]}-s0")
+    report = json.loads(eval_file.read_text())
+    report["test"]["recall@1"] = 0.5
+    eval_file.write_text(json.dumps(report))
+
+    set_tag, keys = MlflowClient.set_model_version_tag, []
+    monkeypatch.setattr(MlflowClient, "set_model_version_tag",
+                        lambda self, name, version, key, value: keys.append(key) or set_tag(self, name, version, key, value))
+    again = register_all(cfg)["versions"][0]
+    assert (again["version"], again["created"]) == (entry["version"], False)
+    assert keys == ["test/recall_at_1"]
+    version = client(cfg.mlflow).get_model_version(cfg.mlflow.model_name, str(entry["version"]))
+    assert float(version.tags["test/recall_at_1"]) == 0.5
+
+
 def test_register_skips_what_was_not_trained_and_says_so(tiny_trained_runs):
     cfg = _with(tiny_trained_runs.cfg, "registry-skips", ["concat"])
     result = register_all(cfg)

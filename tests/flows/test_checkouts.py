@@ -31,12 +31,14 @@ def test_a_checkout_sees_the_parents_uncommitted_work_and_shares_its_cache(toy_r
 
 
 def test_a_unit_trained_in_a_checkout_is_up_to_date_in_the_parent(toy_repo, tmp_path):
-    dvc_stages.repro("prep", toy_repo)
+    dvc_stages.repro(["prep", "train@concat-0"], toy_repo)  # the parent's dvc.lock holds another unit too
     checkout = checkouts.create_checkout(toy_repo, tmp_path / "co")
     checkouts.checkout_inputs(checkout, UNIT)
     assert (checkout / "data/features/x.txt").read_text() == "buckets=10"  # linked from the shared cache
-    for stage in UNIT:
-        assert f"Running stage '{stage}'" in dvc_stages.repro(stage, checkout)
+    assert set(dvc_stages.read_lock(checkout)["stages"]) == {"prep"}  # upstream kept, the other unit not
+    output = dvc_stages.repro(UNIT, checkout)  # one `dvc` command, the stages in the unit's order
+    assert output.index("Running stage 'train@none-0'") < output.index("Running stage 'evaluate@none-0'")
+    assert set(dvc_stages.read_lock(checkout)["stages"]) == {"prep", *UNIT}
     assert dvc_stages.stale(list(UNIT), toy_repo)  # the parent has not seen it yet
 
     assert checkouts.bring_back(checkout, toy_repo, UNIT) == list(UNIT)
@@ -46,7 +48,8 @@ def test_a_unit_trained_in_a_checkout_is_up_to_date_in_the_parent(toy_repo, tmp_
     assert (toy_repo / "reports/eval/none-s0.json").exists()  # an uncached output came back too
     left = dvc_stages.status_all(toy_repo)  # what `dvc repro` would still run
     assert "train@none-0" not in left and "evaluate@none-0" not in left
-    assert "train@concat-0" in left  # the other unit is still to do
+    assert "train@concat-0" not in left  # the parent's own record survived the bring-back
+    assert "evaluate@concat-0" in left  # the rest of the other unit is still to do
 
 
 def test_bringing_back_refuses_outputs_made_from_other_inputs(toy_repo, tmp_path):
