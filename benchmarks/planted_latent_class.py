@@ -73,9 +73,14 @@ class LatentClass:
         with np.errstate(divide="ignore"):
             return np.log(weights / totals)
 
+    def _finite_log_phi(self) -> np.ndarray:
+        """log phi with -inf (an article no class draws: whole columns) set to 0, so such an article leaves the
+        posterior over classes unchanged."""
+        return np.where(np.isfinite(self.log_phi), self.log_phi, 0.0)
+
     def step(self, x: sp.csr_matrix) -> float:
         """One EM iteration; returns the training log-likelihood per outfit before it."""
-        phi = np.where(np.isfinite(self.log_phi), self.log_phi, 0.0)
+        phi = self._finite_log_phi()
         joint = np.asarray(x @ phi.T) + self.log_pi  # (outfits, K)
         top = joint.max(1, keepdims=True)
         log_norm = top + np.log(np.exp(joint - top).sum(1, keepdims=True))
@@ -86,7 +91,7 @@ class LatentClass:
 
     def masked_logits(self, items: torch.Tensor, context=None) -> torch.Tensor:
         """log P(article | the other items), one row per case (its [MASK] position is the target)."""
-        phi = torch.from_numpy(np.where(np.isfinite(self.log_phi), self.log_phi, 0.0))
+        phi = torch.from_numpy(self._finite_log_phi())
         known = items >= N_SPECIAL
         per_item = phi.T[items.clamp(min=0)] * known[..., None]  # (B, L, K)
         post = torch.softmax(per_item.sum(1) + torch.from_numpy(self.log_pi), dim=1)

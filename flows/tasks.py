@@ -50,26 +50,19 @@ def plan_stages(workdir: Path) -> dvc_stages.Plan:
     return p
 
 
-@task(name="dvc-repro", task_run_name="dvc repro {stage}", **TASK_DEFAULTS)
-def repro_stage(stage: str, workdir: Path, env: dict[str, str] | None = None) -> str:
-    """`dvc repro --single-item <stage>` in `workdir`; DVC skips it when nothing it depends on changed.
-    `env`: variables added to the stage's environment."""
-    output = dvc_stages.repro(stage, Path(workdir), dvc_stages.stage_env(Path(workdir), env))
-    log_output(output)
-    return output
-
-
-def _unit_run_name() -> str:
+def _repro_run_name() -> str:
     from prefect.runtime import task_run
 
-    return "dvc repro " + " ".join(task_run.parameters["stages"])
+    stage = task_run.parameters["stage"]
+    return "dvc repro " + (stage if isinstance(stage, str) else " ".join(stage))
 
 
-@task(name="dvc-repro-unit", task_run_name=_unit_run_name, **TASK_DEFAULTS)
-def repro_unit(stages: list[str], workdir: Path, env: dict[str, str] | None = None) -> str:
-    """A training unit's stages (train, then evaluate) in one `dvc repro --single-item`; each runs only if
-    DVC finds it stale when its turn comes."""
-    output = dvc_stages.repro(list(stages), Path(workdir), dvc_stages.stage_env(Path(workdir), env))
+@task(name="dvc-repro", task_run_name=_repro_run_name, **TASK_DEFAULTS)
+def repro_stage(stage: str | list[str], workdir: Path, env: dict[str, str] | None = None) -> str:
+    """`dvc repro --single-item <stage>...` in `workdir`; DVC skips a stage when nothing it depends on
+    changed. A training unit passes its stages together (train, then evaluate: one `dvc` command).
+    `env`: variables added to the stage's environment."""
+    output = dvc_stages.repro(stage, Path(workdir), dvc_stages.stage_env(Path(workdir), env))
     log_output(output)
     return output
 

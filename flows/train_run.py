@@ -33,7 +33,7 @@ from prefect import flow, get_run_logger, task
 from prefect.concurrency.sync import concurrency
 
 from flows import checkouts, remote
-from flows.tasks import TASK_DEFAULTS, log_output, repro_unit
+from flows.tasks import TASK_DEFAULTS, log_output, repro_stage
 from flows.work_pools import TRAIN_FLOW, TRAIN_REMOTE_FLOW, TRAIN_SLOT_LEASE_S
 
 REPORT_ARTIFACT = "unit-report"  # the artifact type a remote unit reports back with
@@ -75,7 +75,7 @@ def train_unit(
         prepare_checkout(workdir, checkout)
     with _slot(slot, slot_timeout_s):
         link_inputs(checkout, stages)
-        repro_unit(stages, checkout, env)
+        repro_stage(list(stages), checkout, env)
     return list(stages)
 
 
@@ -157,7 +157,7 @@ def train_unit_remote(
     prepare_clone(state, here, make)
     with _slot(slot, slot_timeout_s):
         pull_inputs(here, stages, state.dvc_remote)
-        repro_unit(stages, here, env)
+        repro_stage(list(stages), here, env)
     report = push_outputs(here, stages, state.dvc_remote)
     publish_report(report)
     return report

@@ -102,4 +102,3 @@ def test_train_starts_from_cooccurrence_only_when_asked(tmp_path, monkeypatch):
     torch.manual_seed(0)
     fresh = build_model(model_cfg, "none", random_start.shape[0], load_spec(features_dir))
     assert torch.equal(random_start, fresh.item_embeddings.weight.detach())
-
