@@ -2,17 +2,22 @@
 
 A deployment parameter such as `size: tiny` is written into params.yaml before `dvc repro`, just as
 `dvc exp run --set-param generate.size=tiny` would: DVC then re-runs exactly the stages whose params
-changed, and dvc.lock records what was run. Comments and key order are kept (ruamel round trip).
+changed, and dvc.lock records what was run. A new value replaces the old one's text where it stands, so
+every other line stays as written (a ruamel dump would re-wrap flow mappings and drop aligned comments);
+a key that is not in the file yet is added by a ruamel round trip, which keeps comments and key order.
 """
 
 from __future__ import annotations
 
 import io
+import json
+import re
 from pathlib import Path
 from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.scalarstring import ScalarString
 
 from contextual_bert.config import load_config
 from contextual_bert.errors import ContextualBertError
@@ -70,10 +75,13 @@ def apply_overrides(params_path: Path, overrides: dict[str, Any]) -> dict[str, A
             changed[key] = value
     if not changed:
         return {}
-    buf = io.StringIO()
-    y.dump(tree, buf)
+    patched = _patched_in_place(params_path.read_text(), changed)
+    if patched is None or not _parses_to(patched, tree):
+        buf = io.StringIO()
+        y.dump(tree, buf)
+        patched = buf.getvalue()
     candidate = params_path.with_name(params_path.name + ".candidate")
-    candidate.write_text(buf.getvalue())
+    candidate.write_text(patched)
     try:
         load_config(candidate)
     except ContextualBertError as exc:
@@ -83,6 +91,77 @@ def apply_overrides(params_path: Path, overrides: dict[str, Any]) -> dict[str, A
         candidate.unlink()
     params_path.write_text(text)
     return changed
+
+
+_PLAIN = re.compile(r"[^\s,\[\]{}#]+")  # a plain scalar as params.yaml writes them, in flow or block context
+
+
+def _render(value: Any) -> str:
+    """A value as one line of YAML: scalars plain where YAML reads them back unchanged, collections in flow style."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_render(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_render(v)}" for k, v in value.items()) + "}"
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    text = str(value) if isinstance(value, (int, float)) else value
+    return text if _PLAIN.fullmatch(text) and YAML(typ="safe").load(text) == value else json.dumps(value)
+
+
+def _span(line: str, col: int) -> int | None:
+    """Where the value starting at `col` ends: a plain scalar, or a flow collection closed on the same line."""
+    if line[col] not in "[{":
+        match = _PLAIN.match(line, col)
+        return match.end() if match else None
+    depth = 0
+    for end in range(col, len(line)):
+        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(line[end], 0)
+        if depth == 0:
+            return end + 1
+    return None
+
+
+def _patched_in_place(text: str, changed: dict[str, Any]) -> str | None:
+    """`text` with each changed key's value rewritten where it stands (line and column from ruamel's parse),
+    one key at a time; None when a key is new outside a one-line flow mapping, or its old value is quoted or
+    spans lines (the caller then dumps the tree, and checks that a patched text parses to the intended tree)."""
+    for key, value in changed.items():
+        tree = _yaml().load(text)
+        lines = text.splitlines(keepends=True)
+        *parents, leaf = key.split(".")
+        node = _get(tree, ".".join(parents)) if parents else tree
+        if not isinstance(node, CommentedMap) or isinstance(node.get(leaf), ScalarString):
+            return None
+        if leaf in node:
+            row, col = node.lc.value(leaf)
+            end = _span(lines[row], col)
+            new = _render(value)
+        else:  # a new key of a one-line flow mapping, e.g. `none: {learning_rate: 0.002}`: added before its `}`
+            if not parents or not node.fa.flow_style():
+                return None
+            owner = _get(tree, ".".join(parents[:-1])) if len(parents) > 1 else tree
+            row, col = owner.lc.value(parents[-1])
+            end = _span(lines[row], col)
+            if end is None:
+                return None
+            inner = lines[row][col + 1 : end - 1].strip()
+            new = "{" + (f"{inner}, " if inner else "") + f"{leaf}: {_render(value)}" + "}"
+        if end is None:
+            return None
+        rest = lines[row][end:]
+        gap = len(rest) - len(rest.lstrip(" "))
+        if gap and rest.lstrip(" ").startswith("#"):  # an aligned comment keeps its column where it can
+            rest = " " * max(1, gap + (end - col) - len(new)) + rest.lstrip(" ")
+        lines[row] = lines[row][:col] + new + rest
+        text = "".join(lines)
+    return text
+
+
+def _parses_to(text: str, tree: dict) -> bool:
+    try:
+        return _yaml().load(text) == tree
+    except Exception:  # a patch that broke the YAML: the caller dumps the tree instead
+        return False
 
 
 def _get(tree: dict, key: str) -> Any:

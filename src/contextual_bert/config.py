@@ -213,15 +213,19 @@ class VariantOverrides(Section):
     init_embeddings: InitEmbeddings | None = None
 
 
+SweepKey = Literal["learning_rate", "dropout", "weight_decay", "batch_size"]
+
+
 class SweepConfig(Section):
     """The per-variant sweep (flows/sweep.py through DVC experiments): every combination of `grid` for every
     variant, one seed, chosen on validation cross-entropy; the choice is written to `variants:`."""
 
     seed: int = 0  # one of train.seeds: each setting trains train@<variant>-<seed>
     variants: list[Variant] = []  # empty: train.variants
-    grid: dict[Literal["learning_rate", "dropout", "weight_decay", "batch_size"], list[float]] = {
-        "learning_rate": [1e-3, 2e-3, 4e-3]
-    }
+    grid: dict[SweepKey, list[float]] = {"learning_rate": [1e-3, 2e-3, 4e-3]}
+    # a variant's own grid instead of `grid` (e.g. the bags of items, cheap to train, whose best rates lie
+    # higher than the transformers'); the same keys
+    grids: dict[Variant, dict[SweepKey, list[float]]] = {}
 
 
 class EvaluateConfig(Section):

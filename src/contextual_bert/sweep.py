@@ -1,7 +1,8 @@
 """The per-variant sweep: its settings, its choice and its report (no orchestration here).
 
 Each variant gets its own settings (learning rate first), chosen on the validation split and never on test:
-every combination of `sweep.grid` trains `train@<variant>-<sweep.seed>` as one DVC experiment
+every combination of `sweep.grid` (or the variant's own `sweep.grids.<variant>`) trains
+`train@<variant>-<sweep.seed>` as one DVC experiment
 (`dvc exp run --queue -S ++variants.<variant>.<key>=<value> ...`, flows/sweep.py runs the queue), and the
 setting with the lowest best-epoch validation cross-entropy wins. The winners go to `variants:` in
 params.yaml, so `dvc repro` then re-trains exactly the variants whose settings changed.
@@ -26,18 +27,24 @@ def sweep_variants(cfg: Config) -> list[str]:
     unknown = [v for v in variants if v not in cfg.train.variants]
     if unknown:
         raise ContextualBertError(f"params.yaml: sweep.variants {unknown} are not in train.variants")
+    unswept = sorted(set(cfg.sweep.grids) - set(variants))
+    if unswept:
+        raise ContextualBertError(f"params.yaml: sweep.grids names {unswept}, which the sweep does not train")
     if cfg.sweep.seed not in cfg.train.seeds:
         raise ContextualBertError(f"params.yaml: sweep.seed {cfg.sweep.seed} is not one of train.seeds "
                                   f"{cfg.train.seeds} (the sweep trains train@<variant>-<seed>)")
     return variants
 
 
-def settings_grid(cfg: Config) -> list[dict]:
-    """Every combination of the grid's values, as {key: value}, in the grid's order."""
-    keys = list(cfg.sweep.grid)
-    if not keys or any(not cfg.sweep.grid[k] for k in keys):
-        raise ContextualBertError("params.yaml: sweep.grid needs at least one value for each key")
-    combos = itertools.product(*(cfg.sweep.grid[k] for k in keys))
+def settings_grid(cfg: Config, variant: str | None = None) -> list[dict]:
+    """Every combination of the variant's grid (`sweep.grids.<variant>`, else `sweep.grid`), as {key: value},
+    in the grid's order."""
+    grid = cfg.sweep.grids.get(variant) or cfg.sweep.grid
+    keys = list(grid)
+    if not keys or any(not grid[k] for k in keys):
+        where = f"sweep.grids.{variant}" if variant in cfg.sweep.grids else "sweep.grid"
+        raise ContextualBertError(f"params.yaml: {where} needs at least one value for each key")
+    combos = itertools.product(*(grid[k] for k in keys))
     return [{k: int(v) if k in INTEGER_KEYS else float(v) for k, v in zip(keys, values)} for values in combos]
 
 
@@ -45,7 +52,7 @@ def experiments(cfg: Config) -> list[dict]:
     """One experiment per (variant, setting): its name, DVC target and `-S` parameter overrides."""
     planned = []
     for variant in sweep_variants(cfg):
-        for i, setting in enumerate(settings_grid(cfg)):
+        for i, setting in enumerate(settings_grid(cfg, variant)):
             planned.append({
                 "name": f"sweep-{variant.replace('_', '-')}-{i}",
                 "variant": variant,

@@ -29,6 +29,24 @@ def test_overrides_land_in_params_yaml_with_its_comments(params):
     assert len(after.splitlines()) == len(before.splitlines())
 
 
+def test_only_the_lines_of_changed_values_change(params):
+    """A value is rewritten where it stands: the other lines (flow mappings aligned by hand, `null`s, comment
+    columns) stay byte for byte; a new key of a one-line flow mapping joins it (the sweep's
+    `variants.<model>.<key>`)."""
+    before = params.read_text().splitlines()
+    apply_overrides(params, {"generate.size": "tiny", "train.seeds": [0], "variants.none.learning_rate": 0.01,
+                             "variants.none.dropout": 0.2, "import_sets.customer_column": "customer"})
+    after = params.read_text().splitlines()
+    assert len(after) == len(before)
+    changed = {i: (b, a) for i, (b, a) in enumerate(zip(before, after)) if a != b}
+    assert sorted(a.split("#")[0].strip() for _, a in changed.values()) == [
+        "customer_column: customer", "none: {learning_rate: 0.01, dropout: 0.2}", "seeds: [0]", "size: tiny"]
+    size_before, size_after = next((b, a) for b, a in changed.values() if a.lstrip().startswith("size:"))
+    assert size_after.index("#") == size_before.index("#")  # the comment keeps its column
+    cfg = load_config(params)
+    assert (cfg.model_for("none").dropout, cfg.train_for("none").learning_rate) == (0.2, 0.01)
+
+
 def test_unchanged_values_leave_the_file_untouched(params):
     apply_overrides(params, {"generate.size": "tiny"})
     mtime, text = params.stat().st_mtime_ns, params.read_text()

@@ -113,6 +113,16 @@ def test_the_grid_is_every_combination_for_every_variant():
         experiments(_cfg(seed=5))
 
 
+def test_a_variant_may_have_its_own_grid():
+    cfg = _cfg(grid={"learning_rate": [1e-3, 2e-3]}, grids={"none": {"learning_rate": [5e-3, 1e-2, 2e-2]}})
+    planned = experiments(cfg)
+    assert [(e["variant"], e["setting"]["learning_rate"]) for e in planned] == [
+        ("none", 5e-3), ("none", 1e-2), ("none", 2e-2), ("global_state", 1e-3), ("global_state", 2e-3)]
+    assert [e["name"] for e in planned][:3] == ["sweep-none-0", "sweep-none-1", "sweep-none-2"]
+    with pytest.raises(Exception, match=r"sweep.grids names \['concat'\], which the sweep does not train"):
+        experiments(_cfg(grids={"concat": {"learning_rate": [1e-3]}}))
+
+
 def test_choose_takes_the_lowest_validation_loss_and_skips_failed_runs():
     cfg = _cfg(grid={"learning_rate": [1e-3, 2e-3]})
     metrics_file = str(cfg.train_metrics_path("none", 1))
