@@ -4,7 +4,8 @@ A deployment parameter such as `size: tiny` is written into params.yaml before `
 `dvc exp run --set-param generate.size=tiny` would: DVC then re-runs exactly the stages whose params
 changed, and dvc.lock records what was run. A new value replaces the old one's text where it stands, so
 every other line stays as written (a ruamel dump would re-wrap flow mappings and drop aligned comments);
-a key that is not in the file yet is added by a ruamel round trip, which keeps comments and key order.
+a key that is not in the file yet joins its one-line flow mapping (`none: {learning_rate: 0.002}`), or else
+is added by a ruamel round trip, which keeps comments and key order.
 """
 
 from __future__ import annotations
