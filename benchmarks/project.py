@@ -42,7 +42,10 @@ class Project:
 
     def write_params(self, params: dict) -> None:
         self.params = params
-        self.params_path.write_text(yaml.safe_dump(params))
+        # in params.yaml's key order: the features stage encodes article attributes in their declared order,
+        # and that order is the order of the attribute embeddings' initial weights (sorted keys gave another
+        # initialisation than `make repro`'s)
+        self.params_path.write_text(yaml.safe_dump(params, sort_keys=False))
 
     def path(self, key: str) -> Path:
         """A folder of params' `paths:` (e.g. reports_dir), inside the project."""
