@@ -402,6 +402,83 @@ def test_attributes_are_refused_where_they_do_not_belong():
         bert.set_catalogue(bad)
 
 
+
+# --- offsets for attribute values already in the outfit (model.AttributeOverlap) --------------------------
+
+
+def overlap_model(variant: str, seed: int = 0):
+    torch.manual_seed(seed)
+    bert = build_model(SMALL, variant + "_attrs", N_ITEMS, SPEC, ATTRIBUTES, overlap=True)
+    bert.set_catalogue(catalogue())
+    return bert.eval()
+
+
+@pytest.mark.parametrize("variant", ["none", "global_state", "bag_of_items_context"])
+def test_attribute_overlap_starts_at_zero_and_round_trips(variant, tmp_path):
+    plain, with_overlap = attribute_model(variant), overlap_model(variant)
+    items, ctx = outfits_with_one_mask(4, size=5, length=8), context(4)
+    with torch.no_grad():  # the same draws and, with zero offsets, the same scores as without them
+        torch.testing.assert_close(with_overlap.masked_logits(items, ctx), plain.masked_logits(items, ctx))
+        for offset in with_overlap.overlap.offsets:
+            offset.normal_()
+        logits = with_overlap.masked_logits(items, ctx)
+    assert not torch.allclose(logits, plain.masked_logits(items, ctx))
+    save_checkpoint(tmp_path / "checkpoint.pt", with_overlap, {})
+    loaded, _ = load_checkpoint(tmp_path / "checkpoint.pt")
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.masked_logits(items, ctx), logits)
+    paper = ModelConfig(d_model=128, n_blocks=4, n_heads=8, d_ff=256)
+    if variant in VARIANTS:  # the offsets belong to the article side: the paper's count is unchanged
+        counted = build_model(paper, variant + "_attrs", N_SPECIAL + 50, paper_spec(), ATTRIBUTES, overlap=True)
+        assert count_paper_parameters(counted) == PAPER_PARAMETERS[variant]
+
+
+def test_attribute_overlap_offsets_a_candidate_by_the_values_the_rest_of_the_outfit_holds():
+    bert = overlap_model("none")
+    tables = catalogue()
+    bert.set_catalogue(tables)
+    scale = bert.overlap.SCALE
+    with torch.no_grad():
+        product_type, colours, _ = (offset.detach() for offset in bert.overlap.offsets)
+        product_type.copy_(torch.arange(len(product_type), dtype=torch.float) / 10)
+        colours.copy_(-torch.arange(len(colours), dtype=torch.float) / 100)
+    a, b = N_SPECIAL, N_SPECIAL + 1
+    # Row 0 predicts position 2 ([MASK]); row 1 predicts position 0, which holds its own article (BERT keeps
+    # 10% of the masked articles): that article must not count as "already in the outfit".
+    items = torch.tensor([[a, b, MASK_INDEX, PAD_INDEX], [a, b, UNKNOWN_INDEX, PAD_INDEX]])
+    select = torch.tensor([[False, False, True, False], [True, False, False, False]])
+    with torch.no_grad():
+        offsets = bert.outfit_offsets(items, select)
+    assert offsets.shape == (2, N_CATALOGUE)
+
+    def expected(others: list[int], candidate: int) -> float:
+        total = 0.0
+        types = {int(tables["product_type"][o]) for o in others}
+        if int(tables["product_type"][candidate]) in types:
+            total += float(product_type[int(tables["product_type"][candidate])]) * scale
+        held = {int(v) for o in others for v in tables["colours"][o] if v != PAD_INDEX}
+        values = [int(v) for v in tables["colours"][candidate] if v != PAD_INDEX]
+        total += sum(float(colours[v]) * scale for v in values if v in held) / max(len(values), 1)
+        return total  # price (its offsets still 0) adds nothing
+
+    for candidate in range(N_SPECIAL, N_CATALOGUE):  # unseen articles (no id) included
+        assert float(offsets[0, candidate]) == pytest.approx(expected([a, b], candidate), abs=1e-5)
+        assert float(offsets[1, candidate]) == pytest.approx(expected([b], candidate), abs=1e-5)
+    assert offsets[0].abs().sum() > 0
+
+
+def test_training_loss_with_attribute_overlap_trains_the_offsets():
+    from contextual_bert.training import masked_item_loss
+
+    bert = overlap_model("none").train()
+    items = outfits_with_one_mask(6, size=5, length=8)
+    targets = items.clone()
+    predict = items == MASK_INDEX
+    targets[predict] = N_SPECIAL + 7
+    loss = masked_item_loss(bert, items, {}, predict, targets)
+    loss.backward()
+    assert torch.isfinite(loss) and bert.overlap.offsets[0].grad.abs().sum() > 0
+
 # --- id dropout (train.id_dropout) -----------------------------------------------------------------------
 
 

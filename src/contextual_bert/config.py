@@ -20,9 +20,10 @@ BASELINE_MODELS = ("bag_of_items", "bag_of_items_context")  # learned baselines,
 # (features.article_attributes) beside the article ids. Named models of their own, so DVC matrix keys, run
 # directories, reports and MLflow runs never mix them with the paper's rows.
 ATTRIBUTES_SUFFIX = "_attrs"
-ATTRIBUTE_SETTINGS = ("id_dropout",)  # train settings only the "_attrs" models read
+ATTRIBUTE_SETTINGS = ("id_dropout", "attribute_overlap")  # train settings only the "_attrs" models read
 InitEmbeddings = Literal["random", "cooccurrence"]  # how the article-id embeddings start (cooccurrence.py)
-LATER_SETTINGS = {"init_embeddings": "random"}  # train settings added after runs were recorded: their default
+# train settings added after runs were recorded, at the value those runs had: a run at it keeps its old key
+LATER_SETTINGS = {"init_embeddings": "random", "attribute_overlap": False}
 ATTRIBUTE_MODELS = tuple(m + ATTRIBUTES_SUFFIX for m in VARIANTS + BASELINE_MODELS)
 MODELS = VARIANTS + BASELINE_MODELS + ATTRIBUTE_MODELS
 Variant = Literal["none", "concat", "new_position", "global_state", "global_state_update", "bag_of_items",
@@ -186,6 +187,10 @@ class TrainConfig(Section):
     # [UNK] row, at the input positions and the output rows (model.ArticleAttributes.ids). Set per model in
     # params.yaml (variants.<model>_attrs.id_dropout), never here: DVC then tracks it for those models alone.
     id_dropout: float = Field(0.0, ge=0, lt=1)
+    # "_attrs" models only (off per model: variants.<model>_attrs.attribute_overlap: false): a learned logit
+    # offset per attribute value for a candidate whose value another article of the outfit already has
+    # (model.AttributeOverlap). On by default, by measurement (reports/experiments/article_features/).
+    attribute_overlap: bool = True
     # How the article-id embeddings start: random, or the training outfits' co-occurrence (cooccurrence.py;
     # for sparse data, where the encoder otherwise stays at popularity: docs/training.md).
     init_embeddings: InitEmbeddings = "random"
@@ -194,7 +199,7 @@ class TrainConfig(Section):
 
     def read_by(self, model: str, exclude: set[str] = frozenset()) -> dict:
         """The settings `model` trains with, as a dict: without ATTRIBUTE_SETTINGS for a model without
-        attributes, which never reads them, and without a LATER_SETTINGS entry at its default, so a run's key
+        attributes, which never reads them, and without a LATER_SETTINGS entry at its earlier value, so a run's key
         and logged params are what they were before the setting existed."""
         skip = set(exclude) | (set() if uses_attributes(model) else set(ATTRIBUTE_SETTINGS))
         skip |= {name for name, default in LATER_SETTINGS.items() if getattr(self, name) == default}
@@ -210,6 +215,7 @@ class VariantOverrides(Section):
     weight_decay: float | None = None
     dropout: float | None = None
     id_dropout: float | None = Field(None, ge=0, lt=1)  # "_attrs" models only (TrainConfig.id_dropout)
+    attribute_overlap: bool | None = None  # "_attrs" models only (TrainConfig.attribute_overlap)
     init_embeddings: InitEmbeddings | None = None
 
 

@@ -357,6 +357,52 @@ class ArticleAttributes(nn.Module):
         return e if articles is None else e.view(*articles.shape, -1)
 
 
+class AttributeOverlap(nn.Module):
+    """o(a | outfit) = SCALE * sum_k w_k[x_k(a)] * [another article of the outfit has value x_k(a)]: a learned
+    logit offset, one per attribute value, for a candidate whose value is already in the outfit.
+
+    Why: the tied output layer scores a candidate by h . e_a, so "no second article of this product type" must
+    be learned as a head state pointing away from every type the outfit holds, a rule learned from absences.
+    On planted data, where no two articles of one type share an outfit, [None] + attributes did not beat the
+    popularity that applies that rule (20k outfits; dropout and weight decay did not change it:
+    reports/experiments/article_features/). The offset states the comparison; training learns its sign and size
+    per value (on other data a type may repeat: socks, accessories). With attributes, a candidate's offset
+    needs no id, so unseen articles get it too. w_k starts at 0, so a model starts exactly as without it; it is
+    stored divided by SCALE because Adam moves a weight by about the learning rate per step, and an offset of
+    several nats would otherwise take more steps than a run has. The predicted position is left out of the
+    outfit it is compared with: in training it may hold its own article (BERT's kept 10%). Multi-valued
+    attributes: a candidate's offset is the mean over its values.
+    """
+
+    SCALE = 10.0
+
+    def __init__(self, spec: ContextSpec):
+        super().__init__()
+        self.spec = spec
+        self.offsets = nn.ParameterList(nn.Parameter(torch.zeros(f.cardinality)) for f in spec.features)
+
+    def forward(self, catalogue: dict[str, torch.Tensor], items: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
+        """(M, n_items) offsets at the `select` positions (bool, (B, L); row-major) of `items` (B, L, catalogue
+        indices), for every article of `catalogue` (attribute name -> (n,) or (n, max_values) indices)."""
+        rows, positions = select.nonzero(as_tuple=True)
+        real = (items >= N_SPECIAL).unsqueeze(-1)  # [MASK], [UNK] and padding hold no attribute
+        total = None
+        for f, offset in zip(self.spec.features, self.offsets):
+            values = catalogue[f.name]
+            candidates = values if values.dim() == 2 else values.unsqueeze(1)  # (n, m)
+            held = candidates[items]  # (B, L, m)
+            counted = (real & (held != PAD_INDEX)).to(offset.dtype)
+            counts = offset.new_zeros(items.shape[0], f.cardinality).scatter_add_(1, held.flatten(1), counted.flatten(1))
+            own = offset.new_zeros(len(rows), f.cardinality).scatter_add_(1, held[rows, positions], counted[rows, positions])
+            present = (counts[rows] - own) > 0.5  # (M, cardinality): held by another article of the row
+            gain = present.to(offset.dtype) * (offset * self.SCALE)
+            valid = (candidates != PAD_INDEX).to(offset.dtype)  # (n, m)
+            term = sum(gain[:, candidates[:, j]] * valid[:, j] for j in range(candidates.shape[1]))  # (M, n)
+            term = term / valid.sum(dim=-1).clamp_min(1.0)
+            total = term if total is None else total + term
+        return total
+
+
 class ArticleScores:
     """The output side shared by the models: logits over the real articles from head states, and the
     logits at the one [MASK] of every row. Needs `forward`, `head` and `output_layer`.
@@ -365,16 +411,21 @@ class ArticleScores:
     them, of which the first n_ids have an id embedding: `article_vectors` and the per-id bias come from
     `ArticleAttributes`, and `set_catalogue` changes which articles are scored without touching a weight."""
 
-    def _init_articles(self, variant: str, n_items: int, attributes: ContextSpec | None, combine: str) -> None:
-        """n_ids (article id rows) and, for a "<model>_attrs" variant, the attribute embeddings."""
+    def _init_articles(self, variant: str, n_items: int, attributes: ContextSpec | None, combine: str,
+                       overlap: bool = False) -> None:
+        """n_ids (article id rows) and, for a "<model>_attrs" variant, the attribute embeddings (and, with
+        `overlap`, the offsets for attribute values already in the outfit)."""
         self.n_ids = n_items
-        self.attributes = None  # (no class attribute: it would hide the submodule nn.Module keeps apart)
+        self.attributes = self.overlap = None  # (no class attributes: they would hide the submodules)
+        if overlap and attributes is None:
+            raise ContextualBertError(f"model '{variant}' reads article ids only; it has no attribute overlap")
         if uses_attributes(variant) != (attributes is not None and len(attributes.features) > 0):
             raise ContextualBertError(
                 f"model '{variant}' " + ("needs article attributes (features.article_features: true)"
                                          if uses_attributes(variant) else "reads article ids only; it takes no attributes"))
         if attributes is not None:
             self.attributes = ArticleAttributes(attributes, n_items, self.model_cfg.d_model, combine)
+            self.overlap = AttributeOverlap(attributes) if overlap else None
 
     @property
     def n_items(self) -> int:
@@ -410,10 +461,17 @@ class ArticleScores:
         ids = attributes.ids()
         return attributes(table, ids=ids), self.output_bias[ids]
 
-    def article_logits(self, head_states: torch.Tensor) -> torch.Tensor:
-        """(M, n_items - N_SPECIAL) logits over the real articles (specials are never predicted)."""
+    def outfit_offsets(self, items: torch.Tensor, select: torch.Tensor) -> torch.Tensor | None:
+        """(M, n_items) logit offsets at the `select` positions from the rest of their outfit (AttributeOverlap),
+        or None for a model without them."""
+        return None if self.overlap is None else self.overlap(self.attributes.catalogue(), items, select)
+
+    def article_logits(self, head_states: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
+        """(M, n_items - N_SPECIAL) logits over the real articles (specials are never predicted); `offsets`
+        from `outfit_offsets` at the same positions."""
         weight, bias = self.output_layer()
-        return F.linear(head_states, weight[N_SPECIAL:].to(head_states.dtype), bias[N_SPECIAL:].to(head_states.dtype))
+        logits = F.linear(head_states, weight[N_SPECIAL:].to(head_states.dtype), bias[N_SPECIAL:].to(head_states.dtype))
+        return logits if offsets is None else logits + offsets[:, N_SPECIAL:].to(logits.dtype)
 
     def masked_logits(self, items: torch.Tensor, context: dict[str, torch.Tensor] | None) -> torch.Tensor:
         """(B, n_items) logits at the one MASK_INDEX of every row; the special indices get -inf."""
@@ -423,6 +481,9 @@ class ArticleScores:
         head_states = self.head(self.forward(items, context, select=is_mask))
         weight, bias = self.output_layer()
         logits = F.linear(head_states, weight.to(head_states.dtype), bias.to(head_states.dtype))
+        offsets = self.outfit_offsets(items, is_mask)
+        if offsets is not None:
+            logits = logits + offsets.to(logits.dtype)
         return logits.index_fill_(1, torch.arange(N_SPECIAL, device=logits.device), float("-inf"))
 
 
@@ -430,7 +491,7 @@ class ContextualBert(ArticleScores, nn.Module):
     """The encoder over a set of article indices (PAD_INDEX-padded), one of the five variants."""
 
     def __init__(self, model_cfg: ModelConfig, variant: str, n_items: int, spec: ContextSpec,
-                 attributes: ContextSpec | None = None, combine: str = "sum"):
+                 attributes: ContextSpec | None = None, combine: str = "sum", overlap: bool = False):
         super().__init__()
         if base_model(variant) not in VARIANTS:
             raise ContextualBertError(f"unknown variant '{variant}' (one of {', '.join(VARIANTS)}, or one of "
@@ -468,7 +529,7 @@ class ContextualBert(ArticleScores, nn.Module):
         with torch.no_grad():
             self.item_embeddings.weight[PAD_INDEX].zero_()
         self.input_scale = d**0.5
-        self._init_articles(variant, n_items, attributes, combine)  # last: the paper's models draw as before
+        self._init_articles(variant, n_items, attributes, combine, overlap)  # last: the paper's models draw as before
 
     # --- the encoder ---------------------------------------------------------------------------------
 
@@ -524,7 +585,7 @@ class BagOfItems(ArticleScores, nn.Module):
     """
 
     def __init__(self, model_cfg: ModelConfig, variant: str, n_items: int, spec: ContextSpec,
-                 attributes: ContextSpec | None = None, combine: str = "sum"):
+                 attributes: ContextSpec | None = None, combine: str = "sum", overlap: bool = False):
         super().__init__()
         if base_model(variant) not in BASELINE_MODELS:
             raise ContextualBertError(f"unknown baseline '{variant}' (one of {', '.join(BASELINE_MODELS)})")
@@ -541,7 +602,7 @@ class BagOfItems(ArticleScores, nn.Module):
         self.dropout = Dropout(model_cfg.dropout)
         for table in (self.item_embeddings, self.output_embeddings):
             nn.init.normal_(table.weight, std=d**-0.5)  # small first logits, as in ContextualBert
-        self._init_articles(variant, n_items, attributes, combine)
+        self._init_articles(variant, n_items, attributes, combine, overlap)
         # the untied output side has attribute embeddings of its own, reading the same catalogue
         self.output_attributes = (ArticleAttributes(attributes, n_items, d, combine) if self.attributes is not None
                                   else None)  # fmt: skip
@@ -571,11 +632,12 @@ class BagOfItems(ArticleScores, nn.Module):
 
 
 def build_model(model_cfg: ModelConfig, variant: str, n_items: int, spec: ContextSpec,
-                attributes: ContextSpec | None = None, combine: str = "sum") -> nn.Module:
+                attributes: ContextSpec | None = None, combine: str = "sum", overlap: bool = False) -> nn.Module:
     """A paper variant (ContextualBert) or a learned baseline (BagOfItems), by name; a "<model>_attrs" name
-    with the article attributes' spec (n_items: the article ids; the catalogue comes by `set_catalogue`)."""
+    with the article attributes' spec (n_items: the article ids; the catalogue comes by `set_catalogue`) and,
+    with `overlap`, AttributeOverlap's offsets."""
     model_class = BagOfItems if base_model(variant) in BASELINE_MODELS else ContextualBert
-    return model_class(model_cfg, variant, n_items, spec, attributes, combine)
+    return model_class(model_cfg, variant, n_items, spec, attributes, combine, overlap)
 
 
 # --- parameter counts ---------------------------------------------------------------------------------
@@ -589,7 +651,7 @@ def count_paper_parameters(model: nn.Module) -> int:
         excluded.add(id(model.output_embeddings.weight))
     if model.context_encoder is not None:
         excluded |= {id(p) for p in model.context_encoder.parameters()}
-    for article_side in (model.attributes, getattr(model, "output_attributes", None)):
+    for article_side in (model.attributes, getattr(model, "output_attributes", None), model.overlap):
         if article_side is not None:  # attribute embeddings (and projection) belong to the article embeddings
             excluded |= {id(p) for p in article_side.parameters()}
     return sum(p.numel() for p in model.parameters() if id(p) not in excluded)
@@ -650,6 +712,7 @@ def model_payload(model: nn.Module) -> dict:
     if model.attributes is not None:  # the attributes' spec and the catalogue the model was trained with
         payload["attributes"] = model.attributes.spec.to_json()
         payload["combine"] = model.attributes.combine
+        payload["overlap"] = model.overlap is not None
         payload["catalogue"] = {k: v.detach().cpu() for k, v in model.attributes.catalogue().items()}
     return payload
 
@@ -663,6 +726,7 @@ def model_from_payload(payload: dict) -> nn.Module:
         ContextSpec.from_json(payload["spec"]),
         None if attributes is None else ContextSpec.from_json(attributes),
         payload.get("combine", "sum"),
+        payload.get("overlap", False),  # checkpoints from before AttributeOverlap have none
     )
     model.load_state_dict(payload["state_dict"])
     if attributes is not None:

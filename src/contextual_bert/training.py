@@ -141,10 +141,12 @@ def masked_item_loss(
     targets = items[predict]
     if len(targets) == 0:  # a batch of unknown articles only: nothing to learn from
         return head_states.sum() * 0.0
-    if head_states.device.type == "cpu" and head_states.dtype == torch.float32 and torch.is_grad_enabled():
+    offsets = model.outfit_offsets(inputs, predict)  # from what the model sees: the inputs, not the answers
+    if (offsets is None and head_states.device.type == "cpu" and head_states.dtype == torch.float32
+            and torch.is_grad_enabled()):
         weight, bias = model.output_layer()  # specials included
         return LinearCrossEntropy.apply(head_states, weight, bias, targets, N_SPECIAL, 128)
-    return F.cross_entropy(model.article_logits(head_states).float(), targets - N_SPECIAL)
+    return F.cross_entropy(model.article_logits(head_states, offsets).float(), targets - N_SPECIAL)
 
 
 # --- the loop -------------------------------------------------------------------------------------------
@@ -452,7 +454,8 @@ def train(
     train_data = load_split(features_dir, "train", model_cfg.max_set_size, catalogue=catalogue is not None)
     val_data = load_split(features_dir, "val", model_cfg.max_set_size, catalogue=catalogue is not None)
     torch.manual_seed(seed)
-    model = build_model(model_cfg, variant, n_items, spec, None if catalogue is None else catalogue.spec)
+    model = build_model(model_cfg, variant, n_items, spec, None if catalogue is None else catalogue.spec,
+                        overlap=catalogue is not None and train_cfg.attribute_overlap)
     if catalogue is not None:
         model.set_catalogue(catalogue.tensors())
     if train_cfg.init_embeddings == "cooccurrence":  # before fit: a resumed run loads its own weights
