@@ -21,7 +21,8 @@ article never seen in training has no id row of its own and reads the [UNK] row,
 See ArticleAttributes for why a sum and not a concatenation with a projection, and for id dropout
 (variants.<model>_attrs.id_dropout): in training, a share of the articles read the [UNK] id row as an unseen
 one would, at the input and at the output, so that [UNK] + attributes, the vector every unseen article is
-ranked by, is trained.
+ranked by, is trained. And a candidate's logit gets a learned offset for each attribute value the rest of the
+outfit already holds (AttributeOverlap; variants.<model>_attrs.attribute_overlap).
 """
 
 from __future__ import annotations
