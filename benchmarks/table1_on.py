@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -62,7 +63,9 @@ def main() -> int:
     reports = project.path("reports_dir")
     shutil.copyfile(reports / "table1.md", args.out / "table1.md")
     shutil.copyfile(reports / "metrics.json", args.out / "metrics.json")
-    (args.out / "settings.yaml").write_text(yaml.safe_dump({"set": args.set, "seconds": project.timings}))
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    settings = {"commit": commit or None, "set": args.set, "seconds": project.timings}
+    (args.out / "settings.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
     print((args.out / "table1.md").read_text())
     return 0
 
