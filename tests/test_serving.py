@@ -10,6 +10,7 @@ import mlflow
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from mlflow.exceptions import MlflowException
 
 from helpers import STRONG, free_port, stop_process_group, wait_for_http
@@ -323,8 +324,8 @@ def test_mlflow_models_serve_answers_the_champion(tiny_trained_runs, requests, t
 
 @pytest.fixture(scope="module")
 def attribute_model(tmp_path_factory):
-    """(checkpoint of a "none_attrs" model, its features dir, raw articles): the weights are untrained, the
-    catalogue and its encoding are the features stage's."""
+    """(checkpoint of a "none_attrs" model, its features dir, raw articles): the weights are untrained (the
+    outfit offsets drawn at random, so that they count), the catalogue and its encoding are the features stage's."""
     import torch
 
     from contextual_bert.config import ModelConfig
@@ -344,8 +345,12 @@ def attribute_model(tmp_path_factory):
     catalogue = load_catalogue(root / "features")
     torch.manual_seed(0)
     model = build_model(ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=16), "none_attrs",
-                        len(load_article_vocab(root / "features")), load_spec(root / "features"), catalogue.spec)
+                        len(load_article_vocab(root / "features")), load_spec(root / "features"), catalogue.spec,
+                        overlap=True)
     model.set_catalogue(catalogue.tensors())
+    with torch.no_grad():
+        for offset in model.overlap.offsets:
+            offset.normal_()
     save_checkpoint(root / "checkpoint.pt", model, {})
     return root / "checkpoint.pt", root / "features", articles
 
@@ -368,6 +373,13 @@ def test_an_article_added_after_training_is_recommended_and_may_be_named(attribu
     encoded = after.encode(request).outfits
     log_probs = after.log_probs(encoded.items, encoded.context)[0]
     assert np.isfinite(float(log_probs[after.article_vocab.ids.index("fresh-2")]))  # scored by its attributes
+    # The CPU trace (made on a two-row example) scores any batch as the module does, outfit offsets included.
+    ids = list(articles["article_id"][:3])
+    rows = pd.DataFrame({"article_ids": [["fresh-1", ids[0]], [ids[1]], ids], "gender": ["f", "m", "f"]})
+    encoded = after.encode(rows).outfits
+    with torch.no_grad():
+        torch.testing.assert_close(after.masked_logits(encoded.items, encoded.context),
+                                   after.model.masked_logits(encoded.items, encoded.context))
 
 
 def test_an_ids_only_model_refuses_a_catalogue(core, tiny_trained_runs, tmp_path):

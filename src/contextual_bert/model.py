@@ -394,7 +394,7 @@ class AttributeOverlap(nn.Module):
             held = candidates[items]  # (B, L, m)
             counted = (real & (held != PAD_INDEX)).to(offset.dtype)
             counts = offset.new_zeros(items.shape[0], f.cardinality).scatter_add_(1, held.flatten(1), counted.flatten(1))
-            own = offset.new_zeros(len(rows), f.cardinality).scatter_add_(1, held[rows, positions], counted[rows, positions])
+            own = offset.new_zeros(rows.shape[0], f.cardinality).scatter_add_(1, held[rows, positions], counted[rows, positions])
             present = (counts[rows] - own) > 0.5  # (M, cardinality): held by another article of the row
             gain = present.to(offset.dtype) * (offset * self.SCALE)
             valid = (candidates != PAD_INDEX).to(offset.dtype)  # (n, m)
