@@ -63,7 +63,8 @@ def main() -> int:
     reports = project.path("reports_dir")
     shutil.copyfile(reports / "table1.md", args.out / "table1.md")
     shutil.copyfile(reports / "metrics.json", args.out / "metrics.json")
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+    commit = git.stdout.strip()
     settings = {"commit": commit or None, "set": args.set, "seconds": project.timings}
     (args.out / "settings.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
     print((args.out / "table1.md").read_text())

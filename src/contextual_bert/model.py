@@ -393,8 +393,11 @@ class AttributeOverlap(nn.Module):
             candidates = values if values.dim() == 2 else values.unsqueeze(1)  # (n, m)
             held = candidates[items]  # (B, L, m)
             counted = (real & (held != PAD_INDEX)).to(offset.dtype)
-            counts = offset.new_zeros(items.shape[0], f.cardinality).scatter_add_(1, held.flatten(1), counted.flatten(1))
-            own = offset.new_zeros(rows.shape[0], f.cardinality).scatter_add_(1, held[rows, positions], counted[rows, positions])
+            # (shapes, not len(): the serving trace keeps them free)
+            counts = offset.new_zeros(items.shape[0], f.cardinality)
+            counts.scatter_add_(1, held.flatten(1), counted.flatten(1))
+            own = offset.new_zeros(rows.shape[0], f.cardinality)
+            own.scatter_add_(1, held[rows, positions], counted[rows, positions])
             present = (counts[rows] - own) > 0.5  # (M, cardinality): held by another article of the row
             gain = present.to(offset.dtype) * (offset * self.SCALE)
             valid = (candidates != PAD_INDEX).to(offset.dtype)  # (n, m)
