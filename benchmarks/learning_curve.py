@@ -58,6 +58,26 @@ def epochs_for(base: dict, n_train: int, step_budget: int | None) -> int:
     return max(1, min(max_epochs, step_budget // steps_per_epoch))
 
 
+def paired(results: dict[str, dict]) -> dict:
+    """Paired bootstrap over the test outfits of the test cross-entropy, "a vs b" (positive: a better), for the
+    pairs the issue asks about among the models run: [None] against the bag of items, each context variant
+    against [None] and against the bag of items + c (each with its "_attrs" twin where both ran with it)."""
+    pairs = []
+    for model in results:
+        suffix = model.removeprefix(base_model(model))
+        if base_model(model) == "none":
+            pairs.append((model, "bag_of_items" + suffix))
+        elif base_model(model) not in CONTEXT_FREE + ("bag_of_items_context",):
+            pairs += [(model, "none" + suffix), (model, "bag_of_items_context" + suffix)]
+    out = {}
+    for a, b in pairs:
+        if b in results:
+            records = (results[b].get(OUTFITS_KEY), results[a].get(OUTFITS_KEY))
+            out[f"{a} vs {b}"] = ({"why": "no per-outfit record"} if None in records
+                                  else paired_difference(*records, "cross_entropy"))
+    return out
+
+
 def run_size(base: dict, workdir: Path, size: int, variants: list[str], seed: int, threads: int,
              jobs: int = 1, step_budget: int | None = None) -> dict:
     root = workdir / f"n{size}"
@@ -78,9 +98,9 @@ def run_size(base: dict, workdir: Path, size: int, variants: list[str], seed: in
     popularity = read("popularity")["test"]
     # with article attributes on: popularity among the articles whose product type is not yet in the outfit
     by_attribute = read("popularity_attribute") if (evals / "popularity_attribute.json").is_file() else None
-    rows = {}
+    rows, results = {}, {}
     for variant in variants:
-        result = read(f"{variant}-s{seed}")
+        result = results[variant] = read(f"{variant}-s{seed}")
         test = result["test"]
         reference = optimum["without_context" if base_model(variant) in CONTEXT_FREE else "with_context"]
         trained = json.loads((project.path("models_dir") / f"{variant}-s{seed}" / "metrics.json").read_text())
@@ -95,7 +115,7 @@ def run_size(base: dict, workdir: Path, size: int, variants: list[str], seed: in
             rows[variant]["better_than_popularity_by_attribute"] = (
                 {"why": "no per-outfit record"} if None in records else paired_difference(*records, "cross_entropy"))
     point = {"n_outfits": size, "rows": manifest.get("rows"), "max_epochs": max_epochs, "popularity": popularity,
-             "optimum": optimum, "variants": rows, "seconds": project.timings}
+             "optimum": optimum, "variants": rows, "paired": paired(results), "seconds": project.timings}
     if by_attribute is not None:
         point["popularity_by_attribute"] = by_attribute["test"] | {"attribute": by_attribute.get("attribute")}
     return point
