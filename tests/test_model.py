@@ -402,7 +402,6 @@ def test_attributes_are_refused_where_they_do_not_belong():
         bert.set_catalogue(bad)
 
 
-
 # --- offsets for attribute values already in the outfit (model.AttributeOverlap) --------------------------
 
 
@@ -465,6 +464,7 @@ def test_attribute_overlap_offsets_a_candidate_by_the_values_the_rest_of_the_out
         assert float(offsets[0, candidate]) == pytest.approx(expected([a, b], candidate), abs=1e-5)
         assert float(offsets[1, candidate]) == pytest.approx(expected([b], candidate), abs=1e-5)
     assert offsets[0].abs().sum() > 0
+    assert not torch.allclose(offsets[0], offsets[1])  # row 1's own article made a difference, by leaving it out
 
 
 def test_training_loss_with_attribute_overlap_trains_the_offsets():
@@ -478,6 +478,7 @@ def test_training_loss_with_attribute_overlap_trains_the_offsets():
     loss = masked_item_loss(bert, items, {}, predict, targets)
     loss.backward()
     assert torch.isfinite(loss) and bert.overlap.offsets[0].grad.abs().sum() > 0
+
 
 # --- id dropout (train.id_dropout) -----------------------------------------------------------------------
 
