@@ -360,6 +360,9 @@ def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, 
         "",
         "- Converged: runs whose early stopping fired or whose last 3 epochs improved validation "
         "cross-entropy by less than 0.01 nats together.",
+        "- Parameters: counted as the paper counts them, without the article embeddings, the output layer and "
+        "the customer-feature embeddings; so the bag of items counts 0 and the bag of items + c only its "
+        "projection of c.",
         "",
         "| Model | Cross-entropy | (paper) | Recall@1 % | (paper) | Recall@5 % | Recall@5 % 95% CI | Recall@250 % | "
         "Parameters | (paper) | Recall@1 gain vs [None] | (paper) | Converged |",
