@@ -58,6 +58,13 @@ def epochs_for(base: dict, n_train: int, step_budget: int | None) -> int:
     return max(1, min(max_epochs, step_budget // steps_per_epoch))
 
 
+def paired_cross_entropy(b: dict, a: dict) -> dict:
+    """Paired bootstrap of the test cross-entropy, a against b (positive: a better), from their evaluations'
+    per-outfit records."""
+    records = (b.get(OUTFITS_KEY), a.get(OUTFITS_KEY))
+    return {"why": "no per-outfit record"} if None in records else paired_difference(*records, "cross_entropy")
+
+
 def paired(results: dict[str, dict]) -> dict:
     """Paired bootstrap over the test outfits of the test cross-entropy, "a vs b" (positive: a better), for the
     pairs the issue asks about among the models run: [None] against the bag of items, each context variant
@@ -72,9 +79,7 @@ def paired(results: dict[str, dict]) -> dict:
     out = {}
     for a, b in pairs:
         if b in results:
-            records = (results[b].get(OUTFITS_KEY), results[a].get(OUTFITS_KEY))
-            out[f"{a} vs {b}"] = ({"why": "no per-outfit record"} if None in records
-                                  else paired_difference(*records, "cross_entropy"))
+            out[f"{a} vs {b}"] = paired_cross_entropy(results[b], results[a])
     return out
 
 
@@ -111,9 +116,7 @@ def run_size(base: dict, workdir: Path, size: int, variants: list[str], seed: in
             "epochs": trained.get("epochs"), "train_seconds": trained.get("seconds"),
         }
         if by_attribute is not None:  # paired over the same test cases (the id-only models skip unseen targets)
-            records = (by_attribute.get(OUTFITS_KEY), result.get(OUTFITS_KEY))
-            rows[variant]["better_than_popularity_by_attribute"] = (
-                {"why": "no per-outfit record"} if None in records else paired_difference(*records, "cross_entropy"))
+            rows[variant]["better_than_popularity_by_attribute"] = paired_cross_entropy(by_attribute, result)
     point = {"n_outfits": size, "rows": manifest.get("rows"), "max_epochs": max_epochs, "popularity": popularity,
              "optimum": optimum, "variants": rows, "paired": paired(results), "seconds": project.timings}
     if by_attribute is not None:
