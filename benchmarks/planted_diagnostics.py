@@ -8,7 +8,8 @@ some of them by replacing a method of the model (the head, the output layer) for
     python benchmarks/planted_diagnostics.py base --features /tmp/contextual-bert-learning-curve/n50000/data/features
     python benchmarks/planted_diagnostics.py nohead --head none --features ...
 
-Writes <out>/<name>/history.json (validation and training-sample cross-entropy per epoch) and prints it.
+Writes <out>/<name>/history.json (validation and training-sample cross-entropy per epoch) and prints it;
+with --test also <out>/<name>/test.json, as the evaluate stage writes it (pairable with the pipeline's runs).
 Measured: reports/experiments/planted_diagnostics/ (and docs/training.md, the learning curve).
 """
 
@@ -25,10 +26,10 @@ from torch import nn
 
 from contextual_bert.config import EvaluateConfig, InitEmbeddings, ModelConfig, TrainConfig
 from contextual_bert.cooccurrence import init_from_cooccurrence
-from contextual_bert.evaluation import evaluate_split
+from contextual_bert.evaluation import _evaluate  # the evaluate stage's result, per-outfit record included
 from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX
 from contextual_bert.feature_store import load_article_vocab, load_spec, load_split
-from contextual_bert.model import build_model, load_checkpoint
+from contextual_bert.model import build_model
 from contextual_bert.training import fit
 
 HEADS = {  # the head before the tied output layer; "gelu" is the model's own
@@ -111,7 +112,8 @@ def main() -> None:
                         help="train.init_embeddings: cooccurrence starts the article embeddings (tied: also the "
                              "output side) at the training outfits' factorised PPMI (contextual_bert.cooccurrence)")
     parser.add_argument("--test", action="store_true",
-                        help="also score the best checkpoint on the test split (unpatched models only)")
+                        help="also score the best checkpoint on the test (and validation) split: writes the "
+                             "evaluate stage's JSON, per-outfit record included, as <out>/<name>/test.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -131,10 +133,10 @@ def main() -> None:
         with torch.no_grad():
             model.head_transform.weight.copy_(torch.eye(model_cfg.d_model))
             model.head_transform.bias.zero_()
-    if args.untied:
-        model.untied_output = nn.Embedding(n_items, model_cfg.d_model)
-        nn.init.normal_(model.untied_output.weight, std=model_cfg.d_model**-0.5)
-        cls.output_layer = lambda self: (self.untied_output.weight, self.output_bias)
+    if args.untied:  # named as the bag of items' table, so that --init-embeddings cooccurrence starts it too
+        model.output_embeddings = nn.Embedding(n_items, model_cfg.d_model)
+        nn.init.normal_(model.output_embeddings.weight, std=model_cfg.d_model**-0.5)
+        cls.output_layer = lambda self: (self.output_embeddings.weight, self.output_bias)
     if args.init == "bert":
         for module in model.modules():
             if isinstance(module, nn.Linear):
@@ -163,11 +165,12 @@ def main() -> None:
     history = json.loads((args.out / args.name / "history.json").read_text())
     for row in history:
         print(args.name, row["epoch"], f"val {row['val_cross_entropy']:.4f} train {row['train_cross_entropy']:.4f}")
-    if args.test:
-        best, _ = load_checkpoint(args.out / args.name / "checkpoint.pt")
-        metrics = evaluate_split(best, load_split(args.features, "test", model_cfg.max_set_size), EvaluateConfig(),
-                                 "cpu")[0]
-        (args.out / args.name / "test.json").write_text(json.dumps(metrics, indent=2))
+    if args.test:  # the best epoch's weights, into this process's (patched) model
+        best = torch.load(args.out / args.name / "checkpoint.pt", map_location="cpu", weights_only=True)
+        model.load_state_dict(best["state_dict"])
+        result = _evaluate(model.eval(), args.name, args.variant, args.seed, None, args.features,
+                           model_cfg.max_set_size, args.out / args.name / "test.json", EvaluateConfig())
+        metrics = result["test"]
         print(args.name, "test", f"{metrics['cross_entropy']:.4f}", "recall@5", f"{metrics['recall@5']:.4f}")
 
 
