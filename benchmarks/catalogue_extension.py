@@ -3,8 +3,8 @@
 Loads a trained checkpoint's serving core (`serving.OutfitCompleterCore`) twice, as `mlflow models serve` does:
 with the catalogue it was trained with, and with --new articles appended (CONTEXTUAL_BERT_CATALOGUE's path:
 `catalogue=`), each a copy of a random existing article's attribute values under a new id. Measured: load
-time of each, and the latency of a one-row request (median and p99 over --requests, after a warm-up) whose
-outfit holds a new article, against the same request with the trained catalogue. Writes
+time of each, and the latency of a one-row request whose outfit holds a new article (serving_latency.timed:
+p50 and p99 over --requests, after a warm-up), against the same request with the trained catalogue. Writes
 reports/benchmarks/catalogue_extension.json.
 
     .venv/bin/python benchmarks/catalogue_extension.py --project /tmp/lc-attrs/n20000 --model none_attrs-s0
@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 import torch
 import yaml
+from serving_latency import timed
 
 from contextual_bert.feature_spec import N_SPECIAL
 from contextual_bert.serving import OutfitCompleterCore
@@ -37,14 +38,7 @@ def timed_load(checkpoint: Path, features: Path, catalogue: Path | None) -> tupl
 
 
 def latency_ms(core: OutfitCompleterCore, request: pd.DataFrame, n: int) -> dict:
-    for _ in range(20):
-        core.recommend(request, 10)
-    seconds = []
-    for _ in range(n):
-        started = time.perf_counter()
-        core.recommend(request, 10)
-        seconds.append(time.perf_counter() - started)
-    return {"p50": round(1e3 * float(np.median(seconds)), 2), "p99": round(1e3 * float(np.quantile(seconds, 0.99)), 2)}
+    return timed(lambda i: core.recommend(request, 10), n)
 
 
 def main() -> int:

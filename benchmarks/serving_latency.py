@@ -149,17 +149,25 @@ def percentiles(seconds: list[float]) -> dict:
             "max_ms": round(float(ms.max()), 2)}  # fmt: skip
 
 
-def single_request_latency(client: Client, records: list[dict], n: int, warmup: int = 20) -> dict:
-    for record in records[:warmup]:
-        client.invoke([record])
+def timed(call, n: int, warmup: int = 20) -> dict:
+    """percentiles() of n timed calls of call(i), i = 0..n-1, after `warmup` untimed ones (i = -warmup..-1)."""
+    for i in range(-warmup, 0):
+        call(i)
     seconds = []
     for i in range(n):
         started = time.perf_counter()
-        status, body = client.invoke([records[(warmup + i) % len(records)]])
+        call(i)
         seconds.append(time.perf_counter() - started)
+    return percentiles(seconds)
+
+
+def single_request_latency(client: Client, records: list[dict], n: int, warmup: int = 20) -> dict:
+    def one(i: int) -> None:
+        status, body = client.invoke([records[(warmup + i) % len(records)]])
         if status != 200:
             raise SystemExit(f"request {i} failed: {status} {body}")
-    return percentiles(seconds)
+
+    return timed(one, n, warmup)
 
 
 def batch_throughput(score, records: list[dict], batch_size: int, min_seconds: float = 4.0,
