@@ -136,6 +136,7 @@ def main() -> None:
     parser.add_argument("--max-iter", type=int, default=60)
     parser.add_argument("--check", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kinds", nargs="+", choices=("ids", "types"), default=["ids", "types"])
     args = parser.parse_args()
     torch.set_num_threads(1)
     raw, features = args.project / "data/raw", args.project / "data/features"
@@ -149,7 +150,7 @@ def main() -> None:
     cfg = EvaluateConfig()
     result = {"project": str(args.project), "n_train_outfits": len(train), "n_classes": truth.n_tastes,
               "optimum_no_context_test": evaluate_split(optimum, test, cfg, "cpu")[0]["cross_entropy"], "fits": {}}
-    for kind in ("ids", "types"):
+    for kind in args.kinds:
         start, fits = time.time(), []
         for k in args.classes or [truth.n_tastes]:
             for alpha in args.alphas:
