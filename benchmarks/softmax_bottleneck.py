@@ -18,7 +18,7 @@ so a small fitted KL says the head is not what holds a model back, and a large o
 head's cost (with the fit's curve to show whether it had stopped falling).
 
     python benchmarks/softmax_bottleneck.py --project <planted project> --outfits 1500 --widths 32 128 512 \
-        --out reports/learning_curve/softmax_bottleneck.json
+        --out reports/experiments/planted_capacity/softmax_bottleneck.json
 """
 
 from __future__ import annotations
@@ -37,24 +37,18 @@ from contextual_bert.feature_store import load_split
 from contextual_bert.optimum import optimum_from_features
 
 
-def optimum_cases(optimum, items: torch.Tensor, context: dict, batch: int = 2048):
-    """(log P over the real articles (cases, V), taken-type mask (cases, V)) for every known position of
-    every outfit, masked in turn."""
+def optimum_cases(optimum, items: torch.Tensor, context: dict, batch: int = 2048) -> torch.Tensor:
+    """log P over the real articles (cases, V) for every known position of every outfit, masked in turn."""
     outfit, position = (items != PAD_INDEX).nonzero(as_tuple=True)
     known = items[outfit, position] != UNKNOWN_INDEX
     outfit, position = outfit[known], position[known]
-    log_p, taken = [], []
-    item_type = optimum.item_type[N_SPECIAL:]
+    log_p = []
     for start in range(0, len(outfit), batch):
         o, p = outfit[start : start + batch], position[start : start + batch]
         masked = items[o].clone()
         masked[torch.arange(len(o)), p] = MASK_INDEX
         log_p.append(optimum.masked_logits(masked, {k: v[o] for k, v in context.items()})[:, N_SPECIAL:].float())
-        held = torch.zeros(len(o), optimum.n_types, dtype=torch.bool)
-        real = masked >= N_SPECIAL
-        held[torch.arange(len(o))[:, None].expand_as(masked)[real], optimum.item_type[masked[real]]] = True
-        taken.append(held[:, item_type])
-    return torch.cat(log_p), torch.cat(taken)
+    return torch.cat(log_p)
 
 
 def fit_head(log_p: torch.Tensor, mask: torch.Tensor | None, width: int, steps: int, lr: float, seed: int,
@@ -107,7 +101,8 @@ def main() -> None:
               "lr": args.lr, "optima": {}}
     for name, with_context in (("without_context", False), ("with_context", True)):
         started = time.time()
-        log_p, taken = optimum_cases(optimum_from_features(raw, features, with_context), items, context)
+        log_p = optimum_cases(optimum_from_features(raw, features, with_context), items, context)
+        taken = torch.isneginf(log_p)  # the optimum gives 0 exactly to the articles of types the outfit holds
         fits = {}
         for label, mask in (("plain", None), ("types_masked", taken)):
             for width in args.widths:
