@@ -10,6 +10,10 @@ the loss then taken at the masked positions. Writes reports/benchmarks/throughpu
 version, the threads and the load average around the run: other work on the machine slows every number.
 
     .venv/bin/python benchmarks/train_throughput.py [--threads 2] [--steps 8] [--variants ...] [--note "..."]
+
+`--device cuda` runs the same steps on the GPU as the pipeline runs them there (training under bf16 autocast,
+`devices.autocast`; inference as serving does, also under it) and writes reports/benchmarks/throughput_cuda.json;
+each timed call ends with a CUDA synchronize, so the time is the kernels', not their launch.
 """
 
 from __future__ import annotations
@@ -30,11 +34,11 @@ from torch import nn
 from contextual_bert.config import VARIANTS, ModelConfig, TrainConfig
 from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, ContextSpec, FeatureSpec
 from contextual_bert.model import PAPER_SIZES, ContextualBert, count_paper_parameters
-from contextual_bert.devices import keep_freed_memory
-from contextual_bert.training import make_optimizer, mask_items, train_step, warmup_then_constant
+from contextual_bert.devices import autocast, keep_freed_memory, select_device
+from contextual_bert.training import lr_factor, make_optimizer, mask_items, train_step
 
 REPO = Path(__file__).resolve().parents[1]
-OUT = REPO / "reports" / "benchmarks" / "throughput.json"
+OUT_DIR = REPO / "reports" / "benchmarks"
 N_ARTICLES, BATCH, MAX_SET = 30_000, 1024, 8
 N_ITEMS = N_SPECIAL + N_ARTICLES
 
@@ -77,14 +81,22 @@ def with_one_mask(items: torch.Tensor) -> torch.Tensor:
     return masked
 
 
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":  # kernels run asynchronously: wait for them before reading the clock
+        torch.cuda.synchronize(device)
+
+
 def timed(fn, batches, warmup: int) -> list[float]:
     """Seconds of each call of fn over the batches, after `warmup` calls."""
+    device = batches[0][0].device
     for items, context in batches[:warmup]:
         fn(items, context)
     seconds = []
     for items, context in batches[warmup:]:
+        synchronize(device)
         started = time.perf_counter()
         fn(items, context)
+        synchronize(device)
         seconds.append(time.perf_counter() - started)
     return seconds
 
@@ -100,11 +112,12 @@ def rates(prefix: str, seconds: list[float]) -> dict:
 
 
 def bench_variant(variant: str, batches, warmup: int) -> dict:
+    device = batches[0][0].device
     torch.manual_seed(0)
-    model = ContextualBert(MODEL, variant, N_ITEMS, SPEC)
-    optimizer = make_optimizer(model, TRAIN, torch.device("cpu"))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_then_constant(TRAIN.warmup_steps))
-    generator = torch.Generator().manual_seed(0)
+    model = ContextualBert(MODEL, variant, N_ITEMS, SPEC).to(device)
+    optimizer = make_optimizer(model, TRAIN, device)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(TRAIN, len(batches)))
+    generator = torch.Generator(device=device).manual_seed(0)
     masked_per_batch = []
 
     def step(items, context):
@@ -116,7 +129,7 @@ def bench_variant(variant: str, batches, warmup: int) -> dict:
     model.eval()
 
     def infer(items, context):
-        with torch.no_grad():
+        with torch.no_grad(), autocast(device):
             model.masked_logits(with_one_mask(items), context)
 
     infer_s = timed(infer, batches, warmup)
@@ -147,15 +160,18 @@ class ReferenceEncoder(nn.Module):
 
 def bench_reference(batches, warmup: int) -> dict:
     warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype")
+    device = batches[0][0].device
     torch.manual_seed(0)
-    model = ReferenceEncoder()
+    model = ReferenceEncoder().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator(device=device).manual_seed(0)
 
     def step(items, context):
         inputs, predict = mask_items(items, N_ITEMS, TRAIN, generator)
         labels = items.masked_fill(~predict, -100)
-        loss = F.cross_entropy(model(inputs).flatten(0, 1), labels.flatten(), ignore_index=-100)
+        with autocast(device):
+            logits = model(inputs)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -165,7 +181,7 @@ def bench_reference(batches, warmup: int) -> dict:
     model.eval()
 
     def infer(items, context):
-        with torch.no_grad():
+        with torch.no_grad(), autocast(device):
             masked = with_one_mask(items)
             model(masked)[masked == MASK_INDEX]
 
@@ -197,14 +213,18 @@ def main() -> None:
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
     parser.add_argument("--no-reference", action="store_true")
     parser.add_argument("--note", default="", help="e.g. whether other work shared the machine")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (as train.device)")
+    parser.add_argument("--out", type=Path, help="default: reports/benchmarks/throughput[_cuda].json")
     args = parser.parse_args()
 
+    device = select_device(args.device)
+    out = args.out or OUT_DIR / ("throughput.json" if device.type == "cpu" else f"throughput_{device.type}.json")
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # as training does
     load_before = os.getloadavg()
     started = time.perf_counter()
-    batches = make_batches(args.warmup + args.steps)
+    batches = [(items.to(device), {k: v.to(device) for k, v in context.items()})
+               for items, context in make_batches(args.warmup + args.steps)]  # fmt: skip
     results = {}
     for variant in args.variants:
         results[variant] = bench_variant(variant, batches, args.warmup)
@@ -215,16 +235,18 @@ def main() -> None:
         print("reference", json.dumps(reference), flush=True)
 
     report = {
-        "what": "training and inference samples/s at the paper's sizes, CPU, fp32",
+        "what": "training and inference samples/s at the paper's sizes, "
+                + ("CPU, fp32" if device.type == "cpu" else f"{device.type}, bf16 autocast (as training and serving)"),
         "settings": {"n_articles": N_ARTICLES, "batch_size": BATCH, "outfit_sizes": "uniform 4..8",
                      **PAPER_SIZES, "dropout": MODEL.dropout, "mask_prob": TRAIN.mask_prob,
-                     "timed_batches": args.steps, "warmup_batches": args.warmup,
+                     "grad_clip": TRAIN.grad_clip, "timed_batches": args.steps, "warmup_batches": args.warmup,
                      "reference_timed_batches": args.reference_steps},  # fmt: skip
         "machine": {
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
             "cpu": cpu_name(),
             "cpu_count": os.cpu_count(),
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "load_average_before": [round(x, 2) for x in load_before],
             "load_average_after": [round(x, 2) for x in os.getloadavg()],
         },
@@ -239,9 +261,9 @@ def main() -> None:
                 "inference": round(r["inference_samples_per_s"] / reference["inference_samples_per_s"], 1)}
             for v, r in results.items()
         }  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -20,3 +20,26 @@ def test_function_local_imports_count(tmp_path):
 
     source = "def f():\n    from contextual_bert.training import fit\n    import contextual_bert.model as m\n"
     assert import_graph.imported_modules(ast.parse(source)) == {"training", "model"}
+
+
+def benchmark_imports() -> list[tuple[str, str, str]]:
+    """(script, module, name) for every `from contextual_bert.<module> import <name>` in benchmarks/*.py."""
+    import ast
+
+    found = []
+    for script in sorted((import_graph.SRC.parents[1] / "benchmarks").glob("*.py")):
+        for node in ast.walk(ast.parse(script.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(import_graph.PACKAGE + "."):
+                found += [(script.name, node.module, alias.name) for alias in node.names]
+    return found
+
+
+def test_the_benchmarks_import_only_names_the_package_has():
+    # No test runs the benchmarks, so a renamed function would otherwise break one silently (it did once).
+    import importlib
+
+    imports = benchmark_imports()
+    assert len(imports) > 20  # the scan sees the scripts' imports
+    missing = [f"{script}: {module}.{name}" for script, module, name in imports
+               if not hasattr(importlib.import_module(module), name)]  # fmt: skip
+    assert missing == []
