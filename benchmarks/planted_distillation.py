@@ -89,8 +89,8 @@ def main() -> None:
     catalogue = load_catalogue(features) if uses_attributes(args.variant) else None
     # the model and the optimum must score the same index space (then both read the same encoded outfits)
     if catalogue is not None and list(catalogue.vocab.ids) != list(vocab.ids):
-        raise ContextualBertError(f"{features}: {len(catalogue.vocab) - len(vocab)} catalogue articles are outside "
-                                  "the train vocabulary; the optimum scores the vocabulary only")
+        raise ContextualBertError(f"{features}: the catalogue's articles ({len(catalogue.vocab)}) are not the train "
+                                  f"vocabulary's ({len(vocab)}) in its order; the optimum scores the vocabulary only")
     max_set_size = ModelConfig().max_set_size
     train, val, test = (load_split(features, s, max_set_size, catalogue=catalogue is not None)
                         for s in ("train", "val", "test"))
