@@ -13,7 +13,7 @@ import pytest
 from contextual_bert.config import ImportHMConfig
 from contextual_bert.contract import HM_SCHEMA, DataSchema
 from contextual_bert.errors import DataError
-from contextual_bert.importers import import_hm, normalize_article_ids
+from contextual_bert.importers import ARTICLES, CUSTOMERS, QUARANTINE, TRANSACTIONS, import_hm, normalize_article_ids
 from helpers import hm_fixture
 
 HM_SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "hm_sample"
@@ -134,6 +134,59 @@ def test_missing_file_and_column_are_one_line_errors(tmp_path):
     header = (pristine / "articles.csv").read_bytes().splitlines()[0]
     (source / "articles.csv").write_bytes(header + b"\n" + b"1,caf\xe9" + b"," * 24 + b"\n")
     with pytest.raises(DataError, match="not UTF-8"):
+        import_hm(source, tmp_path / "out", ImportHMConfig())
+
+
+def test_lines_that_cannot_be_read_or_used_are_quarantined_with_their_line(tmp_path):
+    source = hm_fixture(tmp_path / "hm")
+    tx = (source / TRANSACTIONS).read_text().splitlines()
+    bad_tx = {"2018-13-45,c001,109000001,0.0100,2": ("t_dat", "not a date"),
+              "2018-09-20,c002,101000001,0.0100,2,extra": (None, "too many fields"),
+              "2018-09-20,c002,101000001": ("price", "too few fields"),
+              "2018-09-20,c001,,0.0100,2": ("article_id", "no article id")}
+    for at, line in zip((3, 9, 20, len(tx) + 3), bad_tx):  # in between the fixture's rows, which stay as they were
+        tx.insert(at, line)
+    (source / TRANSACTIONS).write_text("\n".join(tx) + "\n")
+    customers = (source / CUSTOMERS).read_text() + ",1.0,,ACTIVE,NONE,30.0,pc-zz\n"
+    (source / CUSTOMERS).write_bytes(b"\xef\xbb\xbf" + customers.encode())  # with a byte-order mark
+    articles = (source / ARTICLES).read_text().splitlines()  # with an unnamed index column, as pandas writes
+    articles = [f"{i - 1 if i else ''},{line}" for i, line in enumerate(articles)]
+    (source / ARTICLES).write_bytes("\n".join(articles).encode() + b"\n99,1,caf\xe9" + b"," * 24 + b"\n")
+
+    report = import_hm(source, tmp_path / "out", ImportHMConfig())
+    assert report["baskets_kept"] == 5 and report["rows"]["articles"] == 11  # as from the clean fixture
+    quarantine = pq.read_table(tmp_path / "out" / QUARANTINE).to_pylist()
+    got = [(r["file"], r["line"], r["column"], r["reason"].split(" (")[0]) for r in quarantine]
+    tx_line = {text: tx.index(text) + 1 for text in bad_tx}
+    assert got == [
+        (ARTICLES, len(articles) + 1, "product_code", "not UTF-8 text"),
+        (CUSTOMERS, len(customers.splitlines()), "customer_id", "no customer id"),
+        *sorted([(TRANSACTIONS, tx_line[text], column, reason) for text, (column, reason) in bad_tx.items()]
+                + [(TRANSACTIONS, tx.index("2018-09-20,,107000001,0.0060,2") + 1, "customer_id", "no customer id")],
+                key=lambda r: r[1]),
+    ]
+    assert {r["text"] for r in quarantine if r["file"] == TRANSACTIONS} >= set(bad_tx)  # as written
+    # counts add up: lines = rows read + lines not read; quarantined = lines not read + rows read but unusable
+    assert report["transactions"] + report["lines_rejected"][TRANSACTIONS] == len(tx) - 1
+    assert report["customers_rows"] + report["lines_rejected"][CUSTOMERS] == len(customers.splitlines()) - 1
+    assert report["articles_rows"] + report["lines_rejected"][ARTICLES] == len(articles)
+    assert report["quarantined"]["rows"] == len(quarantine) == sum(report["lines_rejected"].values()) + sum(
+        report[k] for k in ("transactions_malformed_dropped", "customers_without_id_dropped", "articles_without_id_dropped"))
+
+
+def test_a_file_with_nothing_usable_is_a_one_line_error(tmp_path):
+    source = hm_fixture(tmp_path / "hm")
+    pristine = (source / TRANSACTIONS).read_text()
+    rows = pristine.splitlines()
+    (source / TRANSACTIONS).write_text("\n".join([rows[0], *(",".join(r.split(",")[:3]) for r in rows[1:]), ""]))
+    with pytest.raises(DataError, match=r"transactions_train\.csv, column 'price': line 2: too few fields .*"
+                                        "no line of the file could be read"):
+        import_hm(source, tmp_path / "out", ImportHMConfig())
+    (source / TRANSACTIONS).write_text(pristine.replace("2018-09-", "20/09/"))
+    with pytest.raises(DataError, match=r"transactions_train\.csv, column 't_dat': line 2: not a date"):
+        import_hm(source, tmp_path / "out", ImportHMConfig())
+    (source / TRANSACTIONS).write_text(pristine.replace("sales_channel_id", "price", 1))
+    with pytest.raises(DataError, match=r"column 'price': column named twice"):
         import_hm(source, tmp_path / "out", ImportHMConfig())
 
 

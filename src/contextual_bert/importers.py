@@ -9,6 +9,13 @@ attributes are missing, and ingest_report.json counts such outfits. A transactio
 customer, date or article id is dropped and counted (transactions = used + malformed). The report also gives
 how many outfits each basket definition yields, so the choice can be made with the numbers at hand.
 
+Nothing is dropped unseen: `import_quarantine.parquet`, beside the tables, holds every source line the import
+could not use, with its file, line, column, reason and text: lines that cannot be read as CSV (too many or
+too few fields, a quote left open, bytes that are not UTF-8), which are skipped rather than failing the
+file, and rows without a customer id, a date or an article id. The report counts them per file (lines =
+rows read + lines rejected; quarantined = lines rejected + rows without an id or date). A file of which no
+line can be read, or transactions none of which are usable, is a one-line error naming the first bad line.
+
 Column mapping (H&M has no brand and no style; the nearest columns stand in, and the report says so):
   product_type <- product_type_name    brand <- section_name (H&M's own lines, e.g. "Divided", "H&M+")
   color <- colour_group_name           style <- graphical_appearance_name (solid, stripe, denim, ...)
@@ -63,6 +70,10 @@ MAPPING_NOTE = (
     "price <- mean transaction price (H&M's scaled units)"
 )
 DROP_REASONS = ("too_small", "too_large")
+QUARANTINE = "import_quarantine.parquet"  # in the output folder: every source line the import could not use
+REJECTED = {"INVALID ENCODING": "not UTF-8 text", "TOO MANY COLUMNS": "too many fields",
+            "MISSING COLUMNS": "too few fields", "UNQUOTED VALUE": "a quote left open or misplaced"}
+UNUSABLE = {"customer_id": "no customer id", "t_dat": "not a date (YYYY-MM-DD)", "article_id": "no article id"}
 # The first day of the basket a purchase belongs to, as SQL over `day_items` joined with `customer_days`.
 BASKET_START = {"day": "day", "week": "CAST(date_trunc('week', day) AS DATE)", "session": "session"}
 OUTFIT_ID_MARK = {"day": "", "week": "w", "session": "s"}  # outfit_id = <customer>_<mark><first day>
@@ -95,26 +106,35 @@ def _header(path: Path) -> list[str]:
     """The header row of one H&M file; missing file, empty file or bad encoding -> DataError."""
     if not path.is_file():
         raise DataError("file not found (expected the H&M Kaggle file of that name)", path=path)
-    try:
-        with open(path, encoding="utf-8", newline="") as f:
-            header = next(csv.reader(f), None)
+    try:  # the first line only: a bad byte further down is that line's problem (quarantined), not the file's
+        with open(path, "rb") as f:
+            header = next(csv.reader([f.readline().decode("utf-8-sig")]), None)  # -sig: a spreadsheet's BOM
     except UnicodeDecodeError as exc:
         raise DataError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from None
     if not header:
         raise DataError("not a CSV file (no header row)", path=path)
+    header = [c.strip() or f"column{i}" for i, c in enumerate(header)]  # unnamed: a pandas index, as DuckDB names it
     for column in REQUIRED_COLUMNS[path.name]:
         if column not in header:
             raise DataError("required column missing", path=path, column=column)
-    return [c.strip() for c in header]
+    for column in header:
+        if header.count(column) > 1:
+            raise DataError("column named twice in the header row", path=path, column=column)
+    return header
 
 
-def _quote(path: Path) -> str:
-    return "'" + str(path).replace("'", "''") + "'"
+def _quote(text: Path | str) -> str:
+    """A SQL string literal."""
+    return "'" + str(text).replace("'", "''") + "'"
 
 
-def _csv(path: Path) -> str:
-    """SQL: one H&M file, every column as text (empty -> NULL), read in parallel."""
-    return f"read_csv({_quote(path)}, header=true, all_varchar=true, delim=',', quote='\"', escape='\"')"
+def _csv(path: Path, header: list[str]) -> str:
+    """SQL: one H&M file, the header's columns as text (empty -> NULL), read in parallel. Not sniffed: one
+    line of the wrong width failed the sniffer for the whole file. A line DuckDB cannot read (too many or too
+    few fields, a quote left open, bytes that are not UTF-8) is skipped and logged in `reject_errors`."""
+    columns = ", ".join(f"{_quote(name)}: 'VARCHAR'" for name in header)
+    return (f"read_csv({_quote(path)}, header=true, auto_detect=false, columns={{{columns}}}, delim=',', "
+            f"quote='\"', escape='\"', store_rejects=true)")
 
 
 def _ident(name: str) -> str:
@@ -146,14 +166,15 @@ class _Db:
             raise DataError(f"not a valid CSV file ({first})", path=path) from None
 
     def one(self, sql: str, path: Path | None = None) -> tuple:
-        return self.run(sql, path).fetchone()
+        (row,) = self.run(sql, path).fetchall()  # fetched to the end: the connection is free again
+        return row
 
     def arrow(self, sql: str):
         """A query's result as a pyarrow Table (through con.sql: execute()'s Arrow output copies the rows)."""
         return self.con.sql(sql).to_arrow_table()
 
 
-def _transactions(db: _Db, path: Path) -> dict:
+def _transactions(db: _Db, path: Path, header: list[str]) -> dict:
     """Table `tx` (cid, day, aid, price) of the readable transactions, customers and articles as integer
     codes (`customer_codes`: cid -> customer_id, `article_codes`: aid -> article_id; both codes follow the
     order of the ids' text, so ordering by a code orders by its id).
@@ -162,8 +183,9 @@ def _transactions(db: _Db, path: Path) -> dict:
     ids, dates and article ids (a few million values at most), each parsed once into a dictionary; the
     second maps every row through the dictionaries by hash joins. Parsing and trimming 31.8 M rows of text
     and joining them on 64-character customer ids cost several times that. A row whose customer, date or
-    article does not parse finds no dictionary entry: it is malformed (transactions = used + malformed)."""
-    read = _csv(path)
+    article does not parse finds no dictionary entry: it is malformed (transactions = used + malformed), and
+    only then a third read (`tx_malformed`) finds such rows for the quarantine."""
+    read = _csv(path, header)
     db.run(f"""CREATE TABLE tx_values AS
         SELECT GROUPING(customer_id, t_dat, article_id) AS grouping_id, customer_id, t_dat, article_id,
                count(*) AS n_rows
@@ -186,8 +208,22 @@ def _transactions(db: _Db, path: Path) -> dict:
         JOIN customer_raw c ON t.customer_id = c.raw JOIN day_raw d ON t.t_dat = d.raw
         JOIN article_raw a ON t.article_id = a.raw""", path)  # fmt: skip
     (used,) = db.one("SELECT count(*) FROM tx")
+    if used < total:  # row_number() OVER () follows the file: DuckDB keeps a scan's order
+        db.run(f"""CREATE TABLE tx_malformed AS SELECT * FROM (
+            SELECT t.source_row, CASE WHEN c.raw IS NULL THEN 'customer_id' WHEN d.raw IS NULL THEN 't_dat'
+                                      ELSE 'article_id' END AS "column", {_row_text(header, 't')} AS text
+            FROM (SELECT *, row_number() OVER () AS source_row FROM {read}) t
+            LEFT JOIN customer_raw c ON t.customer_id = c.raw LEFT JOIN day_raw d ON t.t_dat = d.raw
+            LEFT JOIN article_raw a ON t.article_id = a.raw
+            WHERE c.raw IS NULL OR d.raw IS NULL OR a.raw IS NULL)""", path)  # fmt: skip
     db.run("DROP TABLE customer_raw; DROP TABLE day_raw; DROP TABLE article_raw")
     return {"transactions": int(total), "transactions_malformed_dropped": int(total - used)}
+
+
+def _row_text(header: list[str], alias: str) -> str:
+    """SQL: a row as read, its fields joined by commas (what the quarantine keeps of a row that was read;
+    computed for such rows only)."""
+    return "concat_ws(',', " + ", ".join(f"coalesce({alias}.{_ident(c)}, '')" for c in header) + ")"
 
 
 def _optional(column: str, header: list[str], sql: str | None = None) -> str:
@@ -208,14 +244,16 @@ def _customers(db: _Db, path: Path, header: list[str]) -> dict:
     }
     select = ", ".join(f"{sql} AS {_ident(name)}" for name, sql in columns.items())
     db.run(f"""CREATE TABLE customers_in AS
-        SELECT {select}, row_number() OVER () AS source_row FROM {_csv(path)} src
-        WHERE nullif(trim(src.customer_id), '') IS NOT NULL""", path)  # fmt: skip
-    db.run("""CREATE TABLE customers AS SELECT * EXCLUDE (rank) FROM (
-        SELECT *, row_number() OVER (PARTITION BY customer_id ORDER BY source_row) AS rank FROM customers_in)
-        WHERE rank = 1""")
-    (rows,) = db.one("SELECT count(*) FROM customers_in")
+        SELECT {select}, row_number() OVER () AS source_row,
+               CASE WHEN nullif(trim(src.customer_id), '') IS NULL THEN {_row_text(header, 'src')} END AS text
+        FROM {_csv(path, header)} src""", path)  # fmt: skip
+    db.run("""CREATE TABLE customers AS SELECT * EXCLUDE (rank, text) FROM (
+        SELECT *, row_number() OVER (PARTITION BY customer_id ORDER BY source_row) AS rank FROM customers_in
+        WHERE nullif(customer_id, '') IS NOT NULL) WHERE rank = 1""")
+    rows, without_id = db.one("SELECT count(*), count(*) FILTER (WHERE nullif(customer_id, '') IS NULL) FROM customers_in")
     (kept,) = db.one("SELECT count(*) FROM customers")
-    return {"customers_duplicate_dropped": int(rows - kept)}
+    return {"customers_rows": int(rows), "customers_without_id_dropped": int(without_id),
+            "customers_duplicate_dropped": int(rows - without_id - kept)}
 
 
 def _articles(db: _Db, path: Path, header: list[str]) -> dict:
@@ -224,9 +262,10 @@ def _articles(db: _Db, path: Path, header: list[str]) -> dict:
     columns |= {ours: _optional(theirs, header, f"trim(src.{_ident(theirs)})") for ours, theirs in ARTICLE_COLUMNS.items()}
     columns |= {extra: _optional(extra, header) for extra in EXTRA_ARTICLE_COLUMNS}
     select = ", ".join(f"{sql} AS {_ident(name)}" for name, sql in columns.items())
-    db.run(f"CREATE TABLE articles_in AS SELECT {select}, row_number() OVER () AS source_row FROM {_csv(path)} src",
-           path)  # fmt: skip
-    db.run("""CREATE TABLE articles_unique AS SELECT * EXCLUDE (rank) FROM (
+    db.run(f"""CREATE TABLE articles_in AS SELECT {select}, row_number() OVER () AS source_row,
+        CASE WHEN {columns['article_id']} IS NULL THEN {_row_text(header, 'src')} END AS text
+        FROM {_csv(path, header)} src""", path)  # fmt: skip
+    db.run("""CREATE TABLE articles_unique AS SELECT * EXCLUDE (rank, text) FROM (
         SELECT *, row_number() OVER (PARTITION BY article_id ORDER BY source_row) AS rank FROM articles_in
         WHERE article_id IS NOT NULL) WHERE rank = 1""")
     db.run("""CREATE TABLE articles AS
@@ -234,10 +273,12 @@ def _articles(db: _Db, path: Path, header: list[str]) -> dict:
         JOIN (SELECT c.article_id, p.price FROM article_codes c JOIN (
                   SELECT aid, avg(price) AS price FROM tx WHERE isfinite(price) GROUP BY aid) p USING (aid)) p
         USING (article_id)""")
+    rows, without_id = db.one("SELECT count(*), count(*) FILTER (WHERE article_id IS NULL) FROM articles_in")
     (in_source,) = db.one("SELECT count(*) FROM articles_unique")
     (priced,) = db.one("SELECT count(*) FROM articles")
     # an article never sold (or only at unreadable prices) has no price; it is in no outfit either
-    return {"articles_in_source": int(in_source), "articles_without_price_dropped": int(in_source - priced)}
+    return {"articles_rows": int(rows), "articles_without_id_dropped": int(without_id),
+            "articles_in_source": int(in_source), "articles_without_price_dropped": int(in_source - priced)}
 
 
 def _baskets(db: _Db, cfg: ImportHMConfig, min_items: int, max_items: int) -> dict:
@@ -350,6 +391,54 @@ def _outfit_lists(items, customers, basket: str):
     return table.cast(schema), int(lacks_customer.sum()), int(outfit_lacks_article.sum()), int(articles_without_row)
 
 
+def _lines(rows: np.ndarray, rejected: np.ndarray) -> np.ndarray:
+    """File lines (1 = the header) of the rows read, numbered 1..n in file order, around the sorted lines
+    that were not read (a quoted field over several lines would shift them; H&M's files have none)."""
+    rows_before = rejected - 2 - np.arange(len(rejected))  # rows read before each line that was not
+    return rows + 1 + np.searchsorted(rows_before, rows, side="left")
+
+
+def _quarantine(db: _Db, source: Path, counts: dict) -> tuple[pa.Table, dict]:
+    """Every source line the import could not use, once, as a table (file, line, column, reason, text), and
+    the lines not read per file: lines DuckDB could not read, then rows read without a usable customer id,
+    date or article id. A file of which nothing could be read, or transactions none of which are usable,
+    are errors naming the first bad line."""
+    rejects = db.arrow("""SELECT s.file_path AS path, e.line, first(e.column_name) AS "column",
+        first(e.error_type) AS error_type, first(e.error_message) AS message, first(e.csv_line) AS text
+        FROM reject_errors e JOIN reject_scans s USING (scan_id, file_id) GROUP BY s.file_path, e.line
+        ORDER BY s.file_path, e.line""").to_pandas()  # fmt: skip
+    rejects["file"] = rejects["path"].map(lambda p: Path(p).name)
+    rejects["reason"] = [f"{REJECTED.get(t, t.lower())} ({m})" for t, m in zip(rejects["error_type"], rejects["message"])]
+    unusable = {  # file -> SQL of (source_row, column, text)
+        TRANSACTIONS: "SELECT source_row, \"column\", text FROM tx_malformed" if counts["transactions_malformed_dropped"] else None,
+        CUSTOMERS: "SELECT source_row, 'customer_id' AS \"column\", text FROM customers_in WHERE nullif(customer_id, '') IS NULL",
+        ARTICLES: "SELECT source_row, 'article_id' AS \"column\", text FROM articles_in WHERE article_id IS NULL",
+    }
+    read = {TRANSACTIONS: counts["transactions"], CUSTOMERS: counts["customers_rows"], ARTICLES: counts["articles_rows"]}
+    parts, lines_rejected = {"rejected": rejects[["file", "line", "column", "reason", "text"]]}, {}
+    for name, sql in unusable.items():
+        rejected = rejects[rejects["file"] == name]
+        lines_rejected[name] = len(rejected)
+        if read[name] == 0 and len(rejected):
+            first = rejected.iloc[0]
+            raise DataError(f"line {first['line']}: {first['reason']}; no line of the file could be read",
+                            path=source / name, column=first["column"])
+        rows = db.arrow(sql + " ORDER BY source_row").to_pandas() if sql else None
+        if rows is None or rows.empty:
+            continue
+        rows["line"] = _lines(rows.pop("source_row").to_numpy(), rejected["line"].to_numpy())
+        rows["file"], rows["reason"] = name, rows["column"].map(UNUSABLE)
+        parts[name] = rows
+    if 0 < counts["transactions"] == counts["transactions_malformed_dropped"]:
+        first = parts[TRANSACTIONS].iloc[0]
+        raise DataError(f"line {first['line']}: {first['reason']}; no transaction has a customer id, a date "
+                        "(YYYY-MM-DD) and an article id", path=source / TRANSACTIONS, column=first["column"])
+    table = pd.concat(parts.values(), ignore_index=True).sort_values(["file", "line"], kind="stable")
+    schema = pa.schema([("file", pa.string()), ("line", pa.int64()), ("column", pa.string()),
+                        ("reason", pa.string()), ("text", pa.string())])
+    return pa.Table.from_pandas(table[schema.names], schema=schema, preserve_index=False), lines_rejected
+
+
 class _Clock:
     """clock(phase, result) -> result, noting the wall seconds since the previous call under `phase`."""
 
@@ -379,9 +468,13 @@ def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig, timings: dict | 
         db = _Db(Path(scratch), cfg)
         clock = _Clock(timings)
         try:
-            counts = clock("transactions", _transactions(db, source / TRANSACTIONS))
+            counts = clock("transactions", _transactions(db, source / TRANSACTIONS, headers[TRANSACTIONS]))
             counts |= clock("customers", _customers(db, source / CUSTOMERS, headers[CUSTOMERS]))
             counts |= clock("articles", _articles(db, source / ARTICLES, headers[ARTICLES]))
+            quarantine, lines_rejected = _quarantine(db, source, counts)
+            pq.write_table(quarantine, out_dir / QUARANTINE)
+            counts |= {"lines_rejected": lines_rejected, "quarantined": {"file": QUARANTINE, "rows": quarantine.num_rows}}
+            clock("quarantine", None)
             by_definition = clock("basket_definitions", _baskets(db, cfg, min_set_size, max_set_size))
             outfits, outfit_counts = clock("outfits", _outfits(db, cfg, min_set_size, max_set_size))
             counts |= outfit_counts

@@ -323,7 +323,7 @@ def _data_lines(cfg: Config) -> list[str]:
     ingest_path = cfg.paths.raw_dir / "ingest_report.json"
     if ingest_path.exists():
         ingest = json.loads(ingest_path.read_text())
-        kept = {k: v for k, v in ingest.items() if k in ("source", "rows") or "drop" in k}
+        kept = {k: v for k, v in ingest.items() if k in ("source", "rows", "quarantined") or "drop" in k}
         lines.append(f"- Ingest ({ingest_path}): `{json.dumps(kept)}`")
     return lines
 
