@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from contextual_bert.errors import ContextualBertError, DataError
-from contextual_bert.feature_spec import MASK_INDEX, MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
+from contextual_bert.feature_spec import MASK_INDEX, MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec
 from contextual_bert.feature_store import (
     SMALL_FRAME_ROWS,
+    ArticleVocab,
     ContextIndexer,
     OutfitEncoder,
     load_article_vocab,
@@ -138,3 +139,22 @@ def test_a_small_request_encodes_exactly_as_the_same_rows_in_a_large_one(paper):
     assert small.unknown_features == large.unknown_features[:8]
     assert "gender" in small.missing_features[1] and small.unknown_features[2] == ["gender"]
     assert "age" in small.missing_features[5] and "occasion" in small.missing_features[4]
+
+
+def test_a_request_finds_an_id_written_as_a_number_or_with_spaces_and_nothing_else():
+    """H&M ids are '0108775015'; a client's integer column or spreadsheet writes 108775015. Training and the
+    features stage match ids as written; only request ids get the lenient lookup."""
+    vocab = ArticleVocab(["[PAD]", "[MASK]", "[UNK]", "0108775015", "7", "07", "A1"], np.zeros(7, dtype=np.int64))
+    spellings = [108775015, "108775015", " 0108775015 ", "108775015.0", " A1", "7", 7, "007", "x", "1087750150"]
+    indices, unknown = vocab.to_indices(spellings, as_written=False)
+    assert indices.tolist() == [3, 3, 3, 3, 6, 4, 4, UNKNOWN_INDEX, UNKNOWN_INDEX, UNKNOWN_INDEX]
+    assert unknown == ["007", "x", "1087750150"]  # 7 and 07 share a value: '007' is neither
+    assert vocab.to_indices([108775015, " A1"])[1] == ["108775015", " A1"]  # as written: unknown
+    encoder = OutfitEncoder(vocab, ContextIndexer(ContextSpec(()), {}), max_set_size=8)
+    encoded = encoder.encode(pd.DataFrame({"article_ids": [["A1"], [108775015, "A1", "zz"]]}), with_mask=True)
+    assert encoded.outfits.items[1, :4].tolist() == [3, 6, UNKNOWN_INDEX, MASK_INDEX]
+    assert encoded.unknown_article_ids == [[], ["zz"]]
+    exact = encoder.encode(pd.DataFrame({"article_ids": [[108775015, "A1"]]}), with_mask=False, as_written=True)
+    assert exact.unknown_article_ids == [["108775015"]]  # data (promotion) is matched as written
+    with pytest.raises(ContextualBertError, match=r"row 1: article id '108775015' appears twice .*'0108775015'"):
+        encoder.encode(pd.DataFrame({"article_ids": [["A1"], ["0108775015", 108775015]]}), with_mask=True)

@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+from collections import Counter
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -258,6 +261,9 @@ def _names_per_row(flags: dict[str, np.ndarray], n: int) -> list[list[str]]:
 # --- the article vocabulary ------------------------------------------------------------------------------
 
 
+WHOLE_NUMBER = re.compile(r"(\d+)(?:\.0*)?", re.ASCII)
+
+
 @dataclass(frozen=True)
 class ArticleVocab:
     """Article ids by index ([PAD], [MASK], [UNK] first) and their occurrence counts in the train split."""
@@ -271,12 +277,28 @@ class ArticleVocab:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def to_indices(self, article_ids) -> tuple[np.ndarray, list[str]]:
-        """(int64 indices, the ids not in the vocabulary); those map to UNKNOWN_INDEX."""
+    def to_indices(self, article_ids, as_written: bool = True) -> tuple[np.ndarray, list[str]]:
+        """(int64 indices, the ids not in the vocabulary); those map to UNKNOWN_INDEX. With as_written=False
+        (ids a client typed) an id the vocabulary lacks as written is looked up again without surrounding
+        spaces and, when it is a whole number, by its value, where exactly one id has that value: 108775015,
+        '108775015' and '108775015.0' find '0108775015' (integer columns and spreadsheets drop leading zeros)."""
         cells = as_object_array(article_ids)
         ids = np.fromiter((str(a) for a in cells), dtype=object, count=len(cells))
         idx = _lookup(ids, self._index)
+        if not as_written:
+            for position in np.flatnonzero(idx == UNKNOWN_INDEX).tolist():
+                text = ids[position].strip()
+                whole = WHOLE_NUMBER.fullmatch(text)
+                idx[position] = self._index.get(text) or (self._by_number.get(int(whole[1])) if whole else None) \
+                    or UNKNOWN_INDEX  # fmt: skip
         return idx, ids[idx == UNKNOWN_INDEX].tolist()
+
+    @cached_property
+    def _by_number(self) -> dict[int, int]:
+        """Index of each id written as a whole number, by its value; a value two ids share ('7', '07') is left out."""
+        numbers = {i: int(a) for i, a in enumerate(self.ids[N_SPECIAL:], N_SPECIAL) if a.isascii() and a.isdigit()}
+        shared = Counter(numbers.values())
+        return {value: i for i, value in numbers.items() if shared[value] == 1}
 
     def to_ids(self, indices) -> list[str]:
         if isinstance(indices, torch.Tensor):
@@ -422,7 +444,10 @@ class OutfitEncoder:
     def load(cls, features_dir: Path, max_set_size: int) -> "OutfitEncoder":
         return cls(load_article_vocab(features_dir), ContextIndexer.load(features_dir), max_set_size)
 
-    def encode(self, rows: pd.DataFrame, with_mask: bool, id_column: str | None = None) -> EncodedRows:
+    def encode(self, rows: pd.DataFrame, with_mask: bool, id_column: str | None = None,
+               as_written: bool = False) -> EncodedRows:
+        """`as_written`: match article ids exactly, as for data (default: leniently, as typed by a client;
+        ArticleVocab.to_indices)."""
         if "article_ids" not in rows.columns:
             raise ContextualBertError("the request has no 'article_ids' column (the partial outfit of each row)")
         needed = ["article_ids", *(f.name for f in self.context.spec.features), *([id_column] if id_column else [])]
@@ -432,8 +457,15 @@ class OutfitEncoder:
         outfits = [outfit_ids_of(v, i, max_items, what) for i, v in enumerate(columns["article_ids"].tolist())]
         lengths = np.fromiter((len(ids) for ids in outfits), dtype=np.int64, count=len(outfits))
         flat = [a for ids in outfits for a in ids]
-        indices, _ = self.article_vocab.to_indices(flat)  # one lookup for the whole batch
+        indices, _ = self.article_vocab.to_indices(flat, as_written)  # one lookup for the whole batch
         rows_of = np.repeat(np.arange(len(outfits)), lengths)
+        known = indices != UNKNOWN_INDEX
+        pairs, first = np.unique(np.stack([rows_of[known], indices[known]]), axis=1, return_index=True)
+        if pairs.shape[1] < known.sum():  # two spellings of one article ('0108775015', 108775015)
+            twice = np.setdiff1d(np.arange(known.sum()), first)[0]
+            row, spelled = rows_of[known][twice], np.asarray(flat, dtype=object)[known][twice]
+            raise ContextualBertError(f"row {row}: article id '{spelled}' appears twice in 'article_ids' "
+                                      f"(as '{self.article_vocab.ids[indices[known][twice]]}')")
         slots = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         items = np.full((n_rows, self.max_set_size), PAD_INDEX, dtype=np.int64)
         items[rows_of, slots] = indices

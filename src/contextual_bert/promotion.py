@@ -131,7 +131,7 @@ def _reencoded_validation(cfg: Config, core):
     rows = outfits.reset_index().merge(customers, on="customer_id", how="left", suffixes=("", "_customer"))
     # the champion's own vocabularies, through the one outfit encoder (whole outfits: no [MASK] slot)
     try:
-        return core.encoder.encode(rows, with_mask=False, id_column="outfit_id").outfits
+        return core.encoder.encode(rows, with_mask=False, id_column="outfit_id", as_written=True).outfits
     except ContextualBertError as exc:  # name the file and whose vocabularies: a row number alone is unclear
         raise ContextualBertError(
             f"{cfg.paths.validated_dir / 'outfits.parquet'}, validation outfits encoded for the champion: {exc}"

@@ -4,8 +4,8 @@ A request is a batch of rows. Each row holds ``article_ids`` (the partial outfit
 distinct article ids) and, optionally, the customer's context columns (and the outfit's, e.g. occasion) as
 raw values, named as in the data's schema. The answer per row: the top-k article ids (k from the request's
 ``top_k`` param, else mlflow.top_k from params.yaml; at most 250) with their probabilities, never an article
-of the outfit, and what could not be used: article ids unknown to the model (they enter as the [UNK] item)
-and context features that were missing or held an unseen value (they enter as their missing/unknown index).
+of the outfit, and what could not be used: article ids unknown to the model, even without surrounding spaces
+or leading zeros (ArticleVocab.to_indices; they enter as the [UNK] item) and context features that were missing or held an unseen value (they enter as their missing/unknown index).
 
 A malformed row (no outfit, too many items, a repeated id, a value that is not an id) refuses the whole
 request with one message naming the row; MLflow's scoring server answers it with HTTP 400.
