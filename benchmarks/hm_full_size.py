@@ -8,6 +8,10 @@ geometric draw (mean 3.3 rows, duplicates of an article included), customers by 
 articles by a Zipf popularity: like the real file, most baskets are small and a few hundred thousand hold
 4-8 distinct articles.
 
+The last step, import_hm_malformed, imports the same files with every 100,000th transaction line spoiled
+(317 lines cut to three fields, 318 dates that do not parse; a copy under scratch/malformed): what the
+quarantine costs at this size, and a check that it names the right lines.
+
 Each step runs in a process of its own, so its peak resident memory (DuckDB included: it runs in-process)
 is its own. Writes reports/benchmarks/hm_full_size.json: wall and CPU seconds, peak RSS, row counts per
 step, the targets (import <= 180 s and <= 6 GiB peak on this 2-core machine) and the load average around
@@ -32,8 +36,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 N_TRANSACTIONS, N_CUSTOMERS, N_ARTICLES, N_DAYS = 31_788_324, 1_371_980, 105_542, 734
 FIRST_DAY = "2018-09-20"
-TARGETS = {"import_hm": {"wall_s": 180.0, "peak_rss_mib": 6 * 1024.0}}
-STEPS = ("import_hm", "validate", "features")
+TARGETS = {step: {"wall_s": 180.0, "peak_rss_mib": 6 * 1024.0} for step in ("import_hm", "import_hm_malformed")}
+STEPS = ("import_hm", "validate", "features", "import_hm_malformed")
+MALFORMED_EVERY = 100_000  # import_hm_malformed: every 100,000th line of the transactions is spoiled
 ARTICLE_HEADER = (
     "article_id,product_code,prod_name,product_type_no,product_type_name,product_group_name,"
     "graphical_appearance_no,graphical_appearance_name,colour_group_code,colour_group_name,"
@@ -162,19 +167,44 @@ def generate(scratch: Path, seed: int = 0) -> dict:
                      "baskets_written": n_baskets}, "bytes": files}  # fmt: skip
 
 
+def malformed_copy(scratch: Path) -> Path:
+    """scratch/malformed: the generated files, the transactions with every MALFORMED_EVERY-th line cut to three
+    fields (not readable as CSV) and, halfway between, a date that does not parse (readable, not usable)."""
+    folder = scratch / "malformed"
+    if (folder / "transactions_train.csv").exists():
+        return folder
+    folder.mkdir(exist_ok=True)
+    for name in ("customers.csv", "articles.csv"):
+        (folder / name).unlink(missing_ok=True)
+        (folder / name).symlink_to(scratch / name)
+    half = MALFORMED_EVERY // 2
+    with open(scratch / "transactions_train.csv") as src, open(folder / "partial.csv", "w") as out:
+        for number, line in enumerate(src, 1):
+            if number > 1 and number % MALFORMED_EVERY == 0:
+                line = ",".join(line.split(",")[:3]) + "\n"
+            elif number > 1 and number % MALFORMED_EVERY == half:
+                line = "bad-date" + line[line.index(","):]
+            out.write(line)
+    (folder / "partial.csv").rename(folder / "transactions_train.csv")
+    return folder
+
+
 def run_step(step: str, scratch: Path) -> dict:
     """One step, in this process (called in a child): its result, wall/CPU seconds and peak RSS."""
     from contextual_bert.config import FeaturesConfig, ImportHMConfig, ModelConfig, ValidateConfig
 
     work = scratch / "pipeline"
     started, cpu_started = time.perf_counter(), time.process_time()
-    if step == "import_hm":
+    if step in ("import_hm", "import_hm_malformed"):
         from contextual_bert.importers import import_hm
 
         phases: dict = {}
-        report = import_hm(scratch, work / "raw", ImportHMConfig(), timings=phases)
-        rows = {k: report[k] for k in ("transactions", "baskets", "baskets_kept", "baskets_dropped",
-                                       "outfits_by_basket_definition", "outfits_without_customer_row", "rows")}
+        malformed = step == "import_hm_malformed"
+        report = import_hm(scratch / "malformed" if malformed else scratch, work / ("raw_malformed" if malformed else "raw"),
+                           ImportHMConfig(), timings=phases)  # fmt: skip
+        rows = {k: report[k] for k in ("transactions", "transactions_malformed_dropped", "lines_rejected", "quarantined",
+                                       "baskets", "baskets_kept", "baskets_dropped", "outfits_by_basket_definition",
+                                       "outfits_without_customer_row", "rows")}  # fmt: skip
         rows["phase_wall_s"] = phases
     elif step == "validate":
         from contextual_bert.validation import validate
@@ -235,6 +265,8 @@ def main() -> int:
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
     for step in args.steps:
+        if step == "import_hm_malformed":
+            malformed_copy(args.scratch)  # written before the step's clock starts
         load_before = os.getloadavg()[0]
         child = subprocess.run([sys.executable, __file__, "--step", step, "--scratch", str(args.scratch)],
                                capture_output=True, text=True, env=env)  # fmt: skip
