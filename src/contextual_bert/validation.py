@@ -128,8 +128,8 @@ def _parse_list(text: pa.Array, empty_is_list: bool) -> tuple[pa.Array, np.ndarr
 
 
 def _to_contract_type(array: pa.Array, logical: str, path: Path, column: str):
-    csv = path.suffix == ".csv"
     """Cast one column to its contract type; text is parsed row by row, anything else is a DataError."""
+    csv = path.suffix == ".csv"
     kind = array.type
     if pa.types.is_dictionary(kind):
         array, kind = array.cast(kind.value_type), kind.value_type
