@@ -12,12 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
 from contextual_bert.cli import main
 from contextual_bert.config import FeaturesConfig, ImportSetsConfig, ValidateConfig
-from contextual_bert.contract import DataSchema
+from contextual_bert.contract import IMPORT_QUARANTINE, DataSchema
 from contextual_bert.errors import DataError
 from contextual_bert.feature_store import load_split
 from contextual_bert.features import build_features
@@ -75,6 +76,27 @@ def test_polyvore_layout(tmp_path):
     assert articles[["product_type", "brand", "color", "style", "price"]].isna().all().all()
     assert pd.read_parquet(tmp_path / "raw" / "customers.parquet").empty
     assert DataSchema.load(tmp_path / "raw").context_columns == ()
+
+
+def test_pairs_without_an_outfit_or_item_id_are_quarantined_with_their_line(tmp_path):
+    _, sets = write_polyvore(tmp_path / "train.json", n_sets=40)
+    lines = write_pairs_csv(tmp_path / "pairs.csv", sets).read_text().splitlines()
+    lines[3:3] = [",item_x", "look_y,  "]  # lines 4 and 5: no outfit id, an item id of spaces only
+    (tmp_path / "pairs.csv").write_text("\n".join(lines) + "\n")
+    report = import_sets(tmp_path / "pairs.csv", tmp_path / "raw", ImportSetsConfig())
+    clean = import_sets(tmp_path / "train.json", tmp_path / "clean", ImportSetsConfig())
+    assert report["sets_kept"] == clean["sets_kept"] and report["pairs_malformed_dropped"] == 2
+    quarantine = pq.read_table(tmp_path / "raw" / IMPORT_QUARANTINE).to_pylist()
+    assert [(r["file"], r["line"], r["column"], r["reason"], r["text"]) for r in quarantine] == [
+        ("pairs.csv", 4, "outfit_id", "no outfit id", ",item_x,"), ("pairs.csv", 5, "item_id", "no item id", "look_y,,")]
+    assert report["quarantined"] == {"file": IMPORT_QUARANTINE, "rows": 2}
+    assert pq.read_table(tmp_path / "clean" / IMPORT_QUARANTINE).num_rows == clean["quarantined"]["rows"] == 0
+
+    sets[2]["items"][1]["item_id"] = ""  # the Polyvore layout: the set's place in the list
+    (tmp_path / "train.json").write_text(json.dumps(sets))
+    import_sets(tmp_path / "train.json", tmp_path / "polyvore", ImportSetsConfig())
+    row, = pq.read_table(tmp_path / "polyvore" / IMPORT_QUARANTINE).to_pylist()
+    assert (row["line"], row["column"], row["reason"]) == (3, "item_id", "no item id")
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".parquet", ".jsonl"])

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from contextual_bert.config import ImportHMConfig
-from contextual_bert.contract import HM_SCHEMA, DataSchema
+from contextual_bert.contract import HM_SCHEMA, IMPORT_QUARANTINE, DataSchema
 from contextual_bert.errors import DataError
-from contextual_bert.importers import ARTICLES, CUSTOMERS, QUARANTINE, TRANSACTIONS, import_hm, normalize_article_ids
+from contextual_bert.importers import ARTICLES, CUSTOMERS, TRANSACTIONS, import_hm, normalize_article_ids
 from helpers import hm_fixture
 
 HM_SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "hm_sample"
@@ -155,7 +155,7 @@ def test_lines_that_cannot_be_read_or_used_are_quarantined_with_their_line(tmp_p
 
     report = import_hm(source, tmp_path / "out", ImportHMConfig())
     assert report["baskets_kept"] == 5 and report["rows"]["articles"] == 11  # as from the clean fixture
-    quarantine = pq.read_table(tmp_path / "out" / QUARANTINE).to_pylist()
+    quarantine = pq.read_table(tmp_path / "out" / IMPORT_QUARANTINE).to_pylist()
     got = [(r["file"], r["line"], r["column"], r["reason"].split(" (")[0]) for r in quarantine]
     tx_line = {text: tx.index(text) + 1 for text in bad_tx}
     assert got == [

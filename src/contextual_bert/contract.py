@@ -10,6 +10,9 @@ outfits:   outfit_id (string), customer_id (string, null when the outfit has no 
 
 Context columns are declared in `schema.json`, not hard-coded, so the synthetic data (the paper's features)
 and imported data (H&M's) flow through the same validation and feature code.
+
+An importer also writes `import_quarantine.parquet` beside the tables: every source line it could not use
+(file, line, column, reason, text), so that nothing is dropped unseen; ingest_report.json counts them.
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 TABLES = ("articles", "customers", "outfits")
 SCHEMA_FILE = "schema.json"
@@ -38,6 +45,23 @@ REQUIRED_COLUMNS: dict[str, dict[str, str]] = {
 ID_COLUMN = {"articles": "article_id", "customers": "customer_id", "outfits": "outfit_id"}
 # Outfit sizes are settings, not part of the contract: the smallest is `ingest.min_set_size`, the largest
 # `model.max_set_size` (params.yaml), each read by the generators, the importers and validation.
+
+IMPORT_QUARANTINE = "import_quarantine.parquet"
+# line: where in the source, from 1: a text file's line (a CSV's line 1 is its header; counted one row per line,
+# so blank lines, which the readers skip, are not counted), a Parquet file's row, a Polyvore file's set; text:
+# the line as written, or the row's values joined by commas
+IMPORT_QUARANTINE_SCHEMA = pa.schema([("file", pa.string()), ("line", pa.int64()), ("column", pa.string()),
+                                      ("reason", pa.string()), ("text", pa.string())])  # fmt: skip
+
+
+def write_import_quarantine(rows: pd.DataFrame, out_dir: Path) -> int:
+    """Write an importer's unusable source lines (IMPORT_QUARANTINE_SCHEMA's columns), sorted by file and line;
+    returns how many."""
+    rows = rows.sort_values(["file", "line"], kind="stable")[IMPORT_QUARANTINE_SCHEMA.names]
+    table = pa.Table.from_pandas(rows, schema=IMPORT_QUARANTINE_SCHEMA, preserve_index=False)
+    pq.write_table(table, Path(out_dir) / IMPORT_QUARANTINE)
+    return table.num_rows
+
 
 ContextKind = Literal["categorical", "multi_categorical", "numeric"]
 KIND_TO_TYPE = {"categorical": "string", "multi_categorical": "list[string]", "numeric": "float"}

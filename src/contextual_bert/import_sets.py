@@ -7,7 +7,8 @@ Input (`import_sets.source`), by its suffix:
   (other keys, such as an item's "index", are ignored).
 An item listed twice in a set counts once (the first place it is listed); sets with fewer than
 `ingest.min_set_size` or more than `model.max_set_size` distinct items are dropped and counted (sets = kept +
-dropped); a pair without an outfit or item id is dropped and counted. Items keep the order the set lists them in.
+dropped); a pair without an outfit or item id is dropped, counted and written to the import quarantine
+(contract.IMPORT_QUARANTINE) with its line. Items keep the order the set lists them in.
 
 Customers are optional. Without `customer_column` every outfit has no customer (customer_id null); with it
 but without a customers table, or for a customer the table lacks, the customer's context is missing. The
@@ -23,12 +24,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from contextual_bert.config import ImportSetsConfig, IngestConfig, ModelConfig
-from contextual_bert.contract import REQUIRED_COLUMNS, ContextColumn, DataSchema
+from contextual_bert.contract import IMPORT_QUARANTINE, REQUIRED_COLUMNS, ContextColumn, DataSchema, write_import_quarantine
 from contextual_bert.errors import DataError
 
 PAIR_SUFFIXES = (".csv", ".parquet", ".jsonl")
@@ -72,7 +74,7 @@ def _polyvore_pairs(path: Path) -> pd.DataFrame:
         raise DataError(f"not valid JSON (line {exc.lineno}: {exc.msg})", path=path) from None
     if not isinstance(sets, list):
         raise DataError("expected the Polyvore Outfits layout: a list of sets with set_id and items", path=path)
-    outfits, items = [], []
+    outfits, items, lines = [], [], []
     for row, entry in enumerate(sets):
         if not isinstance(entry, dict) or "set_id" not in entry or not isinstance(entry.get("items"), list):
             raise DataError("a set needs 'set_id' and a list 'items'", path=path, row=row)
@@ -81,7 +83,8 @@ def _polyvore_pairs(path: Path) -> pd.DataFrame:
                 raise DataError("every item of a set needs an 'item_id'", path=path, row=row, column="items")
             outfits.append(entry["set_id"])
             items.append(item["item_id"])
-    return pd.DataFrame({"outfit_id": outfits, "item_id": items, "customer_id": None}, dtype=object)
+            lines.append(row + 1)
+    return pd.DataFrame({"outfit_id": outfits, "item_id": items, "customer_id": None, "line": lines}, dtype=object)
 
 
 def _text(values: pd.Series) -> pd.Series:
@@ -91,7 +94,8 @@ def _text(values: pd.Series) -> pd.Series:
 
 
 def read_pairs(path: Path, cfg: ImportSetsConfig) -> tuple[pd.DataFrame, str]:
-    """(outfit_id, item_id, customer_id) per pair, as listed; and the layout read ("pairs" / "polyvore")."""
+    """(outfit_id, item_id, customer_id, line) per pair, as listed (line: where in the file, as the import
+    quarantine counts); and the layout read ("pairs" / "polyvore")."""
     path = Path(path)
     if path.suffix == POLYVORE_SUFFIX:
         if not path.is_file():
@@ -107,6 +111,7 @@ def read_pairs(path: Path, cfg: ImportSetsConfig) -> tuple[pd.DataFrame, str]:
     pairs = pd.DataFrame({ours: frame[theirs] for ours, theirs in wanted.items()})
     if "customer_id" not in pairs:
         pairs["customer_id"] = None
+    pairs["line"] = np.arange(len(pairs)) + (2 if path.suffix == ".csv" else 1)  # a CSV's line 1: its header
     return pairs, "pairs"
 
 
@@ -151,9 +156,18 @@ def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
     source, out_dir = Path(source), Path(out_dir)
     pairs, layout = read_pairs(source, cfg)
     n_pairs = len(pairs)
-    for column in pairs.columns:
+    for column in ("outfit_id", "item_id", "customer_id"):
         pairs[column] = _text(pairs[column])
     malformed = pairs["outfit_id"].isna() | pairs["item_id"].isna()
+    bad = pairs[malformed]
+    names = ("set_id", "item_id") if layout == "polyvore" else (cfg.outfit_column, cfg.item_column)
+    quarantine = pd.DataFrame({
+        "file": source.name, "line": bad["line"].astype("int64"),
+        "column": np.where(bad["outfit_id"].isna(), names[0], names[1]),
+        "reason": np.where(bad["outfit_id"].isna(), "no outfit id", "no item id"),
+        "text": [",".join("" if pd.isna(v) else str(v) for v in row) for row in bad[["outfit_id", "item_id", "customer_id"]]
+                 .itertuples(index=False)],
+    })  # fmt: skip
     pairs = pairs[~malformed]
     unique = pairs.drop_duplicates(["outfit_id", "item_id"])  # keeps the first place an item is listed
     customers_per_outfit = unique.dropna(subset=["customer_id"]).groupby("outfit_id", sort=False)["customer_id"]
@@ -186,6 +200,7 @@ def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
     pq.write_table(outfits, out_dir / "outfits.parquet")
     pq.write_table(pa.table(articles), out_dir / "articles.parquet")
     pq.write_table(customers, out_dir / "customers.parquet")
+    quarantined = write_import_quarantine(quarantine, out_dir)
     sets_schema(cfg).save(out_dir)
     report = {
         "source": SOURCE_NAME,
@@ -193,6 +208,7 @@ def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
         "layout": layout,
         "pairs": n_pairs,
         "pairs_malformed_dropped": int(malformed.sum()),
+        "quarantined": {"file": IMPORT_QUARANTINE, "rows": quarantined},
         "pairs_duplicate_dropped": int(len(pairs) - len(unique)),
         "sets": len(sets),
         "sets_kept": len(kept),

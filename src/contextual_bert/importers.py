@@ -9,7 +9,7 @@ attributes are missing, and ingest_report.json counts such outfits. A transactio
 customer, date or article id is dropped and counted (transactions = used + malformed). The report also gives
 how many outfits each basket definition yields, so the choice can be made with the numbers at hand.
 
-Nothing is dropped unseen: `import_quarantine.parquet`, beside the tables, holds every source line the import
+Nothing is dropped unseen: the import quarantine (contract.IMPORT_QUARANTINE), beside the tables, holds every source line the import
 could not use, with its file, line, column, reason and text: lines that cannot be read as CSV (too many or
 too few fields, a quote left open, bytes that are not UTF-8), which are skipped rather than failing the
 file, and rows without a customer id, a date or an article id. The report counts them per file (lines =
@@ -51,7 +51,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from contextual_bert.config import ImportHMConfig, IngestConfig, ModelConfig
-from contextual_bert.contract import HM_SCHEMA, DataSchema
+from contextual_bert.contract import HM_SCHEMA, IMPORT_QUARANTINE, DataSchema, write_import_quarantine
 from contextual_bert.errors import DataError
 
 TRANSACTIONS, CUSTOMERS, ARTICLES = "transactions_train.csv", "customers.csv", "articles.csv"
@@ -71,7 +71,6 @@ MAPPING_NOTE = (
     "price <- mean transaction price (H&M's scaled units)"
 )
 DROP_REASONS = ("too_small", "too_large")
-QUARANTINE = "import_quarantine.parquet"  # in the output folder: every source line the import could not use
 REJECTED = {"INVALID ENCODING": "not UTF-8 text", "TOO MANY COLUMNS": "too many fields",
             "MISSING COLUMNS": "too few fields", "UNQUOTED VALUE": "a quote left open or misplaced"}
 UNUSABLE = {"customer_id": "no customer id", "t_dat": "not a date (YYYY-MM-DD)", "article_id": "no article id"}
@@ -406,13 +405,14 @@ def _outfit_lists(items, customers, basket: str):
 
 def _lines(rows: np.ndarray, rejected: np.ndarray) -> np.ndarray:
     """File lines (1 = the header) of the rows read, numbered 1..n in file order, around the sorted lines
-    that were not read (a quoted field over several lines would shift them; H&M's files have none)."""
+    that were not read. A blank line (DuckDB skips it) or a quoted field over several lines before a row
+    would shift its number; H&M's files have neither."""
     rows_before = rejected - 2 - np.arange(len(rejected))  # rows read before each line that was not
     return rows + 1 + np.searchsorted(rows_before, rows, side="left")
 
 
-def _quarantine(db: _Db, source: Path, counts: dict) -> tuple[pa.Table, dict]:
-    """Every source line the import could not use, once, as a table (file, line, column, reason, text), and
+def _quarantine(db: _Db, source: Path, counts: dict) -> tuple[pd.DataFrame, dict]:
+    """Every source line the import could not use, once (contract.IMPORT_QUARANTINE_SCHEMA's columns), and
     the lines not read per file: lines DuckDB could not read, then rows read without a usable customer id,
     date or article id. A file of which nothing could be read, or transactions none of which are usable,
     are errors naming the first bad line."""
@@ -446,10 +446,7 @@ def _quarantine(db: _Db, source: Path, counts: dict) -> tuple[pa.Table, dict]:
         first = parts[TRANSACTIONS].iloc[0]
         raise DataError(f"line {first['line']}: {first['reason']}; no transaction has a customer id, a date "
                         "(YYYY-MM-DD) and an article id", path=source / TRANSACTIONS, column=first["column"])
-    table = pd.concat(parts.values(), ignore_index=True).sort_values(["file", "line"], kind="stable")
-    schema = pa.schema([("file", pa.string()), ("line", pa.int64()), ("column", pa.string()),
-                        ("reason", pa.string()), ("text", pa.string())])
-    return pa.Table.from_pandas(table[schema.names], schema=schema, preserve_index=False), lines_rejected
+    return pd.concat(parts.values(), ignore_index=True), lines_rejected
 
 
 class _Clock:
@@ -485,8 +482,8 @@ def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig, timings: dict | 
             counts |= clock("customers", _customers(db, source / CUSTOMERS, headers[CUSTOMERS]))
             counts |= clock("articles", _articles(db, source / ARTICLES, headers[ARTICLES]))
             quarantine, lines_rejected = _quarantine(db, source, counts)
-            pq.write_table(quarantine, out_dir / QUARANTINE)
-            counts |= {"lines_rejected": lines_rejected, "quarantined": {"file": QUARANTINE, "rows": quarantine.num_rows}}
+            quarantined = write_import_quarantine(quarantine, out_dir)
+            counts |= {"lines_rejected": lines_rejected, "quarantined": {"file": IMPORT_QUARANTINE, "rows": quarantined}}
             clock("quarantine", None)
             by_definition = clock("basket_definitions", _baskets(db, cfg, min_set_size, max_set_size))
             outfits, outfit_counts = clock("outfits", _outfits(db, cfg, min_set_size, max_set_size))
