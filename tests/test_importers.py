@@ -190,6 +190,38 @@ def test_a_file_with_nothing_usable_is_a_one_line_error(tmp_path):
         import_hm(source, tmp_path / "out", ImportHMConfig())
 
 
+@pytest.mark.parametrize("delim", [";", "\t", "|"])
+def test_other_delimiters_decimal_commas_and_iso_date_times_import_as_the_kaggle_files(tmp_path, fixture_import, delim):
+    source = hm_fixture(tmp_path / "hm")
+    for name in (TRANSACTIONS, CUSTOMERS, ARTICLES):  # the fixture has no quoted field: a plain swap
+        rows = [line.split(",") for line in (source / name).read_text().splitlines()]
+        if name == TRANSACTIONS:  # dates as ISO date-times, times and zones that must not move the day
+            times = ["T23:59:59+02:00", " 00:00:00", "T10:15", " 23:30:00.123Z", ""]
+            rows = [rows[0], *([r[0] + times[i % len(times)], *r[1:3], r[3].replace(".", ","), *r[4:]]
+                               for i, r in enumerate(rows[1:]))]  # and prices with a decimal comma
+        if name == CUSTOMERS:  # ages and flags with a decimal comma
+            rows = [rows[0], *([r[0], *(v.replace(".", ",") for v in r[1:3]), *r[3:5], r[5].replace(".", ","),
+                                *r[6:]] for r in rows[1:])]
+        (source / name).write_text("\n".join(delim.join(r) for r in rows) + "\n")
+    (source / TRANSACTIONS).write_text((source / TRANSACTIONS).read_text() + delim.join(
+        ["2018-09-20 noon", "c001", "101000001", "0.0100", "2"]) + "\n")
+    report = import_hm(source, tmp_path / "out", ImportHMConfig())
+    clean_out, clean = fixture_import
+    for table in ("outfits", "articles", "customers"):
+        assert pq.read_table(tmp_path / "out" / f"{table}.parquet").equals(pq.read_table(clean_out / f"{table}.parquet"))
+    assert report["transactions_malformed_dropped"] == clean["transactions_malformed_dropped"] + 1
+    bad = pq.read_table(tmp_path / "out" / IMPORT_QUARANTINE).to_pylist()[-1]
+    assert (bad["column"], bad["reason"].split(" (")[0], bad["text"]) == (
+        "t_dat", "not a date", delim.join(["2018-09-20 noon", "c001", "101000001", "0.0100", "2"]))
+
+
+def test_a_header_row_no_delimiter_splits_into_the_required_columns_is_an_error(tmp_path):
+    source = hm_fixture(tmp_path / "hm")
+    (source / TRANSACTIONS).write_text((source / TRANSACTIONS).read_text().replace(",", " "))
+    with pytest.raises(DataError, match=r"transactions_train\.csv, column 't_dat': required column missing"):
+        import_hm(source, tmp_path / "out", ImportHMConfig())
+
+
 @pytest.mark.skipif(not HM_SAMPLE.is_dir(), reason="the H&M sample (../shared/data/hm_sample) is absent")
 def test_real_sample(tmp_path):
     report = import_hm(HM_SAMPLE, tmp_path, ImportHMConfig())

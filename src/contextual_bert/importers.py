@@ -21,7 +21,10 @@ Column mapping (H&M has no brand and no style; the nearest columns stand in, and
   color <- colour_group_name           style <- graphical_appearance_name (solid, stripe, denim, ...)
   price <- the mean transaction price of the article (H&M publishes prices scaled, not in euros)
 Only the id columns are required; an absent attribute or customer column is missing for every row (the
-report lists such columns). Customers keep their columns as context (HM_SCHEMA); age stays numeric.
+report lists such columns). Fields are separated by commas, as in Kaggle's files, or by ';', a tab or '|'
+(DELIMITERS: the first that splits the header row into the required columns; in such a file a number may have a
+decimal comma). t_dat is a date (YYYY-MM-DD) or an ISO date and time, whose date as written is the purchase day.
+Customers keep their columns as context (HM_SCHEMA); age stays numeric.
 Article ids are normalized to H&M's 10-digit form with leading zeros, however the source wrote them.
 
 Why DuckDB: the full Kaggle size (31.8 M transactions, 3.1 GB of CSV) must import in minutes within a few
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import json
 import os
 import tempfile
@@ -65,6 +69,7 @@ EXTRA_ARTICLE_COLUMNS = ("prod_name", "product_group_name", "index_group_name", 
 CUSTOMER_COLUMNS = ("customer_id", "FN", "Active", "club_member_status", "fashion_news_frequency", "age",
                     "postal_code")  # fmt: skip
 TRANSACTION_COLUMNS = ("t_dat", "customer_id", "article_id", "price")
+DELIMITERS = (",", ";", "\t", "|")  # tried in this order on the header row
 REQUIRED_COLUMNS = {TRANSACTIONS: TRANSACTION_COLUMNS, CUSTOMERS: ("customer_id",), ARTICLES: ("article_id",)}
 MAPPING_NOTE = (
     "H&M has no brand or style: brand <- section_name, style <- graphical_appearance_name; "
@@ -73,7 +78,13 @@ MAPPING_NOTE = (
 DROP_REASONS = ("too_small", "too_large")
 REJECTED = {"INVALID ENCODING": "not UTF-8 text", "TOO MANY COLUMNS": "too many fields",
             "MISSING COLUMNS": "too few fields", "UNQUOTED VALUE": "a quote left open or misplaced"}
-UNUSABLE = {"customer_id": "no customer id", "t_dat": "not a date (YYYY-MM-DD)", "article_id": "no article id"}
+UNUSABLE = {"customer_id": "no customer id", "t_dat": "not a date (YYYY-MM-DD, or an ISO date and time)",
+            "article_id": "no article id"}
+# The day of a purchase: t_dat as YYYY-MM-DD, or an ISO 8601 date and time, of which the date as written is the day
+# (no time zone is converted: the day the shop recorded). Anything else is not a date.
+ISO_DAY = r"\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}(:?\d{2})?)?)?"
+DAY_SQL = (f"CASE WHEN regexp_full_match(trim(t_dat), '{ISO_DAY}') "
+           "THEN CAST(try_strptime(left(trim(t_dat), 10), '%Y-%m-%d') AS DATE) END")
 # The first day of the basket a purchase belongs to, as SQL over `day_items` joined with `customer_days`.
 BASKET_START = {"day": "day", "week": "CAST(date_trunc('week', day) AS DATE)", "session": "session"}
 OUTFIT_ID_MARK = {"day": "", "week": "w", "session": "s"}  # outfit_id = <customer>_<mark><first day>
@@ -102,39 +113,71 @@ def normalize_article_ids(ids: pd.Series) -> pd.Series:
     return out.astype("string").set_axis(ids.index)
 
 
-def _header(path: Path) -> list[str]:
-    """The header row of one H&M file; missing file, empty file or bad encoding -> DataError."""
+@dataclasses.dataclass(frozen=True)
+class _CsvFile:
+    """One H&M file: its path, the columns its header row names and its field delimiter."""
+
+    path: Path
+    columns: tuple[str, ...]
+    delim: str = ","
+
+    def read(self) -> str:
+        """SQL: the file, the header's columns as text (empty -> NULL), read in parallel. Not sniffed: one
+        line of the wrong width failed the sniffer for the whole file. A line DuckDB cannot read (too many or
+        too few fields, a quote left open, bytes that are not UTF-8) is skipped and logged in `reject_errors`."""
+        columns = ", ".join(f"{_quote(name)}: 'VARCHAR'" for name in self.columns)
+        return (f"read_csv({_quote(self.path)}, header=true, auto_detect=false, columns={{{columns}}}, "
+                f"delim={_quote(self.delim)}, quote='\"', escape='\"', store_rejects=true)")
+
+    def row_text(self, alias: str) -> str:
+        """SQL: a row as read, its fields joined by the delimiter (what the quarantine keeps of a row that was
+        read; computed for such rows only)."""
+        fields = ", ".join(f"coalesce({alias}.{_ident(c)}, '')" for c in self.columns)
+        return f"concat_ws({_quote(self.delim)}, {fields})"
+
+    def number(self, sql: str) -> str:
+        """SQL: text as a number, NULL where it is none. In a file not separated by commas a decimal comma
+        is read too (`0,0508`: the spreadsheets that write ';' write numbers so)."""
+        text = f"trim({sql})" if self.delim == "," else f"replace(trim({sql}), ',', '.')"
+        return f"TRY_CAST({text} AS DOUBLE)"
+
+    def optional(self, column: str, sql: str | None = None) -> str:
+        """SQL: an optional column of `src` (or `sql` of it), NULL for every row where the file lacks it."""
+        return (sql or f"src.{_ident(column)}") if column in self.columns else "CAST(NULL AS VARCHAR)"
+
+
+def _csv_file(path: Path) -> _CsvFile:
+    """One H&M file as its header row describes it; missing file, empty file, bad encoding, a required column
+    missing or a column named twice -> DataError. The delimiter is the first of DELIMITERS with which the
+    header row holds the file's required columns (Kaggle's files use commas; a spreadsheet may write ';')."""
     if not path.is_file():
         raise DataError("file not found (expected the H&M Kaggle file of that name)", path=path)
     try:  # the first line only: a bad byte further down is that line's problem (quarantined), not the file's
         with open(path, "rb") as f:
-            header = next(csv.reader([f.readline().decode("utf-8-sig")]), None)  # -sig: a spreadsheet's BOM
+            line = f.readline().decode("utf-8-sig")  # -sig: a spreadsheet's byte-order mark
     except UnicodeDecodeError as exc:
         raise DataError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from None
-    if not header:
+    if not line.strip():
         raise DataError("not a CSV file (no header row)", path=path)
-    header = [c.strip() or f"column{i}" for i, c in enumerate(header)]  # unnamed: a pandas index, as DuckDB names it
-    for column in REQUIRED_COLUMNS[path.name]:
-        if column not in header:
-            raise DataError("required column missing", path=path, column=column)
+    required = REQUIRED_COLUMNS[path.name]
+    headers = {d: [c.strip() or f"column{i}" for i, c in enumerate(next(csv.reader([line], delimiter=d)))]
+               for d in DELIMITERS}  # unnamed: a pandas index, named as DuckDB names it
+    delim = next((d for d in DELIMITERS if all(c in headers[d] for c in required)), None)
+    if delim is None:
+        missing = next(c for c in required if c not in headers[","])
+        split_at = " or ".join(map(repr, DELIMITERS))
+        raise DataError(f"required column missing (not in the header row split at {split_at})", path=path,
+                        column=missing)
+    header = headers[delim]
     for column in header:
         if header.count(column) > 1:
             raise DataError("column named twice in the header row", path=path, column=column)
-    return header
+    return _CsvFile(path, tuple(header), delim)
 
 
 def _quote(text: Path | str) -> str:
     """A SQL string literal."""
     return "'" + str(text).replace("'", "''") + "'"
-
-
-def _csv(path: Path, header: list[str]) -> str:
-    """SQL: one H&M file, the header's columns as text (empty -> NULL), read in parallel. Not sniffed: one
-    line of the wrong width failed the sniffer for the whole file. A line DuckDB cannot read (too many or too
-    few fields, a quote left open, bytes that are not UTF-8) is skipped and logged in `reject_errors`."""
-    columns = ", ".join(f"{_quote(name)}: 'VARCHAR'" for name in header)
-    return (f"read_csv({_quote(path)}, header=true, auto_detect=false, columns={{{columns}}}, delim=',', "
-            f"quote='\"', escape='\"', store_rejects=true)")
 
 
 def _ident(name: str) -> str:
@@ -185,7 +228,7 @@ class _Db:
         return self.con.sql(sql).to_arrow_table()
 
 
-def _transactions(db: _Db, path: Path, header: list[str]) -> dict:
+def _transactions(db: _Db, file: _CsvFile) -> dict:
     """Table `tx` (cid, day, aid, price) of the readable transactions, customers and articles as integer
     codes (`customer_codes`: cid -> customer_id, `article_codes`: aid -> article_id; both codes follow the
     order of the ids' text, so ordering by a code orders by its id).
@@ -196,7 +239,7 @@ def _transactions(db: _Db, path: Path, header: list[str]) -> dict:
     and joining them on 64-character customer ids cost several times that. A row whose customer, date or
     article does not parse finds no dictionary entry: it is malformed (transactions = used + malformed), and
     only then a third read (`tx_malformed`) finds such rows for the quarantine."""
-    read = _csv(path, header)
+    read, path = file.read(), file.path
     db.run(f"""CREATE TABLE tx_values AS
         SELECT GROUPING(customer_id, t_dat, article_id) AS grouping_id, customer_id, t_dat, article_id,
                count(*) AS n_rows
@@ -205,8 +248,8 @@ def _transactions(db: _Db, path: Path, header: list[str]) -> dict:
     db.run("""CREATE TABLE customer_raw AS SELECT raw, customer_id, dense_rank() OVER (ORDER BY customer_id) AS cid
         FROM (SELECT customer_id AS raw, nullif(trim(customer_id), '') AS customer_id FROM tx_values
               WHERE grouping_id = 3) WHERE customer_id IS NOT NULL""")  # fmt: skip
-    db.run("""CREATE TABLE day_raw AS SELECT raw, day FROM (
-        SELECT t_dat AS raw, CAST(try_strptime(trim(t_dat), '%Y-%m-%d') AS DATE) AS day FROM tx_values
+    db.run(f"""CREATE TABLE day_raw AS SELECT raw, day FROM (
+        SELECT t_dat AS raw, {DAY_SQL} AS day FROM tx_values
         WHERE grouping_id = 5) WHERE day IS NOT NULL""")
     db.run(f"""CREATE TABLE article_raw AS SELECT raw, article_id, dense_rank() OVER (ORDER BY article_id) AS aid
         FROM (SELECT article_id AS raw, {_article_id_sql('article_id')} AS article_id FROM tx_values
@@ -216,14 +259,14 @@ def _transactions(db: _Db, path: Path, header: list[str]) -> dict:
     db.run("CREATE TABLE article_codes AS SELECT DISTINCT aid, article_id FROM article_raw")
     with db.joins_as_written():
         db.run(f"""CREATE TABLE tx AS
-            SELECT c.cid, d.day, a.aid, TRY_CAST(trim(t.price) AS DOUBLE) AS price FROM {read} t
+            SELECT c.cid, d.day, a.aid, {file.number('t.price')} AS price FROM {read} t
             JOIN customer_raw c ON t.customer_id = c.raw JOIN day_raw d ON t.t_dat = d.raw
             JOIN article_raw a ON t.article_id = a.raw""", path)  # fmt: skip
         (used,) = db.one("SELECT count(*) FROM tx")
         if used < total:  # row_number() OVER () follows the file: DuckDB keeps a scan's order
             db.run(f"""CREATE TABLE tx_malformed AS SELECT * FROM (
                 SELECT t.source_row, CASE WHEN c.raw IS NULL THEN 'customer_id' WHEN d.raw IS NULL THEN 't_dat'
-                                          ELSE 'article_id' END AS "column", {_row_text(header, 't')} AS text
+                                          ELSE 'article_id' END AS "column", {file.row_text('t')} AS text
                 FROM (SELECT *, row_number() OVER () AS source_row FROM {read}) t
                 LEFT JOIN customer_raw c ON t.customer_id = c.raw LEFT JOIN day_raw d ON t.t_dat = d.raw
                 LEFT JOIN article_raw a ON t.article_id = a.raw
@@ -232,33 +275,23 @@ def _transactions(db: _Db, path: Path, header: list[str]) -> dict:
     return {"transactions": int(total), "transactions_malformed_dropped": int(total - used)}
 
 
-def _row_text(header: list[str], alias: str) -> str:
-    """SQL: a row as read, its fields joined by commas (what the quarantine keeps of a row that was read;
-    computed for such rows only)."""
-    return "concat_ws(',', " + ", ".join(f"coalesce({alias}.{_ident(c)}, '')" for c in header) + ")"
-
-
-def _optional(column: str, header: list[str], sql: str | None = None) -> str:
-    return (sql or f"src.{_ident(column)}") if column in header else "CAST(NULL AS VARCHAR)"
-
-
-def _customers(db: _Db, path: Path, header: list[str]) -> dict:
+def _customers(db: _Db, file: _CsvFile) -> dict:
     """Table `customers` in the contract's columns, one row per id (the first one written)."""
-    flag = "regexp_replace(trim(src.{0}), '^(\\d+)\\.0+$', '\\1')"
+    flag = "regexp_replace(trim(src.{0}), '^(\\d+)[.,]0+$', '\\1')"  # 1.0 or 1,0 -> 1
     columns = {
         "customer_id": "trim(src.customer_id)",
-        "age": f"TRY_CAST({_optional('age', header)} AS DOUBLE)",
-        "club_member_status": _optional("club_member_status", header),
-        "fashion_news_frequency": _optional("fashion_news_frequency", header),
-        "FN": _optional("FN", header, flag.format("FN")),
-        "Active": _optional("Active", header, flag.format("Active")),
-        "postal_code": _optional("postal_code", header),
+        "age": file.number(file.optional("age")),
+        "club_member_status": file.optional("club_member_status"),
+        "fashion_news_frequency": file.optional("fashion_news_frequency"),
+        "FN": file.optional("FN", flag.format("FN")),
+        "Active": file.optional("Active", flag.format("Active")),
+        "postal_code": file.optional("postal_code"),
     }
     select = ", ".join(f"{sql} AS {_ident(name)}" for name, sql in columns.items())
     db.run(f"""CREATE TABLE customers_in AS
         SELECT {select}, row_number() OVER () AS source_row,
-               CASE WHEN nullif(trim(src.customer_id), '') IS NULL THEN {_row_text(header, 'src')} END AS text
-        FROM {_csv(path, header)} src""", path)  # fmt: skip
+               CASE WHEN nullif(trim(src.customer_id), '') IS NULL THEN {file.row_text('src')} END AS text
+        FROM {file.read()} src""", file.path)  # fmt: skip
     db.run("""CREATE TABLE customers AS SELECT * EXCLUDE (rank, text) FROM (
         SELECT *, row_number() OVER (PARTITION BY customer_id ORDER BY source_row) AS rank FROM customers_in
         WHERE nullif(customer_id, '') IS NOT NULL) WHERE rank = 1""")
@@ -268,15 +301,15 @@ def _customers(db: _Db, path: Path, header: list[str]) -> dict:
             "customers_duplicate_dropped": int(rows - without_id - kept)}
 
 
-def _articles(db: _Db, path: Path, header: list[str]) -> dict:
+def _articles(db: _Db, file: _CsvFile) -> dict:
     """Table `articles` in the contract's columns, priced by the mean transaction price."""
     columns = {"article_id": _article_id_sql("src.article_id")}
-    columns |= {ours: _optional(theirs, header, f"trim(src.{_ident(theirs)})") for ours, theirs in ARTICLE_COLUMNS.items()}
-    columns |= {extra: _optional(extra, header) for extra in EXTRA_ARTICLE_COLUMNS}
+    columns |= {ours: file.optional(theirs, f"trim(src.{_ident(theirs)})") for ours, theirs in ARTICLE_COLUMNS.items()}
+    columns |= {extra: file.optional(extra) for extra in EXTRA_ARTICLE_COLUMNS}
     select = ", ".join(f"{sql} AS {_ident(name)}" for name, sql in columns.items())
     db.run(f"""CREATE TABLE articles_in AS SELECT {select}, row_number() OVER () AS source_row,
-        CASE WHEN {columns['article_id']} IS NULL THEN {_row_text(header, 'src')} END AS text
-        FROM {_csv(path, header)} src""", path)  # fmt: skip
+        CASE WHEN {columns['article_id']} IS NULL THEN {file.row_text('src')} END AS text
+        FROM {file.read()} src""", file.path)  # fmt: skip
     db.run("""CREATE TABLE articles_unique AS SELECT * EXCLUDE (rank, text) FROM (
         SELECT *, row_number() OVER (PARTITION BY article_id ORDER BY source_row) AS rank FROM articles_in
         WHERE article_id IS NOT NULL) WHERE rank = 1""")
@@ -445,7 +478,7 @@ def _quarantine(db: _Db, source: Path, counts: dict) -> tuple[pd.DataFrame, dict
     if 0 < counts["transactions"] == counts["transactions_malformed_dropped"]:
         first = parts[TRANSACTIONS].iloc[0]
         raise DataError(f"line {first['line']}: {first['reason']}; no transaction has a customer id, a date "
-                        "(YYYY-MM-DD) and an article id", path=source / TRANSACTIONS, column=first["column"])
+                        "and an article id", path=source / TRANSACTIONS, column=first["column"])
     return pd.concat(parts.values(), ignore_index=True), lines_rejected
 
 
@@ -472,15 +505,15 @@ def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig, timings: dict | 
     source, out_dir = Path(source), Path(out_dir)
     if not source.is_dir():
         raise DataError("H&M source folder not found", path=source)
-    headers = {name: _header(source / name) for name in (TRANSACTIONS, CUSTOMERS, ARTICLES)}
+    files = {name: _csv_file(source / name) for name in (TRANSACTIONS, CUSTOMERS, ARTICLES)}
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".import-hm-", dir=out_dir) as scratch:
         db = _Db(Path(scratch), cfg)
         clock = _Clock(timings)
         try:
-            counts = clock("transactions", _transactions(db, source / TRANSACTIONS, headers[TRANSACTIONS]))
-            counts |= clock("customers", _customers(db, source / CUSTOMERS, headers[CUSTOMERS]))
-            counts |= clock("articles", _articles(db, source / ARTICLES, headers[ARTICLES]))
+            counts = clock("transactions", _transactions(db, files[TRANSACTIONS]))
+            counts |= clock("customers", _customers(db, files[CUSTOMERS]))
+            counts |= clock("articles", _articles(db, files[ARTICLES]))
             quarantine, lines_rejected = _quarantine(db, source, counts)
             quarantined = write_import_quarantine(quarantine, out_dir)
             counts |= {"lines_rejected": lines_rejected, "quarantined": {"file": IMPORT_QUARANTINE, "rows": quarantined}}
@@ -499,8 +532,8 @@ def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig, timings: dict | 
             db.con.close()
     HM_SCHEMA.save(out_dir)
     missing_columns = {
-        ARTICLES: [c for c in (*ARTICLE_COLUMNS.values(), *EXTRA_ARTICLE_COLUMNS) if c not in headers[ARTICLES]],
-        CUSTOMERS: [c for c in CUSTOMER_COLUMNS if c not in headers[CUSTOMERS]],
+        ARTICLES: [c for c in (*ARTICLE_COLUMNS.values(), *EXTRA_ARTICLE_COLUMNS) if c not in files[ARTICLES].columns],
+        CUSTOMERS: [c for c in CUSTOMER_COLUMNS if c not in files[CUSTOMERS].columns],
     }
     report = {
         "source": "hm",
