@@ -121,6 +121,48 @@ def test_two_column_pairs_give_the_same_outfits(tmp_path, suffix):
     assert got["article_ids"].map(list).tolist() == expected["article_ids"].map(list).tolist()
 
 
+@pytest.mark.parametrize("delim", [",", ";", "\t"])
+def test_lines_that_cannot_be_read_are_quarantined_and_the_rest_imported(tmp_path, delim):
+    _, sets = write_polyvore(tmp_path / "train.json", n_sets=40)
+    lines = [line.replace(",", delim) for line in write_pairs_csv(tmp_path / "pairs.csv", sets).read_text().splitlines()]
+    bad = {5: (f"look_x{delim}item_x{delim}extra", "item_id", "too many fields"),
+           9: ("look_x", "item_id", "too few fields"),
+           12: (f'"look_x{delim}item_x', "outfit_id", "a quote left open or misplaced"),
+           20: (b"look_x" + delim.encode() + b"caf\xe9", "outfit_id", "not UTF-8 text")}
+    data = [line.encode() for line in lines]
+    for at, (text, _, _) in sorted(bad.items()):  # at: its line in the file
+        data.insert(at - 1, text if isinstance(text, bytes) else text.encode())
+    data.insert(15, b"")  # a blank line: skipped, not a pair
+    (tmp_path / "pairs.csv").write_bytes(b"\r\n".join(data) + b"\r\n")  # and Windows line ends
+    report = import_sets(tmp_path / "pairs.csv", tmp_path / "raw", ImportSetsConfig())
+    clean = import_sets(tmp_path / "train.json", tmp_path / "clean", ImportSetsConfig())
+    for table in ("outfits", "articles"):
+        assert pq.read_table(tmp_path / "raw" / f"{table}.parquet").equals(pq.read_table(tmp_path / "clean" / f"{table}.parquet"))
+    quarantine = pq.read_table(tmp_path / "raw" / IMPORT_QUARANTINE).to_pylist()
+    lines_at = {at + (at > 15) for at in bad}  # the blank line moved those after it
+    assert [(r["file"], r["line"], r["column"], r["reason"].split(" (")[0]) for r in quarantine] == [
+        ("pairs.csv", at + (at > 15), column, reason) for at, (_, column, reason) in sorted(bad.items())]
+    assert {r["line"] for r in quarantine} == lines_at and "look_x" in quarantine[-1]["text"]
+    # counts add up: the file's lines = header + blank + pairs read + lines not read
+    assert len(data) == 1 + 1 + report["pairs"] + report["lines_rejected"]["pairs.csv"]
+    assert report["quarantined"]["rows"] == report["lines_rejected"]["pairs.csv"] == len(bad)
+
+
+def test_a_customers_line_that_cannot_be_read_is_quarantined(tmp_path):
+    (tmp_path / "pairs.csv").write_text("".join(f"o{o};i{i};u{o % 2}\n" for o in range(3) for i in range(o, o + 5)))
+    (tmp_path / "pairs.csv").write_text("look;item;user\n" + (tmp_path / "pairs.csv").read_text())
+    (tmp_path / "customers.csv").write_text("user|region\nu0|north\nu1|south|extra\n")
+    cfg = ImportSetsConfig(outfit_column="look", item_column="item", customer_column="user",
+                           customers=tmp_path / "customers.csv", context={"region": "categorical"})
+    report = import_sets(tmp_path / "pairs.csv", tmp_path / "raw", cfg)
+    assert report["sets_kept"] == 3 and report["rows"]["customers"] == 1
+    assert report["outfits_without_customer_row"] == 1  # u1's row was not read
+    row, = pq.read_table(tmp_path / "raw" / IMPORT_QUARANTINE).to_pylist()
+    assert (row["file"], row["line"], row["column"], row["reason"], row["text"]) == (
+        "customers.csv", 3, "region", "too many fields (3, not 2)", "u1|south|extra")
+    assert report["lines_rejected"] == {"pairs.csv": 0, "customers.csv": 1}
+
+
 def test_customers_with_declared_context_validate_and_become_features(tmp_path):
     _, sets = write_polyvore(tmp_path / "train.json", n_sets=400)
     rng = np.random.default_rng(1)

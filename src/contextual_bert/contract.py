@@ -17,6 +17,7 @@ An importer also writes `import_quarantine.parquet` beside the tables: every sou
 
 from __future__ import annotations
 
+import csv
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,6 +26,8 @@ from typing import Literal
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from contextual_bert.errors import DataError
 
 TABLES = ("articles", "customers", "outfits")
 SCHEMA_FILE = "schema.json"
@@ -52,6 +55,41 @@ IMPORT_QUARANTINE = "import_quarantine.parquet"
 # the line as written, or the row's values joined by commas
 IMPORT_QUARANTINE_SCHEMA = pa.schema([("file", pa.string()), ("line", pa.int64()), ("column", pa.string()),
                                       ("reason", pa.string()), ("text", pa.string())])  # fmt: skip
+
+
+# Field delimiters an importer accepts in a delimited text file, tried in this order on its header row: Kaggle's
+# and most exports use commas; spreadsheets in locales with a decimal comma write ';'; tab- and '|'-separated
+# exports are common too.
+DELIMITERS = (",", ";", "\t", "|")
+# Why a line of a delimited text file cannot be read (the importers' quarantine reasons).
+UNREADABLE = {"encoding": "not UTF-8 text", "too_many": "too many fields", "too_few": "too few fields",
+              "quote": "a quote left open or misplaced"}  # fmt: skip
+
+
+def read_header(path: Path, required: tuple[str, ...]) -> tuple[str, list[str]]:
+    """(delimiter, column names) of a delimited text file's header row: the first of DELIMITERS that splits it
+    into names holding every required column. Names are stripped; an unnamed column (a pandas index) is named
+    column<i>, as DuckDB names it. Not UTF-8, no header row, a required column missing or a column named twice
+    -> DataError. Only the first line is read: a bad line further down is that line's problem, not the file's."""
+    try:
+        with open(path, "rb") as f:
+            line = f.readline().decode("utf-8-sig")  # -sig: a spreadsheet's byte-order mark
+    except UnicodeDecodeError as exc:
+        raise DataError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from None
+    if not line.strip():
+        raise DataError("not a delimited text file (no header row)", path=path)
+    splits = {d: [c.strip() or f"column{i}" for i, c in enumerate(next(csv.reader([line], delimiter=d)))]
+              for d in DELIMITERS}
+    delim = next((d for d in DELIMITERS if all(c in splits[d] for c in required)), None)
+    if delim is None:
+        missing = next(c for c in required if c not in splits[","])
+        split_at = " or ".join(map(repr, DELIMITERS))
+        raise DataError(f"required column missing (not in the header row split at {split_at})", path=path,
+                        column=missing)
+    for column in splits[delim]:
+        if splits[delim].count(column) > 1:
+            raise DataError("column named twice in the header row", path=path, column=column)
+    return delim, splits[delim]
 
 
 def write_import_quarantine(rows: pd.DataFrame, out_dir: Path) -> int:

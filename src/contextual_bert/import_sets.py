@@ -8,7 +8,9 @@ Input (`import_sets.source`), by its suffix:
 An item listed twice in a set counts once (the first place it is listed); sets with fewer than
 `ingest.min_set_size` or more than `model.max_set_size` distinct items are dropped and counted (sets = kept +
 dropped); a pair without an outfit or item id is dropped, counted and written to the import quarantine
-(contract.IMPORT_QUARANTINE) with its line. Items keep the order the set lists them in.
+(contract.IMPORT_QUARANTINE) with its line, and so is a CSV line (of the pairs or the customers file) that
+cannot be read: the rest of the file imports. A CSV may be separated by any of contract.DELIMITERS. Items keep
+the order the set lists them in.
 
 Customers are optional. Without `customer_column` every outfit has no customer (customer_id null); with it
 but without a customers table, or for a customer the table lacks, the customer's context is missing. The
@@ -21,6 +23,7 @@ Articles get one row per item, their attributes (product_type, brand, color, sty
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -30,10 +33,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from contextual_bert.config import ImportSetsConfig, IngestConfig, ModelConfig
-from contextual_bert.contract import IMPORT_QUARANTINE, REQUIRED_COLUMNS, ContextColumn, DataSchema, write_import_quarantine
+from contextual_bert.contract import (
+    IMPORT_QUARANTINE,
+    REQUIRED_COLUMNS,
+    UNREADABLE,
+    ContextColumn,
+    DataSchema,
+    read_header,
+    write_import_quarantine,
+)
 from contextual_bert.errors import DataError
 
 PAIR_SUFFIXES = (".csv", ".parquet", ".jsonl")
+UNREAD_COLUMNS = ["line", "column", "reason", "text"]  # a file's lines that could not be read
+SOURCE_LINE = "__line__"  # read_rows: a row's place in its file (a name no data column has)
 POLYVORE_SUFFIX = ".json"
 SOURCE_NAME = "sets"
 
@@ -45,24 +58,83 @@ def sets_schema(cfg: ImportSetsConfig) -> DataSchema:
     return DataSchema(source=SOURCE_NAME, context_columns=columns)
 
 
-def read_table_file(path: Path) -> pd.DataFrame:
-    """A .csv (all text), .parquet or .jsonl file as a DataFrame; anything else is a one-line DataError."""
+def read_delimited(path: Path, required: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A delimited text file (contract.read_header: its delimiter and columns) as text columns (empty -> None)
+    with SOURCE_LINE, its line in the file; and the lines that cannot be read (line, column, reason, text): bytes
+    that are not UTF-8, a quote left open, too many or too few fields. Such a line is set aside, not the
+    file. One row per line (a quoted field may not span lines); blank lines are skipped."""
+    delim, columns = read_header(path, required)
+    rows, lines, rejected = [], [], []
+    # Bytes that are not UTF-8 come through as surrogates, found per line by a failing encode. A line without
+    # a quote is split as it is (a csv reader per line costs 13x; one reader for the file would let a quote
+    # left open swallow every line after it).
+    with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
+        f.readline()
+        for number, line in enumerate(f, start=2):
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue  # a blank line
+            reason = None
+            if not line.isascii():
+                try:
+                    line.encode("utf-8")
+                except UnicodeEncodeError:
+                    column, reason = columns[0], UNREADABLE["encoding"]
+                    line = line.encode("utf-8", errors="surrogateescape").decode("utf-8", errors="replace")
+            if reason is None and '"' in line:
+                try:
+                    fields = next(csv.reader([line], delimiter=delim, strict=True))
+                except csv.Error:
+                    column, reason = columns[0], UNREADABLE["quote"]
+            elif reason is None:
+                fields = line.split(delim)
+            if reason is None and len(fields) != len(columns):
+                wide = len(fields) > len(columns)
+                column = columns[-1] if wide else columns[len(fields)]  # the first field missing
+                reason = UNREADABLE["too_many" if wide else "too_few"] + f" ({len(fields)}, not {len(columns)})"
+            if reason:
+                rejected.append((number, column, reason, line))
+                continue
+            rows.append([v if v.strip() else None for v in fields])
+            lines.append(number)
+    frame = pd.DataFrame(rows, columns=columns, dtype=object) if rows else pd.DataFrame(columns=columns, dtype=object)
+    frame[SOURCE_LINE] = np.asarray(lines, dtype=np.int64)
+    return frame, pd.DataFrame(rejected, columns=UNREAD_COLUMNS)
+
+
+def read_rows(path: Path, required: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A .csv (all text; delimited by any of contract.DELIMITERS), .parquet or .jsonl file as a DataFrame with
+    SOURCE_LINE (a CSV's line, a Parquet or JSON-lines file's row, from 1), and the CSV lines that cannot be read
+    (read_delimited). A missing or unreadable file, or another suffix, is a one-line DataError."""
     path = Path(path)
     if not path.is_file():
         raise DataError("file not found", path=path)
+    if path.suffix == ".csv":
+        return read_delimited(path, required)
     try:
-        if path.suffix == ".csv":
-            return pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""], encoding="utf-8")
         if path.suffix == ".parquet":
-            return pq.read_table(path).to_pandas()
-        if path.suffix == ".jsonl":
-            return pd.read_json(path, lines=True, dtype=False)
+            frame = pq.read_table(path).to_pandas()
+        elif path.suffix == ".jsonl":
+            frame = pd.read_json(path, lines=True, dtype=False)
+        else:
+            raise DataError(f"unknown suffix: expected one of {', '.join((*PAIR_SUFFIXES, POLYVORE_SUFFIX))}",
+                            path=path)  # fmt: skip
     except UnicodeDecodeError as exc:
         raise DataError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from None
-    except (ValueError, pd.errors.ParserError, pa.ArrowException, OSError) as exc:
+    except (ValueError, pa.ArrowException, OSError) as exc:
         raise DataError(f"not a readable {path.suffix[1:]} file ({str(exc).strip().splitlines()[0]})",
                         path=path) from None  # fmt: skip
-    raise DataError(f"unknown suffix: expected one of {', '.join((*PAIR_SUFFIXES, POLYVORE_SUFFIX))}", path=path)
+    frame[SOURCE_LINE] = np.arange(len(frame), dtype=np.int64) + 1
+    return frame, pd.DataFrame(columns=UNREAD_COLUMNS)
+
+
+def read_table_file(path: Path, required: tuple[str, ...] = ()) -> pd.DataFrame:
+    """read_rows, where a CSV line that cannot be read is a one-line DataError (serving's catalogue)."""
+    frame, unread = read_rows(path, required)
+    if len(unread):
+        first = unread.iloc[0]
+        raise DataError(f"line {first['line']}: {first['reason']}", path=path, column=first["column"])
+    return frame.drop(columns=SOURCE_LINE)
 
 
 def _polyvore_pairs(path: Path) -> pd.DataFrame:
@@ -93,26 +165,26 @@ def _text(values: pd.Series) -> pd.Series:
     return text.where(text.fillna("").str.len() > 0, None)
 
 
-def read_pairs(path: Path, cfg: ImportSetsConfig) -> tuple[pd.DataFrame, str]:
+def read_pairs(path: Path, cfg: ImportSetsConfig) -> tuple[pd.DataFrame, str, pd.DataFrame]:
     """(outfit_id, item_id, customer_id, line) per pair, as listed (line: where in the file, as the import
-    quarantine counts); and the layout read ("pairs" / "polyvore")."""
+    quarantine counts); the layout read ("pairs" / "polyvore"); and the lines that could not be read."""
     path = Path(path)
     if path.suffix == POLYVORE_SUFFIX:
         if not path.is_file():
             raise DataError("file not found", path=path)
-        return _polyvore_pairs(path), "polyvore"
-    frame = read_table_file(path)
+        return _polyvore_pairs(path), "polyvore", pd.DataFrame(columns=UNREAD_COLUMNS)
     wanted = {"outfit_id": cfg.outfit_column, "item_id": cfg.item_column}
     if cfg.customer_column:
         wanted["customer_id"] = cfg.customer_column
+    frame, unread = read_rows(path, tuple(wanted.values()))
     for column in wanted.values():
         if column not in frame.columns:
             raise DataError("required column missing (see import_sets.*_column)", path=path, column=column)
     pairs = pd.DataFrame({ours: frame[theirs] for ours, theirs in wanted.items()})
     if "customer_id" not in pairs:
         pairs["customer_id"] = None
-    pairs["line"] = np.arange(len(pairs)) + (2 if path.suffix == ".csv" else 1)  # a CSV's line 1: its header
-    return pairs, "pairs"
+    pairs["line"] = frame[SOURCE_LINE]
+    return pairs, "pairs", unread
 
 
 def _multi_values(cells: list, as_text: bool) -> pa.Array:
@@ -123,16 +195,17 @@ def _multi_values(cells: list, as_text: bool) -> pa.Array:
     return pa.array(cells, pa.list_(pa.string()))
 
 
-def _customers(cfg: ImportSetsConfig) -> pa.Table:
-    """The customers table: its key and the declared context columns (values as read; validation types them)."""
+def _customers(cfg: ImportSetsConfig) -> tuple[pa.Table, pd.DataFrame]:
+    """The customers table: its key and the declared context columns (values as read; validation types them);
+    and the file's lines that could not be read."""
     if cfg.customers is None:
         if cfg.context:
             raise DataError("import_sets.context declares columns but import_sets.customers names no table")
-        return pa.table({"customer_id": pa.array([], pa.string())})
+        return pa.table({"customer_id": pa.array([], pa.string())}), pd.DataFrame(columns=UNREAD_COLUMNS)
     if not cfg.customer_column:
         raise DataError("import_sets.customers is set but import_sets.customer_column is not: outfits would "
                         "name no customer")  # fmt: skip
-    frame = read_table_file(cfg.customers)
+    frame, unread = read_rows(cfg.customers, (cfg.customer_column,))
     for column in (cfg.customer_column, *cfg.context):
         if column not in frame.columns:
             raise DataError("column missing (declared in import_sets)", path=cfg.customers, column=column)
@@ -146,7 +219,7 @@ def _customers(cfg: ImportSetsConfig) -> pa.Table:
             columns[name] = pa.array(values.tolist(), pa.string() if as_text else pa.float64())
         else:
             columns[name] = _multi_values(values.tolist(), as_text)
-    return pa.table(columns)
+    return pa.table(columns), unread
 
 
 def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
@@ -154,7 +227,8 @@ def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
                 min_set_size: int = IngestConfig().min_set_size) -> dict:
     """Read curated sets from `source`; write the raw contract and ingest_report.json into `out_dir`."""
     source, out_dir = Path(source), Path(out_dir)
-    pairs, layout = read_pairs(source, cfg)
+    pairs, layout, unread = read_pairs(source, cfg)
+    customers, customers_unread = _customers(cfg)
     n_pairs = len(pairs)
     for column in ("outfit_id", "item_id", "customer_id"):
         pairs[column] = _text(pairs[column])
@@ -168,6 +242,8 @@ def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
         "text": [",".join("" if pd.isna(v) else str(v) for v in row) for row in bad[["outfit_id", "item_id", "customer_id"]]
                  .itertuples(index=False)],
     })  # fmt: skip
+    quarantine = pd.concat([unread.assign(file=source.name), quarantine] + (
+        [customers_unread.assign(file=Path(cfg.customers).name)] if len(customers_unread) else []), ignore_index=True)
     pairs = pairs[~malformed]
     unique = pairs.drop_duplicates(["outfit_id", "item_id"])  # keeps the first place an item is listed
     customers_per_outfit = unique.dropna(subset=["customer_id"]).groupby("outfit_id", sort=False)["customer_id"]
@@ -193,7 +269,6 @@ def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
     for column, logical in REQUIRED_COLUMNS["articles"].items():  # attributes unknown: missing
         if column != "article_id":
             articles[column] = pa.nulls(len(items), pa.float64() if logical == "float" else pa.string())
-    customers = _customers(cfg)
     known_customers = set(customers.column("customer_id").to_pylist())
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -208,6 +283,8 @@ def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
         "layout": layout,
         "pairs": n_pairs,
         "pairs_malformed_dropped": int(malformed.sum()),
+        "lines_rejected": {source.name: len(unread), **({Path(cfg.customers).name: len(customers_unread)}
+                                                         if cfg.customers else {})},
         "quarantined": {"file": IMPORT_QUARANTINE, "rows": quarantined},
         "pairs_duplicate_dropped": int(len(pairs) - len(unique)),
         "sets": len(sets),

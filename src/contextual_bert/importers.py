@@ -22,9 +22,9 @@ Column mapping (H&M has no brand and no style; the nearest columns stand in, and
   price <- the mean transaction price of the article (H&M publishes prices scaled, not in euros)
 Only the id columns are required; an absent attribute or customer column is missing for every row (the
 report lists such columns). Fields are separated by commas, as in Kaggle's files, or by ';', a tab or '|'
-(DELIMITERS: the first that splits the header row into the required columns; in such a file a number may have a
-decimal comma). t_dat is a date (YYYY-MM-DD) or an ISO date and time, whose date as written is the purchase day.
-Customers keep their columns as context (HM_SCHEMA); age stays numeric.
+(contract.read_header: the first that splits the header row into the required columns; in such a file a number
+may have a decimal comma). t_dat is a date (YYYY-MM-DD) or an ISO date and time, whose date as written is the
+purchase day. Customers keep their columns as context (HM_SCHEMA); age stays numeric.
 Article ids are normalized to H&M's 10-digit form with leading zeros, however the source wrote them.
 
 Why DuckDB: the full Kaggle size (31.8 M transactions, 3.1 GB of CSV) must import in minutes within a few
@@ -40,7 +40,6 @@ The full-size timings: reports/benchmarks/hm_full_size.json.
 from __future__ import annotations
 
 import contextlib
-import csv
 import dataclasses
 import json
 import os
@@ -55,7 +54,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from contextual_bert.config import ImportHMConfig, IngestConfig, ModelConfig
-from contextual_bert.contract import HM_SCHEMA, IMPORT_QUARANTINE, DataSchema, write_import_quarantine
+from contextual_bert.contract import (
+    HM_SCHEMA,
+    IMPORT_QUARANTINE,
+    UNREADABLE,
+    DataSchema,
+    read_header,
+    write_import_quarantine,
+)
 from contextual_bert.errors import DataError
 
 TRANSACTIONS, CUSTOMERS, ARTICLES = "transactions_train.csv", "customers.csv", "articles.csv"
@@ -69,15 +75,14 @@ EXTRA_ARTICLE_COLUMNS = ("prod_name", "product_group_name", "index_group_name", 
 CUSTOMER_COLUMNS = ("customer_id", "FN", "Active", "club_member_status", "fashion_news_frequency", "age",
                     "postal_code")  # fmt: skip
 TRANSACTION_COLUMNS = ("t_dat", "customer_id", "article_id", "price")
-DELIMITERS = (",", ";", "\t", "|")  # tried in this order on the header row
 REQUIRED_COLUMNS = {TRANSACTIONS: TRANSACTION_COLUMNS, CUSTOMERS: ("customer_id",), ARTICLES: ("article_id",)}
 MAPPING_NOTE = (
     "H&M has no brand or style: brand <- section_name, style <- graphical_appearance_name; "
     "price <- mean transaction price (H&M's scaled units)"
 )
 DROP_REASONS = ("too_small", "too_large")
-REJECTED = {"INVALID ENCODING": "not UTF-8 text", "TOO MANY COLUMNS": "too many fields",
-            "MISSING COLUMNS": "too few fields", "UNQUOTED VALUE": "a quote left open or misplaced"}
+REJECTED = {"INVALID ENCODING": UNREADABLE["encoding"], "TOO MANY COLUMNS": UNREADABLE["too_many"],
+            "MISSING COLUMNS": UNREADABLE["too_few"], "UNQUOTED VALUE": UNREADABLE["quote"]}
 UNUSABLE = {"customer_id": "no customer id", "t_dat": "not a date (YYYY-MM-DD, or an ISO date and time)",
             "article_id": "no article id"}
 # The day of a purchase: t_dat as YYYY-MM-DD, or an ISO 8601 date and time, of which the date as written is the day
@@ -147,32 +152,12 @@ class _CsvFile:
 
 
 def _csv_file(path: Path) -> _CsvFile:
-    """One H&M file as its header row describes it; missing file, empty file, bad encoding, a required column
-    missing or a column named twice -> DataError. The delimiter is the first of DELIMITERS with which the
-    header row holds the file's required columns (Kaggle's files use commas; a spreadsheet may write ';')."""
+    """One H&M file as its header row describes it (contract.read_header: the delimiter, the columns; a
+    missing file or a bad header row -> DataError)."""
     if not path.is_file():
         raise DataError("file not found (expected the H&M Kaggle file of that name)", path=path)
-    try:  # the first line only: a bad byte further down is that line's problem (quarantined), not the file's
-        with open(path, "rb") as f:
-            line = f.readline().decode("utf-8-sig")  # -sig: a spreadsheet's byte-order mark
-    except UnicodeDecodeError as exc:
-        raise DataError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from None
-    if not line.strip():
-        raise DataError("not a CSV file (no header row)", path=path)
-    required = REQUIRED_COLUMNS[path.name]
-    headers = {d: [c.strip() or f"column{i}" for i, c in enumerate(next(csv.reader([line], delimiter=d)))]
-               for d in DELIMITERS}  # unnamed: a pandas index, named as DuckDB names it
-    delim = next((d for d in DELIMITERS if all(c in headers[d] for c in required)), None)
-    if delim is None:
-        missing = next(c for c in required if c not in headers[","])
-        split_at = " or ".join(map(repr, DELIMITERS))
-        raise DataError(f"required column missing (not in the header row split at {split_at})", path=path,
-                        column=missing)
-    header = headers[delim]
-    for column in header:
-        if header.count(column) > 1:
-            raise DataError("column named twice in the header row", path=path, column=column)
-    return _CsvFile(path, tuple(header), delim)
+    delim, columns = read_header(path, REQUIRED_COLUMNS[path.name])
+    return _CsvFile(path, tuple(columns), delim)
 
 
 def _quote(text: Path | str) -> str:
