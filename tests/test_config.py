@@ -35,7 +35,12 @@ def test_bad_value_and_bad_yaml_and_missing_file(tmp_path):
         load_config(bad)
     broken = tmp_path / "broken.yaml"
     broken.write_text("train: [unclosed\n")
-    with pytest.raises(ContextualBertError, match="not valid YAML"):
+    with pytest.raises(ContextualBertError, match=r"broken\.yaml, line 2, column 1: not valid YAML \(expected ',' or "
+                                                  r"']', but got '<stream end>'\)$") as error:
+        load_config(broken)
+    assert "\n" not in str(error.value)  # one line, where PyYAML's own message spans four
+    broken.write_bytes(b"train: \xff\n")
+    with pytest.raises(ContextualBertError, match=r"broken\.yaml: not UTF-8 text"):
         load_config(broken)
     with pytest.raises(ContextualBertError, match="not found"):
         load_config(tmp_path / "absent.yaml")

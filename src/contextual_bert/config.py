@@ -325,9 +325,16 @@ def load_config(path: str | Path = "params.yaml") -> Config:
     if not path.exists():
         raise ContextualBertError(f"{path}: params file not found")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ContextualBertError(f"{path}: not valid YAML ({exc})") from None
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:  # its text spans lines: the problem and where, on one
+        mark = getattr(exc, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise ContextualBertError(f"{path}{where}: not valid YAML ({problem})") from None
+    except UnicodeDecodeError as exc:
+        raise ContextualBertError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise ContextualBertError(f"{path}: cannot be read ({exc.strerror})") from None
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
