@@ -10,7 +10,10 @@ articles by a Zipf popularity: like the real file, most baskets are small and a 
 
 The last step, import_hm_malformed, imports the same files with every 100,000th transaction line spoiled
 (317 lines cut to three fields, 318 dates that do not parse; a copy under scratch/malformed): what the
-quarantine costs at this size, and a check that it names the right lines.
+quarantine costs at this size, and a check that it names the right lines. import_hm_semicolon imports the
+same files as a spreadsheet in a decimal-comma locale exports them (a copy under scratch/semicolon): fields
+separated by ';', prices, ages and flags with a decimal comma, t_dat as a date and time: what that path
+costs, and a check that it writes the same tables.
 
 Each step runs in a process of its own, so its peak resident memory (DuckDB included: it runs in-process)
 is its own. Writes reports/benchmarks/hm_full_size.json: wall and CPU seconds, peak RSS, row counts per
@@ -36,8 +39,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 N_TRANSACTIONS, N_CUSTOMERS, N_ARTICLES, N_DAYS = 31_788_324, 1_371_980, 105_542, 734
 FIRST_DAY = "2018-09-20"
-TARGETS = {step: {"wall_s": 180.0, "peak_rss_mib": 6 * 1024.0} for step in ("import_hm", "import_hm_malformed")}
-STEPS = ("import_hm", "validate", "features", "import_hm_malformed")
+IMPORTS = {"import_hm": None, "import_hm_malformed": "malformed", "import_hm_semicolon": "semicolon"}  # step -> copy
+TARGETS = {step: {"wall_s": 180.0, "peak_rss_mib": 6 * 1024.0} for step in IMPORTS}
+STEPS = ("import_hm", "validate", "features", "import_hm_malformed", "import_hm_semicolon")
 MALFORMED_EVERY = 100_000  # import_hm_malformed: every 100,000th line of the transactions is spoiled
 ARTICLE_HEADER = (
     "article_id,product_code,prod_name,product_type_no,product_type_name,product_group_name,"
@@ -189,18 +193,54 @@ def malformed_copy(scratch: Path) -> Path:
     return folder
 
 
+def semicolon_copy(scratch: Path) -> Path:
+    """scratch/semicolon: the generated files as a spreadsheet in a decimal-comma locale writes them: ';'
+    between fields, a decimal comma in prices and ages, t_dat as a date and time ('2018-09-20 14:30:00')."""
+    import csv
+
+    folder = scratch / "semicolon"
+    if (folder / "transactions_train.csv").exists():
+        return folder
+    folder.mkdir(exist_ok=True)
+    for name, decimal in (("customers.csv", ("FN", "Active", "age")), ("articles.csv", ())):  # quoted fields: csv
+        with open(scratch / name, newline="") as src, open(folder / name, "w", newline="") as out:
+            reader, writer = csv.reader(src), csv.writer(out, delimiter=";", lineterminator="\n")
+            header = next(reader)
+            writer.writerow(header)
+            at = [header.index(c) for c in decimal]
+            for row in reader:
+                for i in at:
+                    row[i] = row[i].replace(".", ",")
+                writer.writerow(row)
+    with open(scratch / "transactions_train.csv") as src, open(folder / "partial.csv", "w") as out:
+        out.write(src.readline().replace(",", ";"))
+        for line in src:  # no quoted field: t_dat,customer_id,article_id,price,sales_channel_id
+            day, customer, article, price, channel = line.split(",")
+            out.write(f"{day} 14:30:00;{customer};{article};{price.replace('.', ',')};{channel}")
+    (folder / "partial.csv").rename(folder / "transactions_train.csv")
+    return folder
+
+
+def same_tables(work: Path) -> dict:
+    """Per table: whether import_hm_semicolon wrote exactly what import_hm wrote."""
+    import pyarrow.parquet as pq
+
+    return {t: pq.read_table(work / "raw_semicolon" / f"{t}.parquet").equals(pq.read_table(work / "raw" / f"{t}.parquet"))
+            for t in ("outfits", "articles", "customers")}
+
+
 def run_step(step: str, scratch: Path) -> dict:
     """One step, in this process (called in a child): its result, wall/CPU seconds and peak RSS."""
     from contextual_bert.config import FeaturesConfig, ImportHMConfig, ModelConfig, ValidateConfig
 
     work = scratch / "pipeline"
     started, cpu_started = time.perf_counter(), time.process_time()
-    if step in ("import_hm", "import_hm_malformed"):
+    if step in IMPORTS:
         from contextual_bert.importers import import_hm
 
         phases: dict = {}
-        malformed = step == "import_hm_malformed"
-        report = import_hm(scratch / "malformed" if malformed else scratch, work / ("raw_malformed" if malformed else "raw"),
+        copy = IMPORTS[step]
+        report = import_hm(scratch / copy if copy else scratch, work / (f"raw_{copy}" if copy else "raw"),
                            ImportHMConfig(), timings=phases)  # fmt: skip
         rows = {k: report[k] for k in ("transactions", "transactions_malformed_dropped", "lines_rejected", "quarantined",
                                        "baskets", "baskets_kept", "baskets_dropped", "outfits_by_basket_definition",
@@ -267,6 +307,8 @@ def main() -> int:
     for step in args.steps:
         if step == "import_hm_malformed":
             malformed_copy(args.scratch)  # written before the step's clock starts
+        if step == "import_hm_semicolon":
+            semicolon_copy(args.scratch)
         load_before = os.getloadavg()[0]
         child = subprocess.run([sys.executable, __file__, "--step", step, "--scratch", str(args.scratch)],
                                capture_output=True, text=True, env=env)  # fmt: skip
@@ -279,6 +321,8 @@ def main() -> int:
             break
         results[step] = json.loads(child.stdout.strip().splitlines()[-1])
         results[step]["load_average_1min"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}
+        if step == "import_hm_semicolon" and (args.scratch / "pipeline" / "raw").is_dir():
+            results[step]["same_tables_as_import_hm"] = same_tables(args.scratch / "pipeline")
         print(f"{step}: {results[step]['wall_s']} s, peak {results[step]['peak_rss_mib']} MiB", file=sys.stderr)
         write()
     write()

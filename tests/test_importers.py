@@ -222,6 +222,20 @@ def test_a_header_row_no_delimiter_splits_into_the_required_columns_is_an_error(
         import_hm(source, tmp_path / "out", ImportHMConfig())
 
 
+def test_an_articles_mean_price_does_not_depend_on_the_order_of_its_transactions(tmp_path):
+    """As doubles, (0.1 + 0.2 + 0.3) / 3 and (0.3 + 0.2 + 0.1) / 3 differ in the last bit; a parallel sum adds in
+    a varying order, so the same files gave different articles.parquet bytes from run to run at the full size."""
+    prices = {}
+    for order in ("0.1 0.2 0.3", "0.3 0.2 0.1"):
+        source = hm_fixture(tmp_path / order)
+        extra = "".join(f"2018-09-25,c009,110000001,{p},2\n" for p in order.split())  # sold nowhere else
+        (source / TRANSACTIONS).write_text((source / TRANSACTIONS).read_text() + extra)
+        import_hm(source, tmp_path / f"out {order}", ImportHMConfig())
+        articles = pd.read_parquet(tmp_path / f"out {order}" / "articles.parquet").set_index("article_id")
+        prices[order] = articles.loc["0110000001", "price"]
+    assert prices["0.1 0.2 0.3"] == prices["0.3 0.2 0.1"] == pytest.approx(0.2, rel=1e-15)
+
+
 @pytest.mark.skipif(not HM_SAMPLE.is_dir(), reason="the H&M sample (../shared/data/hm_sample) is absent")
 def test_real_sample(tmp_path):
     report = import_hm(HM_SAMPLE, tmp_path, ImportHMConfig())
