@@ -42,7 +42,7 @@ def test_fixture_baskets_kept_and_dropped_per_reason(fixture_import):
     assert report["outfits_without_customer_row"] == 1
     assert (report["outfits_with_articles_without_row"], report["articles_without_row"]) == (1, 1)
     assert report["transactions"] == 39 and report["transactions_malformed_dropped"] == 1
-    assert report["articles_without_price_dropped"] == 1  # the scarf nobody bought
+    assert report["articles_without_price"] == 1  # the scarf nobody bought: kept, its price missing
     assert json.loads((out / "ingest_report.json").read_text()) == report
 
 
@@ -106,6 +106,8 @@ def test_fixture_articles_and_customers_mapped(fixture_import):
     )  # fmt: skip
     # mean transaction price over all its purchases, whichever basket they fell in
     assert top["price"] == pytest.approx((0.0100 * 5 + 0.0140) / 6)
+    scarf = articles.loc["0110000001"]  # never sold: in the catalogue all the same, its price missing
+    assert scarf["product_type"] == "Scarf" and pd.isna(scarf["price"])
     customers = pd.read_parquet(out / "customers.parquet").set_index("customer_id")
     assert customers["age"].dtype == "float64" and pd.isna(customers.loc["c003", "age"])
     assert customers.loc["c001", "FN"] == "1" and pd.isna(customers.loc["c002", "FN"])
@@ -154,7 +156,7 @@ def test_lines_that_cannot_be_read_or_used_are_quarantined_with_their_line(tmp_p
     (source / ARTICLES).write_bytes("\n".join(articles).encode() + b"\n99,1,caf\xe9" + b"," * 24 + b"\n")
 
     report = import_hm(source, tmp_path / "out", ImportHMConfig())
-    assert report["baskets_kept"] == 5 and report["rows"]["articles"] == 11  # as from the clean fixture
+    assert report["baskets_kept"] == 5 and report["rows"]["articles"] == 12  # as from the clean fixture
     quarantine = pq.read_table(tmp_path / "out" / IMPORT_QUARANTINE).to_pylist()
     got = [(r["file"], r["line"], r["column"], r["reason"].split(" (")[0]) for r in quarantine]
     tx_line = {text: tx.index(text) + 1 for text in bad_tx}
@@ -226,14 +228,14 @@ def test_an_articles_mean_price_does_not_depend_on_the_order_of_its_transactions
     """As doubles, (0.1 + 0.2 + 0.3) / 3 and (0.3 + 0.2 + 0.1) / 3 differ in the last bit; a parallel sum adds in
     a varying order, so the same files gave different articles.parquet bytes from run to run at the full size."""
     prices = {}
-    for order in ("0.1 0.2 0.3", "0.3 0.2 0.1"):
+    for order in ("0.1 -0.5 0.2 0.3", "0.3 0.2 0.1 -0.5"):  # -0.5: a return, not a price
         source = hm_fixture(tmp_path / order)
         extra = "".join(f"2018-09-25,c009,110000001,{p},2\n" for p in order.split())  # sold nowhere else
         (source / TRANSACTIONS).write_text((source / TRANSACTIONS).read_text() + extra)
         import_hm(source, tmp_path / f"out {order}", ImportHMConfig())
         articles = pd.read_parquet(tmp_path / f"out {order}" / "articles.parquet").set_index("article_id")
         prices[order] = articles.loc["0110000001", "price"]
-    assert prices["0.1 0.2 0.3"] == prices["0.3 0.2 0.1"] == pytest.approx(0.2, rel=1e-15)
+    assert prices["0.1 -0.5 0.2 0.3"] == prices["0.3 0.2 0.1 -0.5"] == pytest.approx(0.2, rel=1e-15)
 
 
 @pytest.mark.skipif(not HM_SAMPLE.is_dir(), reason="the H&M sample (../shared/data/hm_sample) is absent")

@@ -293,6 +293,8 @@ def test_imported_hm_fixture_validates(tmp_path):
     summary = _run(tmp_path, ValidateConfig())
     assert summary["source"] == "hm" and summary["passed"]
     assert summary["tables"]["outfits"]["valid"] == 5  # with c999 (no customer row) and c004 (an article without a row)
+    assert (summary["tables"]["articles"]["valid"], summary["tables"]["articles"]["quarantined"]) == (12, 0)
+    assert pd.isna(_read(tmp_path, "validated", "articles").set_index("article_id").loc["0110000001", "price"])
     customers = _read(tmp_path, "validated", "customers")
     assert customers["age"].isna().any() and customers["FN"].isna().any()  # missing context is allowed
 

@@ -19,7 +19,8 @@ line can be read, or transactions none of which are usable, is a one-line error 
 Column mapping (H&M has no brand and no style; the nearest columns stand in, and the report says so):
   product_type <- product_type_name    brand <- section_name (H&M's own lines, e.g. "Divided", "H&M+")
   color <- colour_group_name           style <- graphical_appearance_name (solid, stripe, denim, ...)
-  price <- the mean transaction price of the article (H&M publishes prices scaled, not in euros)
+  price <- the mean transaction price of the article (H&M publishes prices scaled, not in euros), missing
+           for an article never sold: it is kept, and a model with attributes can rank it
 Only the id columns are required; an absent attribute or customer column is missing for every row (the
 report lists such columns). Fields are separated by commas, as in Kaggle's files, or by ';', a tab or '|'
 (contract.read_header: the first that splits the header row into the required columns; in such a file a number
@@ -298,21 +299,22 @@ def _articles(db: _Db, file: _CsvFile) -> dict:
     db.run("""CREATE TABLE articles_unique AS SELECT * EXCLUDE (rank, text) FROM (
         SELECT *, row_number() OVER (PARTITION BY article_id ORDER BY source_row) AS rank FROM articles_in
         WHERE article_id IS NOT NULL) WHERE rank = 1""")
-    # The mean in exact decimals: a parallel sum of doubles adds in a varying order, and at the full size 69% of
-    # the means differed in their last bits from one run to the next (a new file hash for DVC each time).
-    # Within 1e15 a price fits DECIMAL(38, 12), and 1e11 of them its sum; a larger one is no price.
+    # The mean in exact decimals: a parallel sum of doubles adds in a varying order, and at the full size 48% of
+    # the means differed in their last bits between two imports (a new file hash for DVC each time). A price
+    # is > 0 (a return's negative amount is not one) and within 1e15, so that 1e11 of them fit DECIMAL(38, 12).
+    # An article never sold (or only at unreadable prices) is kept with its price missing: it is in the
+    # catalogue, where a model with attributes can rank it.
     db.run("""CREATE TABLE articles AS
         SELECT a.* EXCLUDE (source_row), p.price, a.source_row FROM articles_unique a
-        JOIN (SELECT c.article_id, p.price FROM article_codes c JOIN (
+        LEFT JOIN (SELECT c.article_id, p.price FROM article_codes c JOIN (
                   SELECT aid, CAST(avg(CAST(price AS DECIMAL(38, 12))) AS DOUBLE) AS price FROM tx
-                  WHERE isfinite(price) AND abs(price) < 1e15 GROUP BY aid) p USING (aid)) p
+                  WHERE isfinite(price) AND price > 0 AND price < 1e15 GROUP BY aid) p USING (aid)) p
         USING (article_id)""")
     rows, without_id = db.one("SELECT count(*), count(*) FILTER (WHERE article_id IS NULL) FROM articles_in")
     (in_source,) = db.one("SELECT count(*) FROM articles_unique")
-    (priced,) = db.one("SELECT count(*) FROM articles")
-    # an article never sold (or only at unreadable prices) has no price; it is in no outfit either
+    (without_price,) = db.one("SELECT count(*) FILTER (WHERE price IS NULL) FROM articles")
     return {"articles_rows": int(rows), "articles_without_id_dropped": int(without_id),
-            "articles_in_source": int(in_source), "articles_without_price_dropped": int(in_source - priced)}
+            "articles_in_source": int(in_source), "articles_without_price": int(without_price)}
 
 
 def _baskets(db: _Db, cfg: ImportHMConfig, min_items: int, max_items: int) -> dict:
