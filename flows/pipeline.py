@@ -44,7 +44,7 @@ from prefect.futures import as_completed
 
 from contextual_bert.config import load_config
 from contextual_bert.sources import SOURCES
-from flows import dvc_stages, remote
+from flows import dvc_stages, one_line_errors, remote
 from flows.params_file import pipeline_overrides
 from flows.tasks import (
     TASK_DEFAULTS,
@@ -442,18 +442,31 @@ def promotion(workdir: str = ".", rollback: bool = False) -> dict:
     return {"ran": _register_and_promote(plan_stages(wd), wd, promote=True)}
 
 
+def _override(text: str) -> tuple[str, object]:
+    """--set KEY=YAML as (key, value); anything else is argparse's one-line error."""
+    import yaml
+
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=YAML, e.g. train.seeds=[0]")
+    try:
+        return key.strip(), yaml.safe_load(value)
+    except yaml.YAMLError as exc:
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise argparse.ArgumentTypeError(f"{text!r}: the value is not valid YAML ({problem})") from None
+
+
+@one_line_errors("python -m flows.pipeline")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description="run the pipeline flow here")
     parser.add_argument("--size", choices=["tiny", "default", "paper"])
     parser.add_argument("--source", choices=sorted(SOURCES))
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=YAML",
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=YAML", type=_override,
                         help="a params.yaml override, e.g. --set train.seeds=[0] (repeatable)")
     parser.add_argument("--fan-out", default="auto", choices=["auto", "deployments", "local", "remote"])
     parser.add_argument("--workdir", default=".")
     args = parser.parse_args(argv)
-    import yaml
-
-    overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}
+    overrides = dict(args.set)
     result = pipeline(size=args.size, source=args.source, params=overrides or None,
                       workdir=args.workdir, fan_out=args.fan_out)
     print(json.dumps(result, indent=2))

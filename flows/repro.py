@@ -28,6 +28,7 @@ from pathlib import Path
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 from contextual_bert.config import load_config  # noqa: E402
+from flows import one_line_errors  # noqa: E402
 from flows.pipeline import is_server, pipeline, tracking_uri  # noqa: E402
 from flows.stack import BIN, free_port, wait_healthy  # noqa: E402
 
@@ -63,6 +64,7 @@ def mlflow_server_over(uri: str, experiment: str, log: Path):
             server.kill()
 
 
+@one_line_errors("python -m flows.repro")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.repro", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", default=".")

@@ -26,6 +26,7 @@ from prefect import flow, get_run_logger, task
 
 from contextual_bert.config import load_config
 from contextual_bert.sweep import choose, experiments, rows_from_exp_show, write_report
+from flows import one_line_errors
 from flows.params_file import apply_overrides
 from flows.tasks import TASK_DEFAULTS
 
@@ -113,6 +114,7 @@ def sweep(workdir: str = ".", jobs: int = 1, apply: bool = True, threads: int = 
     return run_sweep(workdir, jobs, apply, threads, steps, log=lambda message: get_run_logger().info(message))
 
 
+@one_line_errors("python -m flows.sweep")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", default=".")

@@ -1,0 +1,40 @@
+"""The flow modules' command lines: a user error is one line and exit 2, as with `contextual-bert`."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from contextual_bert.errors import ContextualBertError
+from flows import one_line_errors
+from flows.dvc_stages import StageFailed
+from flows.pipeline import main as pipeline_main
+
+
+def test_user_errors_are_one_line_and_other_failures_keep_their_traceback(capsys):
+    def failing(exc):
+        @one_line_errors("python -m flows.x")
+        def main(argv=None):
+            raise exc
+
+        return main
+
+    assert failing(ContextualBertError("params.yaml: 'train.bogus': Extra inputs are not permitted"))() == 2
+    assert capsys.readouterr().err == "python -m flows.x: error: params.yaml: 'train.bogus': Extra inputs are not permitted\n"
+    output = "Running stage 'features':\n> contextual-bert features\ncontextual-bert features: error: a split is empty\n"
+    assert failing(StageFailed(["dvc", "repro", "features"], 1, output))() == 2
+    assert capsys.readouterr().err == "python -m flows.x: error: contextual-bert features: error: a split is empty\n"
+    with pytest.raises(ZeroDivisionError):  # a fault, not a user error: the traceback stays
+        failing(ZeroDivisionError("division by zero"))()
+
+
+@pytest.mark.parametrize("value, message", [
+    ("train.lr", r"argument --set: 'train.lr': expected KEY=YAML"),
+    ("train.seeds=[0", r"argument --set: 'train.seeds=\[0': the value is not valid YAML \(expected ',' or ']'"),
+])
+def test_a_bad_override_is_an_argparse_error_before_any_flow_runs(capsys, value, message):
+    with pytest.raises(SystemExit) as exit_:
+        pipeline_main(["--set", value])
+    assert exit_.value.code == 2
+    assert re.search(message, capsys.readouterr().err.splitlines()[-1])
