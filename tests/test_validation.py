@@ -255,7 +255,8 @@ def test_too_much_quarantined_fails_with_a_clear_message(clean_raw, tmp_path):
 # --- CSV input --------------------------------------------------------------------------------------------
 
 
-def test_csv_input_with_list_columns_as_json_or_pipes(clean_raw, tmp_path):
+@pytest.mark.parametrize("sep, encoding", [(",", "utf-8"), (";", "utf-8-sig"), ("\t", "utf-8")])  # -sig: a BOM
+def test_csv_input_with_list_columns_as_json_or_pipes(clean_raw, tmp_path, sep, encoding):
     tables = _tables(clean_raw)
     customers = tables["customers"].copy()
     for column in ("preferred_brands", "preferred_colors", "preferred_styles", "nogo_product_types"):
@@ -267,7 +268,7 @@ def test_csv_input_with_list_columns_as_json_or_pipes(clean_raw, tmp_path):
     customers.loc[1, "preferred_brands"], customers.loc[1, TAG] = '["unclosed', "brands_not_a_list"
     (tmp_path / "raw").mkdir()
     shutil.copy(clean_raw / "schema.json", tmp_path / "raw")
-    customers.to_csv(tmp_path / "raw" / "customers.csv", index=False)
+    customers.to_csv(tmp_path / "raw" / "customers.csv", index=False, sep=sep, encoding=encoding)
     tables["articles"].to_parquet(tmp_path / "raw" / "articles.parquet", index=False)
     tables["outfits"].to_parquet(tmp_path / "raw" / "outfits.parquet", index=False)
 

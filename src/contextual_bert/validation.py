@@ -13,8 +13,8 @@ is quarantined with the names of the expectations it failed (`failed_expectation
 written as they were read (for a CSV: its text), so nothing is lost. A duplicated id quarantines every row
 that carries it: which one is right cannot be told.
 
-Input: `<table>.parquet`, or `<table>.csv` with list columns as JSON (`["a", "b"]`) or `a|b` text (in a CSV
-an empty cell is an empty list; `null` is a missing one).
+Input: `<table>.parquet`, or `<table>.csv` (separated by any of contract.DELIMITERS) with list columns as
+JSON (`["a", "b"]`) or `a|b` text (in a CSV an empty cell is an empty list; `null` is a missing one).
 Malformed input (missing file or column, wrong column type, not Parquet/CSV, not UTF-8, empty table) raises
 a one-line `DataError` naming the file and column.
 """
@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from contextual_bert.config import IngestConfig, ModelConfig, ValidateConfig
-from contextual_bert.contract import ID_COLUMN, SCHEMA_FILE, TABLES, DataSchema
+from contextual_bert.contract import ID_COLUMN, SCHEMA_FILE, TABLES, DataSchema, read_header
 from contextual_bert.errors import ContextualBertError, DataError
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")  # no telemetry calls from a pipeline stage
@@ -79,15 +79,20 @@ def _read_parquet(path: Path) -> pa.Table:
         raise DataError(f"not a readable Parquet file ({str(exc).splitlines()[0]})", path=path) from None
 
 
-def _read_csv(path: Path) -> pa.Table:
+def _read_csv(path: Path, id_column: str) -> pa.Table:
+    """A CSV as text columns, separated by any of contract.DELIMITERS (the first that splits the header
+    row into names holding `id_column`)."""
     data = path.read_bytes()
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise DataError(f"not UTF-8 text (line {line}, byte {exc.start}: {exc.reason})", path=path) from None
+    if not data.strip():
+        raise DataError("table is empty (no header, no rows)", path=path)
+    delim, _ = read_header(path, (id_column,))
     try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""], encoding="utf-8")
+        frame = pd.read_csv(path, sep=delim, dtype=str, keep_default_na=False, na_values=[""], encoding="utf-8-sig")
     except pd.errors.EmptyDataError:
         raise DataError("table is empty (no header, no rows)", path=path) from None
     except pd.errors.ParserError as exc:
@@ -158,7 +163,7 @@ def _to_contract_type(array: pa.Array, logical: str, path: Path, column: str):
 def read_table(path: Path, name: str, columns: dict[str, str]) -> LoadedTable:
     """Read one raw table and type its contract columns (`columns`: name -> logical type)."""
     path = Path(path)
-    raw = _read_parquet(path) if path.suffix == ".parquet" else _read_csv(path)
+    raw = _read_parquet(path) if path.suffix == ".parquet" else _read_csv(path, ID_COLUMN[name])
     if raw.num_rows == 0 and name not in MAY_BE_EMPTY:
         raise DataError("table is empty (no rows)", path=path)
     if isinstance(raw.column(0), pa.ChunkedArray):
