@@ -124,7 +124,8 @@ def test_two_column_pairs_give_the_same_outfits(tmp_path, suffix):
 @pytest.mark.parametrize("delim", [",", ";", "\t"])
 def test_lines_that_cannot_be_read_are_quarantined_and_the_rest_imported(tmp_path, delim):
     _, sets = write_polyvore(tmp_path / "train.json", n_sets=40)
-    lines = [line.replace(",", delim) for line in write_pairs_csv(tmp_path / "pairs.csv", sets).read_text().splitlines()]
+    name = "pairs.tsv" if delim == "\t" else "pairs.csv"
+    lines = [line.replace(",", delim) for line in write_pairs_csv(tmp_path / name, sets).read_text().splitlines()]
     bad = {5: (f"look_x{delim}item_x{delim}extra", "item_id", "too many fields"),
            9: ("look_x", "item_id", "too few fields"),
            12: (f'"look_x{delim}item_x', "outfit_id", "a quote left open or misplaced"),
@@ -133,19 +134,19 @@ def test_lines_that_cannot_be_read_are_quarantined_and_the_rest_imported(tmp_pat
     for at, (text, _, _) in sorted(bad.items()):  # at: its line in the file
         data.insert(at - 1, text if isinstance(text, bytes) else text.encode())
     data.insert(15, b"")  # a blank line: skipped, not a pair
-    (tmp_path / "pairs.csv").write_bytes(b"\r\n".join(data) + b"\r\n")  # and Windows line ends
-    report = import_sets(tmp_path / "pairs.csv", tmp_path / "raw", ImportSetsConfig())
+    (tmp_path / name).write_bytes(b"\r\n".join(data) + b"\r\n")  # and Windows line ends
+    report = import_sets(tmp_path / name, tmp_path / "raw", ImportSetsConfig())
     clean = import_sets(tmp_path / "train.json", tmp_path / "clean", ImportSetsConfig())
     for table in ("outfits", "articles"):
         assert pq.read_table(tmp_path / "raw" / f"{table}.parquet").equals(pq.read_table(tmp_path / "clean" / f"{table}.parquet"))
     quarantine = pq.read_table(tmp_path / "raw" / IMPORT_QUARANTINE).to_pylist()
     lines_at = {at + (at > 15) for at in bad}  # the blank line moved those after it
     assert [(r["file"], r["line"], r["column"], r["reason"].split(" (")[0]) for r in quarantine] == [
-        ("pairs.csv", at + (at > 15), column, reason) for at, (_, column, reason) in sorted(bad.items())]
+        (name, at + (at > 15), column, reason) for at, (_, column, reason) in sorted(bad.items())]
     assert {r["line"] for r in quarantine} == lines_at and "look_x" in quarantine[-1]["text"]
     # counts add up: the file's lines = header + blank + pairs read + lines not read
-    assert len(data) == 1 + 1 + report["pairs"] + report["lines_rejected"]["pairs.csv"]
-    assert report["quarantined"]["rows"] == report["lines_rejected"]["pairs.csv"] == len(bad)
+    assert len(data) == 1 + 1 + report["pairs"] + report["lines_rejected"][name]
+    assert report["quarantined"]["rows"] == report["lines_rejected"][name] == len(bad)
 
 
 def test_a_customers_line_that_cannot_be_read_is_quarantined(tmp_path):

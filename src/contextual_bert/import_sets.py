@@ -1,7 +1,7 @@
 """Import curated sets (outfits made by people, not baskets) into the raw data contract.
 
 Input (`import_sets.source`), by its suffix:
-- `.csv`, `.parquet`, `.jsonl`: pairs, one row per (outfit, item): columns `outfit_column` and
+- `.csv` (or `.tsv`), `.parquet`, `.jsonl`: pairs, one row per (outfit, item): columns `outfit_column` and
   `item_column`, and optionally `customer_column`, the outfit's customer (one per outfit).
 - `.json`: the Polyvore Outfits layout, a list of sets, each `{"set_id": ..., "items": [{"item_id": ...}, ...]}`
   (other keys, such as an item's "index", are ignored).
@@ -44,7 +44,8 @@ from contextual_bert.contract import (
 )
 from contextual_bert.errors import DataError
 
-PAIR_SUFFIXES = (".csv", ".parquet", ".jsonl")
+DELIMITED_SUFFIXES = (".csv", ".tsv")  # text read by read_delimited, whatever its delimiter
+PAIR_SUFFIXES = (*DELIMITED_SUFFIXES, ".parquet", ".jsonl")
 UNREAD_COLUMNS = ["line", "column", "reason", "text"]  # a file's lines that could not be read
 SOURCE_LINE = "__line__"  # read_rows: a row's place in its file (a name no data column has)
 POLYVORE_SUFFIX = ".json"
@@ -103,13 +104,14 @@ def read_delimited(path: Path, required: tuple[str, ...] = ()) -> tuple[pd.DataF
 
 
 def read_rows(path: Path, required: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """A .csv (all text; delimited by any of contract.DELIMITERS), .parquet or .jsonl file as a DataFrame with
-    SOURCE_LINE (a CSV's line, a Parquet or JSON-lines file's row, from 1), and the CSV lines that cannot be read
-    (read_delimited). A missing or unreadable file, or another suffix, is a one-line DataError."""
+    """A .csv or .tsv (all text; delimited by any of contract.DELIMITERS), .parquet or .jsonl file as a
+    DataFrame with SOURCE_LINE (a text file's line, a Parquet or JSON-lines file's row, from 1), and the text
+    lines that cannot be read (read_delimited). A missing or unreadable file, or another suffix, is a one-line
+    DataError."""
     path = Path(path)
     if not path.is_file():
         raise DataError("file not found", path=path)
-    if path.suffix == ".csv":
+    if path.suffix in DELIMITED_SUFFIXES:
         return read_delimited(path, required)
     try:
         if path.suffix == ".parquet":
