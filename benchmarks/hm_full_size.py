@@ -225,8 +225,10 @@ def same_tables(work: Path) -> dict:
     """Per table: whether import_hm_semicolon wrote exactly what import_hm wrote."""
     import pyarrow.parquet as pq
 
-    return {t: pq.read_table(work / "raw_semicolon" / f"{t}.parquet").equals(pq.read_table(work / "raw" / f"{t}.parquet"))
-            for t in ("outfits", "articles", "customers")}
+    def read(folder: str, table: str):
+        return pq.read_table(work / folder / f"{table}.parquet")
+
+    return {t: read("raw_semicolon", t).equals(read("raw", t)) for t in ("outfits", "articles", "customers")}
 
 
 def run_step(step: str, scratch: Path) -> dict:

@@ -104,7 +104,7 @@ class OutfitCompleterCore:
             articles = load_catalogue(features_dir)
             catalogue = catalogue or os.environ.get(CATALOGUE_ENV) or None
             if catalogue is not None:
-                articles = articles.extend(read_table_file(Path(catalogue), ("article_id",)))  # .csv / .parquet / .jsonl
+                articles = articles.extend(read_table_file(Path(catalogue), ("article_id",)))  # .csv, .parquet, ...
             model.set_catalogue(articles.tensors())
             encoder = OutfitEncoder(articles.vocab, encoder.context, encoder.max_set_size)
         elif catalogue is not None:
