@@ -460,8 +460,9 @@ class OutfitEncoder:
         indices, _ = self.article_vocab.to_indices(flat, as_written)  # one lookup for the whole batch
         rows_of = np.repeat(np.arange(len(outfits)), lengths)
         known = indices != UNKNOWN_INDEX
-        pairs, first = np.unique(np.stack([rows_of[known], indices[known]]), axis=1, return_index=True)
-        if pairs.shape[1] < known.sum():  # two spellings of one article ('0108775015', 108775015)
+        # one (row, article) key each: np.unique over columns of a 2-row array is 10x slower (numpy 2.4)
+        _, first = np.unique(rows_of[known] * len(self.article_vocab.ids) + indices[known], return_index=True)
+        if len(first) < known.sum():  # two spellings of one article ('0108775015', 108775015)
             twice = np.setdiff1d(np.arange(known.sum()), first)[0]
             row, spelled = rows_of[known][twice], np.asarray(flat, dtype=object)[known][twice]
             raise ContextualBertError(f"row {row}: article id '{spelled}' appears twice in 'article_ids' "

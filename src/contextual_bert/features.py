@@ -308,7 +308,9 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
     items = pa.ListArray.from_arrays(pa.array(offsets), pa.array(stored_idx, type=pa.int64()))
 
     # Context vocabularies from the train rows: the outfits of the train split and their customers.
-    train_customers = customers.iloc[np.unique(customer_pos[is_train & (customer_pos >= 0)])]
+    in_train = np.zeros(len(customers), dtype=bool)  # a mask, not np.unique: numpy 2.4's is 10x slower
+    in_train[customer_pos[is_train & (customer_pos >= 0)]] = True
+    train_customers = customers.iloc[np.flatnonzero(in_train)]
     spec, context_vocab = _fit_context(schema, cfg, train_customers, outfits[is_train])
     encoder = ContextIndexer(spec, context_vocab)
     cust_idx, cust_missing, cust_unknown = encoder.encode_arrays(customers, source="customer")

@@ -213,11 +213,13 @@ def _list_stats(values: pa.Array, allowed: pa.Array | None = None) -> dict[str, 
     bad_element = pc.fill_null(pc.equal(pc.utf8_length(flat), 0), True).to_numpy(zero_copy_only=False)
     codes = pc.dictionary_encode(flat).indices.to_numpy(zero_copy_only=False)
     codes = np.where(np.isnan(codes.astype(float)), -1, codes).astype(np.int64)  # null elements
-    pairs = np.unique(parent * (int(codes.max(initial=0)) + 2) + codes + 1)
+    width = int(codes.max(initial=0)) + 2
+    pairs = np.sort(parent * width + codes + 1)  # distinct (row, value) pairs; sorted by hand: numpy 2.4's
+    pairs = pairs[np.append(True, pairs[1:] != pairs[:-1])] if len(pairs) else pairs  # np.unique took 19 s here
     stats = {
         "null": null,
         "n_items": n_items,
-        "n_distinct": np.bincount(pairs // (int(codes.max(initial=0)) + 2), minlength=n),
+        "n_distinct": np.bincount(pairs // width, minlength=n),
         "n_bad": np.bincount(parent, bad_element.astype(np.int64), minlength=n).astype(np.int64),
     }
     if allowed is not None:
@@ -231,10 +233,13 @@ def _nullable(values: np.ndarray, null: np.ndarray) -> np.ndarray:
 
 
 def _scalar_frame(table: LoadedTable, list_columns: set[str]) -> pd.DataFrame:
+    """The table as GE's frame. A list column stands there as its lists' lengths (NaN where a list is missing):
+    GE checks it for nulls only (what is inside a list it sees through helper columns), and the lists as
+    Python objects cost 1.8 GiB and 15 s for H&M's 2.7M outfits."""
     scalar = [c for c in table.typed.column_names if c not in list_columns]
     frame = table.typed.select(scalar).to_pandas()
     for column in list_columns:
-        frame[column] = pd.Series(table.typed.column(column).to_pylist(), dtype=object)
+        frame[column] = pc.list_value_length(table.typed.column(column)).to_numpy(zero_copy_only=False)
     return frame
 
 
