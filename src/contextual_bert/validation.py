@@ -93,9 +93,7 @@ def _read_csv(path: Path, id_column: str) -> pa.Table:
     delim, _ = read_header(path, (id_column,))
     try:
         frame = pd.read_csv(path, sep=delim, dtype=str, keep_default_na=False, na_values=[""], encoding="utf-8-sig")
-    except pd.errors.EmptyDataError:
-        raise DataError("table is empty (no header, no rows)", path=path) from None
-    except pd.errors.ParserError as exc:
+    except pd.errors.ParserError as exc:  # (an empty file was refused above: pandas' EmptyDataError cannot occur)
         raise DataError(f"not a valid CSV file ({str(exc).strip().splitlines()[-1]})", path=path) from None
     return pa.table({c: pa.array(frame[c].astype(object).where(frame[c].notna(), None), pa.string())
                      for c in frame.columns})  # fmt: skip
