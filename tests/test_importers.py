@@ -217,6 +217,21 @@ def test_other_delimiters_decimal_commas_and_iso_date_times_import_as_the_kaggle
         "t_dat", "not a date", delim.join(["2018-09-20 noon", "c001", "101000001", "0.0100", "2"]))
 
 
+def test_column_names_in_another_letter_case_import_as_the_kaggle_files(tmp_path, fixture_import):
+    source = hm_fixture(tmp_path / "hm")
+    for name, case in ((TRANSACTIONS, str.upper), (CUSTOMERS, str.lower), (ARTICLES, str.title)):
+        header, rest = (source / name).read_text().split("\n", 1)
+        (source / name).write_text(case(header) + "\n" + rest)
+    import_hm(source, tmp_path / "out", ImportHMConfig())
+    clean_out, _ = fixture_import
+    for table in ("outfits", "articles", "customers"):
+        assert pq.read_table(tmp_path / "out" / f"{table}.parquet").equals(pq.read_table(clean_out / f"{table}.parquet"))
+    header, rest = (source / CUSTOMERS).read_text().split("\n", 1)  # the same column twice but for case
+    (source / CUSTOMERS).write_text(header + ",FN\n" + rest.replace("\n", ",1\n"))
+    with pytest.raises(DataError, match=r"customers\.csv, column 'FN': column named twice"):
+        import_hm(source, tmp_path / "out2", ImportHMConfig())
+
+
 def test_a_header_row_no_delimiter_splits_into_the_required_columns_is_an_error(tmp_path):
     source = hm_fixture(tmp_path / "hm")
     (source / TRANSACTIONS).write_text((source / TRANSACTIONS).read_text().replace(",", " "))

@@ -66,11 +66,13 @@ UNREADABLE = {"encoding": "not UTF-8 text", "too_many": "too many fields", "too_
               "quote": "a quote left open or misplaced"}  # fmt: skip
 
 
-def read_header(path: Path, required: tuple[str, ...]) -> tuple[str, list[str]]:
+def read_header(path: Path, required: tuple[str, ...], known: tuple[str, ...] = ()) -> tuple[str, list[str]]:
     """(delimiter, column names) of a delimited text file's header row: the first of DELIMITERS that splits it
-    into names holding every required column. Names are stripped; an unnamed column (a pandas index) is named
-    column<i>, as DuckDB names it. Not UTF-8, no header row, a required column missing or a column named twice
-    -> DataError. Only the first line is read: a bad line further down is that line's problem, not the file's."""
+    into names holding every required column. Names are stripped, and one that is a required or known column
+    but for letter case (`T_DAT`, `Customer_Id`: other exports' spelling) is read as that column; an unnamed
+    column (a pandas index) is named column<i>, as DuckDB names it. Not UTF-8, no header row, a required column
+    missing or a column named twice -> DataError. Only the first line is read: a bad line further down is that
+    line's problem, not the file's."""
     try:
         with open(path, "rb") as f:
             line = f.readline().decode("utf-8-sig")  # -sig: a spreadsheet's byte-order mark
@@ -78,8 +80,9 @@ def read_header(path: Path, required: tuple[str, ...]) -> tuple[str, list[str]]:
         raise DataError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from None
     if not line.strip():
         raise DataError("not a delimited text file (no header row)", path=path)
-    splits = {d: [c.strip() or f"column{i}" for i, c in enumerate(next(csv.reader([line], delimiter=d)))]
-              for d in DELIMITERS}
+    spelling = {name.casefold(): name for name in (*known, *required)}
+    splits = {d: [spelling.get(c.strip().casefold(), c.strip()) or f"column{i}"
+                  for i, c in enumerate(next(csv.reader([line], delimiter=d)))] for d in DELIMITERS}
     delim = next((d for d in DELIMITERS if all(c in splits[d] for c in required)), None)
     if delim is None:
         missing = next(c for c in required if c not in splits[","])

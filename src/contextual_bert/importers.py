@@ -24,7 +24,7 @@ Column mapping (H&M has no brand and no style; the nearest columns stand in, and
 Only the id columns are required; an absent attribute or customer column is missing for every row (the
 report lists such columns). Fields are separated by commas, as in Kaggle's files, or by ';', a tab or '|'
 (contract.read_header: the first that splits the header row into the required columns; in such a file a number
-may have a decimal comma). t_dat is a date (YYYY-MM-DD) or an ISO date and time, whose date as written is the
+may have a decimal comma); column names are matched whatever their letter case. t_dat is a date (YYYY-MM-DD) or an ISO date and time, whose date as written is the
 purchase day. Customers keep their columns as context (HM_SCHEMA); age stays numeric.
 Article ids are normalized to H&M's 10-digit form with leading zeros, however the source wrote them.
 
@@ -77,6 +77,8 @@ CUSTOMER_COLUMNS = ("customer_id", "FN", "Active", "club_member_status", "fashio
                     "postal_code")  # fmt: skip
 TRANSACTION_COLUMNS = ("t_dat", "customer_id", "article_id", "price")
 REQUIRED_COLUMNS = {TRANSACTIONS: TRANSACTION_COLUMNS, CUSTOMERS: ("customer_id",), ARTICLES: ("article_id",)}
+KNOWN_COLUMNS = {TRANSACTIONS: TRANSACTION_COLUMNS, CUSTOMERS: CUSTOMER_COLUMNS,  # read whatever their letter case
+                 ARTICLES: ("article_id", *ARTICLE_COLUMNS.values(), *EXTRA_ARTICLE_COLUMNS)}  # fmt: skip
 MAPPING_NOTE = (
     "H&M has no brand or style: brand <- section_name, style <- graphical_appearance_name; "
     "price <- mean transaction price (H&M's scaled units)"
@@ -157,7 +159,7 @@ def _csv_file(path: Path) -> _CsvFile:
     missing file or a bad header row -> DataError)."""
     if not path.is_file():
         raise DataError("file not found (expected the H&M Kaggle file of that name)", path=path)
-    delim, columns = read_header(path, REQUIRED_COLUMNS[path.name])
+    delim, columns = read_header(path, REQUIRED_COLUMNS[path.name], KNOWN_COLUMNS[path.name])
     return _CsvFile(path, tuple(columns), delim)
 
 
