@@ -73,6 +73,13 @@ def test_context_indexer_matches_training_rows_and_reports_unknowns(paper):
     assert {"gender", "preferred_brands", "occasion"} <= set(reports[2]["missing"])
     assert reports[2]["unknown"] == ["age"]
 
+    # a number is finite and not true/false: anything else is no age (a float column and an object column alike)
+    for ages in ([np.inf, -np.inf, 34.0], [np.inf, True, "inf", 34]):
+        tensors, reports = encoder.encode(pd.DataFrame({"age": ages}))
+        n_odd = len(ages) - 1
+        assert tensors["age"].tolist()[:n_odd] == [UNKNOWN_INDEX] * n_odd and tensors["age"][-1] >= N_SPECIAL
+        assert [r["unknown"] for r in reports] == [["age"]] * n_odd + [[]]
+
 
 def test_reading_features_that_are_not_there_is_a_clear_error(tmp_path):
     with pytest.raises(DataError, match="spec.json.*contextual-bert features"):

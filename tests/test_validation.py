@@ -83,12 +83,14 @@ def test_generated_data_passes_whole(clean_raw, tmp_path):
 FAULTS = {
     "article_empty_brand": ("articles", "expect_column_value_lengths_to_be_between(brand)"),
     "article_negative_price": ("articles", "expect_column_values_to_be_between(price)"),
+    "article_infinite_price": ("articles", "expect_column_values_to_be_between(price)"),
     "article_duplicate_id": ("articles", "expect_column_values_to_be_unique(article_id)"),
     "article_null_id": ("articles", "expect_column_values_to_not_be_null(article_id)"),
     "customer_duplicate_id": ("customers", "expect_column_values_to_be_unique(customer_id)"),
     "customer_unknown_gender": ("customers", "expect_column_values_to_be_in_set(gender)"),
     "customer_null_gender": ("customers", "expect_column_values_to_not_be_null(gender)"),
     "customer_age_out_of_range": ("customers", "expect_column_values_to_be_between(age)"),
+    "customer_infinite_price_max": ("customers", "expect_column_values_to_be_between(price_max)"),
     "customer_unknown_brand": ("customers", "expect_column_values_to_be_in_set(preferred_brands__n_unknown_values)"),
     "customer_repeated_style": ("customers", "expect_column_values_to_be_in_set(preferred_styles__n_repeated)"),
     "customer_empty_nogo": ("customers", "expect_column_values_to_be_in_set(nogo_product_types__n_bad_values)"),
@@ -136,6 +138,7 @@ def _corrupt(tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     hit(a, 4, "article_duplicate_id")
     hit(a, 5, "article_duplicate_id", article_id=a.at[4, "article_id"])
     hit(a, 6, "article_null_id", article_id=None)
+    hit(a, 7, "article_infinite_price", price=np.inf)
     hit(c, 0, "customer_duplicate_id")
     hit(c, 1, "customer_duplicate_id", customer_id=c.at[0, "customer_id"])
     hit(c, 2, "customer_unknown_gender", gender="unknown")
@@ -145,6 +148,7 @@ def _corrupt(tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     hit(c, 6, "customer_repeated_style", preferred_styles=["casual", "casual"])
     hit(c, 7, "customer_empty_nogo", nogo_product_types=[""])
     hit(c, 8, "customer_price_range_reversed", price_min=500.0, price_max=10.0)
+    hit(c, 9, "customer_infinite_price_max", price_max=np.inf)  # only a lower bound is declared
 
     bad_articles = set(a.loc[a[TAG] != "clean", "article_id"].dropna())
     bad_customers = set(c.loc[c[TAG] != "clean", "customer_id"])

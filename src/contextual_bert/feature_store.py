@@ -162,10 +162,10 @@ def encode_multi(values, vocab: dict[str, int], max_values: int) -> tuple[np.nda
 
 
 def to_float(cells: np.ndarray) -> np.ndarray:
-    """Numbers and numeric strings as float64; anything else (words, lists) NaN."""
+    """Numbers and numeric strings as float64; anything else (words, lists, true/false) NaN."""
     out = np.full(len(cells), np.nan)
     for i, cell in enumerate(cells):
-        if isinstance(cell, (int, float, np.number, np.bool_)):
+        if isinstance(cell, (int, float, np.number)) and not isinstance(cell, (bool, np.bool_)):
             out[i] = float(cell)
         elif isinstance(cell, str):
             try:
@@ -185,7 +185,7 @@ def encode_numeric(values, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
         cells = as_object_array(values)
         _, missing = text_of(cells)
         number = to_float(cells)
-    unknown = np.isnan(number) & ~missing
+    unknown = ~np.isfinite(number) & ~missing  # a word, or infinity: no measurement
     idx = (np.searchsorted(edges, number, side="right") + N_SPECIAL).astype(np.int64)
     idx[missing] = MISSING_INDEX
     idx[unknown] = UNKNOWN_INDEX

@@ -105,7 +105,7 @@ def fit_multi(values, min_count: int) -> tuple[list[str], int]:
 def fit_numeric(values, n_buckets: int) -> list[float]:
     array = values.to_numpy() if isinstance(values, pd.Series) else np.asarray(values)
     number = array.astype(np.float64) if array.dtype.kind in "iuf" else to_float(as_object_array(values))
-    number = number[~np.isnan(number)]
+    number = number[np.isfinite(number)]
     if len(number) == 0:
         return []
     return np.unique(np.quantile(number, np.linspace(0, 1, n_buckets + 1)[1:-1])).tolist()

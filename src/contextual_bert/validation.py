@@ -38,6 +38,8 @@ from contextual_bert.config import IngestConfig, ModelConfig, ValidateConfig
 from contextual_bert.contract import ID_COLUMN, SCHEMA_FILE, TABLES, DataSchema, read_header
 from contextual_bert.errors import ContextualBertError, DataError
 
+LARGEST = float(np.finfo(np.float64).max)  # a number's bound where none is declared: infinity fails it
+
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")  # no telemetry calls from a pipeline stage
 
 FAILED_COLUMN = "failed_expectations"
@@ -266,8 +268,8 @@ def article_checks(table: LoadedTable) -> Checks:
     _id_checks(checks, "article_id", unique=True)
     for column in ARTICLE_ATTRIBUTES:  # a missing attribute is null; an empty text is a fault
         checks.add(gxe.ExpectColumnValueLengthsToBeBetween(column=column, min_value=1), f"{column} is not empty")
-    checks.add(gxe.ExpectColumnValuesToBeBetween(column="price", min_value=0, strict_min=True),
-               "price > 0 where known")  # fmt: skip
+    checks.add(gxe.ExpectColumnValuesToBeBetween(column="price", min_value=0, max_value=LARGEST, strict_min=True),
+               "price > 0 and finite where known")  # fmt: skip
     _parse_checks(checks, table)
     return checks
 
@@ -310,12 +312,12 @@ def context_checks(checks: Checks, table: LoadedTable, schema: DataSchema, valid
             if col.values is not None:
                 checks.add(gxe.ExpectColumnValuesToBeInSet(column=name, value_set=list(col.values)),
                            f"{name} is one of the declared values")  # fmt: skip
-        else:
-            if col.min_value is not None or col.max_value is not None:
-                checks.add(
-                    gxe.ExpectColumnValuesToBeBetween(column=name, min_value=col.min_value, max_value=col.max_value),
-                    f"{name} within [{col.min_value}, {col.max_value}]",
-                )
+        else:  # a number: finite (an infinite age or price is no measurement), within the declared range
+            low = -LARGEST if col.min_value is None else col.min_value
+            high = LARGEST if col.max_value is None else col.max_value
+            declared = col.min_value is not None or col.max_value is not None
+            checks.add(gxe.ExpectColumnValuesToBeBetween(column=name, min_value=low, max_value=high),
+                       f"{name} within [{col.min_value}, {col.max_value}]" if declared else f"{name} is finite")
         if not col.nullable:
             checks.add(gxe.ExpectColumnValuesToNotBeNull(column=name), f"every row has a {name}")
 
