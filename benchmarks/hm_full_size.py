@@ -13,7 +13,9 @@ The last step, import_hm_malformed, imports the same files with every 100,000th 
 quarantine costs at this size, and a check that it names the right lines. import_hm_semicolon imports the
 same files as a spreadsheet in a decimal-comma locale exports them (a copy under scratch/semicolon): fields
 separated by ';', prices, ages and flags with a decimal comma, t_dat as a date and time: what that path
-costs, and a check that it writes the same tables.
+costs, and a check that it writes the same tables. import_hm_parquet imports the same files converted to
+Parquet with the types a reader infers (integer article ids, a date t_dat, double prices; a copy under
+scratch/parquet, written by DuckDB), as users store the Kaggle data, with the same check.
 
 Each step runs in a process of its own, so its peak resident memory (DuckDB included: it runs in-process)
 is its own. Writes reports/benchmarks/hm_full_size.json: wall and CPU seconds, peak RSS, row counts per
@@ -39,9 +41,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 N_TRANSACTIONS, N_CUSTOMERS, N_ARTICLES, N_DAYS = 31_788_324, 1_371_980, 105_542, 734
 FIRST_DAY = "2018-09-20"
-IMPORTS = {"import_hm": None, "import_hm_malformed": "malformed", "import_hm_semicolon": "semicolon"}  # step -> copy
+IMPORTS = {"import_hm": None, "import_hm_malformed": "malformed", "import_hm_semicolon": "semicolon",
+           "import_hm_parquet": "parquet"}  # step -> copy  # fmt: skip
+SAME_TABLES = ("import_hm_semicolon", "import_hm_parquet")  # steps that must write exactly what import_hm wrote
 TARGETS = {step: {"wall_s": 180.0, "peak_rss_mib": 6 * 1024.0} for step in IMPORTS}
-STEPS = ("import_hm", "validate", "features", "import_hm_malformed", "import_hm_semicolon")
+STEPS = ("import_hm", "validate", "features", "import_hm_malformed", "import_hm_semicolon", "import_hm_parquet")
 MALFORMED_EVERY = 100_000  # import_hm_malformed: every 100,000th line of the transactions is spoiled
 ARTICLE_HEADER = (
     "article_id,product_code,prod_name,product_type_no,product_type_name,product_group_name,"
@@ -221,14 +225,28 @@ def semicolon_copy(scratch: Path) -> Path:
     return folder
 
 
-def same_tables(work: Path) -> dict:
-    """Per table: whether import_hm_semicolon wrote exactly what import_hm wrote."""
+def parquet_copy(scratch: Path) -> Path:
+    """scratch/parquet: the generated files as Parquet, typed as DuckDB's CSV reader infers them."""
+    import duckdb
+
+    folder = scratch / "parquet"
+    folder.mkdir(exist_ok=True)
+    for name in ("transactions_train", "customers", "articles"):
+        if not (folder / f"{name}.parquet").exists():
+            duckdb.sql(f"COPY (SELECT * FROM read_csv('{scratch / name}.csv')) TO '{folder / name}.partial' "
+                       "(FORMAT parquet)")  # fmt: skip
+            (folder / f"{name}.partial").rename(folder / f"{name}.parquet")
+    return folder
+
+
+def same_tables(work: Path, copy: str) -> dict:
+    """Per table: whether the import of scratch/<copy> wrote exactly what import_hm wrote."""
     import pyarrow.parquet as pq
 
     def read(folder: str, table: str):
         return pq.read_table(work / folder / f"{table}.parquet")
 
-    return {t: read("raw_semicolon", t).equals(read("raw", t)) for t in ("outfits", "articles", "customers")}
+    return {t: read(f"raw_{copy}", t).equals(read("raw", t)) for t in ("outfits", "articles", "customers")}
 
 
 def run_step(step: str, scratch: Path) -> dict:
@@ -311,6 +329,8 @@ def main() -> int:
             malformed_copy(args.scratch)  # written before the step's clock starts
         if step == "import_hm_semicolon":
             semicolon_copy(args.scratch)
+        if step == "import_hm_parquet":
+            parquet_copy(args.scratch)
         load_before = os.getloadavg()[0]
         child = subprocess.run([sys.executable, __file__, "--step", step, "--scratch", str(args.scratch)],
                                capture_output=True, text=True, env=env)  # fmt: skip
@@ -323,8 +343,8 @@ def main() -> int:
             break
         results[step] = json.loads(child.stdout.strip().splitlines()[-1])
         results[step]["load_average_1min"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}
-        if step == "import_hm_semicolon" and (args.scratch / "pipeline" / "raw").is_dir():
-            results[step]["same_tables_as_import_hm"] = same_tables(args.scratch / "pipeline")
+        if step in SAME_TABLES and (args.scratch / "pipeline" / "raw").is_dir():
+            results[step]["same_tables_as_import_hm"] = same_tables(args.scratch / "pipeline", IMPORTS[step])
         print(f"{step}: {results[step]['wall_s']} s, peak {results[step]['peak_rss_mib']} MiB", file=sys.stderr)
         write()
     write()

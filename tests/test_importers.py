@@ -232,6 +232,63 @@ def test_column_names_in_another_letter_case_import_as_the_kaggle_files(tmp_path
         import_hm(source, tmp_path / "out2", ImportHMConfig())
 
 
+def _as_parquet(csv_path: Path) -> Path:
+    """The file as a Parquet file with the types a user's conversion gives (pandas' read_csv: integer article
+    ids, a timestamp t_dat, float prices, ages and flags); the CSV is removed."""
+    frame = pd.read_csv(csv_path, parse_dates=["t_dat"] if csv_path.name == TRANSACTIONS else False)
+    frame.to_parquet(csv_path.with_suffix(".parquet"), index=False)
+    csv_path.unlink()
+    return csv_path.with_suffix(".parquet")
+
+
+def test_gzipped_and_parquet_files_import_as_the_kaggle_files(tmp_path, fixture_import):
+    import gzip
+
+    source = hm_fixture(tmp_path / "hm")
+    gz = source / f"{TRANSACTIONS}.gz"
+    lines = (source / TRANSACTIONS).read_text().splitlines()
+    lines.insert(5, "2018-09-20,c002,101000001,0.0100,2,extra")  # line 6: unreadable, quarantined as the .gz's
+    gz.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    (source / TRANSACTIONS).unlink()
+    for name in (CUSTOMERS, ARTICLES):
+        _as_parquet(source / name)
+    report = import_hm(source, tmp_path / "out", ImportHMConfig())
+    clean_out, clean = fixture_import
+    for table in ("outfits", "articles", "customers"):
+        assert pq.read_table(tmp_path / "out" / f"{table}.parquet").equals(pq.read_table(clean_out / f"{table}.parquet"))
+    assert report["files"] == {TRANSACTIONS: gz.name, CUSTOMERS: "customers.parquet", ARTICLES: "articles.parquet"}
+    bad = pq.read_table(tmp_path / "out" / IMPORT_QUARANTINE).to_pylist()
+    assert (gz.name, 6, "too many fields") in [(r["file"], r["line"], r["reason"].split(" (")[0]) for r in bad]
+    assert report["lines_rejected"][TRANSACTIONS] == 1
+
+    gz.unlink()  # every file Parquet; a transaction without a customer is quarantined at its row
+    frame = pd.read_csv(hm_fixture(tmp_path / "csv") / TRANSACTIONS, parse_dates=["t_dat"])
+    frame.loc[3, "customer_id"] = None
+    frame.to_parquet(source / "transactions_train.parquet", index=False)
+    report = import_hm(source, tmp_path / "out2", ImportHMConfig())
+    bad = pq.read_table(tmp_path / "out2" / IMPORT_QUARANTINE).to_pylist()
+    rows = [i + 1 for i in frame.index[frame["customer_id"].isna()]]  # the 4th and the fixture's own
+    assert rows[0] == 4 and [(r["file"], r["line"], r["column"]) for r in bad if r["file"] == "transactions_train.parquet"] == [
+        ("transactions_train.parquet", row, "customer_id") for row in rows]
+    assert report["transactions_malformed_dropped"] == clean["transactions_malformed_dropped"] + 1
+
+
+def test_two_copies_of_a_file_or_a_broken_one_is_a_one_line_error(tmp_path):
+    source = hm_fixture(tmp_path / "hm")
+    (source / "articles.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(DataError, match=r"articles\.csv: articles\.csv and articles\.parquet both hold articles: keep one"):
+        import_hm(source, tmp_path / "out", ImportHMConfig())
+    (source / ARTICLES).unlink()
+    with pytest.raises(DataError, match=r"articles\.parquet: not a Parquet file"):
+        import_hm(source, tmp_path / "out", ImportHMConfig())
+    (source / "articles.parquet").unlink()
+    with pytest.raises(DataError, match=r"articles\.csv: file not found \(.*articles\.csv\.gz or articles\.parquet\)"):
+        import_hm(source, tmp_path / "out", ImportHMConfig())
+    (source / f"{ARTICLES}.gz").write_bytes(b"not gzip")
+    with pytest.raises(DataError, match=r"articles\.csv\.gz: not a gzip file"):
+        import_hm(source, tmp_path / "out", ImportHMConfig())
+
+
 def test_a_header_row_no_delimiter_splits_into_the_required_columns_is_an_error(tmp_path):
     source = hm_fixture(tmp_path / "hm")
     (source / TRANSACTIONS).write_text((source / TRANSACTIONS).read_text().replace(",", " "))

@@ -18,6 +18,7 @@ An importer also writes `import_quarantine.parquet` beside the tables: every sou
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -66,32 +67,46 @@ UNREADABLE = {"encoding": "not UTF-8 text", "too_many": "too many fields", "too_
               "quote": "a quote left open or misplaced"}  # fmt: skip
 
 
+def column_names(names: list[str], required: tuple[str, ...], known: tuple[str, ...] = ()) -> list[str]:
+    """A file's column names as the contract reads them: stripped, a required or known column spelled as the
+    contract does whatever its letter case (`T_DAT`, `Customer_Id`: other exports' spelling), an unnamed column
+    (a pandas index) named column<i>, as DuckDB names it."""
+    spelling = {name.casefold(): name for name in (*known, *required)}
+    return [spelling.get(c.strip().casefold(), c.strip()) or f"column{i}" for i, c in enumerate(names)]
+
+
+def check_columns(columns: list[str], required: tuple[str, ...], path: Path) -> None:
+    """A required column missing or a column named twice -> DataError."""
+    for column in required:
+        if column not in columns:
+            raise DataError("required column missing", path=path, column=column)
+    for column in columns:
+        if columns.count(column) > 1:
+            raise DataError("column named twice in the header row", path=path, column=column)
+
+
 def read_header(path: Path, required: tuple[str, ...], known: tuple[str, ...] = ()) -> tuple[str, list[str]]:
-    """(delimiter, column names) of a delimited text file's header row: the first of DELIMITERS that splits it
-    into names holding every required column. Names are stripped, and one that is a required or known column
-    but for letter case (`T_DAT`, `Customer_Id`: other exports' spelling) is read as that column; an unnamed
-    column (a pandas index) is named column<i>, as DuckDB names it. Not UTF-8, no header row, a required column
-    missing or a column named twice -> DataError. Only the first line is read: a bad line further down is that
-    line's problem, not the file's."""
+    """(delimiter, column names) of a delimited text file's header row, gzip-compressed if its name ends in .gz:
+    the first of DELIMITERS that splits it into names (column_names) holding every required column. Not UTF-8,
+    no header row, a required column missing or a column named twice -> DataError. Only the first line is read:
+    a bad line further down is that line's problem, not the file's."""
     try:
-        with open(path, "rb") as f:
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
             line = f.readline().decode("utf-8-sig")  # -sig: a spreadsheet's byte-order mark
     except UnicodeDecodeError as exc:
         raise DataError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from None
+    except (gzip.BadGzipFile, EOFError) as exc:
+        raise DataError(f"not a gzip file ({exc})", path=path) from None
     if not line.strip():
         raise DataError("not a delimited text file (no header row)", path=path)
-    spelling = {name.casefold(): name for name in (*known, *required)}
-    splits = {d: [spelling.get(c.strip().casefold(), c.strip()) or f"column{i}"
-                  for i, c in enumerate(next(csv.reader([line], delimiter=d)))] for d in DELIMITERS}
+    splits = {d: column_names(next(csv.reader([line], delimiter=d)), required, known) for d in DELIMITERS}
     delim = next((d for d in DELIMITERS if all(c in splits[d] for c in required)), None)
     if delim is None:
         missing = next(c for c in required if c not in splits[","])
         split_at = " or ".join(map(repr, DELIMITERS))
         raise DataError(f"required column missing (not in the header row split at {split_at})", path=path,
                         column=missing)
-    for column in splits[delim]:
-        if splits[delim].count(column) > 1:
-            raise DataError("column named twice in the header row", path=path, column=column)
+    check_columns(splits[delim], required, path)
     return delim, splits[delim]
 
 

@@ -60,6 +60,8 @@ from contextual_bert.contract import (
     IMPORT_QUARANTINE,
     UNREADABLE,
     DataSchema,
+    check_columns,
+    column_names,
     read_header,
     write_import_quarantine,
 )
@@ -77,6 +79,7 @@ CUSTOMER_COLUMNS = ("customer_id", "FN", "Active", "club_member_status", "fashio
                     "postal_code")  # fmt: skip
 TRANSACTION_COLUMNS = ("t_dat", "customer_id", "article_id", "price")
 REQUIRED_COLUMNS = {TRANSACTIONS: TRANSACTION_COLUMNS, CUSTOMERS: ("customer_id",), ARTICLES: ("article_id",)}
+FILE_SUFFIXES = (".csv", ".csv.gz", ".parquet")  # how an H&M file may be stored: as Kaggle's, gzipped, or Parquet
 KNOWN_COLUMNS = {TRANSACTIONS: TRANSACTION_COLUMNS, CUSTOMERS: CUSTOMER_COLUMNS,  # read whatever their letter case
                  ARTICLES: ("article_id", *ARTICLE_COLUMNS.values(), *EXTRA_ARTICLE_COLUMNS)}  # fmt: skip
 MAPPING_NOTE = (
@@ -122,17 +125,34 @@ def normalize_article_ids(ids: pd.Series) -> pd.Series:
 
 
 @dataclasses.dataclass(frozen=True)
-class _CsvFile:
-    """One H&M file: its path, the columns its header row names and its field delimiter."""
+class _SourceFile:
+    """One H&M file: its path, its columns as the contract names them (contract.column_names), and its field
+    delimiter (a CSV, gzipped or not) or the column names as written (a Parquet file)."""
 
     path: Path
     columns: tuple[str, ...]
     delim: str = ","
+    written: tuple[str, ...] | None = None
+
+    @property
+    def header_lines(self) -> int:
+        """Lines before the first row: a CSV's header row; a Parquet file's rows are its "lines"."""
+        return 0 if self.written is not None else 1
+
+    @property
+    def unit(self) -> str:
+        """What a quarantined `line` counts in this file, for messages."""
+        return "row" if self.written is not None else "line"
 
     def read(self) -> str:
-        """SQL: the file, the header's columns as text (empty -> NULL), read in parallel. Not sniffed: one
+        """SQL: the file, its columns as text (empty -> NULL), read in parallel. A CSV is not sniffed: one
         line of the wrong width failed the sniffer for the whole file. A line DuckDB cannot read (too many or
-        too few fields, a quote left open, bytes that are not UTF-8) is skipped and logged in `reject_errors`."""
+        too few fields, a quote left open, bytes that are not UTF-8) is skipped and logged in `reject_errors`.
+        A Parquet file's typed columns are cast to text (an integer article id, a timestamp t_dat, a double
+        price) and parsed as a CSV's are: one path for every format."""
+        if self.written is not None:
+            select = ", ".join(f"CAST({_ident(w)} AS VARCHAR) AS {_ident(c)}" for w, c in zip(self.written, self.columns))
+            return f"(SELECT {select} FROM read_parquet({_quote(self.path)}))"
         columns = ", ".join(f"{_quote(name)}: 'VARCHAR'" for name in self.columns)
         return (f"read_csv({_quote(self.path)}, header=true, auto_detect=false, columns={{{columns}}}, "
                 f"delim={_quote(self.delim)}, quote='\"', escape='\"', store_rejects=true)")
@@ -154,13 +174,28 @@ class _CsvFile:
         return (sql or f"src.{_ident(column)}") if column in self.columns else "CAST(NULL AS VARCHAR)"
 
 
-def _csv_file(path: Path) -> _CsvFile:
-    """One H&M file as its header row describes it (contract.read_header: the delimiter, the columns; a
-    missing file or a bad header row -> DataError)."""
-    if not path.is_file():
-        raise DataError("file not found (expected the H&M Kaggle file of that name)", path=path)
-    delim, columns = read_header(path, REQUIRED_COLUMNS[path.name], KNOWN_COLUMNS[path.name])
-    return _CsvFile(path, tuple(columns), delim)
+def _source_file(source: Path, name: str) -> _SourceFile:
+    """The H&M file `name` (a Kaggle file name) in `source`, stored as FILE_SUFFIXES allow, as its header row
+    or Parquet schema describes it (contract.read_header, column_names). None or two of them, or a bad header
+    -> DataError."""
+    stem = name.removesuffix(".csv")
+    found = [source / f"{stem}{suffix}" for suffix in FILE_SUFFIXES if (source / f"{stem}{suffix}").is_file()]
+    if not found:
+        stored = " or ".join(f"{stem}{suffix}" for suffix in FILE_SUFFIXES[1:])
+        raise DataError(f"file not found (expected the H&M Kaggle file of that name, or {stored})", path=source / name)
+    if len(found) > 1:
+        raise DataError(f"{' and '.join(p.name for p in found)} both hold {stem}: keep one", path=source / name)
+    path, required, known = found[0], REQUIRED_COLUMNS[name], KNOWN_COLUMNS[name]
+    if path.suffix != ".parquet":
+        delim, columns = read_header(path, required, known)
+        return _SourceFile(path, tuple(columns), delim)
+    try:
+        written = pq.read_schema(path).names
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataError(f"not a Parquet file ({str(exc).splitlines()[0]})", path=path) from None
+    columns = column_names(written, required, known)
+    check_columns(columns, required, path)
+    return _SourceFile(path, tuple(columns), written=tuple(written))
 
 
 def _quote(text: Path | str) -> str:
@@ -205,7 +240,8 @@ class _Db:
                 raise DataError(f"not UTF-8 text ({first})", path=path) from None
             if path is None:
                 raise
-            raise DataError(f"not a valid CSV file ({first})", path=path) from None
+            kind = "Parquet" if path.suffix == ".parquet" else "CSV"
+            raise DataError(f"not a valid {kind} file ({first})", path=path) from None
 
     def one(self, sql: str, path: Path | None = None) -> tuple:
         (row,) = self.run(sql, path).fetchall()  # fetched to the end: the connection is free again
@@ -216,7 +252,7 @@ class _Db:
         return self.con.sql(sql).to_arrow_table()
 
 
-def _transactions(db: _Db, file: _CsvFile) -> dict:
+def _transactions(db: _Db, file: _SourceFile) -> dict:
     """Table `tx` (cid, day, aid, price) of the readable transactions, customers and articles as integer
     codes (`customer_codes`: cid -> customer_id, `article_codes`: aid -> article_id; both codes follow the
     order of the ids' text, so ordering by a code orders by its id).
@@ -263,7 +299,7 @@ def _transactions(db: _Db, file: _CsvFile) -> dict:
     return {"transactions": int(total), "transactions_malformed_dropped": int(total - used)}
 
 
-def _customers(db: _Db, file: _CsvFile) -> dict:
+def _customers(db: _Db, file: _SourceFile) -> dict:
     """Table `customers` in the contract's columns, one row per id (the first one written)."""
     flag = "regexp_replace(trim(src.{0}), '^(\\d+)[.,]0+$', '\\1')"  # 1.0 or 1,0 -> 1
     columns = {
@@ -289,7 +325,7 @@ def _customers(db: _Db, file: _CsvFile) -> dict:
             "customers_duplicate_dropped": int(rows - without_id - kept)}
 
 
-def _articles(db: _Db, file: _CsvFile) -> dict:
+def _articles(db: _Db, file: _SourceFile) -> dict:
     """Table `articles` in the contract's columns, priced by the mean transaction price."""
     columns = {"article_id": _article_id_sql("src.article_id")}
     columns |= {ours: file.optional(theirs, f"trim(src.{_ident(theirs)})") for ours, theirs in ARTICLE_COLUMNS.items()}
@@ -429,24 +465,27 @@ def _outfit_lists(items, customers, basket: str):
     return table.cast(schema), int(lacks_customer.sum()), int(outfit_lacks_article.sum()), int(articles_without_row)
 
 
-def _lines(rows: np.ndarray, rejected: np.ndarray) -> np.ndarray:
-    """File lines (1 = the header) of the rows read, numbered 1..n in file order, around the sorted lines
+def _lines(rows: np.ndarray, rejected: np.ndarray, header_lines: int) -> np.ndarray:
+    """File lines (1 = a CSV's header) of the rows read, numbered 1..n in file order, around the sorted lines
     that were not read. A blank line (DuckDB skips it) or a quoted field over several lines before a row
     would shift its number; H&M's files have neither."""
-    rows_before = rejected - 2 - np.arange(len(rejected))  # rows read before each line that was not
-    return rows + 1 + np.searchsorted(rows_before, rows, side="left")
+    rows_before = rejected - 1 - header_lines - np.arange(len(rejected))  # rows read before each line that was not
+    return rows + header_lines + np.searchsorted(rows_before, rows, side="left")
 
 
-def _quarantine(db: _Db, source: Path, counts: dict) -> tuple[pd.DataFrame, dict]:
+def _quarantine(db: _Db, files: dict[str, _SourceFile], counts: dict) -> tuple[pd.DataFrame, dict]:
     """Every source line the import could not use, once (contract.IMPORT_QUARANTINE_SCHEMA's columns), and
     the lines not read per file: lines DuckDB could not read, then rows read without a usable customer id,
     date or article id. A file of which nothing could be read, or transactions none of which are usable,
     are errors naming the first bad line."""
+    (read_csv,) = db.one("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'reject_errors'")
     rejects = db.arrow("""SELECT s.file_path AS path, e.line, first(e.column_name) AS "column",
         first(e.error_type) AS error_type, first(e.error_message) AS message, first(e.csv_line) AS text
         FROM reject_errors e JOIN reject_scans s USING (scan_id, file_id) GROUP BY s.file_path, e.line
-        ORDER BY s.file_path, e.line""").to_pandas()  # fmt: skip
-    rejects["file"] = rejects["path"].map(lambda p: Path(p).name)
+        ORDER BY s.file_path, e.line""").to_pandas() if read_csv else pd.DataFrame(  # Parquet files only
+        columns=["path", "line", "column", "error_type", "message", "text"])  # fmt: skip
+    label = {str(file.path): name for name, file in files.items()}
+    rejects["file"] = rejects["path"].map(lambda p: files[label[p]].path.name)
     rejects["reason"] = [f"{REJECTED.get(t, t.lower())} ({m})" for t, m in zip(rejects["error_type"], rejects["message"])]
     unusable = {  # file -> SQL of (source_row, column, text)
         TRANSACTIONS: "SELECT source_row, \"column\", text FROM tx_malformed" if counts["transactions_malformed_dropped"] else None,
@@ -456,22 +495,22 @@ def _quarantine(db: _Db, source: Path, counts: dict) -> tuple[pd.DataFrame, dict
     read = {TRANSACTIONS: counts["transactions"], CUSTOMERS: counts["customers_rows"], ARTICLES: counts["articles_rows"]}
     parts, lines_rejected = {"rejected": rejects[["file", "line", "column", "reason", "text"]]}, {}
     for name, sql in unusable.items():
-        rejected = rejects[rejects["file"] == name]
+        rejected = rejects[rejects["file"] == files[name].path.name]
         lines_rejected[name] = len(rejected)
         if read[name] == 0 and len(rejected):
             first = rejected.iloc[0]
-            raise DataError(f"line {first['line']}: {first['reason']}; no line of the file could be read",
-                            path=source / name, column=first["column"])
+            raise DataError(f"{files[name].unit} {first['line']}: {first['reason']}; no line of the file could be read",
+                            path=files[name].path, column=first["column"])
         rows = db.arrow(sql + " ORDER BY source_row").to_pandas() if sql else None
         if rows is None or rows.empty:
             continue
-        rows["line"] = _lines(rows.pop("source_row").to_numpy(), rejected["line"].to_numpy())
-        rows["file"], rows["reason"] = name, rows["column"].map(UNUSABLE)
+        rows["line"] = _lines(rows.pop("source_row").to_numpy(), rejected["line"].to_numpy(), files[name].header_lines)
+        rows["file"], rows["reason"] = files[name].path.name, rows["column"].map(UNUSABLE)
         parts[name] = rows
     if 0 < counts["transactions"] == counts["transactions_malformed_dropped"]:
         first = parts[TRANSACTIONS].iloc[0]
-        raise DataError(f"line {first['line']}: {first['reason']}; no transaction has a customer id, a date "
-                        "and an article id", path=source / TRANSACTIONS, column=first["column"])
+        raise DataError(f"{files[TRANSACTIONS].unit} {first['line']}: {first['reason']}; no transaction has a customer id, a date "
+                        "and an article id", path=files[TRANSACTIONS].path, column=first["column"])
     return pd.concat(parts.values(), ignore_index=True), lines_rejected
 
 
@@ -498,7 +537,7 @@ def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig, timings: dict | 
     source, out_dir = Path(source), Path(out_dir)
     if not source.is_dir():
         raise DataError("H&M source folder not found", path=source)
-    files = {name: _csv_file(source / name) for name in (TRANSACTIONS, CUSTOMERS, ARTICLES)}
+    files = {name: _source_file(source, name) for name in (TRANSACTIONS, CUSTOMERS, ARTICLES)}
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".import-hm-", dir=out_dir) as scratch:
         db = _Db(Path(scratch), cfg)
@@ -507,7 +546,7 @@ def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig, timings: dict | 
             counts = clock("transactions", _transactions(db, files[TRANSACTIONS]))
             counts |= clock("customers", _customers(db, files[CUSTOMERS]))
             counts |= clock("articles", _articles(db, files[ARTICLES]))
-            quarantine, lines_rejected = _quarantine(db, source, counts)
+            quarantine, lines_rejected = _quarantine(db, files, counts)
             quarantined = write_import_quarantine(quarantine, out_dir)
             counts |= {"lines_rejected": lines_rejected, "quarantined": {"file": IMPORT_QUARANTINE, "rows": quarantined}}
             clock("quarantine", None)
@@ -531,6 +570,7 @@ def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig, timings: dict | 
     report = {
         "source": "hm",
         "source_dir": str(source),
+        "files": {name: file.path.name for name, file in files.items()},  # as stored: CSV, gzipped or Parquet
         "basket": {"by": cfg.basket, **({"session_gap_days": cfg.session_gap_days} if cfg.basket == "session" else {})},
         **counts,
         "outfits_by_basket_definition": by_definition,
