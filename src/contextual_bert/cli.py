@@ -195,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("generate", _cmd_generate, "write synthetic stylist data to data/raw (generate section)")
     add("generate-planted", _cmd_generate_planted, "write planted-signal data and its truth to data/raw (planted)")
     p = add("import-hm", _cmd_import_hm, "import the H&M Kaggle files into data/raw")
-    p.add_argument("--source", help="folder with transactions_train.csv, customers.csv, articles.csv")
+    p.add_argument("--source", help="folder with transactions_train.csv, customers.csv, articles.csv "
+                                    "(each may be .csv.gz or .parquet)")
     p = add("import-sets", _cmd_import_sets, "import curated sets (pairs or Polyvore JSON) into data/raw")
     p.add_argument("--source", help="a .csv/.parquet/.jsonl file of (outfit, item) pairs or a Polyvore .json")
     add("validate", _cmd_validate, "validate data/raw with Great Expectations, quarantine failing rows")
