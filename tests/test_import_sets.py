@@ -101,17 +101,19 @@ def test_pairs_without_an_outfit_or_item_id_are_quarantined_with_their_line(tmp_
 
 @pytest.mark.parametrize("suffix", [".csv", ".parquet", ".jsonl"])
 def test_two_column_pairs_give_the_same_outfits(tmp_path, suffix):
+    """... whatever the letter case of the column names."""
     source, sets = write_polyvore(tmp_path / "train.json")
     import_sets(source, tmp_path / "from_json", ImportSetsConfig())
     pairs = pd.read_csv(write_pairs_csv(tmp_path / "pairs.csv", sets), dtype=str)
     path = tmp_path / f"pairs{suffix}"
     if suffix == ".parquet":
-        pairs.rename(columns={"outfit_id": "look", "item_id": "sku"}).to_parquet(path)
+        pairs.rename(columns={"outfit_id": "Look", "item_id": "SKU"}).to_parquet(path)
         cfg = ImportSetsConfig(outfit_column="look", item_column="sku")
     elif suffix == ".jsonl":
-        pairs.to_json(path, orient="records", lines=True)
+        pairs.rename(columns=str.upper).to_json(path, orient="records", lines=True)
         cfg = ImportSetsConfig()
     else:
+        pairs.rename(columns=str.title).to_csv(path, index=False)
         cfg = ImportSetsConfig()
     report = import_sets(path, tmp_path / "raw", cfg)
     assert report["layout"] == "pairs"
@@ -152,7 +154,7 @@ def test_lines_that_cannot_be_read_are_quarantined_and_the_rest_imported(tmp_pat
 def test_a_customers_line_that_cannot_be_read_is_quarantined(tmp_path):
     (tmp_path / "pairs.csv").write_text("".join(f"o{o};i{i};u{o % 2}\n" for o in range(3) for i in range(o, o + 5)))
     (tmp_path / "pairs.csv").write_text("look;item;user\n" + (tmp_path / "pairs.csv").read_text())
-    (tmp_path / "customers.csv").write_text("user|region\nu0|north\nu1|south|extra\n")
+    (tmp_path / "customers.csv").write_text("User|REGION\nu0|north\nu1|south|extra\n")  # names in any case
     cfg = ImportSetsConfig(outfit_column="look", item_column="item", customer_column="user",
                            customers=tmp_path / "customers.csv", context={"region": "categorical"})
     report = import_sets(tmp_path / "pairs.csv", tmp_path / "raw", cfg)

@@ -82,7 +82,7 @@ def check_columns(columns: list[str], required: tuple[str, ...], path: Path) -> 
             raise DataError("required column missing", path=path, column=column)
     for column in columns:
         if columns.count(column) > 1:
-            raise DataError("column named twice in the header row", path=path, column=column)
+            raise DataError("column named twice", path=path, column=column)
 
 
 def read_header(path: Path, required: tuple[str, ...], known: tuple[str, ...] = ()) -> tuple[str, list[str]]:

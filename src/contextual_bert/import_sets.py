@@ -39,6 +39,8 @@ from contextual_bert.contract import (
     UNREADABLE,
     ContextColumn,
     DataSchema,
+    check_columns,
+    column_names,
     read_header,
     write_import_quarantine,
 )
@@ -59,12 +61,13 @@ def sets_schema(cfg: ImportSetsConfig) -> DataSchema:
     return DataSchema(source=SOURCE_NAME, context_columns=columns)
 
 
-def read_delimited(path: Path, required: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
+def read_delimited(path: Path, required: tuple[str, ...] = (),
+                   known: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A delimited text file (contract.read_header: its delimiter and columns) as text columns (empty -> None)
     with SOURCE_LINE, its line in the file; and the lines that cannot be read (line, column, reason, text): bytes
     that are not UTF-8, a quote left open, too many or too few fields. Such a line is set aside, not the
     file. One row per line (a quoted field may not span lines); blank lines are skipped."""
-    delim, columns = read_header(path, required)
+    delim, columns = read_header(path, required, known)
     rows, lines, rejected = [], [], []
     # Bytes that are not UTF-8 come through as surrogates, found per line by a failing encode. A line without
     # a quote is split as it is (a csv reader per line costs 13x; one reader for the file would let a quote
@@ -103,7 +106,8 @@ def read_delimited(path: Path, required: tuple[str, ...] = ()) -> tuple[pd.DataF
     return frame, pd.DataFrame(rejected, columns=UNREAD_COLUMNS)
 
 
-def read_rows(path: Path, required: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
+def read_rows(path: Path, required: tuple[str, ...] = (),
+              known: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A .csv or .tsv (all text; delimited by any of contract.DELIMITERS), .parquet or .jsonl file as a
     DataFrame with SOURCE_LINE (a text file's line, a Parquet or JSON-lines file's row, from 1), and the text
     lines that cannot be read (read_delimited). A missing or unreadable file, or another suffix, is a one-line
@@ -112,7 +116,7 @@ def read_rows(path: Path, required: tuple[str, ...] = ()) -> tuple[pd.DataFrame,
     if not path.is_file():
         raise DataError("file not found", path=path)
     if path.suffix in DELIMITED_SUFFIXES:
-        return read_delimited(path, required)
+        return read_delimited(path, required, known)
     try:
         if path.suffix == ".parquet":
             frame = pq.read_table(path).to_pandas()
@@ -126,6 +130,8 @@ def read_rows(path: Path, required: tuple[str, ...] = ()) -> tuple[pd.DataFrame,
     except (ValueError, pa.ArrowException, OSError) as exc:
         raise DataError(f"not a readable {path.suffix[1:]} file ({str(exc).strip().splitlines()[0]})",
                         path=path) from None  # fmt: skip
+    frame.columns = column_names([str(c) for c in frame.columns], required, known)  # as a CSV's header is read
+    check_columns(list(frame.columns), (), path)
     frame[SOURCE_LINE] = np.arange(len(frame), dtype=np.int64) + 1
     return frame, pd.DataFrame(columns=UNREAD_COLUMNS)
 
@@ -207,7 +213,7 @@ def _customers(cfg: ImportSetsConfig) -> tuple[pa.Table, pd.DataFrame]:
     if not cfg.customer_column:
         raise DataError("import_sets.customers is set but import_sets.customer_column is not: outfits would "
                         "name no customer")  # fmt: skip
-    frame, unread = read_rows(cfg.customers, (cfg.customer_column,))
+    frame, unread = read_rows(cfg.customers, (cfg.customer_column,), tuple(cfg.context))
     for column in (cfg.customer_column, *cfg.context):
         if column not in frame.columns:
             raise DataError("column missing (declared in import_sets)", path=cfg.customers, column=column)
