@@ -272,9 +272,11 @@ def test_csv_input_with_list_columns_as_json_or_pipes(clean_raw, tmp_path, sep, 
     customers.loc[1, "preferred_brands"], customers.loc[1, TAG] = '["unclosed', "brands_not_a_list"
     (tmp_path / "raw").mkdir()
     shutil.copy(clean_raw / "schema.json", tmp_path / "raw")
-    customers.to_csv(tmp_path / "raw" / "customers.csv", index=False, sep=sep, encoding=encoding)
+    upper = {c: c.upper() for c in customers.columns if c != TAG}  # names in another letter case, any format
+    customers.rename(columns=upper).to_csv(tmp_path / "raw" / "customers.csv", index=False, sep=sep, encoding=encoding)
     tables["articles"].to_parquet(tmp_path / "raw" / "articles.parquet", index=False)
-    tables["outfits"].to_parquet(tmp_path / "raw" / "outfits.parquet", index=False)
+    tables["outfits"].rename(columns={"article_ids": "Article_Ids"}).to_parquet(tmp_path / "raw" / "outfits.parquet",
+                                                                               index=False)
 
     summary = _run(tmp_path)
     assert summary["tables"]["customers"]["file"].endswith("customers.csv")

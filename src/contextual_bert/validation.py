@@ -35,7 +35,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from contextual_bert.config import IngestConfig, ModelConfig, ValidateConfig
-from contextual_bert.contract import ID_COLUMN, SCHEMA_FILE, TABLES, DataSchema, read_header
+from contextual_bert.contract import (
+    ID_COLUMN,
+    SCHEMA_FILE,
+    TABLES,
+    DataSchema,
+    check_columns,
+    column_names,
+    read_header,
+)
 from contextual_bert.errors import ContextualBertError, DataError
 
 LARGEST = float(np.finfo(np.float64).max)  # a number's bound where none is declared: infinity fails it
@@ -168,6 +176,9 @@ def read_table(path: Path, name: str, columns: dict[str, str]) -> LoadedTable:
         raise DataError("table is empty (no rows)", path=path)
     if isinstance(raw.column(0), pa.ChunkedArray):
         raw = raw.combine_chunks()
+    names = column_names(raw.column_names, tuple(columns))  # a contract column in any letter case is that column
+    check_columns(names, (), path)
+    raw = raw.rename_columns(names)
     for column in columns:
         if column not in raw.column_names:
             close = difflib.get_close_matches(column, raw.column_names, n=1)
