@@ -231,6 +231,7 @@ def test_the_logged_pyfunc_is_code_not_a_pickle_and_answers_like_the_core(logged
     np.testing.assert_allclose(np.concatenate(out["scores"].tolist()), np.concatenate(expected["scores"].tolist()),
                                rtol=1e-5)  # fmt: skip
     assert pyfunc.predict(requests, params={"top_k": 2})["article_ids"].map(len).tolist() == [2] * len(requests)
+    assert pyfunc.predict(requests, params={"top_k": None})["article_ids"].map(len).tolist() == [4] * len(requests)
 
 
 def test_the_pyfunc_turns_bad_input_into_an_mlflow_error(logged_pyfunc):

@@ -195,7 +195,8 @@ class OutfitCompleter(mlflow.pyfunc.PythonModel):
         from mlflow.exceptions import MlflowException
         from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
-        top_k = (params or {}).get("top_k", self.settings["top_k"])
+        top_k = (params or {}).get("top_k")
+        top_k = self.settings["top_k"] if top_k is None else top_k  # a JSON null is no value: the default
         if not isinstance(model_input, pd.DataFrame):
             model_input = pd.DataFrame(model_input)
         try:
