@@ -313,8 +313,9 @@ def test_mlflow_models_serve_answers_the_champion(tiny_trained_runs, requests, t
         status, body = _post(url, b"not json")
         assert status == 400
         # ... and the server is still up and answering.
-        status, body = _post(url, {"dataframe_records": records[:1]})
-        assert status == 200 and len(body["predictions"][0]["article_ids"]) == cfg.mlflow.top_k
+        for params in ({}, {"params": {"top_k": None}}):  # no top_k, or a null one: the model's default
+            status, body = _post(url, {"dataframe_records": records[:1], **params})
+            assert status == 200 and len(body["predictions"][0]["article_ids"]) == cfg.mlflow.top_k, body
     finally:
         stop_process_group(server)
         log.close()
