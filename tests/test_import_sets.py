@@ -215,6 +215,11 @@ def test_bad_input_is_a_one_line_error(tmp_path):
     with pytest.raises(DataError, match="unknown suffix"):
         (tmp_path / "pairs.txt").write_text("x")
         import_sets(tmp_path / "pairs.txt", tmp_path / "raw", ImportSetsConfig())
+    (tmp_path / "pairs.csv").write_text("outfit_id,item_id\n1,a\n1,b\n2,c\n")  # no set large enough
+    with pytest.raises(DataError, match=r"pairs\.csv: no outfit kept: of 2 sets none has 4-8 distinct items "
+                                        r"\(2 too small, 0 too large\)"):
+        import_sets(tmp_path / "pairs.csv", tmp_path / "raw", ImportSetsConfig())
+    assert json.loads((tmp_path / "raw" / "ingest_report.json").read_text())["sets_kept"] == 0  # why, to read
 
 
 def test_context_variant_on_data_without_context_is_refused(tmp_path):

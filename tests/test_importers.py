@@ -176,6 +176,17 @@ def test_lines_that_cannot_be_read_or_used_are_quarantined_with_their_line(tmp_p
         report[k] for k in ("transactions_malformed_dropped", "customers_without_id_dropped", "articles_without_id_dropped"))
 
 
+def test_an_import_without_an_outfit_is_a_one_line_error(tmp_path):
+    source = hm_fixture(tmp_path / "hm")
+    rows = (source / TRANSACTIONS).read_text().splitlines()
+    (source / TRANSACTIONS).write_text("\n".join(rows[:3]) + "\n")  # one basket of two articles
+    with pytest.raises(DataError, match=r"hm: no outfit kept: of 1 baskets \(import_hm.basket: day\) none has "
+                                        r"4-8 distinct articles \(1 too small, 0 too large\)"):
+        import_hm(source, tmp_path / "out", ImportHMConfig())
+    report = json.loads((tmp_path / "out" / "ingest_report.json").read_text())  # written: why, to read
+    assert report["baskets_kept"] == 0 and report["baskets_dropped"]["too_small"] == report["baskets"] == 1
+
+
 def test_a_file_with_nothing_usable_is_a_one_line_error(tmp_path):
     source = hm_fixture(tmp_path / "hm")
     pristine = (source / TRANSACTIONS).read_text()

@@ -306,6 +306,10 @@ def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
         "rows": {"articles": len(items), "customers": customers.num_rows, "outfits": outfits.num_rows},
     }
     (out_dir / "ingest_report.json").write_text(json.dumps(report, indent=2))
+    if not len(kept):  # the report stays for a look at why; an empty import is no result
+        dropped = report["sets_dropped"]
+        raise DataError(f"no outfit kept: of {len(sets)} sets none has {min_set_size}-{max_set_size} distinct items "
+                        f"({dropped['too_small']} too small, {dropped['too_large']} too large)", path=source)
     return report
 
 

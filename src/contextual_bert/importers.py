@@ -581,6 +581,11 @@ def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig, timings: dict | 
         "mapping": MAPPING_NOTE,
     }
     (out_dir / "ingest_report.json").write_text(json.dumps(report, indent=2))
+    if not rows["outfits"]:  # the report stays for a look at why; an empty import is no result
+        dropped = counts["baskets_dropped"]
+        raise DataError(f"no outfit kept: of {counts['baskets']} baskets (import_hm.basket: {cfg.basket}) none has "
+                        f"{min_set_size}-{max_set_size} distinct articles ({dropped['too_small']} too small, "
+                        f"{dropped['too_large']} too large)", path=source)  # fmt: skip
     return report
 
 
