@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -282,6 +283,23 @@ def test_gzipped_and_parquet_files_import_as_the_kaggle_files(tmp_path, fixture_
     assert rows[0] == 4 and [(r["file"], r["line"], r["column"]) for r in bad if r["file"] == "transactions_train.parquet"] == [
         ("transactions_train.parquet", row, "customer_id") for row in rows]
     assert report["transactions_malformed_dropped"] == clean["transactions_malformed_dropped"] + 1
+
+
+def test_a_parquet_t_dat_with_a_time_zone_gives_its_utc_day_on_any_machine(tmp_path, fixture_import):
+    import subprocess
+    import sys
+
+    source = hm_fixture(tmp_path / "hm")
+    frame = pd.read_csv(source / TRANSACTIONS, parse_dates=["t_dat"])
+    frame["t_dat"] = frame["t_dat"].dt.tz_localize("UTC") + pd.Timedelta(hours=23, minutes=30)  # late in the day
+    frame.to_parquet(source / "transactions_train.parquet", index=False)
+    (source / TRANSACTIONS).unlink()
+    code = ("import sys; from contextual_bert.importers import import_hm; "
+            "from contextual_bert.config import ImportHMConfig; import_hm(sys.argv[1], sys.argv[2], ImportHMConfig())")
+    subprocess.run([sys.executable, "-c", code, str(source), str(tmp_path / "out")], check=True,
+                   env={**os.environ, "TZ": "Pacific/Auckland"})  # where 23:30 UTC is the next day
+    clean_out, _ = fixture_import
+    assert pq.read_table(tmp_path / "out" / "outfits.parquet").equals(pq.read_table(clean_out / "outfits.parquet"))
 
 
 def test_two_copies_of_a_file_or_a_broken_one_is_a_one_line_error(tmp_path):

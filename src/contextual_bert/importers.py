@@ -219,6 +219,9 @@ class _Db:
         self.con.execute(f"SET memory_limit = '{cfg.memory_limit_gib * 1024:.0f}MiB'")
         self.con.execute(f"SET temp_directory = {_quote(scratch / 'spill')}")
         self.con.execute(f"SET threads = {cfg.threads or os.cpu_count() or 1}")
+        # A Parquet t_dat with a time zone is an instant: its day (cast to text) is taken in UTC, not in the
+        # machine's zone, so that every machine imports the same days.
+        self.con.execute("SET TimeZone = 'UTC'")
 
     @contextlib.contextmanager
     def joins_as_written(self):
