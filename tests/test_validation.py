@@ -296,8 +296,12 @@ def test_csv_input_with_list_columns_as_json_or_pipes(clean_raw, tmp_path, sep, 
 
 
 def test_imported_hm_fixture_validates(tmp_path):
-    import_hm(hm_fixture(tmp_path / "hm_source"), tmp_path / "raw", ImportHMConfig())
+    source = hm_fixture(tmp_path / "hm_source")
+    customers = (source / "customers.csv").read_text()  # a status Kaggle's file does not have is a category
+    (source / "customers.csv").write_text(customers.replace("c001,1.0,1.0,ACTIVE,Regularly", "c001,1.0,1.0,SUSPENDED,Weekly"))
+    import_hm(source, tmp_path / "raw", ImportHMConfig())
     summary = _run(tmp_path, ValidateConfig())
+    assert summary["tables"]["customers"]["quarantined"] == 0
     assert summary["source"] == "hm" and summary["passed"]
     assert summary["tables"]["outfits"]["valid"] == 5  # with c999 (no customer row) and c004 (an article without a row)
     assert (summary["tables"]["articles"]["valid"], summary["tables"]["articles"]["quarantined"]) == (12, 0)
