@@ -280,8 +280,9 @@ def test_gzipped_and_parquet_files_import_as_the_kaggle_files(tmp_path, fixture_
     report = import_hm(source, tmp_path / "out2", ImportHMConfig())
     bad = pq.read_table(tmp_path / "out2" / IMPORT_QUARANTINE).to_pylist()
     rows = [i + 1 for i in frame.index[frame["customer_id"].isna()]]  # the 4th and the fixture's own
-    assert rows[0] == 4 and [(r["file"], r["line"], r["column"]) for r in bad if r["file"] == "transactions_train.parquet"] == [
-        ("transactions_train.parquet", row, "customer_id") for row in rows]
+    parquet = "transactions_train.parquet"
+    assert rows[0] == 4 and [(r["file"], r["line"], r["column"]) for r in bad if r["file"] == parquet] == [
+        (parquet, row, "customer_id") for row in rows]
     assert report["transactions_malformed_dropped"] == clean["transactions_malformed_dropped"] + 1
 
 
@@ -305,7 +306,8 @@ def test_a_parquet_t_dat_with_a_time_zone_gives_its_utc_day_on_any_machine(tmp_p
 def test_two_copies_of_a_file_or_a_broken_one_is_a_one_line_error(tmp_path):
     source = hm_fixture(tmp_path / "hm")
     (source / "articles.parquet").write_bytes(b"PAR1 not really")
-    with pytest.raises(DataError, match=r"articles\.csv: articles\.csv and articles\.parquet both hold articles: keep one"):
+    with pytest.raises(DataError, match=r"articles\.csv: articles\.csv and articles\.parquet both hold articles: "
+                                        "keep one"):
         import_hm(source, tmp_path / "out", ImportHMConfig())
     (source / ARTICLES).unlink()
     with pytest.raises(DataError, match=r"articles\.parquet: not a Parquet file"):

@@ -298,7 +298,8 @@ def test_csv_input_with_list_columns_as_json_or_pipes(clean_raw, tmp_path, sep, 
 def test_imported_hm_fixture_validates(tmp_path):
     source = hm_fixture(tmp_path / "hm_source")
     customers = (source / "customers.csv").read_text()  # a status Kaggle's file does not have is a category
-    (source / "customers.csv").write_text(customers.replace("c001,1.0,1.0,ACTIVE,Regularly", "c001,1.0,1.0,SUSPENDED,Weekly"))
+    (source / "customers.csv").write_text(customers.replace("c001,1.0,1.0,ACTIVE,Regularly",
+                                                            "c001,1.0,1.0,SUSPENDED,Weekly"))
     import_hm(source, tmp_path / "raw", ImportHMConfig())
     summary = _run(tmp_path, ValidateConfig())
     assert summary["tables"]["customers"]["quarantined"] == 0

@@ -22,11 +22,13 @@ Column mapping (H&M has no brand and no style; the nearest columns stand in, and
   price <- the mean transaction price of the article (H&M publishes prices scaled, not in euros), missing
            for an article never sold: it is kept, and a model with attributes can rank it
 Only the id columns are required; an absent attribute or customer column is missing for every row (the
-report lists such columns). Fields are separated by commas, as in Kaggle's files, or by ';', a tab or '|'
-(contract.read_header: the first that splits the header row into the required columns; in such a file a number
-may have a decimal comma); column names are matched whatever their letter case. t_dat is a date (YYYY-MM-DD) or an ISO date and time, whose date as written is the
-purchase day. Customers keep their columns as context (HM_SCHEMA); age stays numeric.
-Article ids are normalized to H&M's 10-digit form with leading zeros, however the source wrote them.
+report lists such columns). Each file may be stored as Kaggle's CSV, gzipped (.csv.gz) or as Parquet (its typed
+columns read as text, then parsed as a CSV's). Fields are separated by commas, as in Kaggle's files, or by ';', a
+tab or '|' (contract.read_header: the first that splits the header row into the required columns; in such a file
+a number may have a decimal comma); column names are matched whatever their letter case. t_dat is a date
+(YYYY-MM-DD) or an ISO date and time, whose date as written is the purchase day. Customers keep their columns
+as context (HM_SCHEMA); age stays numeric. Article ids are normalized to H&M's 10-digit form with leading
+zeros, however the source wrote them.
 
 Why DuckDB: the full Kaggle size (31.8 M transactions, 3.1 GB of CSV) must import in minutes within a few
 GiB on a 2-core machine. DuckDB reads CSV in parallel straight into columns, runs the grouping (hash
@@ -151,7 +153,8 @@ class _SourceFile:
         A Parquet file's typed columns are cast to text (an integer article id, a timestamp t_dat, a double
         price) and parsed as a CSV's are: one path for every format."""
         if self.written is not None:
-            select = ", ".join(f"CAST({_ident(w)} AS VARCHAR) AS {_ident(c)}" for w, c in zip(self.written, self.columns))
+            select = ", ".join(f"CAST({_ident(written)} AS VARCHAR) AS {_ident(name)}"
+                               for written, name in zip(self.written, self.columns))
             return f"(SELECT {select} FROM read_parquet({_quote(self.path)}))"
         columns = ", ".join(f"{_quote(name)}: 'VARCHAR'" for name in self.columns)
         return (f"read_csv({_quote(self.path)}, header=true, auto_detect=false, columns={{{columns}}}, "
@@ -182,7 +185,8 @@ def _source_file(source: Path, name: str) -> _SourceFile:
     found = [source / f"{stem}{suffix}" for suffix in FILE_SUFFIXES if (source / f"{stem}{suffix}").is_file()]
     if not found:
         stored = " or ".join(f"{stem}{suffix}" for suffix in FILE_SUFFIXES[1:])
-        raise DataError(f"file not found (expected the H&M Kaggle file of that name, or {stored})", path=source / name)
+        raise DataError(f"file not found (expected the H&M Kaggle file of that name, or {stored})",
+                        path=source / name)
     if len(found) > 1:
         raise DataError(f"{' and '.join(p.name for p in found)} both hold {stem}: keep one", path=source / name)
     path, required, known = found[0], REQUIRED_COLUMNS[name], KNOWN_COLUMNS[name]
@@ -472,7 +476,7 @@ def _lines(rows: np.ndarray, rejected: np.ndarray, header_lines: int) -> np.ndar
     """File lines (1 = a CSV's header) of the rows read, numbered 1..n in file order, around the sorted lines
     that were not read. A blank line (DuckDB skips it) or a quoted field over several lines before a row
     would shift its number; H&M's files have neither."""
-    rows_before = rejected - 1 - header_lines - np.arange(len(rejected))  # rows read before each line that was not
+    rows_before = rejected - 1 - header_lines - np.arange(len(rejected))  # rows read before each line not read
     return rows + header_lines + np.searchsorted(rows_before, rows, side="left")
 
 
@@ -502,18 +506,19 @@ def _quarantine(db: _Db, files: dict[str, _SourceFile], counts: dict) -> tuple[p
         lines_rejected[name] = len(rejected)
         if read[name] == 0 and len(rejected):
             first = rejected.iloc[0]
-            raise DataError(f"{files[name].unit} {first['line']}: {first['reason']}; no line of the file could be read",
-                            path=files[name].path, column=first["column"])
+            raise DataError(f"{files[name].unit} {first['line']}: {first['reason']}; no line of the file could be "
+                            "read", path=files[name].path, column=first["column"])
         rows = db.arrow(sql + " ORDER BY source_row").to_pandas() if sql else None
         if rows is None or rows.empty:
             continue
-        rows["line"] = _lines(rows.pop("source_row").to_numpy(), rejected["line"].to_numpy(), files[name].header_lines)
+        rows["line"] = _lines(rows.pop("source_row").to_numpy(), rejected["line"].to_numpy(),
+                              files[name].header_lines)
         rows["file"], rows["reason"] = files[name].path.name, rows["column"].map(UNUSABLE)
         parts[name] = rows
     if 0 < counts["transactions"] == counts["transactions_malformed_dropped"]:
         first = parts[TRANSACTIONS].iloc[0]
-        raise DataError(f"{files[TRANSACTIONS].unit} {first['line']}: {first['reason']}; no transaction has a customer id, a date "
-                        "and an article id", path=files[TRANSACTIONS].path, column=first["column"])
+        raise DataError(f"{files[TRANSACTIONS].unit} {first['line']}: {first['reason']}; no transaction has a "
+                        "customer id, a date and an article id", path=files[TRANSACTIONS].path, column=first["column"])
     return pd.concat(parts.values(), ignore_index=True), lines_rejected
 
 
