@@ -46,9 +46,9 @@ from contextual_bert.contract import (
 )
 from contextual_bert.errors import ContextualBertError, DataError
 
-LARGEST = float(np.finfo(np.float64).max)  # a number's bound where none is declared: infinity fails it
-
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")  # no telemetry calls from a pipeline stage
+
+LARGEST = float(np.finfo(np.float64).max)  # a number's bound where none is declared: infinity fails it
 
 FAILED_COLUMN = "failed_expectations"
 MAY_BE_EMPTY = ("customers",)  # curated outfits may come without any customer
