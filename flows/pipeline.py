@@ -4,7 +4,7 @@ The flows hold no model or data logic: every step is a DVC stage, i.e. one `cont
 command, run as `dvc repro --single-item <stage>` so that DVC alone decides what is stale (its cache,
 never a Prefect one). The parent's workspace takes one `dvc` command at a time (DVC's lock), so:
 
-1. ingest, validate, features (every ancestor of a training) run in series in the parent's workspace;
+1. source, ingest, validate, features (every ancestor of a training) run in series in the parent's workspace;
 2. the train and evaluate stages fan out, one flow run per variant and seed (`flows/train_run.py`),
    each in its own git worktree sharing the DVC cache, to the `gpu` pool when a GPU worker is up and
    to the `cpu` pool otherwise (`flows/work_pools.py`); only units DVC finds stale are sent;

@@ -55,7 +55,8 @@ def source_modules(functions: list[ast.FunctionDef]) -> set[str]:
             if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "SOURCES"
                     and isinstance(node.slice, ast.Constant)):
                 found.add(SOURCES[node.slice.value].module)
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "ingest":
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in (
+                    "ingest", "write_fingerprint"):  # each runs the chosen source's module: any of them
                 found |= {source.module for source in SOURCES.values()}
     return {module.split(".")[1] for module in found}
 

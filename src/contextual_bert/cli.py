@@ -33,6 +33,12 @@ def _cmd_ingest(cfg: Config, args) -> None:
     _print_json(ingest(cfg))
 
 
+def _cmd_source(cfg: Config, args) -> None:
+    from contextual_bert.sources import write_fingerprint
+
+    _print_json(write_fingerprint(cfg))
+
+
 def _cmd_generate(cfg: Config, args) -> None:
     from contextual_bert.sources import SOURCES
 
@@ -191,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=handler)
         return p
 
+    add("source", _cmd_source, "fingerprint the files the chosen source reads (paths.source_fingerprint)")
     add("ingest", _cmd_ingest, "write data/raw from the source chosen in params (ingest.source)")
     add("generate", _cmd_generate, "write synthetic stylist data to data/raw (generate section)")
     add("generate-planted", _cmd_generate_planted, "write planted-signal data and its truth to data/raw (planted)")

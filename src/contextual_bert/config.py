@@ -53,6 +53,7 @@ class PathsConfig(Section):
     features_dir: Path = Path("data/features")
     models_dir: Path = Path("models")
     reports_dir: Path = Path("reports")
+    source_fingerprint: Path = Path("data/source.json")  # the `source` stage's output, which ingest depends on
 
 
 class GeneratorSize(Section):

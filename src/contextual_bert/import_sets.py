@@ -322,3 +322,12 @@ def ingest(cfg, source: Path | None = None) -> dict:
 def schema(cfg) -> DataSchema:
     """The context columns of the `sets` source (sources.SOURCES)."""
     return sets_schema(cfg.import_sets)
+
+
+def inputs(cfg) -> list[Path]:
+    """The files the `sets` source reads (sources.SOURCES): the sets, and the customers table when named."""
+    paths = [Path(p) for p in (cfg.import_sets.source, cfg.import_sets.customers) if p is not None]
+    for path in paths:
+        if not path.is_file():
+            raise DataError("file not found", path=path)
+    return paths

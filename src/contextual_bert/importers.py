@@ -177,6 +177,13 @@ class _SourceFile:
         return (sql or f"src.{_ident(column)}") if column in self.columns else "CAST(NULL AS VARCHAR)"
 
 
+def _source_files(source: Path) -> dict[str, _SourceFile]:
+    """The three H&M files in the folder `source`, by their Kaggle names (a missing folder -> DataError)."""
+    if not source.is_dir():
+        raise DataError("H&M source folder not found", path=source)
+    return {name: _source_file(source, name) for name in (TRANSACTIONS, CUSTOMERS, ARTICLES)}
+
+
 def _source_file(source: Path, name: str) -> _SourceFile:
     """The H&M file `name` (a Kaggle file name) in `source`, stored as FILE_SUFFIXES allow, as its header row
     or Parquet schema describes it (contract.read_header, column_names). None or two of them, or a bad header
@@ -543,9 +550,7 @@ def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig, timings: dict | 
     `timings`, when given, receives the wall seconds of each phase (for benchmarks; not in the report, which
     stays the same for the same input)."""
     source, out_dir = Path(source), Path(out_dir)
-    if not source.is_dir():
-        raise DataError("H&M source folder not found", path=source)
-    files = {name: _source_file(source, name) for name in (TRANSACTIONS, CUSTOMERS, ARTICLES)}
+    files = _source_files(source)
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".import-hm-", dir=out_dir) as scratch:
         db = _Db(Path(scratch), cfg)
@@ -606,3 +611,8 @@ def ingest(cfg, source: Path | None = None) -> dict:
 def schema(cfg) -> DataSchema:
     """The context columns of the `hm` source (sources.SOURCES)."""
     return HM_SCHEMA
+
+
+def inputs(cfg) -> list[Path]:
+    """The files the `hm` source reads (sources.SOURCES), as stored (.csv, .csv.gz or .parquet)."""
+    return [file.path for file in _source_files(Path(cfg.import_hm.source)).values()]

@@ -1,14 +1,17 @@
 """The one table of data sources: `ingest.source` names an entry, `contextual-bert ingest` runs it.
 
 Each source is one module with `ingest(cfg: Config, source: Path | None) -> dict`, which writes the raw
-data contract (contract.py) into `cfg.paths.raw_dir` and returns its ingest report, and `schema(cfg) ->
-DataSchema`, the context columns it declares. A new source is one module and one entry here (and, when it
+data contract (contract.py) into `cfg.paths.raw_dir` and returns its ingest report, `schema(cfg) ->
+DataSchema`, the context columns it declares, and `inputs(cfg) -> list[Path]`, the files it reads (for the
+`source` stage's fingerprint: params name those files, DVC cannot see into them). A new source is one module and one entry here (and, when it
 takes settings, its own params section); config.py accepts every name of this table for `ingest.source`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +33,10 @@ class Source:
         """The context columns the source declares."""
         return importlib.import_module(self.module).schema(cfg)
 
+    def inputs(self, cfg) -> list[Path]:
+        """The files the source reads (none for a generator); a missing one -> DataError."""
+        return importlib.import_module(self.module).inputs(cfg)
+
 
 SOURCES: dict[str, Source] = {
     "synthetic": Source("contextual_bert.generator", "generate",
@@ -46,3 +53,28 @@ SOURCES: dict[str, Source] = {
 def ingest(cfg, source: Path | None = None) -> dict:
     """Run the source `ingest.source` names; `source` overrides the path in its params section."""
     return SOURCES[cfg.ingest.source].ingest(cfg, source)
+
+
+def fingerprint(cfg) -> dict:
+    """The files the chosen source reads, by content (path, bytes, md5): what the `source` stage writes to
+    paths.source_fingerprint. That stage runs on every `dvc repro` (always_changed: params only name the files,
+    so DVC cannot hash them itself); ingest depends on its output, so changed source files make ingest stale
+    and unchanged ones leave it, and everything after it, alone."""
+    files = []
+    for path in SOURCES[cfg.ingest.source].inputs(cfg):
+        digest = hashlib.md5()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 22):
+                digest.update(chunk)
+        files.append({"path": str(path), "bytes": path.stat().st_size, "md5": digest.hexdigest()})
+    return {"source": cfg.ingest.source, "files": files}
+
+
+def write_fingerprint(cfg) -> dict:
+    """fingerprint(cfg), written to paths.source_fingerprint (rewritten only when it changed)."""
+    found, path = fingerprint(cfg), cfg.paths.source_fingerprint
+    text = json.dumps(found, indent=2) + "\n"
+    if not path.exists() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return found

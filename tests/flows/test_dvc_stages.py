@@ -59,7 +59,7 @@ def test_plan_of_the_real_dvc_yaml():
     if not (REPO / "dvc.yaml").exists():
         pytest.skip("no dvc.yaml yet")
     p = dvc_stages.load_plan(REPO)
-    assert p.before[:3] == ("ingest", "validate", "features")
+    assert p.before[:4] == ("source", "ingest", "validate", "features")
     assert p.units, "no train@ stages"
     for unit in p.units:
         assert [dvc_stages.kind(s) for s in unit] == ["train", "evaluate"]
@@ -99,3 +99,5 @@ def test_status_all_ignores_stages_that_are_only_always_changed(monkeypatch):
     out = '{"promote": ["always changed"], "report": [{"changed deps": {"reports/eval": "modified"}}]}\n'
     monkeypatch.setattr(dvc_stages, "run_dvc", lambda args, workdir: out)
     assert list(dvc_stages.status_all(REPO)) == ["report"]
+    assert dvc_stages.stale(["promote", "report"], REPO) == {"report": [{"changed deps": {"reports/eval": "modified"}}]}
+    assert dvc_stages.stale(["promote"], REPO) == {}  # what require_fresh asks: the source stage is not stale
