@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,3 +93,20 @@ def hm_fixture(directory: Path) -> Path:
     for name in HM_FIXTURE_FILES:
         (directory / f"{name}.csv").write_bytes((source / f"{name}.fixture.csv").read_bytes())
     return directory
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def dvc_project(project: Path, **env) -> tuple[Path, dict]:
+    """A DVC project in `project` made of this repo's dvc.yaml, params.yaml and src/ (`dvc init --no-scm`); the
+    dvc executable and an environment that runs that src/ (plus `env`)."""
+    project.mkdir(parents=True)
+    for name in ("dvc.yaml", "params.yaml"):
+        shutil.copy(REPO / name, project / name)
+    shutil.copytree(REPO / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PYTHONPATH": str(project / "src"), "PATH": f"{bin_dir}:{os.environ['PATH']}", **env}
+    env.pop("DVC_NO_ANALYTICS", None)
+    subprocess.run([str(bin_dir / "dvc"), "init", "--no-scm", "-q"], cwd=project, check=True, env=env)
+    return bin_dir / "dvc", env

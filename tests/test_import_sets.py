@@ -4,10 +4,7 @@ with or without customers; and the pipeline on them end to end ([None] and popul
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +21,8 @@ from contextual_bert.feature_store import load_split
 from contextual_bert.features import build_features
 from contextual_bert.import_sets import import_sets
 from contextual_bert.validation import validate
-from helpers import TINY_MODEL
+from helpers import TINY_MODEL, dvc_project
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def polyvore_sets(n_sets: int = 300, n_items: int = 60, seed: int = 0) -> list[dict]:
@@ -247,10 +243,8 @@ def test_context_variant_on_data_without_context_is_refused(tmp_path):
 def test_dvc_repro_on_polyvore_sets_runs_none_and_popularity(tmp_path):
     """`dvc repro` through Table 1 on curated sets without customers: [None] and popularity only."""
     project = tmp_path / "project"
-    project.mkdir()
-    for name in ("dvc.yaml", "params.yaml"):
-        shutil.copy(REPO / name, project / name)
-    shutil.copytree(REPO / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    dvc, env = dvc_project(project, MLFLOW_TRACKING_URI=tracking_uri)
     source, _ = write_polyvore(project / "data" / "sets.json", n_sets=800, n_items=80)
     params = yaml.safe_load((project / "params.yaml").read_text())
     params["ingest"]["source"] = "sets"
@@ -262,13 +256,8 @@ def test_dvc_repro_on_polyvore_sets_runs_none_and_popularity(tmp_path):
     params["train"].update({"variants": ["none"], "seeds": [0], "max_epochs": 1, "batch_size": 64,
                             "device": "cpu", "num_threads": 1})  # fmt: skip
     params["variants"] = {"none": {}}
-    params["mlflow"]["tracking_uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    params["mlflow"]["tracking_uri"] = tracking_uri
     (project / "params.yaml").write_text(yaml.safe_dump(params))
-    dvc = Path(sys.executable).parent / "dvc"
-    env = {**os.environ, "PYTHONPATH": str(project / "src"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "MLFLOW_TRACKING_URI": params["mlflow"]["tracking_uri"]}  # fmt: skip
-    env.pop("DVC_NO_ANALYTICS", None)
-    subprocess.run([str(dvc), "init", "--no-scm", "-q"], cwd=project, check=True, env=env)
     run = subprocess.run([str(dvc), "repro", "report"], cwd=project, capture_output=True, text=True, env=env,
                          timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

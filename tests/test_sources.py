@@ -2,9 +2,7 @@
 
 import gzip
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,9 +12,7 @@ from contextual_bert.config import Config
 from contextual_bert.errors import DataError
 from contextual_bert.importers import TRANSACTIONS
 from contextual_bert.sources import SOURCES, fingerprint, write_fingerprint
-from helpers import hm_fixture
-
-REPO = Path(__file__).resolve().parents[1]
+from helpers import dvc_project, hm_fixture
 
 
 def _hm_config(source: Path, tmp_path: Path) -> Config:
@@ -59,17 +55,11 @@ def test_the_fingerprint_follows_the_files_content_not_their_time(tmp_path):
 @pytest.mark.slow
 def test_dvc_repro_reruns_ingest_exactly_when_the_source_files_change(tmp_path):
     project = tmp_path / "project"
-    project.mkdir()
-    for name in ("dvc.yaml", "params.yaml"):
-        shutil.copy(REPO / name, project / name)
-    shutil.copytree(REPO / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    dvc, env = dvc_project(project)
     source = hm_fixture(project / "hm")
     params = yaml.safe_load((project / "params.yaml").read_text())
     params["ingest"]["source"], params["import_hm"]["source"] = "hm", "hm"
     (project / "params.yaml").write_text(yaml.safe_dump(params))
-    env = {**os.environ, "PYTHONPATH": str(project / "src"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    dvc = Path(sys.executable).parent / "dvc"
-    subprocess.run([str(dvc), "init", "--no-scm", "-q"], cwd=project, check=True, env=env)
 
     def repro() -> str:
         run = subprocess.run([str(dvc), "repro", "ingest"], cwd=project, capture_output=True, text=True, env=env,
