@@ -3,8 +3,9 @@
 Each source is one module with `ingest(cfg: Config, source: Path | None) -> dict`, which writes the raw
 data contract (contract.py) into `cfg.paths.raw_dir` and returns its ingest report, `schema(cfg) ->
 DataSchema`, the context columns it declares, and `inputs(cfg) -> list[Path]`, the files it reads (for the
-`source` stage's fingerprint: params name those files, DVC cannot see into them). A new source is one module and one entry here (and, when it
-takes settings, its own params section); config.py accepts every name of this table for `ingest.source`.
+`source` stage's fingerprint: params name those files, DVC cannot see into them). A new source is one module
+and one entry here (and, when it takes settings, its own params section); config.py accepts every name of this
+table for `ingest.source`.
 """
 
 from __future__ import annotations
