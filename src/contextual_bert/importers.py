@@ -498,8 +498,7 @@ def _quarantine(db: _Db, files: dict[str, _SourceFile], counts: dict) -> tuple[p
         FROM reject_errors e JOIN reject_scans s USING (scan_id, file_id) GROUP BY s.file_path, e.line
         ORDER BY s.file_path, e.line""").to_pandas() if read_csv else pd.DataFrame(  # Parquet files only
         columns=["path", "line", "column", "error_type", "message", "text"])  # fmt: skip
-    label = {str(file.path): name for name, file in files.items()}
-    rejects["file"] = rejects["path"].map(lambda p: files[label[p]].path.name)
+    rejects["file"] = rejects["path"].map(lambda p: Path(p).name)  # as stored (.csv or .csv.gz)
     rejects["reason"] = [f"{REJECTED.get(t, t.lower())} ({m})" for t, m in zip(rejects["error_type"], rejects["message"])]
     unusable = {  # file -> SQL of (source_row, column, text)
         TRANSACTIONS: "SELECT source_row, \"column\", text FROM tx_malformed" if counts["transactions_malformed_dropped"] else None,

@@ -63,11 +63,9 @@ def fingerprint(cfg) -> dict:
     and unchanged ones leave it, and everything after it, alone."""
     files = []
     for path in SOURCES[cfg.ingest.source].inputs(cfg):
-        digest = hashlib.md5()
         with open(path, "rb") as f:
-            while chunk := f.read(1 << 22):
-                digest.update(chunk)
-        files.append({"path": str(path), "bytes": path.stat().st_size, "md5": digest.hexdigest()})
+            md5 = hashlib.file_digest(f, "md5").hexdigest()
+        files.append({"path": str(path), "bytes": path.stat().st_size, "md5": md5})
     return {"source": cfg.ingest.source, "files": files}
 
 
