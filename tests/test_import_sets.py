@@ -3,6 +3,7 @@ with or without customers; and the pipeline on them end to end ([None] and popul
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 from pathlib import Path
@@ -117,6 +118,38 @@ def test_two_column_pairs_give_the_same_outfits(tmp_path, suffix):
     got = pd.read_parquet(tmp_path / "raw" / "outfits.parquet")
     assert got["outfit_id"].tolist() == expected["outfit_id"].tolist()
     assert got["article_ids"].map(list).tolist() == expected["article_ids"].map(list).tolist()
+
+
+@pytest.mark.parametrize("name", ["pairs.csv.gz", "pairs.jsonl.gz", "train.json.gz"])
+def test_gzipped_text_gives_the_same_outfits_and_lines(tmp_path, name):
+    source, sets = write_polyvore(tmp_path / "train.json", n_sets=60)
+    import_sets(source, tmp_path / "plain", ImportSetsConfig())
+    pairs = pd.read_csv(write_pairs_csv(tmp_path / "pairs.csv", sets), dtype=str)
+    text = {"pairs.csv.gz": pairs.assign(user="u1").to_csv(index=False) + ",no_outfit,u1\n",  # quarantined
+            "pairs.jsonl.gz": pairs.to_json(orient="records", lines=True),
+            "train.json.gz": source.read_text()}[name]
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(text.encode()))
+    customers = tmp_path / "customers.csv.gz"  # the customers table gzipped too
+    customers.write_bytes(gzip.compress(b"user,age\nu1,30\n"))
+    cfg = ImportSetsConfig(customers=customers, customer_column="user", context={"age": "numeric"}) \
+        if name == "pairs.csv.gz" else ImportSetsConfig()  # fmt: skip
+    import_sets(path, tmp_path / "raw", cfg)
+    expected = pd.read_parquet(tmp_path / "plain" / "outfits.parquet")
+    got = pd.read_parquet(tmp_path / "raw" / "outfits.parquet")
+    assert got["article_ids"].map(list).tolist() == expected["article_ids"].map(list).tolist()
+    if name == "pairs.csv.gz":
+        row, = pq.read_table(tmp_path / "raw" / IMPORT_QUARANTINE).to_pylist()
+        assert (row["file"], row["line"], row["reason"]) == (name, len(pairs) + 2, "no outfit id")
+        customers = pd.read_parquet(tmp_path / "raw" / "customers.parquet")  # text: validation types it
+        assert customers.to_dict("list") == {"customer_id": ["u1"], "age": ["30"]}
+
+    path.write_bytes(gzip.compress(text.encode())[:-40])  # cut short: not a silently shorter file
+    with pytest.raises(DataError, match=rf"{name.replace('.', '[.]')}: not a readable gzip file"):
+        import_sets(path, tmp_path / "cut", ImportSetsConfig())
+    path.write_bytes(text.encode())  # named .gz, stored plain
+    with pytest.raises(DataError, match=rf"{name.replace('.', '[.]')}: not a readable gzip file"):
+        import_sets(path, tmp_path / "plain_bytes", ImportSetsConfig())
 
 
 @pytest.mark.parametrize("delim", [",", ";", "\t"])

@@ -316,7 +316,7 @@ def test_two_copies_of_a_file_or_a_broken_one_is_a_one_line_error(tmp_path):
     with pytest.raises(DataError, match=r"articles\.csv: file not found \(.*articles\.csv\.gz or articles\.parquet\)"):
         import_hm(source, tmp_path / "out", ImportHMConfig())
     (source / f"{ARTICLES}.gz").write_bytes(b"not gzip")
-    with pytest.raises(DataError, match=r"articles\.csv\.gz: not a gzip file"):
+    with pytest.raises(DataError, match=r"articles\.csv\.gz: not a readable gzip file"):
         import_hm(source, tmp_path / "out", ImportHMConfig())
 
 

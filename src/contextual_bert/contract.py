@@ -20,6 +20,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -85,18 +86,34 @@ def check_columns(columns: list[str], required: tuple[str, ...], path: Path) -> 
             raise DataError("column named twice", path=path, column=column)
 
 
+GZIP_SUFFIX = ".gz"  # a text file may be stored gzip-compressed: its name then ends in .gz
+GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)  # not gzip, cut short, corrupt
+
+
+def text_suffix(path: Path) -> str:
+    """The format a file's name says, whether gzipped or not: '.csv' for data.csv and for data.csv.gz."""
+    path = Path(path)
+    return Path(path.stem).suffix if path.suffix == GZIP_SUFFIX else path.suffix
+
+
+def open_binary(path: Path):
+    """A file's bytes, gunzipped when its name ends in GZIP_SUFFIX (a bad stream fails where it is read, with one
+    of GZIP_ERRORS)."""
+    return (gzip.open if Path(path).suffix == GZIP_SUFFIX else open)(path, "rb")
+
+
 def read_header(path: Path, required: tuple[str, ...], known: tuple[str, ...] = ()) -> tuple[str, list[str]]:
     """(delimiter, column names) of a delimited text file's header row, gzip-compressed if its name ends in .gz:
     the first of DELIMITERS that splits it into names (column_names) holding every required column. Not UTF-8,
     no header row, a required column missing or a column named twice -> DataError. Only the first line is read:
     a bad line further down is that line's problem, not the file's."""
     try:
-        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+        with open_binary(path) as f:
             line = f.readline().decode("utf-8-sig")  # -sig: a spreadsheet's byte-order mark
     except UnicodeDecodeError as exc:
         raise DataError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from None
-    except (gzip.BadGzipFile, EOFError) as exc:
-        raise DataError(f"not a gzip file ({exc})", path=path) from None
+    except GZIP_ERRORS as exc:
+        raise DataError(f"not a readable gzip file ({exc})", path=path) from None
     if not line.strip():
         raise DataError("not a delimited text file (no header row)", path=path)
     splits = {d: column_names(next(csv.reader([line], delimiter=d)), required, known) for d in DELIMITERS}

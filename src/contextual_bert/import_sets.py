@@ -1,6 +1,6 @@
 """Import curated sets (outfits made by people, not baskets) into the raw data contract.
 
-Input (`import_sets.source`), by its suffix:
+Input (`import_sets.source`), by its suffix (a text file may be gzipped: `.csv.gz`, `.jsonl.gz`, `.json.gz`):
 - `.csv` (or `.tsv`), `.parquet`, `.jsonl`: pairs, one row per (outfit, item): columns `outfit_column` and
   `item_column`, and optionally `customer_column`, the outfit's customer (one per outfit).
 - `.json`: the Polyvore Outfits layout, a list of sets, each `{"set_id": ..., "items": [{"item_id": ...}, ...]}`
@@ -24,6 +24,7 @@ Articles get one row per item, their attributes (product_type, brand, color, sty
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 
@@ -34,6 +35,7 @@ import pyarrow.parquet as pq
 
 from contextual_bert.config import ImportSetsConfig, IngestConfig, ModelConfig
 from contextual_bert.contract import (
+    GZIP_ERRORS,
     IMPORT_QUARANTINE,
     REQUIRED_COLUMNS,
     UNREADABLE,
@@ -41,7 +43,9 @@ from contextual_bert.contract import (
     DataSchema,
     check_columns,
     column_names,
+    open_binary,
     read_header,
+    text_suffix,
     write_import_quarantine,
 )
 from contextual_bert.errors import DataError
@@ -72,9 +76,9 @@ def read_delimited(path: Path, required: tuple[str, ...] = (),
     # Bytes that are not UTF-8 come through as surrogates, found per line by a failing encode. A line without
     # a quote is split as it is (a csv reader per line costs 13x; one reader for the file would let a quote
     # left open swallow every line after it).
-    with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
+    with io.TextIOWrapper(open_binary(path), encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
         f.readline()
-        for number, line in enumerate(f, start=2):
+        for number, line in enumerate(_lines(f, path), start=2):
             line = line.rstrip("\r\n")
             if not line.strip():
                 continue  # a blank line
@@ -106,27 +110,39 @@ def read_delimited(path: Path, required: tuple[str, ...] = (),
     return frame, pd.DataFrame(rejected, columns=UNREAD_COLUMNS)
 
 
+def _lines(f, path: Path):
+    """A text file's lines; a gzip stream that breaks off or is corrupt is a one-line DataError (the lines read
+    so far would be a silently shortened file)."""
+    try:
+        yield from f
+    except GZIP_ERRORS as exc:
+        raise DataError(f"not a readable gzip file ({exc})", path=path) from None
+
+
 def read_rows(path: Path, required: tuple[str, ...] = (),
               known: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """A .csv or .tsv (all text; delimited by any of contract.DELIMITERS), .parquet or .jsonl file as a
-    DataFrame with SOURCE_LINE (a text file's line, a Parquet or JSON-lines file's row, from 1), and the text
+    """A .csv or .tsv (all text; delimited by any of contract.DELIMITERS), .parquet or .jsonl file (the text ones
+    gzipped or not: contract.text_suffix) as a DataFrame with SOURCE_LINE (a text file's line, a Parquet or JSON-lines file's row, from 1), and the text
     lines that cannot be read (read_delimited). A missing or unreadable file, or another suffix, is a one-line
     DataError."""
     path = Path(path)
     if not path.is_file():
         raise DataError("file not found", path=path)
-    if path.suffix in DELIMITED_SUFFIXES:
+    if text_suffix(path) in DELIMITED_SUFFIXES:
         return read_delimited(path, required, known)
     try:
-        if path.suffix == ".parquet":
+        if path.suffix == ".parquet":  # compressed inside: never gzipped as a whole
             frame = pq.read_table(path).to_pandas()
-        elif path.suffix == ".jsonl":
-            frame = pd.read_json(path, lines=True, dtype=False)
+        elif text_suffix(path) == ".jsonl":
+            with open_binary(path) as f:
+                frame = pd.read_json(f, lines=True, dtype=False)
         else:
-            raise DataError(f"unknown suffix: expected one of {', '.join((*PAIR_SUFFIXES, POLYVORE_SUFFIX))}",
-                            path=path)  # fmt: skip
+            raise DataError(f"unknown suffix: expected one of {', '.join((*PAIR_SUFFIXES, POLYVORE_SUFFIX))} (a text "
+                            "one may be gzipped: .csv.gz)", path=path)  # fmt: skip
     except UnicodeDecodeError as exc:
         raise DataError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from None
+    except GZIP_ERRORS as exc:
+        raise DataError(f"not a readable gzip file ({exc})", path=path) from None
     except (ValueError, pa.ArrowException, OSError) as exc:
         raise DataError(f"not a readable {path.suffix[1:]} file ({str(exc).strip().splitlines()[0]})",
                         path=path) from None  # fmt: skip
@@ -147,7 +163,10 @@ def read_table_file(path: Path, required: tuple[str, ...] = ()) -> pd.DataFrame:
 
 def _polyvore_pairs(path: Path) -> pd.DataFrame:
     try:
-        sets = json.loads(path.read_text(encoding="utf-8"))
+        with open_binary(path) as f:
+            sets = json.loads(f.read().decode("utf-8"))
+    except GZIP_ERRORS as exc:
+        raise DataError(f"not a readable gzip file ({exc})", path=path) from None
     except UnicodeDecodeError as exc:
         raise DataError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from None
     except json.JSONDecodeError as exc:
@@ -177,7 +196,7 @@ def read_pairs(path: Path, cfg: ImportSetsConfig) -> tuple[pd.DataFrame, str, pd
     """(outfit_id, item_id, customer_id, line) per pair, as listed (line: where in the file, as the import
     quarantine counts); the layout read ("pairs" / "polyvore"); and the lines that could not be read."""
     path = Path(path)
-    if path.suffix == POLYVORE_SUFFIX:
+    if text_suffix(path) == POLYVORE_SUFFIX:
         if not path.is_file():
             raise DataError("file not found", path=path)
         return _polyvore_pairs(path), "polyvore", pd.DataFrame(columns=UNREAD_COLUMNS)
