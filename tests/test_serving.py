@@ -390,3 +390,80 @@ def test_an_ids_only_model_refuses_a_catalogue(core, tiny_trained_runs, tmp_path
     with pytest.raises(ContextualBertError, match="article ids only"):
         OutfitCompleterCore.load(checkpoint, tiny_trained_runs.features_dir, device="cpu",
                                  catalogue=tmp_path / "a.parquet")
+
+
+
+def _junk(rng: np.random.Generator, ids: list[str]):
+    """A value of a kind a client may send by mistake (or on purpose)."""
+    kinds = [None, float("nan"), float("inf"), -1, 0, 2**70, 3.5, True, "", " ", "30", "x" * 10_000, "é\u0000",
+             [], [None], [[ids[0]]], [{"id": ids[0]}], {"a": 1}, ids[0], [ids[0], 7], [ids[0], ids[0].lower()],
+             list(ids[:3]), [str(i) for i in range(20)], np.int64(3), ["NaN"], [float("nan")], {"__proto__": []}]
+    return kinds[rng.integers(len(kinds))]
+
+
+def _fuzzed_requests(requests: pd.DataFrame, n: int):
+    """(rows, params) n times: real request rows with 1-3 cells, and now and then top_k, set to junk."""
+    rng = np.random.default_rng(0)
+    ids = [i for ids in requests["article_ids"] for i in ids]
+    columns = list(requests.columns)
+    for case in range(n):
+        rows = requests.sample(n=int(rng.integers(1, len(requests) + 1)), random_state=case).reset_index(drop=True)
+        rows = rows.astype(object)
+        for _ in range(int(rng.integers(1, 4))):
+            rows.at[int(rng.integers(len(rows))), columns[rng.integers(len(columns))]] = _junk(rng, ids)
+        yield rows, ({"top_k": _junk(rng, ids)} if case % 3 == 0 else {})
+
+
+def _names_the_fault(message: str) -> bool:
+    """One line naming the row or the param at fault (over HTTP after the scoring server's 'Error: ')."""
+    reason = message.rsplit("Error: ", 1)[-1]
+    return "\n" not in reason and (reason.startswith("row ") or "top_k" in reason)
+
+
+def test_malformed_traffic_is_answered_or_refused_naming_the_row_alike_in_process_and_over_http(logged_pyfunc,
+                                                                                              requests):
+    """Fuzzed requests (cells of every column and top_k, of every kind): each is answered within the contract
+    (a context value the model cannot use reported per row) or refused with one line naming the row or
+    top_k (HTTP 400), never a 500; the scoring server and the pyfunc in process give the same outcome."""
+    from fastapi.testclient import TestClient
+    from mlflow.pyfunc import scoring_server
+
+    pyfunc = mlflow.pyfunc.load_model(logged_pyfunc.model_uri)
+    http = TestClient(scoring_server.init(pyfunc))
+    plain = lambda o: o.tolist()  # noqa: E731  numpy values (np.int64, a Parquet list cell) as JSON's
+    outcomes = {"answered": 0, "refused": 0}
+    for case, (rows, params) in enumerate(_fuzzed_requests(requests, 150)):
+        try:
+            got = pyfunc.predict(rows, params=params or None)
+        except MlflowException as error:
+            assert error.get_http_status_code() == 400 and _names_the_fault(str(error)), (case, str(error)[:500])
+            got = None
+        body = json.dumps({"dataframe_records": rows.to_dict("records"), "params": params}, default=plain)
+        response = http.post("/invocations", content=body, headers={"Content-Type": "application/json"})
+        assert response.status_code == (400 if got is None else 200), (case, response.text[:500])
+        if got is None:
+            assert _names_the_fault(response.json()["message"]), (case, response.text[:500])
+            outcomes["refused"] += 1
+            continue
+        assert len(got) == len(rows) and list(got.columns) == list(OUTPUT_COLUMNS), case
+        for outfit, ids in zip(rows["article_ids"], got["article_ids"]):
+            assert not set(ids) & set(outfit), case
+        served = pd.DataFrame(response.json()["predictions"])
+        for column in ("article_ids", "unknown_article_ids", "missing_features", "unknown_features"):
+            assert served[column].map(list).tolist() == got[column].map(list).tolist(), (case, column)
+        outcomes["answered"] += 1
+    assert min(outcomes.values()) >= 30, outcomes  # both paths exercised
+
+
+def test_a_context_value_the_model_cannot_use_is_reported_not_cast(logged_pyfunc, requests):
+    """true for a number is no age (MLflow's double column made it 1.0 over HTTP); a number as text is the
+    number; a word or a list for a number, a dict for a category: unknown, reported, the row answered."""
+    pyfunc = mlflow.pyfunc.load_model(logged_pyfunc.model_uri)
+    rows = requests.iloc[[0] * 5].reset_index(drop=True).astype(object)
+    rows.at[1, "age"], rows.at[2, "age"], rows.at[3, "age"] = True, "x", [30]
+    rows.at[4, "age"], rows.at[4, "country"] = str(requests.loc[0, "age"]), {"a": 1}
+    out = pyfunc.predict(rows)
+    assert ["age" in u for u in out["unknown_features"]] == [False, True, True, True, False]
+    assert "country" in out.loc[4, "unknown_features"]
+    assert out.loc[4, "article_ids"] != out.loc[0, "article_ids"] or "country" not in out.loc[0, "unknown_features"]
+    assert mlflow.models.get_model_info(logged_pyfunc.model_uri).metadata["context_features"]["age"] == "numeric"

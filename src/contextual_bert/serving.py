@@ -241,26 +241,23 @@ def cpu_threads(device: torch.device, n: int):
 
 
 def signature(spec, top_k: int):
-    """Input: article_ids (required) + every context feature (optional); output: OUTPUT_COLUMNS; param top_k."""
+    """Input: article_ids (required) + every context feature (optional), all Any; output: OUTPUT_COLUMNS;
+    param top_k."""
     from mlflow.models import ModelSignature
     from mlflow.types import DataType
     from mlflow.types.schema import AnyType, Array, ColSpec, ParamSchema, ParamSpec, Schema
 
-    # List-valued inputs are declared Any, and checked where they are read: the outfit by
-    # feature_store.outfit_ids_of (not a list, empty, a repeated or odd id: a one-line error naming the row,
-    # HTTP 400); a multi-valued context cell by the encoder's rule (a plain string is a one-value list,
-    # unseen values are reported per row). MLflow checks Array(string) by building a pandas Series per cell
-    # (60% of a 1,024-row request), and even Array(Any) cell by cell, element by element, twice over HTTP
-    # (parsing and predict): Any instead cuts the scoring server's CPU for 1,024 rows by a fifth
-    # (reports/benchmarks/serving.json).
-    any_list = AnyType()
-    kind_type = {
-        "categorical": DataType.string,
-        "multi_categorical": any_list,
-        "numeric": DataType.double,
-    }
-    inputs = [ColSpec(any_list, "article_ids")]
-    inputs += [ColSpec(kind_type[f.kind], f.name, required=False) for f in spec.features]
+    # Every input is declared Any and checked where it is read, by one rule in and out of the scoring server:
+    # the outfit by feature_store.outfit_ids_of (not a list, empty, a repeated or odd id: a one-line error
+    # naming the row, HTTP 400), a context value by the encoder (a plain string is a one-value list; a value
+    # it cannot use, such as a word or true/false for a number, is reported per row as unknown). A typed
+    # column is enforced by MLflow before predict, differently per path: over HTTP it casts true to 1.0 and
+    # refuses a word with a 400 naming no row, in process it refuses "30" (the scoring server accepts it),
+    # and its message dumps the whole frame. Checking costs too: MLflow checks Array(string) by building a
+    # pandas Series per cell (60% of a 1,024-row request), and even Array(Any) cell by cell, twice over
+    # HTTP (reports/benchmarks/serving.json). The kinds are kept in the model's metadata (log_pyfunc_model).
+    inputs = [ColSpec(AnyType(), "article_ids")]
+    inputs += [ColSpec(AnyType(), f.name, required=False) for f in spec.features]
     outputs = [
         ColSpec(Array(DataType.string), "article_ids"),
         ColSpec(Array(DataType.double), "scores"),
@@ -270,6 +267,12 @@ def signature(spec, top_k: int):
     ]
     params = ParamSchema([ParamSpec("top_k", DataType.long, int(top_k))])
     return ModelSignature(inputs=Schema(inputs), outputs=Schema(outputs), params=params)
+
+
+def feature_kinds(spec) -> dict[str, str]:
+    """Each context input's kind (categorical, multi_categorical, numeric): what the Any-typed signature
+    cannot say, kept in the logged model's metadata (MLmodel)."""
+    return {f.name: f.kind for f in spec.features}
 
 
 def pip_requirements() -> list[str]:
@@ -325,6 +328,7 @@ def log_pyfunc_model(
             signature=signature(spec, top_k),
             input_example=input_example,
             pip_requirements=pip_requirements(),
+            metadata={"context_features": feature_kinds(spec)},
             model_id=model_id,
         )
 
