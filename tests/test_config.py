@@ -55,6 +55,35 @@ def test_the_smallest_outfit_may_not_exceed_the_largest(tmp_path):
     assert load_config(path).ingest.min_set_size == 3
 
 
+def test_model_sizes_are_checked_at_load(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text("model:\n  d_model: 100\n")
+    with pytest.raises(ContextualBertError, match=r"model.d_model \(100\) is not divisible by model.n_heads \(8\)"):
+        load_config(path)
+    for setting in ("d_model", "n_blocks", "n_heads", "d_ff"):
+        path.write_text(f"model:\n  {setting}: 0\n")
+        with pytest.raises(ContextualBertError, match=rf"'model.{setting}': Input should be greater than or equal"):
+            load_config(path)
+
+
+
+def test_variant_overrides_are_held_to_the_sections_bounds(tmp_path):
+    """An override is applied by copying (train_for, model_for), which checks nothing: a negative learning
+    rate or a dropout of 1.5 would have trained."""
+    path = tmp_path / "params.yaml"
+    for override, message in (("learning_rate: -0.001", "learning_rate: Input should be greater than 0"),
+                              ("dropout: 1.5", "dropout: Input should be less than 1"),
+                              ("batch_size: 0", "batch_size: Input should be greater than or equal to 1"),
+                              ("max_epochs: -1", "max_epochs: Input should be greater than or equal to 1"),
+                              ("weight_decay: -1", "weight_decay: Input should be greater than or equal to 0")):
+        path.write_text(f"variants:\n  global_state:\n    {override}\n")
+        with pytest.raises(ContextualBertError, match=rf"params\.yaml: variants\.global_state\.{message}$"):
+            load_config(path)
+    path.write_text("variants:\n  global_state:\n    learning_rate: 0.002\n    dropout: 0.0\n")
+    cfg = load_config(path)
+    assert cfg.train_for("global_state").learning_rate == 0.002 and cfg.model_for("global_state").dropout == 0.0
+
+
 def test_variant_overrides_apply_to_that_variant_only():
     cfg = Config.model_validate(
         {"variants": {"global_state": {"learning_rate": 0.005, "dropout": 0.2}}}

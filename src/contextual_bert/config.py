@@ -161,12 +161,18 @@ class FeaturesConfig(Section):
 
 
 class ModelConfig(Section):
-    d_model: int = 128
-    n_blocks: int = 4
-    n_heads: int = 8
-    d_ff: int = 256
+    d_model: int = Field(128, ge=1)
+    n_blocks: int = Field(4, ge=1)
+    n_heads: int = Field(8, ge=1)
+    d_ff: int = Field(256, ge=1)
     dropout: float = Field(0.1, ge=0, lt=1)
     max_set_size: int = Field(8, ge=2)
+
+    @model_validator(mode="after")
+    def _heads_divide_d_model(self):  # found at load, not at the first training's model build
+        if self.d_model % self.n_heads:
+            raise ValueError(f"model.d_model ({self.d_model}) is not divisible by model.n_heads ({self.n_heads})")
+        return self
 
 
 class TrainConfig(Section):
@@ -297,6 +303,19 @@ class Config(Section):
                              f"({self.model.max_set_size})")
         return self
 
+    @model_validator(mode="after")
+    def _overrides_within_bounds(self):
+        # train_for / model_for apply overrides by copying, which checks nothing: check them here, against
+        # TrainConfig's and ModelConfig's own bounds (a negative learning rate, a dropout of 1.5)
+        for variant in self.variants:
+            for settings in (self.train_for(variant), self.model_for(variant)):
+                try:
+                    type(settings).model_validate(settings.model_dump())
+                except ValidationError as exc:
+                    error = exc.errors()[0]
+                    raise ValueError(f"variants.{variant}.{error['loc'][0]}: {error['msg']}") from None
+        return self
+
     def run_dir(self, variant: str, seed: int) -> Path:
         """Where one training run (variant, seed) keeps its checkpoints and history."""
         return self.paths.models_dir / f"{variant}-s{seed}"
@@ -341,6 +360,8 @@ def load_config(path: str | Path = "params.yaml") -> Config:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
+        if first["type"] == "value_error":  # one of this module's checks: its message names the settings
+            raise ContextualBertError(f"{path}: {first['ctx']['error']}") from None
         raise ContextualBertError(
             f"{path}: '{where}': {first['msg']} ({exc.error_count()} problem(s) in all)"
         ) from None
