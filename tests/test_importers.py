@@ -229,6 +229,33 @@ def test_other_delimiters_decimal_commas_and_iso_date_times_import_as_the_kaggle
         "t_dat", "not a date", delim.join(["2018-09-20 noon", "c001", "101000001", "0.0100", "2"]))
 
 
+@pytest.mark.parametrize("date_format, write", [
+    ("%d/%m/%Y", lambda y, m, d: f"{d}/{m}/{y}"),
+    ("%m/%d/%Y %H:%M", lambda y, m, d: f"{int(m)}/{int(d)}/{y} 23:59"),
+    ("%Y%m%d", lambda y, m, d: f"{y}{m}{d}"),
+])
+def test_another_date_form_imports_as_the_kaggle_files_with_date_format(tmp_path, fixture_import, date_format, write):
+    source = hm_fixture(tmp_path / "hm")
+    header, *rows = (source / TRANSACTIONS).read_text().splitlines()
+    rows = [",".join([write(*r.split(",")[0].split("-")), *r.split(",")[1:]]) for r in rows]
+    rows[1] = "2018-09-20" + rows[1][rows[1].index(","):]  # an ISO date is always read
+    (source / TRANSACTIONS).write_text("\n".join([header, *rows, "31/31/2018,c001,101000001,0.0100,2"]) + "\n")
+    with pytest.raises(DataError, match="no outfit kept"):  # without the format only the ISO date is read
+        import_hm(source, tmp_path / "iso", ImportHMConfig())
+    assert pq.read_table(tmp_path / "iso" / IMPORT_QUARANTINE).to_pylist()[0]["reason"] == (
+        "not a date (YYYY-MM-DD, or an ISO date and time; another form: set import_hm.date_format)")
+    report = import_hm(source, tmp_path / "out", ImportHMConfig(date_format=date_format))
+    clean_out, clean = fixture_import
+    for table in ("outfits", "articles", "customers"):
+        assert pq.read_table(tmp_path / "out" / f"{table}.parquet").equals(pq.read_table(clean_out / f"{table}.parquet"))
+    bad = pq.read_table(tmp_path / "out" / IMPORT_QUARANTINE).to_pylist()[-1]
+    assert (bad["line"], bad["reason"]) == (len(rows) + 2, "not a date (YYYY-MM-DD, an ISO date and time, or "
+                                                           f"import_hm.date_format '{date_format}')")
+    assert report["transactions_malformed_dropped"] == clean["transactions_malformed_dropped"] + 1
+    with pytest.raises(DataError, match=r"import_hm.date_format '%Q' is not a strptime format"):
+        import_hm(source, tmp_path / "bad", ImportHMConfig(date_format="%Q"))
+
+
 def test_column_names_in_another_letter_case_import_as_the_kaggle_files(tmp_path, fixture_import):
     source = hm_fixture(tmp_path / "hm")
     for name, case in ((TRANSACTIONS, str.upper), (CUSTOMERS, str.lower), (ARTICLES, str.title)):

@@ -117,6 +117,9 @@ class ImportHMConfig(Section):
     # purchase days at most `session_gap_days` apart belong to one session.
     basket: Literal["day", "week", "session"] = "day"
     session_gap_days: int = Field(1, ge=1)
+    # t_dat in another form than ISO (YYYY-MM-DD, or an ISO date and time, always read): a strptime format,
+    # e.g. "%d/%m/%Y" or "%m/%d/%Y %H:%M"; its date as written is the day.
+    date_format: str | None = None
     memory_limit_gib: float = Field(3.0, gt=0)  # DuckDB's working memory; beyond it, it spills to disk
     threads: int = Field(0, ge=0)  # DuckDB threads; 0: one per core
 

@@ -91,13 +91,26 @@ MAPPING_NOTE = (
 DROP_REASONS = ("too_small", "too_large")
 REJECTED = {"INVALID ENCODING": UNREADABLE["encoding"], "TOO MANY COLUMNS": UNREADABLE["too_many"],
             "MISSING COLUMNS": UNREADABLE["too_few"], "UNQUOTED VALUE": UNREADABLE["quote"]}
-UNUSABLE = {"customer_id": "no customer id", "t_dat": "not a date (YYYY-MM-DD, or an ISO date and time)",
-            "article_id": "no article id"}
+UNUSABLE = {"customer_id": "no customer id", "t_dat": "not a date", "article_id": "no article id"}
 # The day of a purchase: t_dat as YYYY-MM-DD, or an ISO 8601 date and time, of which the date as written is the day
-# (no time zone is converted: the day the shop recorded). Anything else is not a date.
+# (no time zone is converted: the day the shop recorded), or in import_hm.date_format. Anything else is not a date.
 ISO_DAY = r"\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}(:?\d{2})?)?)?"
-DAY_SQL = (f"CASE WHEN regexp_full_match(trim(t_dat), '{ISO_DAY}') "
-           "THEN CAST(try_strptime(left(trim(t_dat), 10), '%Y-%m-%d') AS DATE) END")
+ISO_DAY_SQL = (f"CASE WHEN regexp_full_match(trim(t_dat), '{ISO_DAY}') "
+               "THEN CAST(try_strptime(left(trim(t_dat), 10), '%Y-%m-%d') AS DATE) END")
+
+
+def _day_sql(date_format: str | None) -> str:
+    """SQL of a purchase's day from t_dat: ISO, else (when set) import_hm.date_format."""
+    if date_format is None:
+        return ISO_DAY_SQL
+    return f"coalesce({ISO_DAY_SQL}, CAST(try_strptime(trim(t_dat), {_quote(date_format)}) AS DATE))"
+
+
+def _date_reason(date_format: str | None) -> str:
+    """Why a t_dat is no date, saying which forms are read."""
+    if date_format is None:
+        return f"{UNUSABLE['t_dat']} (YYYY-MM-DD, or an ISO date and time; another form: set import_hm.date_format)"
+    return f"{UNUSABLE['t_dat']} (YYYY-MM-DD, an ISO date and time, or import_hm.date_format '{date_format}')"
 # The first day of the basket a purchase belongs to, as SQL over `day_items` joined with `customer_days`.
 BASKET_START = {"day": "day", "week": "CAST(date_trunc('week', day) AS DATE)", "session": "session"}
 OUTFIT_ID_MARK = {"day": "", "week": "w", "session": "s"}  # outfit_id = <customer>_<mark><first day>
@@ -266,7 +279,7 @@ class _Db:
         return self.con.sql(sql).to_arrow_table()
 
 
-def _transactions(db: _Db, file: _SourceFile) -> dict:
+def _transactions(db: _Db, file: _SourceFile, date_format: str | None) -> dict:
     """Table `tx` (cid, day, aid, price) of the readable transactions, customers and articles as integer
     codes (`customer_codes`: cid -> customer_id, `article_codes`: aid -> article_id; both codes follow the
     order of the ids' text, so ordering by a code orders by its id).
@@ -278,6 +291,12 @@ def _transactions(db: _Db, file: _SourceFile) -> dict:
     article does not parse finds no dictionary entry: it is malformed (transactions = used + malformed), and
     only then a third read (`tx_malformed`) finds such rows for the quarantine."""
     read, path = file.read(), file.path
+    if date_format is not None:  # a format DuckDB cannot read fails on any text: say so before reading the file
+        try:
+            db.con.execute(f"SELECT try_strptime('', {_quote(date_format)})")
+        except db.duckdb.Error as exc:
+            raise DataError(f"import_hm.date_format '{date_format}' is not a strptime format "
+                            f"({str(exc).strip().splitlines()[0]})") from None
     db.run(f"""CREATE TABLE tx_values AS
         SELECT GROUPING(customer_id, t_dat, article_id) AS grouping_id, customer_id, t_dat, article_id,
                count(*) AS n_rows
@@ -287,7 +306,7 @@ def _transactions(db: _Db, file: _SourceFile) -> dict:
         FROM (SELECT customer_id AS raw, nullif(trim(customer_id), '') AS customer_id FROM tx_values
               WHERE grouping_id = 3) WHERE customer_id IS NOT NULL""")  # fmt: skip
     db.run(f"""CREATE TABLE day_raw AS SELECT raw, day FROM (
-        SELECT t_dat AS raw, {DAY_SQL} AS day FROM tx_values
+        SELECT t_dat AS raw, {_day_sql(date_format)} AS day FROM tx_values
         WHERE grouping_id = 5) WHERE day IS NOT NULL""")
     db.run(f"""CREATE TABLE article_raw AS SELECT raw, article_id, dense_rank() OVER (ORDER BY article_id) AS aid
         FROM (SELECT article_id AS raw, {_article_id_sql('article_id')} AS article_id FROM tx_values
@@ -487,7 +506,8 @@ def _lines(rows: np.ndarray, rejected: np.ndarray, header_lines: int) -> np.ndar
     return rows + header_lines + np.searchsorted(rows_before, rows, side="left")
 
 
-def _quarantine(db: _Db, files: dict[str, _SourceFile], counts: dict) -> tuple[pd.DataFrame, dict]:
+def _quarantine(db: _Db, files: dict[str, _SourceFile], counts: dict,
+                date_format: str | None) -> tuple[pd.DataFrame, dict]:
     """Every source line the import could not use, once (contract.IMPORT_QUARANTINE_SCHEMA's columns), and
     the lines not read per file: lines DuckDB could not read, then rows read without a usable customer id,
     date or article id. A file of which nothing could be read, or transactions none of which are usable,
@@ -519,7 +539,8 @@ def _quarantine(db: _Db, files: dict[str, _SourceFile], counts: dict) -> tuple[p
             continue
         rows["line"] = _lines(rows.pop("source_row").to_numpy(), rejected["line"].to_numpy(),
                               files[name].header_lines)
-        rows["file"], rows["reason"] = files[name].path.name, rows["column"].map(UNUSABLE)
+        rows["file"] = files[name].path.name
+        rows["reason"] = rows["column"].map({**UNUSABLE, "t_dat": _date_reason(date_format)})
         parts[name] = rows
     if 0 < counts["transactions"] == counts["transactions_malformed_dropped"]:
         first = parts[TRANSACTIONS].iloc[0]
@@ -555,10 +576,10 @@ def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig, timings: dict | 
         db = _Db(Path(scratch), cfg)
         clock = _Clock(timings)
         try:
-            counts = clock("transactions", _transactions(db, files[TRANSACTIONS]))
+            counts = clock("transactions", _transactions(db, files[TRANSACTIONS], cfg.date_format))
             counts |= clock("customers", _customers(db, files[CUSTOMERS]))
             counts |= clock("articles", _articles(db, files[ARTICLES]))
-            quarantine, lines_rejected = _quarantine(db, files, counts)
+            quarantine, lines_rejected = _quarantine(db, files, counts, cfg.date_format)
             quarantined = write_import_quarantine(quarantine, out_dir)
             counts |= {"lines_rejected": lines_rejected, "quarantined": {"file": IMPORT_QUARANTINE, "rows": quarantined}}
             clock("quarantine", None)
