@@ -1,6 +1,7 @@
 """Time the raw-data stages: generate and validate at the paper's size, import (and validate) the H&M sample.
 
 validate_paper_with_faults validates the same data with faults planted, so quarantine is exercised at scale.
+import_sets imports the paper-size outfits written as curated (outfit, item, customer) pairs to a CSV.
 
 Each step runs in a process of its own, so its peak resident memory is its own. Writes
 reports/benchmarks/data_pipeline.json with wall and CPU seconds, peak RSS and row counts per step, the
@@ -37,6 +38,12 @@ def run_step(step: str, work: Path, size: str, hm_source: Path) -> dict:
 
         result = generate(GenerateConfig().sizes[size], seed=0, out_dir=work / "paper" / "raw")
         rows = result["rows"]
+    elif step == "import_sets":
+        from contextual_bert.config import ImportSetsConfig
+        from contextual_bert.import_sets import import_sets
+
+        result = import_sets(work / "pairs.csv", work / "sets" / "raw", ImportSetsConfig(customer_column="customer"))
+        rows = result["rows"] | {"pairs": result["pairs"], "sets_kept": result["sets_kept"]}
     elif step == "import_hm":
         from contextual_bert.importers import import_hm
 
@@ -82,6 +89,16 @@ def _corrupt_copy(raw: Path, out: Path) -> None:
                    out / "outfits.parquet")  # fmt: skip
 
 
+def _pairs_csv(raw: Path, out: Path) -> None:
+    """The generated outfits as curated pairs: one line per (outfit, item, customer), as a pairs export has."""
+    import pandas as pd
+
+    outfits = pd.read_parquet(raw / "outfits.parquet", columns=["outfit_id", "customer_id", "article_ids"])
+    pairs = outfits.explode("article_ids")
+    pairs.rename(columns={"article_ids": "item_id", "customer_id": "customer"})[
+        ["outfit_id", "item_id", "customer"]].to_csv(out, index=False)  # fmt: skip
+
+
 def _child(step: str, work: Path, size: str, hm_source: Path) -> dict:
     out = subprocess.run(
         [sys.executable, __file__, "--step", step, "--work", str(work), "--size", size, "--hm-source", str(hm_source)],
@@ -107,10 +124,13 @@ def main() -> None:
     load_before = os.getloadavg()
     steps = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for step in ("generate", "validate_paper", "validate_paper_with_faults", "import_hm", "validate_hm"):
+        for step in ("generate", "validate_paper", "validate_paper_with_faults", "import_sets", "import_hm",
+                     "validate_hm"):
             if step.endswith("hm") and not args.hm_source.is_dir():
                 steps[step] = {"skipped": f"{args.hm_source} is absent"}
                 continue
+            if step == "import_sets":  # its input written here, untimed
+                _pairs_csv(Path(tmp) / "paper" / "raw", Path(tmp) / "pairs.csv")
             steps[step] = _child(step, Path(tmp), args.size, args.hm_source)
             print(step, steps[step], file=sys.stderr)
     result = {

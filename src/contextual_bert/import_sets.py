@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from contextual_bert.config import ImportSetsConfig, IngestConfig, ModelConfig
@@ -279,20 +280,26 @@ def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
         outfit = conflicting.index[conflicting > 1][0]
         raise DataError(f"outfit '{outfit}' names {conflicting[outfit]} different customers (one per outfit)",
                         path=source, column=cfg.customer_column)  # fmt: skip
-    sets = unique.groupby("outfit_id", sort=False).agg(article_ids=("item_id", list),
-                                                       customer_id=("customer_id", "first"))  # fmt: skip
-    sizes = sets["article_ids"].map(len)
+    # Each set's items as one Arrow list, by a stable sort on the order sets are first listed in: a groupby
+    # into Python lists costs a Python call per set (30 s of 36 for 6M pairs, measured).
+    codes, outfit_ids = pd.factorize(unique["outfit_id"], sort=False)
+    sizes = np.bincount(codes, minlength=len(outfit_ids))
     too_small, too_large = sizes < min_set_size, sizes > max_set_size
-    kept = sets[~too_small & ~too_large].reset_index()
-    customer_ids = kept["customer_id"].astype(object).where(kept["customer_id"].notna(), None)
+    keep = ~too_small & ~too_large
+    items_in_order = unique["item_id"].to_numpy()[np.argsort(codes, kind="stable")]
+    lists = pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(sizes)]), pa.int32()),
+                                     pa.array(items_in_order, pa.string()))  # fmt: skip
+    first_customer = unique["customer_id"].groupby(codes).first()  # the first named (nulls skipped)
+    customer_ids = first_customer.reindex(np.flatnonzero(keep)).reset_index(drop=True)
+    customer_ids = customer_ids.astype(object).where(customer_ids.notna(), None)
 
     outfits = pa.table({
-        "outfit_id": pa.array(kept["outfit_id"].tolist(), pa.string()),
+        "outfit_id": pa.array(outfit_ids.to_numpy(dtype=object)[keep], pa.string()),
         "customer_id": pa.array(customer_ids.tolist(), pa.string()),
-        "article_ids": pa.array(kept["article_ids"].tolist(), pa.list_(pa.string())),
+        "article_ids": lists.filter(pa.array(keep)),
     })  # fmt: skip
-    items = pd.unique(kept["article_ids"].explode().dropna().to_numpy())
-    articles = {"article_id": pa.array(items.tolist(), pa.string())}
+    items = pc.unique(outfits.column("article_ids").combine_chunks().flatten())  # in the order first listed
+    articles = {"article_id": items}
     for column, logical in REQUIRED_COLUMNS["articles"].items():  # attributes unknown: missing
         if column != "article_id":
             articles[column] = pa.nulls(len(items), pa.float64() if logical == "float" else pa.string())
@@ -314,8 +321,8 @@ def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
                                                          if cfg.customers else {})},
         "quarantined": {"file": IMPORT_QUARANTINE, "rows": quarantined},
         "pairs_duplicate_dropped": int(len(pairs) - len(unique)),
-        "sets": len(sets),
-        "sets_kept": len(kept),
+        "sets": len(outfit_ids),
+        "sets_kept": outfits.num_rows,
         "sets_dropped": {"too_small": int(too_small.sum()), "too_large": int(too_large.sum())},
         "min_items": min_set_size,
         "max_items": max_set_size,
@@ -325,9 +332,9 @@ def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
         "rows": {"articles": len(items), "customers": customers.num_rows, "outfits": outfits.num_rows},
     }
     (out_dir / "ingest_report.json").write_text(json.dumps(report, indent=2))
-    if not len(kept):  # the report stays for a look at why; an empty import is no result
+    if not outfits.num_rows:  # the report stays for a look at why; an empty import is no result
         dropped = report["sets_dropped"]
-        raise DataError(f"no outfit kept: of {len(sets)} sets none has {min_set_size}-{max_set_size} distinct items "
+        raise DataError(f"no outfit kept: of {len(outfit_ids)} sets none has {min_set_size}-{max_set_size} distinct items "
                         f"({dropped['too_small']} too small, {dropped['too_large']} too large)", path=source)
     return report
 
