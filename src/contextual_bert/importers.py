@@ -98,6 +98,10 @@ ISO_DAY = r"\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}(:?\d{
 ISO_DAY_SQL = (f"CASE WHEN regexp_full_match(trim(t_dat), '{ISO_DAY}') "
                "THEN CAST(try_strptime(left(trim(t_dat), 10), '%Y-%m-%d') AS DATE) END")
 
+# The first day of the basket a purchase belongs to, as SQL over `day_items` joined with `customer_days`.
+BASKET_START = {"day": "day", "week": "CAST(date_trunc('week', day) AS DATE)", "session": "session"}
+OUTFIT_ID_MARK = {"day": "", "week": "w", "session": "s"}  # outfit_id = <customer>_<mark><first day>
+
 
 def _day_sql(date_format: str | None) -> str:
     """SQL of a purchase's day from t_dat: ISO, else (when set) import_hm.date_format."""
@@ -111,9 +115,6 @@ def _date_reason(date_format: str | None) -> str:
     if date_format is None:
         return f"{UNUSABLE['t_dat']} (YYYY-MM-DD, or an ISO date and time; another form: set import_hm.date_format)"
     return f"{UNUSABLE['t_dat']} (YYYY-MM-DD, an ISO date and time, or import_hm.date_format '{date_format}')"
-# The first day of the basket a purchase belongs to, as SQL over `day_items` joined with `customer_days`.
-BASKET_START = {"day": "day", "week": "CAST(date_trunc('week', day) AS DATE)", "session": "session"}
-OUTFIT_ID_MARK = {"day": "", "week": "w", "session": "s"}  # outfit_id = <customer>_<mark><first day>
 
 
 def _article_id_sql(column: str) -> str:
