@@ -130,7 +130,7 @@ ContextKindName = Literal["categorical", "multi_categorical", "numeric"]
 class ImportSetsConfig(Section):
     """Curated sets: (outfit id, item id) pairs, or the Polyvore Outfits JSON layout; customers optional."""
 
-    source: Path = Path("data/sets.json")  # .csv or .tsv / .parquet / .jsonl pairs, or .json (Polyvore); text may be .gz
+    source: Path = Path("data/sets.json")  # .csv/.tsv, .parquet, .jsonl pairs or .json (Polyvore); text may be .gz
     outfit_column: str = "outfit_id"
     item_column: str = "item_id"
     customer_column: str | None = None  # the customer of each outfit, when the pairs name one

@@ -123,9 +123,9 @@ def _lines(f, path: Path):
 def read_rows(path: Path, required: tuple[str, ...] = (),
               known: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A .csv or .tsv (all text; delimited by any of contract.DELIMITERS), .parquet or .jsonl file (the text ones
-    gzipped or not: contract.text_suffix) as a DataFrame with SOURCE_LINE (a text file's line, a Parquet or JSON-lines file's row, from 1), and the text
-    lines that cannot be read (read_delimited). A missing or unreadable file, or another suffix, is a one-line
-    DataError."""
+    gzipped or not: contract.text_suffix) as a DataFrame with SOURCE_LINE (a text file's line, a Parquet or
+    JSON-lines file's row, from 1), and the text lines that cannot be read (read_delimited). A missing or
+    unreadable file, or another suffix, is a one-line DataError."""
     path = Path(path)
     if not path.is_file():
         raise DataError("file not found", path=path)
