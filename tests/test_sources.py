@@ -11,7 +11,7 @@ import yaml
 from contextual_bert.config import Config
 from contextual_bert.errors import DataError
 from contextual_bert.importers import TRANSACTIONS
-from contextual_bert.sources import SOURCES, fingerprint, write_fingerprint
+from contextual_bert.sources import SOURCES, fingerprint, hash_cache_path, write_fingerprint
 from helpers import dvc_project, hm_fixture
 
 
@@ -50,6 +50,30 @@ def test_the_fingerprint_follows_the_files_content_not_their_time(tmp_path):
     (source / TRANSACTIONS).unlink()  # stored another way: another file
     (source / f"{TRANSACTIONS}.gz").write_bytes(gzip.compress(data))
     assert fingerprint(cfg)["files"][0]["path"].endswith(".csv.gz")
+
+
+def test_a_file_unchanged_since_its_last_hashing_is_not_read_again(tmp_path, monkeypatch):
+    import hashlib
+
+    source = hm_fixture(tmp_path / "hm")
+    cfg = _hm_config(source, tmp_path)
+    read = []
+    digest = hashlib.file_digest
+    monkeypatch.setattr(hashlib, "file_digest", lambda f, name: read.append(Path(f.name).name) or digest(f, name))
+    first = write_fingerprint(cfg)
+    assert read == [TRANSACTIONS, "customers.csv", "articles.csv"]
+    read.clear()
+    assert write_fingerprint(cfg) == first and read == []  # size, time and inode as hashed: the md5 kept
+    data = (source / TRANSACTIONS).read_bytes()
+    (source / TRANSACTIONS).write_bytes(data.replace(b"0.0100", b"0.0101", 1))  # same size, new content
+    changed = write_fingerprint(cfg)
+    assert read == [TRANSACTIONS] and changed["files"][0]["md5"] != first["files"][0]["md5"]
+    os.utime(source / "customers.csv", ns=(1, 1))  # touched back in time: read again, the same md5
+    read.clear()
+    assert write_fingerprint(cfg) == changed and read == ["customers.csv"]
+    hash_cache_path(cfg).write_text("{not json")  # a spoiled cache: every file hashed, nothing wrong
+    read.clear()
+    assert write_fingerprint(cfg) == changed and len(read) == 3
 
 
 @pytest.mark.slow
