@@ -71,9 +71,10 @@ def test_a_file_unchanged_since_its_last_hashing_is_not_read_again(tmp_path, mon
     os.utime(source / "customers.csv", ns=(1, 1))  # touched back in time: read again, the same md5
     read.clear()
     assert write_fingerprint(cfg) == changed and read == ["customers.csv"]
-    hash_cache_path(cfg).write_text("{not json")  # a spoiled cache: every file hashed, nothing wrong
-    read.clear()
-    assert write_fingerprint(cfg) == changed and len(read) == 3
+    for spoiled in ("{not json", "[1, 2]", '{"%s": 7}' % (source / TRANSACTIONS).resolve()):
+        hash_cache_path(cfg).write_text(spoiled)  # a spoiled cache: every file hashed, nothing wrong
+        read.clear()
+        assert write_fingerprint(cfg) == changed and len(read) == 3
 
 
 @pytest.mark.slow

@@ -68,12 +68,14 @@ def fingerprint(cfg) -> dict:
         cache = json.loads(cache_path.read_text())
     except (OSError, ValueError):
         cache = {}  # none yet, or unreadable: hash every file
+    cache = cache if isinstance(cache, dict) else {}
     files, seen = [], {}
     for path in SOURCES[cfg.ingest.source].inputs(cfg):
         stat = path.stat()
         signs = [stat.st_size, stat.st_mtime_ns, stat.st_ino]
         key = str(path.resolve())
-        md5 = cache.get(key, {}).get("md5") if cache.get(key, {}).get("signs") == signs else None
+        entry = cache.get(key)
+        md5 = entry.get("md5") if isinstance(entry, dict) and entry.get("signs") == signs else None
         if md5 is None:
             with open(path, "rb") as f:
                 md5 = hashlib.file_digest(f, "md5").hexdigest()
