@@ -392,7 +392,6 @@ def test_an_ids_only_model_refuses_a_catalogue(core, tiny_trained_runs, tmp_path
                                  catalogue=tmp_path / "a.parquet")
 
 
-
 def _junk(rng: np.random.Generator, ids: list[str]):
     """A value of a kind a client may send by mistake (or on purpose)."""
     kinds = [None, float("nan"), float("inf"), -1, 0, 2**70, 3.5, True, "", " ", "30", "x" * 10_000, "é\u0000",
