@@ -21,6 +21,7 @@ import csv
 import gzip
 import json
 import zlib
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -96,10 +97,15 @@ def text_suffix(path: Path) -> str:
     return Path(path.stem).suffix if path.suffix == GZIP_SUFFIX else path.suffix
 
 
+@contextmanager
 def open_binary(path: Path):
-    """A file's bytes, gunzipped when its name ends in GZIP_SUFFIX (a bad stream fails where it is read, with one
-    of GZIP_ERRORS)."""
-    return (gzip.open if Path(path).suffix == GZIP_SUFFIX else open)(path, "rb")
+    """A file's bytes, gunzipped when its name ends in GZIP_SUFFIX. A stream that is not gzip, cut short or
+    corrupt fails wherever the body reads it, as one DataError: never a silently shorter file."""
+    try:
+        with (gzip.open if Path(path).suffix == GZIP_SUFFIX else open)(path, "rb") as f:
+            yield f
+    except GZIP_ERRORS as exc:
+        raise DataError(f"not a readable gzip file ({exc})", path=path) from None
 
 
 def read_header(path: Path, required: tuple[str, ...], known: tuple[str, ...] = ()) -> tuple[str, list[str]]:
@@ -112,8 +118,6 @@ def read_header(path: Path, required: tuple[str, ...], known: tuple[str, ...] = 
             line = f.readline().decode("utf-8-sig")  # -sig: a spreadsheet's byte-order mark
     except UnicodeDecodeError as exc:
         raise DataError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from None
-    except GZIP_ERRORS as exc:
-        raise DataError(f"not a readable gzip file ({exc})", path=path) from None
     if not line.strip():
         raise DataError("not a delimited text file (no header row)", path=path)
     splits = {d: column_names(next(csv.reader([line], delimiter=d)), required, known) for d in DELIMITERS}

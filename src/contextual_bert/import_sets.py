@@ -36,7 +36,6 @@ import pyarrow.parquet as pq
 
 from contextual_bert.config import ImportSetsConfig, IngestConfig, ModelConfig
 from contextual_bert.contract import (
-    GZIP_ERRORS,
     IMPORT_QUARANTINE,
     REQUIRED_COLUMNS,
     UNREADABLE,
@@ -77,9 +76,10 @@ def read_delimited(path: Path, required: tuple[str, ...] = (),
     # Bytes that are not UTF-8 come through as surrogates, found per line by a failing encode. A line without
     # a quote is split as it is (a csv reader per line costs 13x; one reader for the file would let a quote
     # left open swallow every line after it).
-    with io.TextIOWrapper(open_binary(path), encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
+    with open_binary(path) as raw, io.TextIOWrapper(raw, encoding="utf-8-sig", errors="surrogateescape",
+                                                    newline="") as f:  # fmt: skip
         f.readline()
-        for number, line in enumerate(_lines(f, path), start=2):
+        for number, line in enumerate(f, start=2):
             line = line.rstrip("\r\n")
             if not line.strip():
                 continue  # a blank line
@@ -111,15 +111,6 @@ def read_delimited(path: Path, required: tuple[str, ...] = (),
     return frame, pd.DataFrame(rejected, columns=UNREAD_COLUMNS)
 
 
-def _lines(f, path: Path):
-    """A text file's lines; a gzip stream that breaks off or is corrupt is a one-line DataError (the lines read
-    so far would be a silently shortened file)."""
-    try:
-        yield from f
-    except GZIP_ERRORS as exc:
-        raise DataError(f"not a readable gzip file ({exc})", path=path) from None
-
-
 def read_rows(path: Path, required: tuple[str, ...] = (),
               known: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A .csv or .tsv (all text; delimited by any of contract.DELIMITERS), .parquet or .jsonl file (the text ones
@@ -142,8 +133,6 @@ def read_rows(path: Path, required: tuple[str, ...] = (),
                             "one may be gzipped: .csv.gz)", path=path)  # fmt: skip
     except UnicodeDecodeError as exc:
         raise DataError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from None
-    except GZIP_ERRORS as exc:
-        raise DataError(f"not a readable gzip file ({exc})", path=path) from None
     except (ValueError, pa.ArrowException, OSError) as exc:
         raise DataError(f"not a readable {path.suffix[1:]} file ({str(exc).strip().splitlines()[0]})",
                         path=path) from None  # fmt: skip
@@ -166,8 +155,6 @@ def _polyvore_pairs(path: Path) -> pd.DataFrame:
     try:
         with open_binary(path) as f:
             sets = json.loads(f.read().decode("utf-8"))
-    except GZIP_ERRORS as exc:
-        raise DataError(f"not a readable gzip file ({exc})", path=path) from None
     except UnicodeDecodeError as exc:
         raise DataError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from None
     except json.JSONDecodeError as exc:
