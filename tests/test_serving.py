@@ -200,9 +200,8 @@ def test_signature_declares_the_outfit_every_context_feature_and_top_k(tiny_proj
     spec = load_spec(tiny_project.features_dir)
     sig = signature(spec, top_k=12)
     inputs = {c.name: c for c in sig.inputs.inputs}
-    assert inputs["article_ids"].required
     assert set(inputs) == {"article_ids"} | {f.name for f in spec.features}
-    assert not any(inputs[f.name].required for f in spec.features)
+    assert not any(column.required for column in inputs.values())  # the model checks them (the fuzz test)
     assert [c.name for c in sig.outputs.inputs] == list(OUTPUT_COLUMNS)
     assert sig.params.params[0].name == "top_k" and sig.params.params[0].default == 12
 
@@ -452,6 +451,29 @@ def test_malformed_traffic_is_answered_or_refused_naming_the_row_alike_in_proces
             assert served[column].map(list).tolist() == got[column].map(list).tolist(), (case, column)
         outcomes["answered"] += 1
     assert min(outcomes.values()) >= 30, outcomes  # both paths exercised
+
+
+def test_a_request_without_the_outfit_column_is_refused_in_one_line_never_answered_empty(logged_pyfunc, requests):
+    """No 'article_ids' (context only; a list body or a frame of unnamed columns, whose columns MLflow's schema
+    check drops; no rows at all): HTTP 400 naming the column, not MLflow's dump of the schema and not an
+    empty answer. A frame that has the column and no rows is answered with no rows."""
+    from fastapi.testclient import TestClient
+    from mlflow.pyfunc import scoring_server
+
+    pyfunc = mlflow.pyfunc.load_model(logged_pyfunc.model_uri)
+    http = TestClient(scoring_server.init(pyfunc))
+    context_only = requests.drop(columns=["article_ids"]).head(2)
+    bodies = [{"dataframe_records": json.loads(context_only.to_json(orient="records"))},
+              {"dataframe_split": {"data": [[["A1", "A2"]]]}}, {"inputs": [["A1", "A2"]]}, {"dataframe_records": []}]
+    for body in bodies:
+        response = http.post("/invocations", json=body)
+        assert response.status_code == 400, (body, response.text[:300])
+        reason = response.json()["message"].rsplit("Error: ", 1)[-1]
+        assert reason == "the request has no 'article_ids' column (the partial outfit of each row)", body
+    with pytest.raises(MlflowException, match="^the request has no 'article_ids' column"):
+        pyfunc.predict(context_only)
+    empty = pyfunc.predict(requests.head(0))
+    assert len(empty) == 0 and list(empty.columns) == list(OUTPUT_COLUMNS)
 
 
 def test_a_context_value_the_model_cannot_use_is_reported_not_cast(logged_pyfunc, requests):

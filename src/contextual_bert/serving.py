@@ -147,9 +147,11 @@ class OutfitCompleterCore:
     def recommend(self, rows: pd.DataFrame, top_k: int) -> pd.DataFrame:
         if not 1 <= int(top_k) <= MAX_TOP_K:
             raise ContextualBertError(f"top_k must be between 1 and {MAX_TOP_K}, got {top_k}")
+        # first: a request without 'article_ids' is refused even when empty, for MLflow's schema check drops
+        # the columns it does not know, so a list body or a frame of unnamed columns arrives with no rows
+        request = self.encode(rows)
         if len(rows) == 0:
             return pd.DataFrame({c: pd.Series([], dtype=object) for c in OUTPUT_COLUMNS})
-        request = self.encode(rows)
         items, context = request.outfits.items, request.outfits.context
         k = min(int(top_k), len(self.article_vocab) - N_SPECIAL)
         ids, scores = [], []
@@ -241,8 +243,8 @@ def cpu_threads(device: torch.device, n: int):
 
 
 def signature(spec, top_k: int):
-    """Input: article_ids (required) + every context feature (optional), all Any; output: OUTPUT_COLUMNS;
-    param top_k."""
+    """Input: article_ids + every context feature, all Any and none required of MLflow (the model requires
+    article_ids); output: OUTPUT_COLUMNS; param top_k."""
     from mlflow.models import ModelSignature
     from mlflow.types import DataType
     from mlflow.types.schema import AnyType, Array, ColSpec, ParamSchema, ParamSpec, Schema
@@ -256,9 +258,10 @@ def signature(spec, top_k: int):
     # and its message dumps the whole frame. Checking costs too: MLflow checks Array(string) by building a
     # pandas Series per cell (60% of a 1,024-row request), and even Array(Any) cell by cell, twice over
     # HTTP (list columns Any: the server's CPU for 1,024 rows 219 -> 174 ms, commit 264682a). The kinds are
-    # kept in the model's metadata (log_pyfunc_model).
-    inputs = [ColSpec(AnyType(), "article_ids")]
-    inputs += [ColSpec(AnyType(), f.name, required=False) for f in spec.features]
+    # kept in the model's metadata (log_pyfunc_model). Nor does MLflow require article_ids: its refusal of a
+    # request without the column (or of a list or an empty body, which it reads as a frame without it) dumps
+    # the frame and the whole schema; the encoder's is one line naming the column.
+    inputs = [ColSpec(AnyType(), name, required=False) for name in ("article_ids", *(f.name for f in spec.features))]
     outputs = [
         ColSpec(Array(DataType.string), "article_ids"),
         ColSpec(Array(DataType.double), "scores"),
