@@ -120,6 +120,48 @@ def test_two_column_pairs_give_the_same_outfits(tmp_path, suffix):
     assert got["article_ids"].map(list).tolist() == expected["article_ids"].map(list).tolist()
 
 
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_one_row_per_set_with_its_items_as_a_list_gives_the_same_outfits(tmp_path, suffix):
+    """The item column holding each set's items as a list (a row with one item, or a set spread over rows, adds
+    up); an empty list and a null in a list are pairs without an item id, quarantined with their row."""
+    source, sets = write_polyvore(tmp_path / "train.json")
+    import_sets(source, tmp_path / "from_json", ImportSetsConfig())
+    rows = pd.DataFrame({"outfit_id": [s["set_id"] for s in sets],
+                         "item_id": [[i["item_id"] for i in s["items"]] for s in sets]})
+    first = rows.at[1, "item_id"][0]
+    rows.at[1, "item_id"] = first if suffix == ".jsonl" else [first]  # one item (JSON: as is; Parquet: a list) ...
+    rows.loc[len(rows)] = [sets[1]["set_id"], [i["item_id"] for i in sets[1]["items"][1:]]]  # ... the rest later
+    rows.loc[len(rows)] = ["empty", []]
+    rows.loc[len(rows)] = [sets[0]["set_id"], [None]]
+    path = tmp_path / f"sets{suffix}"
+    rows.to_parquet(path) if suffix == ".parquet" else rows.to_json(path, orient="records", lines=True)
+    report = import_sets(path, tmp_path / "raw", ImportSetsConfig())
+    assert report["layout"] == "item_lists" and report["pairs"] == sum(len(s["items"]) for s in sets) + 2
+    expected = pd.read_parquet(tmp_path / "from_json" / "outfits.parquet")
+    got = pd.read_parquet(tmp_path / "raw" / "outfits.parquet")
+    assert got["outfit_id"].tolist() == expected["outfit_id"].tolist()
+    assert got["article_ids"].map(list).tolist() == expected["article_ids"].map(list).tolist()
+    quarantine = pq.read_table(tmp_path / "raw" / IMPORT_QUARANTINE).to_pylist()
+    assert [(r["line"], r["column"], r["reason"]) for r in quarantine] == [
+        (len(sets) + 2, "item_id", "no item id"), (len(sets) + 3, "item_id", "no item id")]
+
+
+def test_polyvore_items_as_ids_and_sets_keyed_by_id_give_the_same_outfits(tmp_path):
+    source, sets = write_polyvore(tmp_path / "train.json")
+    import_sets(source, tmp_path / "from_json", ImportSetsConfig())
+    expected = pd.read_parquet(tmp_path / "from_json" / "outfits.parquet")
+    ids = [[i["item_id"] for i in s["items"]] for s in sets]
+    layouts = {"ids": [{"set_id": s["set_id"], "items": i} for s, i in zip(sets, ids)],
+               "keyed": {s["set_id"]: {"items": s["items"]} for s in sets},
+               "keyed_ids": {s["set_id"]: i for s, i in zip(sets, ids)}}
+    for name, layout in layouts.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(layout))
+        report = import_sets(tmp_path / f"{name}.json", tmp_path / name, ImportSetsConfig())
+        got = pd.read_parquet(tmp_path / name / "outfits.parquet")
+        assert report["layout"] == "polyvore" and got["outfit_id"].tolist() == expected["outfit_id"].tolist(), name
+        assert got["article_ids"].map(list).tolist() == expected["article_ids"].map(list).tolist(), name
+
+
 @pytest.mark.parametrize("name", ["pairs.csv.gz", "pairs.jsonl.gz", "train.json.gz"])
 def test_gzipped_text_gives_the_same_outfits_and_lines(tmp_path, name):
     source, sets = write_polyvore(tmp_path / "train.json", n_sets=60)
@@ -233,7 +275,8 @@ def test_customers_with_declared_context_validate_and_become_features(tmp_path):
 
 def test_bad_input_is_a_one_line_error(tmp_path):
     (tmp_path / "sets.json").write_text(json.dumps([{"set_id": "1", "items": [{"id": "x"}]}]))
-    with pytest.raises(DataError, match=r"sets\.json, row 0, column 'items': every item of a set needs an 'item_id'"):
+    with pytest.raises(DataError, match=r"sets\.json, row 0, column 'items': an item of a set must be its id or an "
+                                        r"object with 'item_id'$"):
         import_sets(tmp_path / "sets.json", tmp_path / "raw", ImportSetsConfig())
     (tmp_path / "pairs.csv").write_text("outfit,item_id\n1,a\n")
     with pytest.raises(DataError, match=r"pairs\.csv, column 'outfit_id': required column missing"):

@@ -128,7 +128,8 @@ ContextKindName = Literal["categorical", "multi_categorical", "numeric"]
 
 
 class ImportSetsConfig(Section):
-    """Curated sets: (outfit id, item id) pairs, or the Polyvore Outfits JSON layout; customers optional."""
+    """Curated sets: (outfit id, item id) pairs (or a set per row, its items as a list), or the Polyvore Outfits
+    JSON layout; customers optional."""
 
     source: Path = Path("data/sets.json")  # .csv/.tsv, .parquet, .jsonl pairs or .json (Polyvore); text may be .gz
     outfit_column: str = "outfit_id"

@@ -2,9 +2,12 @@
 
 Input (`import_sets.source`), by its suffix (a text file may be gzipped: `.csv.gz`, `.jsonl.gz`, `.json.gz`):
 - `.csv` (or `.tsv`), `.parquet`, `.jsonl`: pairs, one row per (outfit, item): columns `outfit_column` and
-  `item_column`, and optionally `customer_column`, the outfit's customer (one per outfit).
+  `item_column`, and optionally `customer_column`, the outfit's customer (one per outfit). In a Parquet or
+  JSON-lines file the item column may instead hold each set's items as a list, one row per set (layout
+  "item_lists"; a row may also hold one item, and rows of one set add up).
 - `.json`: the Polyvore Outfits layout, a list of sets, each `{"set_id": ..., "items": [{"item_id": ...}, ...]}`
-  (other keys, such as an item's "index", are ignored).
+  (other keys, such as an item's "index", are ignored); an item may also be its id alone (`"items": ["a", "b"]`),
+  and the sets may be an object keyed by set id (`{"<set_id>": {"items": [...]}}` or `{"<set_id>": [...]}`).
 An item listed twice in a set counts once (the first place it is listed); sets with fewer than
 `ingest.min_set_size` or more than `model.max_set_size` distinct items are dropped and counted (sets = kept +
 dropped); a pair without an outfit or item id is dropped, counted and written to the import quarantine
@@ -159,6 +162,9 @@ def _polyvore_pairs(path: Path) -> pd.DataFrame:
         raise DataError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from None
     except json.JSONDecodeError as exc:
         raise DataError(f"not valid JSON (line {exc.lineno}: {exc.msg})", path=path) from None
+    if isinstance(sets, dict):  # keyed by set id: {id: {"items": [...]}} or {id: [...]}
+        sets = [{**value, "set_id": key} if isinstance(value, dict) else {"set_id": key, "items": value}
+                for key, value in sets.items()]  # fmt: skip
     if not isinstance(sets, list):
         raise DataError("expected the Polyvore Outfits layout: a list of sets with set_id and items", path=path)
     outfits, items, lines = [], [], []
@@ -166,10 +172,13 @@ def _polyvore_pairs(path: Path) -> pd.DataFrame:
         if not isinstance(entry, dict) or "set_id" not in entry or not isinstance(entry.get("items"), list):
             raise DataError("a set needs 'set_id' and a list 'items'", path=path, row=row)
         for item in entry["items"]:
-            if not isinstance(item, dict) or "item_id" not in item:
-                raise DataError("every item of a set needs an 'item_id'", path=path, row=row, column="items")
+            if isinstance(item, dict) and "item_id" in item:
+                item = item["item_id"]
+            elif isinstance(item, (dict, list)):
+                raise DataError("an item of a set must be its id or an object with 'item_id'", path=path, row=row,
+                                column="items")  # fmt: skip
             outfits.append(entry["set_id"])
-            items.append(item["item_id"])
+            items.append(item)
             lines.append(row + 1)
     return pd.DataFrame({"outfit_id": outfits, "item_id": items, "customer_id": None, "line": lines}, dtype=object)
 
@@ -199,7 +208,18 @@ def read_pairs(path: Path, cfg: ImportSetsConfig) -> tuple[pd.DataFrame, str, pd
     if "customer_id" not in pairs:
         pairs["customer_id"] = None
     pairs["line"] = frame[SOURCE_LINE]
-    return pairs, "pairs", unread
+    exploded = None if text_suffix(path) in DELIMITED_SUFFIXES else _item_lists(pairs)  # text cells: no lists
+    return (pairs, "pairs", unread) if exploded is None else (exploded, "item_lists", unread)
+
+
+def _item_lists(pairs: pd.DataFrame) -> pd.DataFrame | None:
+    """Rows holding a set's items as a list (Parquet, JSON lines) as pairs, one per item, each with its row's
+    line; None when no cell holds a list. An empty list is a pair without an item id (quarantined)."""
+    listed = pairs["item_id"].map(lambda v: isinstance(v, (list, tuple, np.ndarray)))
+    if not listed.any():
+        return None
+    pairs = pairs.assign(item_id=[list(v) if is_list else [v] for v, is_list in zip(pairs["item_id"], listed)])
+    return pairs.explode("item_id", ignore_index=True)
 
 
 def _multi_values(cells: list, as_text: bool) -> pa.Array:
