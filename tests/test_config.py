@@ -66,6 +66,30 @@ def test_model_sizes_are_checked_at_load(tmp_path):
             load_config(path)
 
 
+def test_lists_the_stages_are_made_from_are_checked_at_load(tmp_path):
+    """No variant or seed (no training: an empty Table 1), one listed twice (two stages of one name), a recall@0
+    or a repeated K, a promotion metric no evaluation computes, an embedding of no width: each found at load,
+    named in one line, not by the stage that meets it."""
+    path = tmp_path / "params.yaml"
+    at_least_one = "List should have at least 1 item"
+    for setting, message in (("train:\n  variants: []", f"'train.variants': {at_least_one}"),
+                             ("train:\n  seeds: []", f"'train.seeds': {at_least_one}"),
+                             ("train:\n  seeds: [0, 1, 0]", "'train.seeds': lists 0 more than once$"),
+                             ("train:\n  variants: [none, concat, none]",
+                              "'train.variants': lists none more than once$"),
+                             ("evaluate:\n  ks: [5, 0]", "'evaluate.ks.1': Input should be greater than or equal to 1"),
+                             ("evaluate:\n  ks: [5, 5, 10]", "'evaluate.ks': lists 5 more than once$"),
+                             ("evaluate:\n  ks: [1, 10]",
+                              r"promote.metric recall@5: evaluate.ks \[1, 10\] has no 5, so no evaluation computes "
+                              "it$"),
+                             ("features:\n  embedding_dims: {age: 0}",
+                              "'features.embedding_dims.age': Input should be greater than or equal to 1")):
+        path.write_text(setting + "\n")
+        with pytest.raises(ContextualBertError, match=rf"params\.yaml: {message}"):
+            load_config(path)
+    path.write_text("evaluate:\n  ks: [1, 10]\npromote:\n  metric: recall@10\n")
+    assert load_config(path).promote.metric == "recall@10"
+
 
 def test_variant_overrides_are_held_to_the_sections_bounds(tmp_path):
     """An override is applied by copying (train_for, model_for), which checks nothing: a negative learning

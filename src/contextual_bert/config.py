@@ -7,12 +7,22 @@ only when its section changes. Unknown keys are errors: a typo in params.yaml mu
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from contextual_bert.errors import ContextualBertError
+
+
+def _distinct(values: list) -> list:
+    repeated = sorted({str(v) for v in values if values.count(v) > 1})
+    if repeated:
+        raise ValueError(f"lists {', '.join(repeated)} more than once")
+    return values
+
+
+Positive = Annotated[int, Field(ge=1)]
 
 VARIANTS = ("none", "concat", "new_position", "global_state", "global_state_update")  # the paper's five
 BASELINE_MODELS = ("bag_of_items", "bag_of_items_context")  # learned baselines, trained by the same code
@@ -156,7 +166,7 @@ class FeaturesConfig(Section):
     min_split_outfits: int = Field(10, ge=1)
     min_known_targets: int = Field(10, ge=1)
     default_dim: int = Field(16, ge=1)
-    embedding_dims: dict[str, int] = {}  # feature name -> embedding dim; others get default_dim
+    embedding_dims: dict[str, Positive] = {}  # feature name -> embedding dim; others get default_dim
     # Article attributes (issue 14), per data source (the `source` of data/raw/schema.json): column of the
     # articles table -> kind. Encoded for every article of the catalogue only when `article_features` is on
     # (off: data/features is exactly what it was before, and the paper's models with it).
@@ -180,8 +190,9 @@ class ModelConfig(Section):
 
 
 class TrainConfig(Section):
-    variants: list[Variant] = list(VARIANTS + BASELINE_MODELS)  # the "_attrs" models only when listed
-    seeds: list[int] = [0, 1, 2]
+    # each at least once, never twice (a stage per variant and seed); the "_attrs" models only when listed
+    variants: Annotated[list[Variant], Field(min_length=1), AfterValidator(_distinct)] = [*VARIANTS, *BASELINE_MODELS]
+    seeds: Annotated[list[int], Field(min_length=1), AfterValidator(_distinct)] = [0, 1, 2]
     batch_size: int = Field(256, ge=1)
     max_epochs: int = Field(20, ge=1)
     learning_rate: float = Field(4e-3, gt=0)
@@ -246,7 +257,7 @@ class SweepConfig(Section):
 
 
 class EvaluateConfig(Section):
-    ks: list[int] = [1, 5, 10, 50, 250]
+    ks: Annotated[list[Positive], Field(min_length=1), AfterValidator(_distinct)] = [1, 5, 10, 50, 250]
     batch_size: int = Field(1024, ge=1)
     # The attribute-aware popularity baseline (with features.article_features on): popularity among the
     # articles whose value of this attribute is not yet in the outfit, and within the value for unseen articles.
@@ -308,6 +319,16 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _promotion_metric_is_evaluated(self):
+        # found at load, not when the promote stage finds no version evaluated on it (the sweep, a tool of
+        # its own, checks its settings when it runs)
+        k = int(self.promote.metric.split("@")[1])
+        if k not in self.evaluate.ks:
+            raise ValueError(f"promote.metric {self.promote.metric}: evaluate.ks {self.evaluate.ks} has no {k}, so no "
+                             "evaluation computes it")
+        return self
+
+    @model_validator(mode="after")
     def _overrides_within_bounds(self):
         # train_for / model_for apply overrides by copying, which checks nothing: check them here, against
         # TrainConfig's and ModelConfig's own bounds (a negative learning rate, a dropout of 1.5)
@@ -364,8 +385,9 @@ def load_config(path: str | Path = "params.yaml") -> Config:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        if first["type"] == "value_error":  # one of this module's checks: its message names the settings
-            raise ContextualBertError(f"{path}: {first['ctx']['error']}") from None
+        if first["type"] == "value_error":  # one of this module's checks: named where it does not name itself
+            message = str(first["ctx"]["error"])
+            raise ContextualBertError(f"{path}: {f'{where!r}: ' if where not in message else ''}{message}") from None
         raise ContextualBertError(
             f"{path}: '{where}': {first['msg']} ({exc.error_count()} problem(s) in all)"
         ) from None
