@@ -74,11 +74,11 @@ def test_lists_the_stages_are_made_from_are_checked_at_load(tmp_path):
     at_least_one = "List should have at least 1 item"
     for setting, message in (("train:\n  variants: []", f"'train.variants': {at_least_one}"),
                              ("train:\n  seeds: []", f"'train.seeds': {at_least_one}"),
-                             ("train:\n  seeds: [0, 1, 0]", "'train.seeds': lists 0 more than once$"),
+                             ("train:\n  seeds: [0, 1, 0]", "'train.seeds': 0 listed more than once$"),
                              ("train:\n  variants: [none, concat, none]",
-                              "'train.variants': lists none more than once$"),
+                              "'train.variants': none listed more than once$"),
                              ("evaluate:\n  ks: [5, 0]", "'evaluate.ks.1': Input should be greater than or equal to 1"),
-                             ("evaluate:\n  ks: [5, 5, 10]", "'evaluate.ks': lists 5 more than once$"),
+                             ("evaluate:\n  ks: [5, 5, 10]", "'evaluate.ks': 5 listed more than once$"),
                              ("evaluate:\n  ks: [1, 10]",
                               r"promote.metric recall@5: evaluate.ks \[1, 10\] has no 5, so no evaluation computes "
                               "it$"),

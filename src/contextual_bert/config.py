@@ -18,7 +18,7 @@ from contextual_bert.errors import ContextualBertError
 def _distinct(values: list) -> list:
     repeated = sorted({str(v) for v in values if values.count(v) > 1})
     if repeated:
-        raise ValueError(f"lists {', '.join(repeated)} more than once")
+        raise ValueError(f"{', '.join(repeated)} listed more than once")
     return values
 
 
