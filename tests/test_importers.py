@@ -83,6 +83,21 @@ def test_articles_without_optional_columns(tmp_path):
     assert pd.read_parquet(tmp_path / "out" / "customers.parquet")["postal_code"].isna().all()
 
 
+def test_transactions_without_price_import_the_same_baskets_unpriced(tmp_path, fixture_import):
+    """price only prices the articles: a transactions file without it (or without sales_channel_id) gives the
+    same outfits, every article's price missing, and the report says which column was absent."""
+    source = hm_fixture(tmp_path / "hm")
+    tx = pd.read_csv(source / TRANSACTIONS, dtype=str)
+    tx.drop(columns=["price", "sales_channel_id"]).to_csv(source / TRANSACTIONS, index=False)
+    report = import_hm(source, tmp_path / "out", ImportHMConfig())
+    assert report["columns_missing"] == {TRANSACTIONS: ["price"]}
+    full, _ = fixture_import
+    assert pq.read_table(tmp_path / "out" / "outfits.parquet").equals(pq.read_table(full / "outfits.parquet"))
+    articles = pd.read_parquet(tmp_path / "out" / "articles.parquet")
+    assert articles["price"].isna().all() and report["articles_without_price"] == len(articles)
+    priced = pd.read_parquet(full / "articles.parquet")
+    assert articles.drop(columns="price").equals(priced.drop(columns="price"))
+
 def test_fixture_outfits_follow_the_contract(fixture_import):
     out, _ = fixture_import
     assert DataSchema.load(out) == HM_SCHEMA

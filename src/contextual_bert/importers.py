@@ -21,8 +21,8 @@ Column mapping (H&M has no brand and no style; the nearest columns stand in, and
   color <- colour_group_name           style <- graphical_appearance_name (solid, stripe, denim, ...)
   price <- the mean transaction price of the article (H&M publishes prices scaled, not in euros), missing
            for an article never sold: it is kept, and a model with attributes can rank it
-Only the id columns are required; an absent attribute or customer column is missing for every row (the
-report lists such columns). Each file may be stored as Kaggle's CSV, gzipped (.csv.gz) or as Parquet (its typed
+Only the id columns (and t_dat) are required; an absent attribute, customer or price column is missing for
+every row (the report lists such columns). Each file may be stored as Kaggle's CSV, gzipped (.csv.gz) or as Parquet (its typed
 columns read as text, then parsed as a CSV's). Fields are separated by commas, as in Kaggle's files, or by ';', a
 tab or '|' (contract.read_header: the first that splits the header row into the required columns; in such a file
 a number may have a decimal comma); column names are matched whatever their letter case. t_dat is a date
@@ -80,7 +80,8 @@ EXTRA_ARTICLE_COLUMNS = ("prod_name", "product_group_name", "index_group_name", 
 CUSTOMER_COLUMNS = ("customer_id", "FN", "Active", "club_member_status", "fashion_news_frequency", "age",
                     "postal_code")  # fmt: skip
 TRANSACTION_COLUMNS = ("t_dat", "customer_id", "article_id", "price")
-REQUIRED_COLUMNS = {TRANSACTIONS: TRANSACTION_COLUMNS, CUSTOMERS: ("customer_id",), ARTICLES: ("article_id",)}
+# what makes a basket (price only prices the articles: without it every article's price is missing)
+REQUIRED_COLUMNS = {TRANSACTIONS: TRANSACTION_COLUMNS[:3], CUSTOMERS: ("customer_id",), ARTICLES: ("article_id",)}
 FILE_SUFFIXES = (".csv", ".csv.gz", ".parquet")  # how an H&M file may be stored: as Kaggle's, gzipped, or Parquet
 KNOWN_COLUMNS = {TRANSACTIONS: TRANSACTION_COLUMNS, CUSTOMERS: CUSTOMER_COLUMNS,  # read whatever their letter case
                  ARTICLES: ("article_id", *ARTICLE_COLUMNS.values(), *EXTRA_ARTICLE_COLUMNS)}  # fmt: skip
@@ -317,7 +318,7 @@ def _transactions(db: _Db, file: _SourceFile, date_format: str | None) -> dict:
     db.run("CREATE TABLE article_codes AS SELECT DISTINCT aid, article_id FROM article_raw")
     with db.joins_as_written():
         db.run(f"""CREATE TABLE tx AS
-            SELECT c.cid, d.day, a.aid, {file.number('t.price')} AS price FROM {read} t
+            SELECT c.cid, d.day, a.aid, {file.number(file.optional('price', 't.price'))} AS price FROM {read} t
             JOIN customer_raw c ON t.customer_id = c.raw JOIN day_raw d ON t.t_dat = d.raw
             JOIN article_raw a ON t.article_id = a.raw""", path)  # fmt: skip
         (used,) = db.one("SELECT count(*) FROM tx")
@@ -598,6 +599,7 @@ def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig, timings: dict | 
             db.con.close()
     HM_SCHEMA.save(out_dir)
     missing_columns = {
+        TRANSACTIONS: [c for c in TRANSACTION_COLUMNS if c not in files[TRANSACTIONS].columns],
         ARTICLES: [c for c in (*ARTICLE_COLUMNS.values(), *EXTRA_ARTICLE_COLUMNS) if c not in files[ARTICLES].columns],
         CUSTOMERS: [c for c in CUSTOMER_COLUMNS if c not in files[CUSTOMERS].columns],
     }
