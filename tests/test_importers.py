@@ -98,6 +98,7 @@ def test_transactions_without_price_import_the_same_baskets_unpriced(tmp_path, f
     priced = pd.read_parquet(full / "articles.parquet")
     assert articles.drop(columns="price").equals(priced.drop(columns="price"))
 
+
 def test_fixture_outfits_follow_the_contract(fixture_import):
     out, _ = fixture_import
     assert DataSchema.load(out) == HM_SCHEMA
