@@ -21,13 +21,13 @@ Column mapping (H&M has no brand and no style; the nearest columns stand in, and
   color <- colour_group_name           style <- graphical_appearance_name (solid, stripe, denim, ...)
   price <- the mean transaction price of the article (H&M publishes prices scaled, not in euros), missing
            for an article never sold: it is kept, and a model with attributes can rank it
-Only the id columns (and t_dat) are required; an absent attribute, customer or price column is missing for
-every row (the report lists such columns). Each file may be stored as Kaggle's CSV, gzipped (.csv.gz) or as
-Parquet (its typed columns read as text, then parsed as a CSV's). Fields are separated by commas, as in
-Kaggle's files, or by ';', a tab or '|' (contract.read_header: the first that splits the header row into the required columns; in such a file
-a number may have a decimal comma); column names are matched whatever their letter case. t_dat is a date
-(YYYY-MM-DD) or an ISO date and time, whose date as written is the purchase day. Customers keep their columns
-as context (HM_SCHEMA); age stays numeric. Article ids are normalized to H&M's 10-digit form with leading
+Only the id columns (and t_dat) are required; an absent attribute, customer or price column is missing for every
+row (the report lists such columns). Each file may be stored as Kaggle's CSV, gzipped (.csv.gz) or as Parquet
+(its typed columns read as text, then parsed as a CSV's). Fields are separated by commas, as in Kaggle's files,
+or by ';', a tab or '|' (contract.read_header: the first that splits the header row into the required columns; in
+such a file a number may have a decimal comma); column names are matched whatever their letter case. t_dat is a
+date (YYYY-MM-DD) or an ISO date and time, whose date as written is the purchase day. Customers keep their
+columns as context (HM_SCHEMA); age stays numeric. Article ids are normalized to H&M's 10-digit form with leading
 zeros, however the source wrote them.
 
 Why DuckDB: the full Kaggle size (31.8 M transactions, 3.1 GB of CSV) must import in minutes within a few
