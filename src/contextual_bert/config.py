@@ -6,6 +6,7 @@ only when its section changes. Unknown keys are errors: a typo in params.yaml mu
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -23,6 +24,14 @@ def _distinct(values: list) -> list:
 
 
 Positive = Annotated[int, Field(ge=1)]
+
+
+def recall_k(metric: str) -> int:
+    """K of a 'recall@K' metric name; the promotion test is defined on per-case hit@K."""
+    match = re.fullmatch(r"recall@(\d+)", metric)
+    if not match or int(match.group(1)) < 1:
+        raise ContextualBertError(f"promote.metric '{metric}' is not recall@K (the paired test compares hits@K)")
+    return int(match.group(1))
 
 VARIANTS = ("none", "concat", "new_position", "global_state", "global_state_update")  # the paper's five
 BASELINE_MODELS = ("bag_of_items", "bag_of_items_context")  # learned baselines, trained by the same code
@@ -322,7 +331,7 @@ class Config(Section):
     def _promotion_metric_is_evaluated(self):
         # found at load, not when the promote stage finds no version evaluated on it (the sweep, a tool of
         # its own, checks its settings when it runs)
-        k = int(self.promote.metric.split("@")[1])
+        k = recall_k(self.promote.metric)  # its pattern was checked with the field
         if k not in self.evaluate.ks:
             raise ValueError(f"promote.metric {self.promote.metric}: evaluate.ks {self.evaluate.ks} has no {k}, so no "
                              "evaluation computes it")

@@ -12,12 +12,11 @@ Aliases, not the deprecated stages.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
-from contextual_bert.config import Config
+from contextual_bert.config import Config, recall_k
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.registry import write_report
 from contextual_bert.tracking import client, directory_sha256, metric_key
@@ -26,14 +25,6 @@ CHAMPION, PREVIOUS = "champion", "previous"
 HISTORY_TAG = "champion_history"  # registered-model tag: JSON list of champion versions, oldest first
 ROLLED_BACK_TAG = "rolled_back"
 PROMOTION_REPORT = "promotion.json"
-
-
-def recall_k(metric: str) -> int:
-    """K of a 'recall@K' metric name; the promotion test is defined on per-case hit@K."""
-    match = re.fullmatch(r"recall@(\d+)", metric)
-    if not match or int(match.group(1)) < 1:
-        raise ContextualBertError(f"promote.metric '{metric}' is not recall@K (the paired test compares hits@K)")
-    return int(match.group(1))
 
 
 # --- the paired test ------------------------------------------------------------------------------------
