@@ -11,7 +11,9 @@ planted truth is the same at every size (same seed, catalogue and customers), so
 
 The training budget is set in optimizer steps, not epochs: a size trains for at most --step-budget steps
 (max_epochs = that many steps' worth of epochs, never more than params.yaml's train.max_epochs), so the
-cosine decay ends within the budget at every size, and early stopping still ends a run that overfits.
+cosine decay ends within the budget at every size, and early stopping still ends a run that overfits. Steps
+are counted at train.batch_size: a variant with a batch size of its own (`variants:`) trains the same number
+of epochs, so 4x the batch takes a quarter of the steps.
 Trainings of one size run --jobs at a time, one torch thread each (on 2 CPU cores two one-thread trainings
 run at nearly twice the throughput of one two-thread training).
 
@@ -50,7 +52,7 @@ def project_params(base: dict, root: Path, size: int, variants: list[str], seed:
 
 
 def epochs_for(base: dict, n_train: int, step_budget: int | None) -> int:
-    """train.max_epochs, or fewer: as many epochs as fit into step_budget optimizer steps."""
+    """train.max_epochs, or fewer: as many epochs as fit into step_budget optimizer steps of train.batch_size."""
     max_epochs = base["train"]["max_epochs"]
     if step_budget is None:
         return max_epochs
@@ -158,7 +160,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per training")
     parser.add_argument("--jobs", type=int, default=2, help="trainings at a time")
     parser.add_argument("--step-budget", type=int, default=24_000,
-                        help="optimizer steps a size trains for at most (0: train.max_epochs epochs)")
+                        help="optimizer steps (of train.batch_size) a size trains for at most (0: train.max_epochs "
+                             "epochs)")
     parser.add_argument("--params", type=Path, default=REPO / "params.yaml")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/contextual-bert-learning-curve"))
     parser.add_argument("--out", type=Path, default=REPO / "reports" / "learning_curve")
