@@ -5,12 +5,12 @@ learning_curve.py run per learning rate), all on the same data. The candidate wi
 cross-entropy is chosen (test is never read for the choice); it is then compared with `--against` by the paired
 bootstrap over the test outfits (bootstrap.py), which needs both projects to hold the same test split.
 
-    python benchmarks/choose_and_pair.py \
-        --candidates /work/runs/bagc-*/n150000:bag_of_items_context_attrs \
-        --against /work/runs/gs/n150000:global_state_attrs --label rate --out result.json
+    python benchmarks/choose_and_pair.py --model bag_of_items_context_attrs --candidates /work/runs/bagc-*/n150000 \
+        --against global_state_attrs --against-project /work/runs/gs/n150000 --label learning_rate \
+        --out result.json --plot curves.png
 
-A candidate is PROJECT:RUN, RUN a model name (seed 0) or a "<model>-s<seed>" run name; `--label` names the
-params key told apart (variants.<model>.<label>), read from each project's params.yaml.
+A project is a folder with the params.yaml its stages ran with; `--label` names the setting the candidates
+differ in (variants.<model>.<label>), read from each project's params.yaml.
 """
 
 from __future__ import annotations
@@ -28,13 +28,14 @@ METRICS = ("cross_entropy", "recall@5")
 LOWER_IS_BETTER = {"cross_entropy": True, "recall@5": False}
 
 
-def read_run(spec: str, label: str | None) -> dict:
-    """The training history, converged flag and test evaluation of PROJECT:RUN."""
-    project, _, run = spec.rpartition(":")
-    run = run if "-s" in run else f"{run}-s0"
-    model = run.rpartition("-s")[0]
-    params = yaml.safe_load((Path(project) / "params.yaml").read_text())
+def read_run(project: Path, model: str, seed: int, label: str | None) -> dict:
+    """The training history, converged flag and test evaluation of one run of `model` in `project`."""
+    run = f"{model}-s{seed}"
+    params = yaml.safe_load((project / "params.yaml").read_text())
     models, evals = Path(params["paths"]["models_dir"]), Path(params["paths"]["reports_dir"]) / "eval"
+    for path in (models / run / "history.json", models / run / "metrics.json", evals / f"{run}.json"):
+        if not path.is_file():
+            raise SystemExit(f"{path}: missing (has {run} been trained and evaluated in {project}?)")
     history = json.loads((models / run / "history.json").read_text())
     best = min(history, key=lambda epoch: epoch["val_cross_entropy"])
     evaluation = json.loads((evals / f"{run}.json").read_text())
@@ -42,39 +43,64 @@ def read_run(spec: str, label: str | None) -> dict:
         raise SystemExit(f"{evals / f'{run}.json'}: no per-outfit record ({OUTFITS_KEY}) to pair")
     setting = params.get("variants", {}).get(model, {}).get(label) if label else None
     return {
-        "project": project, "run": run, "setting": {label: setting} if label else None,
+        "project": str(project), "run": run, "model": model, "setting": {label: setting} if label else None,
         "best_val_cross_entropy": best["val_cross_entropy"], "best_epoch": best["epoch"],
         "train_cross_entropy_at_best": best.get("train_cross_entropy"), "epochs": len(history),
         "converged": json.loads((models / run / "metrics.json").read_text()).get("converged"),
         "test": {m: evaluation["test"][m] for m in METRICS},
         "val_curve": [round(epoch["val_cross_entropy"], 4) for epoch in history],
-        "_record": evaluation[OUTFITS_KEY],
+        "_record": evaluation[OUTFITS_KEY], "_params": params,
     }
 
 
-def gap_to_optimum(spec: str, run: dict) -> float | None:
+def gap_to_optimum(run: dict) -> float | None:
     """Test cross-entropy minus the optimum's (planted data), with or without the context as the model reads it."""
-    params = yaml.safe_load((Path(spec.rpartition(":")[0]) / "params.yaml").read_text())
-    context_free = base_model(run["run"].rpartition("-s")[0]) in ("none", "bag_of_items")
-    path = Path(params["paths"]["reports_dir"]) / "eval" / f"optimum_{'no_context' if context_free else 'context'}.json"
+    context_free = base_model(run["model"]) in ("none", "bag_of_items")
+    evals = Path(run["_params"]["paths"]["reports_dir"]) / "eval"
+    path = evals / f"optimum_{'no_context' if context_free else 'context'}.json"
     if not path.is_file() or not json.loads(path.read_text()).get("known", True):
         return None
     return run["test"]["cross_entropy"] - json.loads(path.read_text())["test"]["cross_entropy"]
 
 
+def plot(candidates: list[dict], against: dict, out: Path) -> None:
+    """Validation cross-entropy by epoch of every candidate and of the model compared with."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for run in candidates:
+        label = ", ".join(f"{k} {v}" for k, v in (run["setting"] or {}).items()) or run["project"]
+        ax.plot(range(1, run["epochs"] + 1), run["val_curve"], label=f"{run['run']} ({label})")
+    ax.plot(range(1, against["epochs"] + 1), against["val_curve"], color="black", label=against["run"])
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("validation cross-entropy (nats)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--candidates", nargs="+", required=True, help="PROJECT:RUN, one per setting")
-    parser.add_argument("--against", required=True, help="PROJECT:RUN of the model to compare the choice with")
+    parser.add_argument("--model", required=True, help="the model the candidates train")
+    parser.add_argument("--candidates", type=Path, nargs="+", required=True, help="its projects, one per setting")
+    parser.add_argument("--against", required=True, help="the model to compare the choice with")
+    parser.add_argument("--against-project", type=Path, required=True)
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--label", help="the variants.<model> key the candidates differ in (e.g. learning_rate)")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--plot", type=Path, help="a PNG of every run's validation curve")
     args = parser.parse_args()
 
-    candidates = {spec: read_run(spec, args.label) for spec in args.candidates}
-    chosen_spec = min(candidates, key=lambda spec: candidates[spec]["best_val_cross_entropy"])
-    chosen, against = candidates[chosen_spec], read_run(args.against, None)
-    for spec, run in [*candidates.items(), (args.against, against)]:
-        run["gap_to_optimum"] = gap_to_optimum(spec, run)
+    candidates = [read_run(project, args.model, args.seed, args.label) for project in args.candidates]
+    chosen = min(candidates, key=lambda run: run["best_val_cross_entropy"])
+    against = read_run(args.against_project, args.against, args.seed, None)
+    for run in [*candidates, against]:
+        run["gap_to_optimum"] = gap_to_optimum(run)
     paired = {}  # positive: `against` better
     for metric in METRICS:
         worse_first = (chosen, against) if LOWER_IS_BETTER[metric] else (against, chosen)
@@ -82,13 +108,15 @@ def main() -> int:
     result = {
         "chosen_on": "best validation cross-entropy", "chosen": chosen["run"] + f" in {chosen['project']}",
         "chosen_setting": chosen["setting"],
-        "candidates": [{k: v for k, v in run.items() if k != "_record"} for run in candidates.values()],
-        "against": {k: v for k, v in against.items() if k != "_record"},
+        "candidates": [{k: v for k, v in run.items() if not k.startswith("_")} for run in candidates],
+        "against": {k: v for k, v in against.items() if not k.startswith("_")},
         "paired_test": {"what": f"{against['run']} against the chosen {chosen['run']}, positive: "
                                 f"{against['run']} better; paired bootstrap over the test outfits", **paired},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
+    if args.plot:
+        plot(result["candidates"], result["against"], args.plot)
     print(json.dumps({"chosen": result["chosen"], "setting": chosen["setting"],
                       "paired": {m: (p["difference"], p["interval"]) for m, p in paired.items()}}))
     return 0
