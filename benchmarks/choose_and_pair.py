@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 import yaml
+from learning_curve import CONTEXT_FREE
 
 from contextual_bert.bootstrap import OUTFITS_KEY, paired_difference
 from contextual_bert.config import base_model
@@ -55,7 +56,7 @@ def read_run(project: Path, model: str, seed: int, label: str | None) -> dict:
 
 def gap_to_optimum(run: dict) -> float | None:
     """Test cross-entropy minus the optimum's (planted data), with or without the context as the model reads it."""
-    context_free = base_model(run["model"]) in ("none", "bag_of_items")
+    context_free = base_model(run["model"]) in CONTEXT_FREE
     evals = Path(run["_params"]["paths"]["reports_dir"]) / "eval"
     path = evals / f"optimum_{'no_context' if context_free else 'context'}.json"
     if not path.is_file() or not json.loads(path.read_text()).get("known", True):
@@ -101,10 +102,10 @@ def main() -> int:
     against = read_run(args.against_project, args.against, args.seed, None)
     for run in [*candidates, against]:
         run["gap_to_optimum"] = gap_to_optimum(run)
-    paired = {}  # positive: `against` better
+    paired = {}  # positive: `against` better (paired_difference gives the first's mean minus the second's)
     for metric in METRICS:
-        worse_first = (chosen, against) if LOWER_IS_BETTER[metric] else (against, chosen)
-        paired[metric] = paired_difference(worse_first[0]["_record"], worse_first[1]["_record"], metric)
+        first, second = (chosen, against) if LOWER_IS_BETTER[metric] else (against, chosen)
+        paired[metric] = paired_difference(first["_record"], second["_record"], metric)
     result = {
         "chosen_on": "best validation cross-entropy", "chosen": chosen["run"] + f" in {chosen['project']}",
         "chosen_setting": chosen["setting"],
