@@ -38,16 +38,17 @@ def read_run(project: Path, model: str, seed: int, label: str | None) -> dict:
         if not path.is_file():
             raise SystemExit(f"{path}: missing (has {run} been trained and evaluated in {project}?)")
     history = json.loads((models / run / "history.json").read_text())
-    best = min(history, key=lambda epoch: epoch["val_cross_entropy"])
+    trained = json.loads((models / run / "metrics.json").read_text())  # the training's own best epoch
+    best = next(epoch for epoch in history if epoch["epoch"] == trained["best_epoch"])
     evaluation = json.loads((evals / f"{run}.json").read_text())
     if evaluation.get(OUTFITS_KEY) is None:
         raise SystemExit(f"{evals / f'{run}.json'}: no per-outfit record ({OUTFITS_KEY}) to pair")
     setting = params.get("variants", {}).get(model, {}).get(label) if label else None
     return {
         "project": str(project), "run": run, "model": model, "setting": {label: setting} if label else None,
-        "best_val_cross_entropy": best["val_cross_entropy"], "best_epoch": best["epoch"],
-        "train_cross_entropy_at_best": best.get("train_cross_entropy"), "epochs": len(history),
-        "converged": json.loads((models / run / "metrics.json").read_text()).get("converged"),
+        "best_val_cross_entropy": trained["best_val_cross_entropy"], "best_epoch": trained["best_epoch"],
+        "train_cross_entropy_at_best": best.get("train_cross_entropy"), "epochs": trained["epochs"],
+        "converged": trained.get("converged"),
         "test": {m: evaluation["test"][m] for m in METRICS},
         "val_curve": [round(epoch["val_cross_entropy"], 4) for epoch in history],
         "_record": evaluation[OUTFITS_KEY], "_params": params,
