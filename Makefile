@@ -66,7 +66,7 @@ prefect-server: $(STAMP)
 	$(PREFECT_ENV) $(BIN)/prefect server start --host 127.0.0.1 --port $(PREFECT_PORT)
 
 prefect-pools: $(STAMP)
-	$(PREFECT_ENV) $(BIN)/python -m flows.work_pools --gpus "$(GPUS)" --cpu-trainings $(CPU_TRAININGS)
+	$(PREFECT_ENV) $(BIN)/python -m flows.infra.work_pools --gpus "$(GPUS)" --cpu-trainings $(CPU_TRAININGS)
 
 prefect-deploy: prefect-pools
 	$(PREFECT_ENV) $(BIN)/prefect --no-prompt deploy --all
@@ -81,7 +81,7 @@ prefect-ui:
 prefect-run: $(STAMP)
 	$(PREFECT_ENV) $(BIN)/prefect deployment run pipeline/nightly $(if $(SIZE),--param size=$(SIZE)) $(if $(FAN_OUT),--param fan_out=$(FAN_OUT))
 
-# --- the whole stack on one machine, no compose (flows/stack.py, docs/scaling.md) -------------------
+# --- the whole stack on one machine, no compose (flows/infra/stack.py, docs/scaling.md) -------------------
 # PostgreSQL (Debian's postgresql package), Prefect and MLflow servers on it, a DVC remote directory,
 # WORKERS process workers in $(STACK_DIR)/worker-<i>. `make stack-up` prints the PREFECT_API_URL and
 # MLFLOW_TRACKING_URI to export; then `make prefect-deploy` and `make prefect-run SIZE=tiny FAN_OUT=remote`.
@@ -91,10 +91,10 @@ WORKERS ?= 2
 .PHONY: stack-up stack-down stack-status
 
 stack-up: $(STAMP)
-	$(BIN)/python -m flows.stack up --dir $(STACK_DIR) --workers $(WORKERS)
+	$(BIN)/python -m flows.infra.stack up --dir $(STACK_DIR) --workers $(WORKERS)
 
 stack-down:
-	$(BIN)/python -m flows.stack down --dir $(STACK_DIR)
+	$(BIN)/python -m flows.infra.stack down --dir $(STACK_DIR)
 
 stack-status:
-	$(BIN)/python -m flows.stack status --dir $(STACK_DIR)
+	$(BIN)/python -m flows.infra.stack status --dir $(STACK_DIR)

@@ -27,7 +27,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,14 +37,12 @@ import numpy as np
 import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # `import flows` (a top-level folder, not an installed package)
+from flows.infra.net import free_port  # noqa: E402
+
 OUT = REPO / "reports" / "benchmarks" / "serving.json"
 MODEL_NAME = "outfit-completion"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build_project(work: Path, size: str, variant: str) -> tuple[dict, Path]:

@@ -7,14 +7,14 @@ never a Prefect one). The parent's workspace takes one `dvc` command at a time (
 1. source, ingest, validate, features (every ancestor of a training) run in series in the parent's workspace;
 2. the train and evaluate stages fan out, one flow run per variant and seed (`flows/train_run.py`),
    each in its own git worktree sharing the DVC cache, to the `gpu` pool when a GPU worker is up and
-   to the `cpu` pool otherwise (`flows/work_pools.py`); only units DVC finds stale are sent;
+   to the `cpu` pool otherwise (`flows/infra/work_pools.py`); only units DVC finds stale are sent;
 3. as each training run completes, the parent copies its outputs back and `dvc commit`s them, in
    series; a later `dvc repro` finds them up to date (run locally, the next unit is sent off first, so
    its core does not wait for the bring-back);
 4. baseline, report, register and promote run in series (MLflow stages retried while the server is
    unreachable).
 
-With `fan_out="remote"` the units share no disk with this workspace (flows/remote.py): each runs in a
+With `fan_out="remote"` the units share no disk with this workspace (flows/infra/remote.py): each runs in a
 fresh clone at this workspace's commit (pushed) on any worker of its pool, takes params.yaml and
 dvc.lock as parameters, pulls its inputs from the DVC remote and pushes its outputs there; this flow
 pulls them back and `dvc commit`s them as in step 3.
@@ -44,8 +44,9 @@ from prefect.futures import as_completed
 
 from contextual_bert.config import load_config
 from contextual_bert.sources import SOURCES
-from flows import dvc_stages, one_line_errors, remote
-from flows.params_file import pipeline_overrides
+from flows import one_line_errors
+from flows.infra import dvc_stages, remote
+from flows.infra.params_file import pipeline_overrides
 from flows.tasks import (
     TASK_DEFAULTS,
     log_output,
@@ -60,7 +61,7 @@ from flows.tasks import (
     wait_for_mlflow,
 )
 from flows.train_run import REPORT_ARTIFACT, prepare_checkout, train_unit
-from flows.work_pools import (
+from flows.infra.work_pools import (
     CLONE_COMMIT_ENV,
     CLONE_URL_ENV,
     CPU_POOL,

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,27 +25,13 @@ from prefect import flow, get_run_logger, task
 from contextual_bert.config import load_config
 from contextual_bert.sweep import choose, experiments, rows_from_exp_show, write_report
 from flows import one_line_errors
-from flows.params_file import apply_overrides
+from flows.infra.dvc_stages import run_dvc
+from flows.infra.params_file import apply_overrides
 from flows.tasks import TASK_DEFAULTS
 
 
-def _dvc(args: list[str], workdir: Path, log: Path | None = None) -> str:
-    """`dvc <args>` in workdir; its output, or with `log` its output written there (and "" returned)."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    if log is None:
-        done = subprocess.run(["dvc", *args], cwd=workdir, capture_output=True, text=True, env=env)
-        output, errors = done.stdout, done.stderr
-    else:
-        with open(log, "w") as out:
-            done = subprocess.run(["dvc", *args], cwd=workdir, stdout=out, stderr=subprocess.STDOUT, env=env)
-        output, errors = "", Path(log).read_text()
-    if done.returncode != 0:
-        raise RuntimeError(f"dvc {' '.join(args)} failed ({done.returncode}): {errors.strip()[-2000:]}")
-    return output
-
-
 def _queued_or_running(workdir: Path) -> int:
-    status = _dvc(["queue", "status"], workdir)
+    status = run_dvc(["queue", "status"], workdir)
     return sum(1 for line in status.splitlines() if " Queued " in f" {line} " or " Running " in f" {line} ")
 
 
@@ -58,7 +42,7 @@ def queue_experiments(workdir: Path, threads: int = 0) -> list[str]:
     for planned in experiments(load_config(workdir / "params.yaml")):
         set_params = planned["set_params"] + ([f"train.num_threads={threads}"] if threads > 0 else [])
         sets = [arg for p in set_params for arg in ("-S", p)]
-        _dvc(["exp", "run", "--queue", "-n", planned["name"], *sets, planned["target"]], workdir)
+        run_dvc(["exp", "run", "--queue", "-n", planned["name"], *sets, planned["target"]], workdir)
         names.append(planned["name"])
     return names
 
@@ -66,20 +50,20 @@ def queue_experiments(workdir: Path, threads: int = 0) -> list[str]:
 def run_queue(workdir: Path, jobs: int, poll_s: float = 5.0) -> None:
     """`dvc queue start -j jobs`, wait until nothing is queued or running, then `dvc queue stop`.
 
-    `dvc queue start` leaves detached workers that keep its stdout and stderr open: reading them (as `_dvc`
+    `dvc queue start` leaves detached workers that keep its stdout and stderr open: reading them (as `run_dvc`
     does) waits until the last worker exits, which a worker left idle never does (the sweep hung so, once).
     Its output goes to a log file instead, and the workers are stopped when the queue is done."""
     log = Path(workdir) / ".dvc" / "tmp" / "sweep-queue-start.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    _dvc(["queue", "start", "-j", str(jobs)], workdir, log=log)
+    run_dvc(["queue", "start", "-j", str(jobs)], workdir, log=log)
     while _queued_or_running(workdir):
         time.sleep(poll_s)
-    _dvc(["queue", "stop"], workdir)
+    run_dvc(["queue", "stop"], workdir)
 
 
 def choose_and_apply(workdir: Path, apply: bool) -> dict:
     cfg = load_config(workdir / "params.yaml")
-    rows = rows_from_exp_show(json.loads(_dvc(["exp", "show", "--json", "-A"], workdir)), cfg)
+    rows = rows_from_exp_show(json.loads(run_dvc(["exp", "show", "--json", "-A"], workdir)), cfg)
     expected = {e["name"] for e in experiments(cfg)}
     missing = sorted(expected - {r["experiment"] for r in rows})
     if missing:

@@ -1,4 +1,4 @@
-"""Prefect tasks: thin wrappers around `flows.dvc_stages` and `flows.checkouts`.
+"""Prefect tasks: thin wrappers around `flows.infra.dvc_stages` and `flows.infra.checkouts`.
 
 Every task has `cache_policy=NO_CACHE` and keeps no result: DVC's cache alone decides what is stale,
 and a Prefect cache keyed on task inputs could skip a stage whose inputs changed on disk.
@@ -16,8 +16,8 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows import checkouts, dvc_stages
-from flows.params_file import apply_overrides
+from flows.infra import checkouts, dvc_stages
+from flows.infra.params_file import apply_overrides
 
 TASK_DEFAULTS = dict(cache_policy=NO_CACHE, persist_result=False)
 

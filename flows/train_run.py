@@ -1,13 +1,13 @@
 """The training flow: one flow run per variant and seed, in its own checkout, on a cpu or gpu worker.
 
 Deployed twice (prefect.yaml): `train-run/train-run-cpu` on the `cpu` pool and `train-run/train-run-gpu`
-on the `gpu` pool. The pipeline flow picks the deployment (`flows.work_pools.place`) and passes the
+on the `gpu` pool. The pipeline flow picks the deployment (`flows.infra.work_pools.place`) and passes the
 device in the run's job variables (`CUDA_VISIBLE_DEVICES`), which the worker puts in this process's
 environment and so in every stage's.
 
 Why a checkout: DVC allows one `dvc` command per workspace at a time, so parallel trainings cannot share
 the parent's workspace. This flow makes a `git worktree` of the parent's repository (with its
-uncommitted changes and the shared DVC cache, `flows/checkouts.py`), cuts its dvc.lock down to the
+uncommitted changes and the shared DVC cache, `flows/infra/checkouts.py`), cuts its dvc.lock down to the
 unit's part, links the upstream outputs in, and runs
 `dvc repro --single-item train@<variant>-<seed> evaluate@<variant>-<seed>` there. DVC decides whether
 they are stale. The parent then brings the outputs back and `dvc commit`s them, in series, so a later
@@ -17,7 +17,7 @@ While the stages run the flow holds one slot of its concurrency limit (`gpu-<i>`
 `train-cpu`: N trainings on the CPU workers).
 
 `train_run_remote` is the same for units that share no disk with the parent (`fan_out="remote"`,
-flows/remote.py): deployed as `train-run-remote/train-run-remote-{cpu,gpu}`, whose `git_clone` pull
+flows/infra/remote.py): deployed as `train-run-remote/train-run-remote-{cpu,gpu}`, whose `git_clone` pull
 step clones the repository at the parent's commit into the run's own temporary directory. The run
 takes the parent's params.yaml and dvc.lock as parameters, pulls only its inputs from the DVC remote,
 runs the stages, pushes the outputs and reports back: the dvc.lock records and the uncached outputs,
@@ -32,9 +32,9 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 from prefect.concurrency.sync import concurrency
 
-from flows import checkouts, remote
+from flows.infra import checkouts, remote
 from flows.tasks import TASK_DEFAULTS, log_output, repro_stage
-from flows.work_pools import TRAIN_FLOW, TRAIN_REMOTE_FLOW, TRAIN_SLOT_LEASE_S
+from flows.infra.work_pools import TRAIN_FLOW, TRAIN_REMOTE_FLOW, TRAIN_SLOT_LEASE_S
 
 REPORT_ARTIFACT = "unit-report"  # the artifact type a remote unit reports back with
 
@@ -96,7 +96,7 @@ def train_run(
     return train_unit(stages, Path(workdir), Path(checkout), slot, slot_timeout_s)
 
 
-# --- units that share no disk with the parent (flows/remote.py) -----------------------------------
+# --- units that share no disk with the parent (flows/infra/remote.py) -----------------------------------
 
 
 @task(name="prepare-clone", **TASK_DEFAULTS)

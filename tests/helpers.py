@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+if str(Path(__file__).resolve().parents[1]) not in sys.path:  # `import flows` (a top-level folder)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flows.infra.net import free_port  # noqa: E402,F401 - the one free-port helper, for the tests
 
 TINY_MODEL = {"d_model": 32, "n_blocks": 2, "n_heads": 4, "d_ff": 64, "dropout": 0.1, "max_set_size": 8}
 STRONG, WEAK = ("global_state", 0), ("none", 0)
@@ -41,11 +45,6 @@ class TinyProject:
     def features_dir(self) -> Path:
         return self.root / "data" / "features"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for_http(url: str, process: subprocess.Popen, timeout: float) -> None:

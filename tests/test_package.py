@@ -23,18 +23,20 @@ def test_function_local_imports_count(tmp_path):
 
 
 def benchmark_imports() -> list[tuple[str, str, str]]:
-    """(script, module, name) for every `from contextual_bert.<module> import <name>` in benchmarks/*.py."""
+    """(script, module, name) for every `from contextual_bert.<module> import <name>` in benchmarks/*.py and
+    studies/*.py."""
     import ast
 
     found = []
-    for script in sorted((import_graph.SRC.parents[1] / "benchmarks").glob("*.py")):
+    repo = import_graph.SRC.parents[1]
+    for script in sorted([*(repo / "benchmarks").glob("*.py"), *(repo / "studies").glob("*.py")]):
         for node in ast.walk(ast.parse(script.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(import_graph.PACKAGE + "."):
-                found += [(script.name, node.module, alias.name) for alias in node.names]
+                found += [(f"{script.parent.name}/{script.name}", node.module, alias.name) for alias in node.names]
     return found
 
 
-def test_the_benchmarks_import_only_names_the_package_has():
+def test_the_benchmarks_and_studies_import_only_names_the_package_has():
     # No test runs the benchmarks, so a renamed function would otherwise break one silently (it did once).
     import importlib
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -22,14 +21,11 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # `import flows` (a top-level folder, not an installed package)
     sys.path.insert(0, str(REPO))
 
+from flows.infra.net import free_port  # noqa: E402,F401 - the tests' one free-port helper
+
 VENV_BIN = Path(sys.executable).parent
 SERVER_START_TIMEOUT = 90
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.5):

@@ -17,10 +17,10 @@ from prefect.cache_policies import NO_CACHE
 import flows.pipeline
 import flows.tasks
 import flows.train_run
-from flows.dvc_stages import StageFailed
+from flows.infra.dvc_stages import StageFailed
 from flows.pipeline import _crashed, is_server, tracking_uri
 from flows.tasks import not_user_error, repro_mlflow_stage, repro_stage, wait_for_mlflow
-from flows.work_pools import (CLONE_COMMIT_ENV, CLONE_URL_ENV, PIPELINE_QUEUE, RESILIENT_ENV, TRAIN_DEPLOYMENT,
+from flows.infra.work_pools import (CLONE_COMMIT_ENV, CLONE_URL_ENV, PIPELINE_QUEUE, RESILIENT_ENV, TRAIN_DEPLOYMENT,
                               TRAIN_QUEUE, TRAIN_REMOTE_DEPLOYMENT)
 from flows_testkit import REPO, free_port
 
@@ -131,7 +131,7 @@ def test_remote_trainings_clone_the_parents_commit_on_their_worker():
 def test_flows_that_drive_others_are_queued_apart_from_the_trainings():
     """A worker lost under a training must not take the parent flow with it: the orchestrating
     deployments use the cpu pool's queue `pipeline`, the trainings the queue `default`, so training
-    workers can serve only the latter (flows.stack, tests/flows/test_stack.py)."""
+    workers can serve only the latter (flows.infra.stack, tests/flows/test_stack.py)."""
     import yaml
 
     deployments = {d["name"]: d for d in yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]}

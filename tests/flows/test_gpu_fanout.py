@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from flows import dvc_stages
+from flows.infra import dvc_stages
 from flows.pipeline import pipeline
-from flows.work_pools import ensure_pools, read_cluster
+from flows.infra.work_pools import ensure_pools, read_cluster
 from flows_testkit import make_toy_repo, wait_until
 
 pytestmark = pytest.mark.slow

@@ -1,5 +1,5 @@
 """End to end through Prefect: a real `prefect server start` (127.0.0.1, a free port, a temporary
-PREFECT_HOME with SQLite), the pools made by `python -m flows.work_pools`, `prefect deploy --all` from
+PREFECT_HOME with SQLite), the pools made by `python -m flows.infra.work_pools`, `prefect deploy --all` from
 prefect.yaml, a process worker on the cpu pool, and an `mlflow server`. The nightly deployment is
 triggered on tiny data in a temporary copy of the repository (never this workspace) and must end
 Completed, with the trainings in MLflow, a champion in the registry, and nothing left for `dvc repro`.
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from flows import dvc_stages
+from flows.infra import dvc_stages
 from flows_testkit import TINY_PARAMS, TINY_VARIANTS, VENV_BIN, clean_env, copy_working_tree, free_port, run
 
 pytestmark = pytest.mark.slow
@@ -51,7 +51,7 @@ def test_nightly_deployment_runs_the_pipeline_on_a_worker(prefect_server, proces
 
     server = prefect_server
     env = server.env(MLFLOW_TRACKING_URI=mlflow_server)
-    run([str(VENV_BIN / "python"), "-m", "flows.work_pools", "--cpu-trainings", "2"], repo_copy, env)
+    run([str(VENV_BIN / "python"), "-m", "flows.infra.work_pools", "--cpu-trainings", "2"], repo_copy, env)
     server.cli(["deploy", "--all"], repo_copy)
     worker = server.start_worker(processes, "cpu", repo_copy, "cpu-worker-1", MLFLOW_TRACKING_URI=mlflow_server)
     with temporary_settings(updates={PREFECT_API_URL: server.url}), get_client(sync_client=True) as client:

@@ -8,7 +8,7 @@ import pytest
 
 from contextual_bert.errors import ContextualBertError
 from flows import one_line_errors
-from flows.dvc_stages import StageFailed
+from flows.infra.dvc_stages import StageFailed
 from flows.pipeline import main as pipeline_main
 
 

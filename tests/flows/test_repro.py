@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 
 from contextual_bert.tracking import artifact_location
 from flows.repro import mlflow_server_over
-from flows.stack import healthy
+from flows.infra.net import healthy
 
 
 def test_the_server_writes_the_sqlite_store_and_its_artifacts_beside_it(tmp_path):

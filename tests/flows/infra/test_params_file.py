@@ -6,7 +6,7 @@ import pytest
 
 from contextual_bert.config import load_config
 from contextual_bert.errors import ContextualBertError
-from flows.params_file import apply_overrides, pipeline_overrides
+from flows.infra.params_file import apply_overrides, pipeline_overrides
 from flows_testkit import REPO
 
 

@@ -17,7 +17,7 @@ The true minimum is a floor for any model with such a head on these cases; the f
 so a small fitted KL says the head is not what holds a model back, and a large one is an upper bound on the
 head's cost (with the fit's curve to show whether it had stopped falling).
 
-    python benchmarks/softmax_bottleneck.py --project <planted project> --outfits 1500 --widths 32 128 512 \
+    python studies/softmax_bottleneck.py --project <planted project> --outfits 1500 --widths 32 128 512 \
         --out reports/experiments/planted_capacity/softmax_bottleneck.json
 """
 

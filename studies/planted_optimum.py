@@ -7,7 +7,7 @@ of popularity and of the optimum with and without context, the two gaps the issu
 context at least 0.5 nats below popularity and at least 0.15 nats below the optimum without context, with
 a vocabulary of at least 3,000 articles), and the seconds of each stage (the optimum's included).
 
-    .venv/bin/python benchmarks/planted_optimum.py [--sizes 24000 150000] [--workdir DIR]
+    .venv/bin/python studies/planted_optimum.py [--sizes 24000 150000] [--workdir DIR]
 
 Writes reports/planted/optimum_check.json.
 """

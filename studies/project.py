@@ -27,6 +27,18 @@ def relocated(base: dict, root: Path) -> dict:
     return params
 
 
+def override(params: dict, assignment: str) -> None:
+    """`a.b.c=value` (value read as YAML) into params, whose sections must exist: a study's `--set`."""
+    key, sep, value = assignment.partition("=")
+    *parents, leaf = key.split(".")
+    node = params
+    for part in parents if sep else ():
+        node = node.get(part) if isinstance(node, dict) else None
+    if not sep or not isinstance(node, dict):
+        raise SystemExit(f"--set {assignment!r}: expected an existing section's key.path=value")
+    node[leaf] = yaml.safe_load(value)
+
+
 class Project:
     """The stages of one project: `stage("train", "--variant", v, ...)` runs `contextual-bert train ...` with
     the project's params, its log in root/logs, and fails loudly naming the log."""

@@ -2,11 +2,11 @@
 
 A diagnostic, not part of the pipeline: it trains [None] (or another model) with the library's own loop
 (`training.fit`) on a features folder that the pipeline already wrote for planted data (e.g. a learning-curve
-size: benchmarks/learning_curve.py keeps each size's project under its --workdir), after changing one thing,
+size: studies/learning_curve.py keeps each size's project under its --workdir), after changing one thing,
 some of them by replacing a method of the model (the head, the output layer) for this process only.
 
-    python benchmarks/planted_diagnostics.py base --features /tmp/contextual-bert-learning-curve/n50000/data/features
-    python benchmarks/planted_diagnostics.py nohead --head none --features ...
+    python studies/planted_diagnostics.py base --features /tmp/contextual-bert-learning-curve/n50000/data/features
+    python studies/planted_diagnostics.py nohead --head none --features ...
 
 Writes <out>/<name>/history.json (validation and training-sample cross-entropy per epoch) and prints it;
 with --test also <out>/<name>/test.json, as the evaluate stage writes it (pairable with the pipeline's runs).

@@ -21,17 +21,9 @@ Why: DVC allows one `dvc` command per workspace at a time (`.dvc/tmp/lock`), so 
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
-from flows.dvc_stages import cache_dir, keep_lock_entries, read_lock, run_dvc, same_record, stage_records
-
-
-def _git(args: list[str], cwd: Path) -> str:
-    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"`git {' '.join(args)}` in {cwd} failed: {proc.stderr.strip()}")
-    return proc.stdout
+from flows.infra.dvc_stages import cache_dir, git, keep_lock_entries, read_lock, run_dvc, same_record, stage_records
 
 
 def _paths(out: str) -> list[str]:
@@ -42,10 +34,9 @@ def remove_checkout(workdir: Path, checkout: Path) -> None:
     """Remove a checkout made by `create_checkout` (no error if it is gone already)."""
     workdir, checkout = Path(workdir), Path(checkout)
     if checkout.exists():
-        subprocess.run(["git", "worktree", "remove", "--force", str(checkout)], cwd=workdir,
-                       capture_output=True)
+        git(["worktree", "remove", "--force", str(checkout)], workdir, check=False)
         shutil.rmtree(checkout, ignore_errors=True)
-    subprocess.run(["git", "worktree", "prune"], cwd=workdir, capture_output=True)
+    git(["worktree", "prune"], workdir, check=False)
 
 
 def create_checkout(workdir: Path, checkout: Path) -> Path:
@@ -53,10 +44,10 @@ def create_checkout(workdir: Path, checkout: Path) -> Path:
     workdir, checkout = Path(workdir).resolve(), Path(checkout).resolve()
     remove_checkout(workdir, checkout)  # a leftover of a failed run
     checkout.parent.mkdir(parents=True, exist_ok=True)
-    _git(["worktree", "add", "--detach", "--force", str(checkout), "HEAD"], workdir)
+    git(["worktree", "add", "--detach", "--force", str(checkout), "HEAD"], workdir)
 
-    changed = _paths(_git(["ls-files", "-z", "--modified", "--others", "--exclude-standard"], workdir))
-    deleted = set(_paths(_git(["ls-files", "-z", "--deleted"], workdir)))
+    changed = _paths(git(["ls-files", "-z", "--modified", "--others", "--exclude-standard"], workdir))
+    deleted = set(_paths(git(["ls-files", "-z", "--deleted"], workdir)))
     for rel in changed:
         src, dst = workdir / rel, checkout / rel
         if rel in deleted or not src.is_file():

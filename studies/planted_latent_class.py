@@ -18,7 +18,7 @@ and alpha are chosen on validation; EM stops at the best validation cross-entrop
 iterations). Fitting the right family is the best case for a learner of this data size, so its gap to the
 optimum is about what the data allows, not what a recipe gets wrong.
 
-    python benchmarks/planted_latent_class.py --project /tmp/contextual-bert-learning-curve/n150000 \
+    python studies/planted_latent_class.py --project /tmp/contextual-bert-learning-curve/n150000 \
         --classes 16 64 128 --alphas 1 0.3 --max-iter 80 --out reports/learning_curve/latent_class/n150000.json
 """
 

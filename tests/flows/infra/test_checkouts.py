@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from flows import checkouts, dvc_stages
+from flows.infra import checkouts, dvc_stages
 from flows_testkit import git
 
 UNIT = ("train@none-0", "evaluate@none-0")

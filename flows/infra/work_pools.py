@@ -27,7 +27,7 @@ its trainings never takes the parent flow with it: the parent sees the trainings
 them elsewhere. No pool concurrency limit on `cpu`: the pipeline flow itself runs there while it waits
 for its trainings, and a pool limit would let it starve them.
 
-`python -m flows.work_pools --gpus 0,1 --cpu-trainings 2` creates (or updates) all of it.
+`python -m flows.infra.work_pools --gpus 0,1 --cpu-trainings 2` creates (or updates) all of it.
 """
 
 from __future__ import annotations
@@ -223,7 +223,7 @@ def ensure_pools(client, gpus: list[int], cpu_trainings: int, zombie_after_s: fl
 def main(argv: list[str] | None = None) -> int:
     from prefect.client.orchestration import get_client
 
-    parser = argparse.ArgumentParser(prog="python -m flows.work_pools", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m flows.infra.work_pools", description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", default="", help="GPU indices, e.g. '0,1' or '0 1' (default: none)")
     parser.add_argument("--cpu-trainings", type=int, default=2, help="trainings at once on the CPU pool")
     parser.add_argument("--zombie-after", type=float, default=ZOMBIE_AFTER_S,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flows.work_pools import CPU_SLOT, choose_pool, gpu_devices, place
+from flows.infra.work_pools import CPU_SLOT, choose_pool, gpu_devices, place
 
 
 def test_cpu_pool_unless_a_gpu_worker_is_up_and_gpus_are_declared():

@@ -1,7 +1,7 @@
 """Article attributes (issue 14): train models with and without them on data the features stage already
 wrote (features.article_features on), evaluate them and compare with both popularity baselines.
 
-    python benchmarks/article_features.py --params params.yaml --models none none_attrs \
+    python studies/article_features.py --params params.yaml --models none none_attrs \
         --combine sum concat --id-dropout 0 0.5 --max-epochs 20 --out reports/experiments/article_features/planted.json
 
 Each (model, combine, id dropout) trains one seed with the params' recipe (train_for(model), max_epochs overridden) by

@@ -1,11 +1,11 @@
 """Table 1 on other data or settings than params.yaml's, without touching the repository's data or reports.
 
-A project of its own under --workdir (benchmarks/project.py) runs the pipeline's stages with params.yaml's
+A project of its own under --workdir (studies/project.py) runs the pipeline's stages with params.yaml's
 settings and the --set overrides: ingest -> validate -> features -> baseline -> optimum -> train + evaluate
 (every train.variants model x train.seeds seed, --jobs at a time) -> report. Its Table 1 and the report's
 metrics are copied to --out.
 
-    python benchmarks/table1_on.py --set ingest.source=hm --out reports/hm_sample --workdir /tmp/table1-hm
+    python studies/table1_on.py --set ingest.source=hm --out reports/hm_sample --workdir /tmp/table1-hm
 
 (`import_hm.source` in params.yaml names the H&M files: ../shared/data/hm_sample by default.)
 """
@@ -15,27 +15,12 @@ from __future__ import annotations
 import argparse
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
-from project import Project, relocated
+from project import Project, override, relocated
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # flows/: the params writer's dotted-key setter
-
-from flows.params_file import set_dotted  # noqa: E402
-
-
-def override(params: dict, assignment: str) -> None:
-    """`a.b.c=value` (value read as YAML) into params, as a flow parameter is written into params.yaml."""
-    key, sep, value = assignment.partition("=")
-    if not sep:
-        raise SystemExit(f"--set {assignment!r}: expected key.path=value")
-    try:
-        set_dotted(params, key, yaml.safe_load(value))
-    except KeyError as exc:
-        raise SystemExit(f"--set {assignment!r}: {exc.args[0]}") from None
 
 
 def main() -> int:

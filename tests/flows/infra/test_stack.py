@@ -3,7 +3,7 @@ share no disk with the pipeline's workspace (fresh clones, a DVC remote), two tr
 directories of their own (work queue `default`), a worker of its own for the parent flow (queue
 `pipeline`), and the faults such a setup must survive.
 
-The stack (flows/stack.py's pieces, as `python -m flows.stack up` starts them): a private PostgreSQL
+The stack (flows/infra/stack.py's pieces, as `python -m flows.infra.stack up` starts them): a private PostgreSQL
 cluster (initdb + pg_ctl on a free port; as root it runs as the `postgres` user), a Prefect server and
 an MLflow server (tracking, registry) on it, MLflow artifacts in a directory given as the artifact
 root, a bare git repository and a local-directory DVC remote outside the workspace. The nightly
@@ -33,8 +33,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows import dvc_stages, stack
-from flows.work_pools import CPU_POOL, PIPELINE_QUEUE, RESILIENT_ENV, TRAIN_QUEUE
+from flows.infra import dvc_stages, stack
+from flows.infra.work_pools import CPU_POOL, PIPELINE_QUEUE, RESILIENT_ENV, TRAIN_QUEUE
 from flows_testkit import (
     SERVER_START_TIMEOUT,
     TINY_PARAMS,
@@ -51,7 +51,6 @@ from flows_testkit import (
     git,
     kill_tree,
     run,
-    wait_until,
 )
 
 pytestmark = pytest.mark.slow
@@ -110,7 +109,7 @@ def stack_up(postgres, tmp_path_factory):
         run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], root)
         env = server.env(MLFLOW_TRACKING_URI=mlflow_uri)
         template = copy_working_tree(root / "template")
-        run([str(VENV_BIN / "python"), "-m", "flows.work_pools", "--cpu-trainings", "2"], template, env)
+        run([str(VENV_BIN / "python"), "-m", "flows.infra.work_pools", "--cpu-trainings", "2"], template, env)
         dvc(["remote", "add", "-d", "storage", str(storage)], template)
         git(["add", ".dvc/config"], template)
         git(["commit", "-q", "-m", "the DVC remote"], template)
@@ -118,7 +117,7 @@ def stack_up(postgres, tmp_path_factory):
         git(["push", "-q", "origin", "main"], template)
         server.cli(["deploy", "--all"], template)
 
-        # The flows that drive the trainings on a worker of their own (queue `pipeline`), as `flows.stack
+        # The flows that drive the trainings on a worker of their own (queue `pipeline`), as `flows.infra.stack
         # up` starts them: the training workers (queue `default`) can die without taking a parent along.
         (root / "worker-pipeline").mkdir()
         pipeline_worker = server.start_worker(processes, CPU_POOL, root / "worker-pipeline", "worker-pipeline",

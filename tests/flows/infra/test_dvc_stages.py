@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from flows import dvc_stages
-from flows.dvc_stages import Plan, StageFailed, plan
+from flows.infra import dvc_stages
+from flows.infra.dvc_stages import Plan, StageFailed, plan
 from flows_testkit import REPO
 
 PIPELINE = ["ingest", "validate", "features"] + [

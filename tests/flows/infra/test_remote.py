@@ -1,5 +1,5 @@
 """Units that share no disk with the parent: a fresh clone at the parent's commit, inputs and outputs
-through a DVC remote, a report back (flows/remote.py). A toy DVC project, a bare git repository and a
+through a DVC remote, a report back (flows/infra/remote.py). A toy DVC project, a bare git repository and a
 local-directory DVC remote, all outside the workspace; no Prefect server."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 
-from flows import dvc_stages, remote
-from flows.remote import RemoteModeError
+from flows.infra import dvc_stages, remote
+from flows.infra.remote import RemoteModeError
 from flows_testkit import dvc, git, make_toy_repo, run
 
 UNIT = ("train@none-0", "evaluate@none-0")

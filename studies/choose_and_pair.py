@@ -1,11 +1,11 @@
 """Choose one setting of a model on validation, then compare the chosen run with another model on test.
 
-Each candidate is one training of the same model in a project of its own (benchmarks/project.py, e.g. one
+Each candidate is one training of the same model in a project of its own (studies/project.py, e.g. one
 learning_curve.py run per learning rate), all on the same data. The candidate with the lowest best validation
 cross-entropy is chosen (test is never read for the choice); it is then compared with `--against` by the paired
 bootstrap over the test outfits (bootstrap.py), which needs both projects to hold the same test split.
 
-    python benchmarks/choose_and_pair.py --model bag_of_items_context_attrs --candidates /work/runs/bagc-*/n150000 \
+    python studies/choose_and_pair.py --model bag_of_items_context_attrs --candidates /work/runs/bagc-*/n150000 \
         --against global_state_attrs --against-project /work/runs/gs/n150000 --label learning_rate \
         --out result.json --plot curves.png
 

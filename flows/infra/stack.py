@@ -1,9 +1,9 @@
 """The whole stack on one machine, without compose: PostgreSQL, Prefect and MLflow servers on it, a DVC
 remote directory, and workers in directories of their own (which see nothing of the workspace).
 
-    python -m flows.stack up [--dir .stack] [--workers 2]    # start; prints the environment to use
-    python -m flows.stack status
-    python -m flows.stack down
+    python -m flows.infra.stack up [--dir .stack] [--workers 2]    # start; prints the environment to use
+    python -m flows.infra.stack status
+    python -m flows.infra.stack down
 
 - PostgreSQL: a private cluster (`initdb` + `pg_ctl`, Debian's `postgresql` package: binaries under
   /usr/lib/postgresql/<version>/bin) in <dir>/postgres on a free port of 127.0.0.1, trust
@@ -13,7 +13,7 @@ remote directory, and workers in directories of their own (which see nothing of 
 - MLflow server: --backend-store-uri postgresql://... (tracking and registry; driver psycopg2) and
   --artifacts-destination <dir>/mlartifacts: the artifact root (s3://bucket/prefix with
   MLFLOW_S3_ENDPOINT_URL and AWS_* credentials for S3-compatible stores, docs/scaling.md).
-- Pools, slots and the zombie automation: `python -m flows.work_pools`; workers: `prefect worker start
+- Pools, slots and the zombie automation: `python -m flows.infra.work_pools`; workers: `prefect worker start
   --pool cpu --work-queue default` in <dir>/worker-<i> for the trainings, their temporary files in
   <dir>/worker-<i>/tmp, and `--work-queue pipeline` in <dir>/worker-pipeline for the flows that drive
   them (the pipeline, training, promotion), so killing a training worker never kills a parent flow.
@@ -29,24 +29,18 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from flows.work_pools import CPU_POOL, PIPELINE_QUEUE, RESILIENT_ENV, TRAIN_QUEUE
+from flows.infra.net import free_port, wait_healthy
+from flows.infra.work_pools import CPU_POOL, PIPELINE_QUEUE, RESILIENT_ENV, TRAIN_QUEUE
 
 BIN = Path(sys.executable).parent  # the venv's bin/: prefect, mlflow, dvc
 PG_USER = "postgres"  # the database superuser, and the system user that runs the cluster as root
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pg_bindir() -> Path | None:
@@ -156,25 +150,6 @@ def worker_command(pool: str, name: str, queue: str | None = None) -> list[str]:
             *(["--work-queue", queue] if queue else [])]
 
 
-def healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
-def wait_healthy(url: str, timeout: float, what: str, alive=lambda: True) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if healthy(url):
-            return
-        if not alive():
-            raise RuntimeError(f"{what} exited")
-        time.sleep(1)
-    raise TimeoutError(f"{what}: {url} not healthy within {timeout:.0f} s")
-
-
 # --- the script: detached processes, their pids in <dir>/pids -------------------------------------
 
 
@@ -200,7 +175,7 @@ def _alive(pid: int) -> bool:
 def up(root: Path, workers: int) -> dict[str, str]:
     root = root.resolve()
     if (root / "stack.json").exists():
-        raise SystemExit(f"{root}/stack.json exists: `python -m flows.stack down --dir {root}` first")
+        raise SystemExit(f"{root}/stack.json exists: `python -m flows.infra.stack down --dir {root}` first")
     reason = postgres_missing()
     if reason:
         raise SystemExit(reason)
@@ -221,11 +196,11 @@ def up(root: Path, workers: int) -> dict[str, str]:
     pid = _spawn(root, "mlflow-server", mlflow_server_command(pg, mlflow_port, str(root / "mlartifacts")), root, {})
     wait_healthy(f"{mlflow_uri}/health", 180, "mlflow server", lambda: _alive(pid))
     client_env = {**os.environ, "PREFECT_API_URL": api, "MLFLOW_TRACKING_URI": mlflow_uri}
-    subprocess.run([sys.executable, "-m", "flows.work_pools", "--cpu-trainings", str(workers)], check=True,
+    subprocess.run([sys.executable, "-m", "flows.infra.work_pools", "--cpu-trainings", str(workers)], check=True,
                    env=client_env, cwd=Path(__file__).resolve().parents[1])
     worker_env = {"PREFECT_API_URL": api, "MLFLOW_TRACKING_URI": mlflow_uri, **RESILIENT_ENV}
     # The flows that drive the trainings on a worker of their own, the trainings on the others: a
-    # worker lost under a training never takes its parent flow with it (flows/work_pools.py).
+    # worker lost under a training never takes its parent flow with it (flows/infra/work_pools.py).
     _spawn(root, "worker-pipeline", worker_command(CPU_POOL, "worker-pipeline", PIPELINE_QUEUE),
            root / "worker-pipeline", worker_env)
     for i in range(1, workers + 1):
@@ -282,7 +257,7 @@ def status(root: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.stack", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m flows.infra.stack", description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=["up", "down", "status"])
     parser.add_argument("--dir", type=Path, default=Path(".stack"))
     parser.add_argument("--workers", type=int, default=2)

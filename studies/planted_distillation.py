@@ -12,7 +12,7 @@ still misses; the test cross-entropy on the real targets beside the optimum's is
 reports, measured the same way (`evaluation.evaluate_split`, the same cases). A gap far below the trained
 model's says the architecture is not what holds it back; a gap near it says it is.
 
-    python benchmarks/planted_distillation.py --project <planted project> --variant none_attrs --epochs 4 \
+    python studies/planted_distillation.py --project <planted project> --variant none_attrs --epochs 4 \
         --out reports/experiments/planted_capacity/distillation_none_attrs_4epochs.json
 """
 

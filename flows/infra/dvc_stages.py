@@ -1,4 +1,4 @@
-"""DVC, the one judge of what is stale: the few `dvc` commands the flows run, and the stage plan.
+"""DVC, the one judge of what is stale: the `dvc` (and `git`) commands the flows run, and the stage plan.
 
 Nothing here imports Prefect, so it is tested without a server. Every stage runs as
 `dvc repro --single-item <stage>`: DVC compares the stage's deps, params and outs with dvc.lock and
@@ -6,7 +6,7 @@ skips it when nothing changed, so no Prefect cache can ever skip work that DVC w
 
 One DVC workspace takes one `dvc` command at a time (DVC holds `.dvc/tmp/lock`), so every call for a
 workspace is made in series by the flow that owns it; parallel trainings get their own checkouts
-(`flows/checkouts.py`).
+(`flows/infra/checkouts.py`).
 """
 
 from __future__ import annotations
@@ -84,21 +84,35 @@ def dvc_executable() -> str:
 
 
 def run_dvc(
-    args: list[str], workdir: Path, env: dict[str, str] | None = None, timeout: float | None = None
+    args: list[str], workdir: Path, env: dict[str, str] | None = None, timeout: float | None = None,
+    log: Path | None = None,
 ) -> str:
-    """Run `dvc <args>` in `workdir`; return its combined output, raise `StageFailed` on failure."""
+    """Run `dvc <args>` in `workdir`; return its combined output, raise `StageFailed` on failure.
+
+    With `log`, the output goes to that file instead (and "" is returned): for commands that leave
+    detached children holding their stdout open (`dvc queue start`), which a pipe would wait on forever.
+    """
     command = [dvc_executable(), *args]
-    proc = subprocess.run(
-        command,
-        cwd=workdir,
-        env=env if env is not None else stage_env(workdir),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout,
-    )
+    env = env if env is not None else stage_env(workdir)
+    if log is None:
+        proc = subprocess.run(command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, timeout=timeout)
+        output = proc.stdout
+    else:
+        with open(log, "w") as out:
+            proc = subprocess.run(command, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                  timeout=timeout)
+        output = Path(log).read_text()
     if proc.returncode != 0:
-        raise StageFailed(["dvc", *args], proc.returncode, proc.stdout)
+        raise StageFailed(["dvc", *args], proc.returncode, output)
+    return output if log is None else ""
+
+
+def git(args: list[str], cwd: Path, error: type[Exception] = RuntimeError, check: bool = True) -> str:
+    """`git <args>` in `cwd`: its stdout, or (with `check`) `error` naming the command and git's message."""
+    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise error(f"`git {' '.join(args)}` in {cwd} failed: {proc.stderr.strip()}")
     return proc.stdout
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-from flows.dvc_stages import read_lock, run_dvc, same_record, stage_records
+from flows.infra.dvc_stages import git, read_lock, run_dvc, same_record, stage_records
 
 # The files a clone takes from the parent as text; every other tracked file must be committed.
 CARRIED = ("params.yaml", "dvc.lock")
@@ -56,17 +56,10 @@ class ParentState:
         return asdict(self)
 
 
-def _git(args: list[str], cwd: Path, check: bool = True) -> str:
-    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        raise RemoteModeError(f"`git {' '.join(args)}` in {cwd} failed: {proc.stderr.strip()}")
-    return proc.stdout.strip()
-
-
 def default_dvc_remote(workdir: Path) -> str:
     """The DVC remote named by `core.remote` in the committed .dvc/config (a remote only in
     .dvc/config.local would be unknown to the clones)."""
-    text = _git(["show", "HEAD:.dvc/config"], workdir, check=False)
+    text = git(["show", "HEAD:.dvc/config"], workdir, check=False).strip()
     names = [line.split('"')[1] for line in text.splitlines() if line.strip().startswith('[\'remote "')]
     default = next((line.split("=", 1)[1].strip() for line in text.splitlines()
                     if line.strip().startswith("remote =")), None)
@@ -82,11 +75,12 @@ def parent_state(workdir: Path, git_remote: str = "origin", dvc_remote: str | No
     """What units need from the parent, as values. Raises `RemoteModeError` when a clone at the
     parent's commit could not see what the parent sees."""
     workdir = Path(workdir)
-    commit = _git(["rev-parse", "HEAD"], workdir)
-    url = _git(["remote", "get-url", git_remote], workdir, check=False)
+    commit = git(["rev-parse", "HEAD"], workdir, RemoteModeError).strip()
+    url = git(["remote", "get-url", git_remote], workdir, check=False).strip()
     if not url:
         raise RemoteModeError(f"{workdir}: no git remote '{git_remote}' to clone from: `git remote add {git_remote} <url>`")
-    changed = [p for p in _git(["diff", "--name-only", "HEAD"], workdir).splitlines() if p not in CARRIED]
+    changed = [p for p in git(["diff", "--name-only", "HEAD"], workdir, RemoteModeError).splitlines()
+               if p not in CARRIED]
     # Outputs of stages (metrics kept in git, say) are DVC's to judge through dvc.lock; the rest is code.
     cached, uncached = _outs(workdir) if changed else (set(), set())
     modified = [p for p in changed if not _under(p, cached | uncached)]
@@ -96,7 +90,7 @@ def parent_state(workdir: Path, git_remote: str = "origin", dvc_remote: str | No
             f"the commit and take only {list(CARRIED)} from here: commit and push the rest"
         )
     # On the remote: a ref points at it, or at a descendant this repository knows.
-    remote_shas = _git(["ls-remote", url], workdir, check=False).split()[0::2]
+    remote_shas = git(["ls-remote", url], workdir, check=False).strip().split()[0::2]
     on_remote = commit in remote_shas or any(
         subprocess.run(["git", "merge-base", "--is-ancestor", commit, sha], cwd=workdir,
                        capture_output=True).returncode == 0
@@ -171,15 +165,15 @@ def clone_at(git_url: str, commit: str, dest: Path) -> Path:
     if dest.exists() and any(dest.iterdir()):
         raise RemoteModeError(f"{dest}: not empty; a unit needs a fresh clone")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    _git(["clone", "--quiet", "--no-checkout", git_url, str(dest)], dest.parent)
-    _git(["checkout", "--quiet", "--detach", commit], dest)
+    git(["clone", "--quiet", "--no-checkout", git_url, str(dest)], dest.parent, RemoteModeError)
+    git(["checkout", "--quiet", "--detach", commit], dest, RemoteModeError)
     return dest
 
 
 def prepare_clone(clone: Path, state: ParentState) -> Path:
     """Check the clone is at the parent's commit; give it the parent's params.yaml and dvc.lock."""
     clone = Path(clone)
-    head = _git(["rev-parse", "HEAD"], clone)
+    head = git(["rev-parse", "HEAD"], clone, RemoteModeError).strip()
     if head != state.commit:
         raise RemoteModeError(f"{clone} is at {head[:12]}, not at the parent's commit {state.commit[:12]}")
     (clone / "params.yaml").write_text(state.params_yaml)
@@ -212,7 +206,7 @@ def push_outputs(clone: Path, stages: list[str] | tuple[str, ...], dvc_remote: s
         raise RuntimeError(f"uncached outputs of {list(stages)} take {size} bytes, over {MAX_REPORT_BYTES}: "
                            "cache them (DVC) so they travel through the remote")
     return {
-        "commit": _git(["rev-parse", "HEAD"], clone),
+        "commit": git(["rev-parse", "HEAD"], clone, RemoteModeError).strip(),
         "stages": records,
         "files": files,
         "where": f"{socket.gethostname()}:{clone}",
@@ -226,7 +220,7 @@ def apply_report(workdir: Path, report: dict, dvc_remote: str) -> list[str]:
     Raises when the unit ran at another commit, or when the records DVC computes here differ from the
     unit's (it saw other inputs than the parent has now)."""
     workdir = Path(workdir)
-    head = _git(["rev-parse", "HEAD"], workdir)
+    head = git(["rev-parse", "HEAD"], workdir, RemoteModeError).strip()
     if report["commit"] != head:
         raise RuntimeError(f"the unit ran at commit {report['commit'][:12]}, this workspace is at {head[:12]}")
     stages = list(report["stages"])

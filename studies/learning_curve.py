@@ -6,7 +6,7 @@ For every size, a project of its own under --workdir (params.yaml's settings, `i
 ingest -> validate -> features -> train + evaluate (each variant, one seed) -> baseline -> optimum. The
 planted truth is the same at every size (same seed, catalogue and customers), so the optimum is comparable.
 
-    python benchmarks/learning_curve.py --sizes 20000 50000 150000 \
+    python studies/learning_curve.py --sizes 20000 50000 150000 \
         --variants none global_state bag_of_items bag_of_items_context --jobs 2
 
 The training budget is set in optimizer steps, not epochs: a size trains for at most --step-budget steps
