@@ -26,7 +26,7 @@ from torch import nn
 
 from contextual_bert.config import EvaluateConfig, InitEmbeddings, ModelConfig, TrainConfig
 from contextual_bert.cooccurrence import init_from_cooccurrence
-from contextual_bert.evaluation import _evaluate  # the evaluate stage's result, per-outfit record included
+from contextual_bert.evaluation import evaluate_model  # the evaluate stage's result, per-outfit record included
 from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX
 from contextual_bert.feature_store import load_article_vocab, load_spec, load_split
 from contextual_bert.model import build_model
@@ -168,7 +168,7 @@ def main() -> None:
     if args.test:  # the best epoch's weights, into this process's (patched) model
         best = torch.load(args.out / args.name / "checkpoint.pt", map_location="cpu", weights_only=True)
         model.load_state_dict(best["state_dict"])
-        result = _evaluate(model.eval(), args.name, args.variant, args.seed, None, args.features,
+        result = evaluate_model(model.eval(), args.name, args.variant, args.seed, None, args.features,
                            model_cfg.max_set_size, args.out / args.name / "test.json", EvaluateConfig())
         metrics = result["test"]
         print(args.name, "test", f"{metrics['cross_entropy']:.4f}", "recall@5", f"{metrics['recall@5']:.4f}")

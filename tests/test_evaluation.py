@@ -10,13 +10,13 @@ from contextual_bert.config import EvaluateConfig, ModelConfig
 from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, UNKNOWN_INDEX, ContextSpec, EncodedOutfits, FeatureSpec
 from contextual_bert.evaluation import (
     PopularityModel,
-    case_ranks,
     evaluate_popularity,
     evaluate_run,
     metrics_from_ranks,
     recall_curve,
 )
 from contextual_bert.model import ContextualBert, count_paper_parameters, save_checkpoint
+from contextual_bert.ranking import case_ranks
 
 # Articles 3..8 with fixed scores; the special indices get the highest scores and must still never be ranked.
 SCORES = torch.tensor([9.0, 9.0, 9.0, 0.5, 2.0, 1.0, 3.0, 1.0, -1.0])

@@ -9,7 +9,7 @@ from contextual_bert.config import FeaturesConfig
 from contextual_bert.contract import HM_SCHEMA, PAPER_SCHEMA
 from contextual_bert.errors import ContextualBertError, DataError
 from contextual_bert.feature_spec import MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
-from contextual_bert.feature_store import load_article_vocab, load_manifest, load_spec, load_split
+from contextual_bert.feature_store import MANIFEST_FILE, load_article_vocab, load_spec, load_split
 from contextual_bert.features import assign_splits, build_features
 from feature_data import PAPER_DIMS, build_paper_features, paper_cfg, paper_tables, write_validated
 
@@ -24,7 +24,7 @@ def test_files_manifest_and_paper_d_context(paper):
     for name in ("article_vocab.parquet", "context_vocab.json", "customers.parquet", "outfits.parquet",
                  "spec.json", "manifest.json"):
         assert (features_dir / name).exists(), name
-    assert load_manifest(features_dir) == json.loads(json.dumps(manifest))
+    assert json.loads((features_dir / MANIFEST_FILE).read_text()) == json.loads(json.dumps(manifest))
     spec = load_spec(features_dir)
     assert spec.d_context == 736 == manifest["d_context"]
     assert [f.name for f in spec.features] == [c.name for c in PAPER_SCHEMA.context_columns]

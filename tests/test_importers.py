@@ -14,7 +14,7 @@ import pytest
 from contextual_bert.config import ImportHMConfig
 from contextual_bert.contract import HM_SCHEMA, IMPORT_QUARANTINE, DataSchema
 from contextual_bert.errors import DataError
-from contextual_bert.importers import ARTICLES, CUSTOMERS, TRANSACTIONS, import_hm, normalize_article_ids
+from contextual_bert.importers import ARTICLES, CUSTOMERS, TRANSACTIONS, _article_id_sql, import_hm
 from helpers import hm_fixture
 
 HM_SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "hm_sample"
@@ -25,6 +25,16 @@ def fixture_import(tmp_path_factory):
     out = tmp_path_factory.mktemp("hm_raw")
     report = import_hm(hm_fixture(tmp_path_factory.mktemp("hm_source")), out, ImportHMConfig())
     return out, report
+
+
+def normalize_article_ids(ids: pd.Series) -> pd.Series:
+    """H&M article ids through the importer's own SQL expression."""
+    import duckdb
+
+    frame = pd.DataFrame({"id": ids.astype("string")})
+    with duckdb.connect() as con:
+        out = con.execute(f"SELECT {_article_id_sql('id')} AS id FROM frame").df()["id"]
+    return out.astype("string").set_axis(ids.index)
 
 
 def test_article_ids_normalized_to_ten_digits():

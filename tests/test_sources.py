@@ -97,3 +97,18 @@ def test_dvc_repro_reruns_ingest_exactly_when_the_source_files_change(tmp_path):
     rows = (source / TRANSACTIONS).read_text().splitlines()
     (source / TRANSACTIONS).write_text("\n".join(rows[:-1]) + "\n")  # the same path, other content
     assert "Running stage 'ingest'" in repro()
+
+
+def test_an_unknown_source_is_a_one_line_error_of_the_stages_that_read_sources_only(tmp_path):
+    from contextual_bert.cli import main
+
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"ingest": {"source": "nope"},
+                                      "paths": {"source_fingerprint": str(tmp_path / "source.json")}}))
+    Config.model_validate(yaml.safe_load(params.read_text()))  # loads: the trainings never read ingest.source
+    for stage in ("ingest", "source"):
+        proc = subprocess.run(["contextual-bert", "--params", str(params), stage], capture_output=True, text=True)
+        assert proc.returncode == 2
+        assert proc.stderr.strip().splitlines() == [
+            f"contextual-bert {stage}: error: params.yaml: ingest.source 'nope' is not one of {sorted(SOURCES)}"]
+    assert main(["--params", str(params), "import-sets", "--source", str(tmp_path / "missing.json")]) == 2

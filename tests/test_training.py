@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 import contextual_bert.training as training
 from contextual_bert.config import ModelConfig, TrainConfig
-from contextual_bert.evaluation import PopularityModel, case_ranks, metrics_from_ranks
+from contextual_bert.evaluation import PopularityModel, metrics_from_ranks
+from contextual_bert.ranking import case_ranks
 from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec, EncodedOutfits, FeatureSpec
 from contextual_bert.model import ContextualBert, load_checkpoint
 from contextual_bert.training import LinearCrossEntropy, fit, length_batches, mask_items

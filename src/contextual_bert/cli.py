@@ -30,37 +30,14 @@ def _without_curve(report: dict) -> dict:
 def _cmd_ingest(cfg: Config, args) -> None:
     from contextual_bert.sources import ingest
 
-    _print_json(ingest(cfg))
+    source = getattr(args, "source", None)
+    _print_json(ingest(cfg, Path(source) if source else None, name=args.source_name))
 
 
 def _cmd_source(cfg: Config, args) -> None:
     from contextual_bert.sources import write_fingerprint
 
     _print_json(write_fingerprint(cfg))
-
-
-def _cmd_generate(cfg: Config, args) -> None:
-    from contextual_bert.sources import SOURCES
-
-    _print_json(SOURCES["synthetic"].ingest(cfg))
-
-
-def _cmd_generate_planted(cfg: Config, args) -> None:
-    from contextual_bert.sources import SOURCES
-
-    _print_json(SOURCES["planted"].ingest(cfg))
-
-
-def _cmd_import_hm(cfg: Config, args) -> None:
-    from contextual_bert.sources import SOURCES
-
-    _print_json(SOURCES["hm"].ingest(cfg, Path(args.source) if args.source else None))
-
-
-def _cmd_import_sets(cfg: Config, args) -> None:
-    from contextual_bert.sources import SOURCES
-
-    _print_json(SOURCES["sets"].ingest(cfg, Path(args.source) if args.source else None))
 
 
 def _cmd_validate(cfg: Config, args) -> None:
@@ -198,13 +175,19 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     add("source", _cmd_source, "fingerprint the files the chosen source reads (paths.source_fingerprint)")
-    add("ingest", _cmd_ingest, "write data/raw from the source chosen in params (ingest.source)")
-    add("generate", _cmd_generate, "write synthetic stylist data to data/raw (generate section)")
-    add("generate-planted", _cmd_generate_planted, "write planted-signal data and its truth to data/raw (planted)")
-    p = add("import-hm", _cmd_import_hm, "import the H&M Kaggle files into data/raw")
+    add("ingest", _cmd_ingest, "write data/raw from the source chosen in params (ingest.source)").set_defaults(
+        source_name=None)
+    # One source forced, whatever ingest.source says: the same ingest, named by its source.
+    add("generate", _cmd_ingest, "ingest synthetic stylist data (generate section)").set_defaults(
+        source_name="synthetic")
+    add("generate-planted", _cmd_ingest, "ingest planted-signal data and its truth (planted)").set_defaults(
+        source_name="planted")
+    p = add("import-hm", _cmd_ingest, "ingest the H&M Kaggle files (import_hm)")
+    p.set_defaults(source_name="hm")
     p.add_argument("--source", help="folder with transactions_train.csv, customers.csv, articles.csv "
                                     "(each may be .csv.gz or .parquet)")
-    p = add("import-sets", _cmd_import_sets, "import curated sets (pairs or Polyvore JSON) into data/raw")
+    p = add("import-sets", _cmd_ingest, "ingest curated sets, pairs or Polyvore JSON (import_sets)")
+    p.set_defaults(source_name="sets")
     p.add_argument("--source", help="a .csv/.parquet/.jsonl file of (outfit, item) pairs or a Polyvore .json")
     add("validate", _cmd_validate, "validate data/raw with Great Expectations, quarantine failing rows")
     add("features", _cmd_features, "build context embedding tables, article vocabulary and splits")

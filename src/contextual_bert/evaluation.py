@@ -35,8 +35,9 @@ from contextual_bert.bootstrap import OUTFITS_KEY, bootstrap_ci, case_values, ou
 from contextual_bert.config import EvaluateConfig, ModelConfig, uses_attributes
 from contextual_bert.devices import evaluation_device, keep_freed_memory
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, EncodedOutfits
+from contextual_bert.feature_spec import N_SPECIAL, EncodedOutfits
 from contextual_bert.model import count_paper_parameters, load_checkpoint
+from contextual_bert.ranking import case_ranks
 
 RECALL_CURVE_MAX_K = 250
 
@@ -121,63 +122,6 @@ def in_outfit_share(items: torch.Tensor, values: np.ndarray) -> float:
     return float(same.any(dim=2)[real].float().mean()) if bool(real.any()) else 0.0
 
 
-def case_ranks(model, data: EncodedOutfits, batch_size: int, device, with_ranks: bool = True) -> dict:
-    """Rank and log-probability of the target of every case (every non-padding item of every outfit).
-
-    `model` is anything with `masked_logits(items, context) -> (B, n_items)` (a ContextualBert or the
-    PopularityModel). Returns numpy arrays, one entry per rankable case, in outfit order: "outfit" (row of
-    `data`), "position", "target" (article index), "rank" (1 = best; absent if not with_ranks), "log_prob";
-    and "n_unknown_targets", the skipped cases whose target is [UNK].
-    """
-    device = torch.device(device)
-    model.eval()
-    items = data.items.to(device)
-    context = {name: values.to(device) for name, values in data.context.items()}
-    outfit, position = (items != PAD_INDEX).nonzero(as_tuple=True)
-    target = items[outfit, position]
-    known = target != UNKNOWN_INDEX
-    n_unknown = int((~known).sum())
-    outfit, position, target = outfit[known], position[known], target[known]
-
-    # Cases in order of outfit length, so that each batch is trimmed to little padding (items are
-    # right-padded); the results are put back in outfit order below.
-    lengths = (items != PAD_INDEX).sum(dim=1)
-    by_length = torch.sort(lengths[outfit], stable=True).indices
-    ranks, log_probs = [], []
-    article_index = torch.arange(getattr(model, "n_items"), device=device)
-    with torch.no_grad():  # fp32 on every device: bf16 logits tie, and ties would be broken by article index
-        for start in range(0, len(target), batch_size):
-            rows = by_length[start : start + batch_size]
-            o, p, t = outfit[rows], position[rows], target[rows, None]
-            masked = items[o, : int(lengths[o].max())].clone()
-            masked[torch.arange(len(o), device=device), p] = MASK_INDEX
-            logits = model.masked_logits(masked, {name: values[o] for name, values in context.items()}).float()
-            logits[:, :N_SPECIAL] = float("-inf")  # never ranked, whatever the scorer says
-            target_logit = logits.gather(1, t)
-            log_probs.append(target_logit - torch.logsumexp(logits[:, N_SPECIAL:], dim=1, keepdim=True))
-            if with_ranks:
-                scores = logits.scatter(1, masked, float("-inf"))  # the outfit's other items are not ranked
-                ahead = (scores > target_logit) | ((scores == target_logit) & (article_index < t))
-                ranks.append(1 + ahead.sum(dim=1))
-
-    def in_outfit_order(chunks: list[torch.Tensor]) -> torch.Tensor:
-        values = torch.cat(chunks).reshape(-1)
-        restored = torch.empty_like(values)
-        restored[by_length] = values
-        return restored
-
-    result = {
-        "outfit": outfit.cpu().numpy(),
-        "position": position.cpu().numpy(),
-        "target": target.cpu().numpy(),
-        "log_prob": in_outfit_order(log_probs).double().cpu().numpy() if log_probs else np.zeros(0),
-        "n_unknown_targets": np.int64(n_unknown),
-    }
-    if with_ranks:
-        result["rank"] = in_outfit_order(ranks).cpu().numpy() if ranks else np.zeros(0, dtype=np.int64)
-    return result
-
-
 def metrics_from_ranks(ranks, log_probs, ks=(1, 5, 10, 50, 250)) -> dict:
     """Cross-entropy (nats), recall@k, MRR and NDCG@10 of cases with one relevant article each."""
     ranks = np.asarray(ranks, dtype=np.float64)
@@ -227,7 +171,7 @@ def _subset_metrics(cases: dict, keep: np.ndarray, n_outfits: int, cfg: Evaluate
     return metrics, interval
 
 
-def _evaluate(model, name, variant, seed, parameters, features_dir, max_set_size, out_path, cfg,
+def evaluate_model(model, name, variant, seed, parameters, features_dir, max_set_size, out_path, cfg,
               n_ids: int | None = None) -> dict:
     """n_ids: the model ranks the catalogue, whose articles below n_ids have an id embedding (known) and the
     others not (unseen); their metrics are reported apart as well."""
@@ -318,7 +262,7 @@ def evaluate_run(features_dir: Path, run_dir: Path, out_path: Path, cfg: Evaluat
         catalogue = load_catalogue(features_dir)
         model.set_catalogue(catalogue.tensors())
         n_ids = catalogue.n_ids
-    return _evaluate(model, run_dir.name, model.variant, meta.get("seed"), count_paper_parameters(model),
+    return evaluate_model(model, run_dir.name, model.variant, meta.get("seed"), count_paper_parameters(model),
                      features_dir, model.model_cfg.max_set_size, out_path, cfg, n_ids)  # fmt: skip
 
 
@@ -331,7 +275,7 @@ def evaluate_popularity(
     counts = np.asarray(load_article_vocab(features_dir).counts)
     if not math.isfinite(float(counts.sum())) or (counts < 0).any():
         raise ContextualBertError(f"{features_dir}: article counts must be finite and non-negative")
-    return _evaluate(PopularityModel(counts), "popularity", "popularity", None, 0,
+    return evaluate_model(PopularityModel(counts), "popularity", "popularity", None, 0,
                      features_dir, max_set_size, out_path, cfg)  # fmt: skip
 
 
@@ -362,7 +306,7 @@ def evaluate_attribute_popularity(features_dir: Path, out_path: Path, cfg: Evalu
     values = catalogue.attributes[attribute]
     share = in_outfit_share(load_split(features_dir, "train", max_set_size, catalogue=True).items, values)
     model = AttributePopularityModel(values, catalogue.vocab.counts, catalogue.n_ids, share)
-    result = _evaluate(model, "popularity_attribute", "popularity_attribute", None, 0, features_dir, max_set_size,
+    result = evaluate_model(model, "popularity_attribute", "popularity_attribute", None, 0, features_dir, max_set_size,
                        out_path, cfg, catalogue.n_ids)
     result |= {"attribute": attribute, "in_outfit_share": share}
     out_path.write_text(result_json(result))

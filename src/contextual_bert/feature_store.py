@@ -515,8 +515,11 @@ def load_spec(features_dir: Path) -> ContextSpec:
     return ContextSpec.load(_require(Path(features_dir) / SPEC_FILE))
 
 
-def load_manifest(features_dir: Path) -> dict:
-    return json.loads(_require(Path(features_dir) / MANIFEST_FILE).read_text())
+def split_outfit_ids(features_dir: Path, split: str) -> list[str]:
+    """The ids of one split's outfits, in load_split's order."""
+    path = _require(Path(features_dir) / OUTFITS_FILE)
+    return [str(i) for i in pq.read_table(path, columns=["outfit_id"], filters=[("split", "==", split)])
+            .column("outfit_id").to_pylist()]
 
 
 def _column(table: pa.Table, name: str, path: Path) -> pa.ChunkedArray:

@@ -26,8 +26,6 @@ Articles get one row per item, their attributes (product_type, brand, color, sty
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from pathlib import Path
 
@@ -41,22 +39,18 @@ from contextual_bert.config import ImportSetsConfig, IngestConfig, ModelConfig
 from contextual_bert.contract import (
     IMPORT_QUARANTINE,
     REQUIRED_COLUMNS,
-    UNREADABLE,
     ContextColumn,
     DataSchema,
-    check_columns,
-    column_names,
     open_binary,
-    read_header,
+    DELIMITED_SUFFIXES,
+    SOURCE_LINE,
+    UNREAD_COLUMNS,
+    read_rows,
     text_suffix,
     write_import_quarantine,
 )
 from contextual_bert.errors import DataError
 
-DELIMITED_SUFFIXES = (".csv", ".tsv")  # text read by read_delimited, whatever its delimiter
-PAIR_SUFFIXES = (*DELIMITED_SUFFIXES, ".parquet", ".jsonl")
-UNREAD_COLUMNS = ["line", "column", "reason", "text"]  # a file's lines that could not be read
-SOURCE_LINE = "__line__"  # read_rows: a row's place in its file (a name no data column has)
 POLYVORE_SUFFIX = ".json"
 SOURCE_NAME = "sets"
 
@@ -66,92 +60,6 @@ def sets_schema(cfg: ImportSetsConfig) -> DataSchema:
     columns = tuple(ContextColumn(name, "customers", kind) for name, kind in cfg.context.items()) if cfg.customers \
         else ()  # fmt: skip
     return DataSchema(source=SOURCE_NAME, context_columns=columns)
-
-
-def read_delimited(path: Path, required: tuple[str, ...] = (),
-                   known: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """A delimited text file (contract.read_header: its delimiter and columns) as text columns (empty -> None)
-    with SOURCE_LINE, its line in the file; and the lines that cannot be read (line, column, reason, text): bytes
-    that are not UTF-8, a quote left open, too many or too few fields. Such a line is set aside, not the
-    file. One row per line (a quoted field may not span lines); blank lines are skipped."""
-    delim, columns = read_header(path, required, known)
-    rows, lines, rejected = [], [], []
-    # Bytes that are not UTF-8 come through as surrogates, found per line by a failing encode. A line without
-    # a quote is split as it is (a csv reader per line costs 13x; one reader for the file would let a quote
-    # left open swallow every line after it).
-    with open_binary(path) as raw, io.TextIOWrapper(raw, encoding="utf-8-sig", errors="surrogateescape",
-                                                    newline="") as f:  # fmt: skip
-        f.readline()
-        for number, line in enumerate(f, start=2):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue  # a blank line
-            reason = None
-            if not line.isascii():
-                try:
-                    line.encode("utf-8")
-                except UnicodeEncodeError:
-                    column, reason = columns[0], UNREADABLE["encoding"]
-                    line = line.encode("utf-8", errors="surrogateescape").decode("utf-8", errors="replace")
-            if reason is None and '"' in line:
-                try:
-                    fields = next(csv.reader([line], delimiter=delim, strict=True))
-                except csv.Error:
-                    column, reason = columns[0], UNREADABLE["quote"]
-            elif reason is None:
-                fields = line.split(delim)
-            if reason is None and len(fields) != len(columns):
-                wide = len(fields) > len(columns)
-                column = columns[-1] if wide else columns[len(fields)]  # the first field missing
-                reason = UNREADABLE["too_many" if wide else "too_few"] + f" ({len(fields)}, not {len(columns)})"
-            if reason:
-                rejected.append((number, column, reason, line))
-                continue
-            rows.append([v if v.strip() else None for v in fields])
-            lines.append(number)
-    frame = pd.DataFrame(rows, columns=columns, dtype=object) if rows else pd.DataFrame(columns=columns, dtype=object)
-    frame[SOURCE_LINE] = np.asarray(lines, dtype=np.int64)
-    return frame, pd.DataFrame(rejected, columns=UNREAD_COLUMNS)
-
-
-def read_rows(path: Path, required: tuple[str, ...] = (),
-              known: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """A .csv or .tsv (all text; delimited by any of contract.DELIMITERS), .parquet or .jsonl file (the text ones
-    gzipped or not: contract.text_suffix) as a DataFrame with SOURCE_LINE (a text file's line, a Parquet or
-    JSON-lines file's row, from 1), and the text lines that cannot be read (read_delimited). A missing or
-    unreadable file, or another suffix, is a one-line DataError."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError("file not found", path=path)
-    if text_suffix(path) in DELIMITED_SUFFIXES:
-        return read_delimited(path, required, known)
-    try:
-        if path.suffix == ".parquet":  # compressed inside: never gzipped as a whole
-            frame = pq.read_table(path).to_pandas()
-        elif text_suffix(path) == ".jsonl":
-            with open_binary(path) as f:
-                frame = pd.read_json(f, lines=True, dtype=False)
-        else:
-            raise DataError(f"unknown suffix: expected one of {', '.join((*PAIR_SUFFIXES, POLYVORE_SUFFIX))} (a text "
-                            "one may be gzipped: .csv.gz)", path=path)  # fmt: skip
-    except UnicodeDecodeError as exc:
-        raise DataError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from None
-    except (ValueError, pa.ArrowException, OSError) as exc:
-        raise DataError(f"not a readable {path.suffix[1:]} file ({str(exc).strip().splitlines()[0]})",
-                        path=path) from None  # fmt: skip
-    frame.columns = column_names([str(c) for c in frame.columns], required, known)  # as a CSV's header is read
-    check_columns(list(frame.columns), (), path)
-    frame[SOURCE_LINE] = np.arange(len(frame), dtype=np.int64) + 1
-    return frame, pd.DataFrame(columns=UNREAD_COLUMNS)
-
-
-def read_table_file(path: Path, required: tuple[str, ...] = ()) -> pd.DataFrame:
-    """read_rows, where a CSV line that cannot be read is a one-line DataError (serving's catalogue)."""
-    frame, unread = read_rows(path, required)
-    if len(unread):
-        first = unread.iloc[0]
-        raise DataError(f"line {first['line']}: {first['reason']}", path=path, column=first["column"])
-    return frame.drop(columns=SOURCE_LINE)
 
 
 def _polyvore_pairs(path: Path) -> pd.DataFrame:
@@ -200,7 +108,7 @@ def read_pairs(path: Path, cfg: ImportSetsConfig) -> tuple[pd.DataFrame, str, pd
     wanted = {"outfit_id": cfg.outfit_column, "item_id": cfg.item_column}
     if cfg.customer_column:
         wanted["customer_id"] = cfg.customer_column
-    frame, unread = read_rows(path, tuple(wanted.values()))
+    frame, unread = read_rows(path, tuple(wanted.values()), also=(POLYVORE_SUFFIX,))
     for column in wanted.values():
         if column not in frame.columns:
             raise DataError("required column missing (see import_sets.*_column)", path=path, column=column)

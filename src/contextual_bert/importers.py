@@ -128,19 +128,6 @@ def _article_id_sql(column: str) -> str:
             f"ELSE nullif({text}, '') END")  # fmt: skip
 
 
-def normalize_article_ids(ids: pd.Series) -> pd.Series:
-    """H&M article ids as 10-digit strings with leading zeros, by the importer's own SQL expression."""
-    import duckdb
-
-    frame = pd.DataFrame({"id": ids.astype("string")})
-    con = duckdb.connect()
-    try:
-        out = con.execute(f"SELECT {_article_id_sql('id')} AS id FROM frame").df()["id"]
-    finally:
-        con.close()
-    return out.astype("string").set_axis(ids.index)
-
-
 @dataclasses.dataclass(frozen=True)
 class _SourceFile:
     """One H&M file: its path, its columns as the contract names them (contract.column_names), and its field

@@ -690,14 +690,15 @@ def describe_variants(model_cfg: ModelConfig, paper: bool = False, d_context: in
 # --- checkpoints --------------------------------------------------------------------------------------
 
 
-def atomic_save(obj, path: Path) -> None:
-    """torch.save to a temporary file, then rename: a run killed while saving leaves the old file intact."""
+def atomic_save(obj, path: Path, write=torch.save) -> None:
+    """`write(obj, tmp)` to a temporary file, then rename: a run killed while saving leaves the old file intact.
+    The one atomic writer: checkpoints with torch.save, the training's JSON files with their own `write`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.close(fd)
     try:
-        torch.save(obj, tmp)
+        write(obj, tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

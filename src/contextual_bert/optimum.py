@@ -1,7 +1,7 @@
 """The Bayes-optimal masked-item predictor of planted data (`planted.py`), scored like any model.
 
 `BayesOptimum.masked_logits(items, context) -> (B, n_items)` works in the features stage's index space, so
-`evaluation.case_ranks` / `_evaluate` rank it on the same test cases, with the same metrics and JSON, as
+`ranking.case_ranks` / `evaluation.evaluate_model` rank it on the same test cases, with the same metrics and JSON, as
 the popularity baseline and the trained variants. Its probabilities are exact for what a model sees:
 
 - the candidates are the vocabulary's articles (the evaluation skips [UNK] targets, so the target is known
@@ -228,7 +228,7 @@ def evaluate_optimum(raw_dir: Path, features_dir: Path, out_paths: dict[str, Pat
 
     `out_paths`: eval name (RESULTS' keys) -> file. Without a truth file (data not made by
     `generate-planted`) each file says {"known": false, "why": ...}, so the stage's outputs always exist."""
-    from contextual_bert.evaluation import _evaluate, result_json
+    from contextual_bert.evaluation import evaluate_model, result_json
 
     results = {}
     for name, with_context in RESULTS.items():
@@ -240,7 +240,7 @@ def evaluate_optimum(raw_dir: Path, features_dir: Path, out_paths: dict[str, Pat
             out_path.write_text(json.dumps(result, indent=2))
         else:
             model = optimum_from_features(raw_dir, features_dir, with_context)
-            result = _evaluate(model, name, name, None, 0, features_dir, max_set_size, out_path, cfg)
+            result = evaluate_model(model, name, name, None, 0, features_dir, max_set_size, out_path, cfg)
             for split in ("test", "val"):
                 ce = result[split]["cross_entropy"]
                 if ce is None or not np.isfinite(ce):

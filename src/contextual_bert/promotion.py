@@ -3,7 +3,7 @@
 The candidate is the best version by validation `promote.metric` (recall@K) among those trained on the
 current features and never rolled back. It takes alias 'champion' when there is none, or when it beats the
 champion on the same validation cases: its recall@K exceeds the champion's by more than `promote.margin`
-and an exact one-sided McNemar test on the per-case hits (from `evaluation.case_ranks`) gives p < `alpha`.
+and an exact one-sided McNemar test on the per-case hits (from `ranking.case_ranks`) gives p < `alpha`.
 The test and the decision are recorded as tags of the candidate version. The old champion takes alias
 'previous'; `rollback` gives 'champion' back to it and marks the demoted version so promote skips it.
 Aliases, not the deprecated stages.
@@ -106,7 +106,7 @@ def validation_cases(cfg: Config, core, model_features_sha: str, features_sha: s
 def _reencoded_validation(cfg: Config, core):
     import pandas as pd
 
-    from contextual_bert.feature_store import OUTFITS_FILE
+    from contextual_bert.feature_store import split_outfit_ids
 
     for path in (cfg.paths.validated_dir / "outfits.parquet", cfg.paths.validated_dir / "customers.parquet"):
         if not path.exists():
@@ -114,8 +114,7 @@ def _reencoded_validation(cfg: Config, core):
                 f"{path}: not found; the champion was trained on other features, and comparing it on today's "
                 "validation outfits needs them as validated (run `contextual-bert validate`)"
             )
-    features = pd.read_parquet(cfg.paths.features_dir / OUTFITS_FILE, columns=["outfit_id", "split"])
-    val_ids = features.loc[features["split"] == "val", "outfit_id"].astype(str)
+    val_ids = split_outfit_ids(cfg.paths.features_dir, "val")
     outfits = pd.read_parquet(cfg.paths.validated_dir / "outfits.parquet")
     customers = pd.read_parquet(cfg.paths.validated_dir / "customers.parquet")
     outfits = outfits.assign(outfit_id=outfits["outfit_id"].astype(str)).set_index("outfit_id").loc[val_ids]
@@ -136,7 +135,7 @@ def version_case_hits(cfg: Config, version, k: int, features_sha: str) -> dict[t
     """
     import mlflow
 
-    from contextual_bert.evaluation import case_ranks
+    from contextual_bert.ranking import case_ranks
 
     pyfunc = mlflow.pyfunc.load_model(f"models:/{cfg.mlflow.model_name}/{version.version}")
     core = pyfunc.unwrap_python_model().core

@@ -44,7 +44,7 @@ from contextual_bert.feature_store import (
     OutfitEncoder,
     load_catalogue,
 )
-from contextual_bert.import_sets import read_table_file
+from contextual_bert.contract import read_table_file
 
 MAX_TOP_K = 250
 BATCH_ROWS = 1024  # rows scored per forward pass: bounds memory for large requests

@@ -4,8 +4,7 @@ Each source is one module with `ingest(cfg: Config, source: Path | None) -> dict
 data contract (contract.py) into `cfg.paths.raw_dir` and returns its ingest report, `schema(cfg) ->
 DataSchema`, the context columns it declares, and `inputs(cfg) -> list[Path]`, the files it reads (for the
 `source` stage's fingerprint: params name those files, DVC cannot see into them). A new source is one module
-and one entry here (and, when it takes settings, its own params section); config.py accepts every name of this
-table for `ingest.source`.
+and one entry here (and, when it takes settings, its own params section); `ingest.source` names one (`chosen`).
 """
 
 from __future__ import annotations
@@ -17,12 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contextual_bert.contract import DataSchema
+from contextual_bert.errors import ContextualBertError
 
 
 @dataclass(frozen=True)
 class Source:
-    # The module is named, not imported: sources pull in heavy readers (DuckDB), and config.py reads this
-    # table to validate `ingest.source`, so every stage would otherwise depend on every importer's code.
+    # The module is named, not imported: sources pull in heavy readers (DuckDB), and the `source` stage
+    # reads this table for one source's inputs.
     module: str  # with `ingest(cfg, source) -> dict` and `schema(cfg) -> DataSchema`
     params: str  # the params section the source reads (its DVC params)
     about: str
@@ -51,9 +51,18 @@ SOURCES: dict[str, Source] = {
 }  # fmt: skip
 
 
-def ingest(cfg, source: Path | None = None) -> dict:
-    """Run the source `ingest.source` names; `source` overrides the path in its params section."""
-    return SOURCES[cfg.ingest.source].ingest(cfg, source)
+def chosen(cfg, name: str | None = None) -> Source:
+    """The source `name` (default: `ingest.source`), or a one-line error naming the known ones. Checked here,
+    where the table is, not when params.yaml loads: every stage reads the config, only these read sources."""
+    name = name or cfg.ingest.source
+    if name not in SOURCES:
+        raise ContextualBertError(f"params.yaml: ingest.source '{name}' is not one of {sorted(SOURCES)}")
+    return SOURCES[name]
+
+
+def ingest(cfg, source: Path | None = None, name: str | None = None) -> dict:
+    """Run the source `name` (default: `ingest.source`); `source` overrides the path in its params section."""
+    return chosen(cfg, name).ingest(cfg, source)
 
 
 def fingerprint(cfg) -> dict:
@@ -70,7 +79,7 @@ def fingerprint(cfg) -> dict:
         cache = {}  # none yet, or unreadable: hash every file
     cache = cache if isinstance(cache, dict) else {}
     files, seen = [], {}
-    for path in SOURCES[cfg.ingest.source].inputs(cfg):
+    for path in chosen(cfg).inputs(cfg):
         stat = path.stat()
         signs = [stat.st_size, stat.st_mtime_ns, stat.st_ino]
         key = str(path.resolve())

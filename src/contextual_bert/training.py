@@ -229,7 +229,7 @@ def convergence(history: list[dict], stopped_early: bool) -> str | None:
 
 def validation_cross_entropy(model: ContextualBert, data: EncodedOutfits, batch_size: int, device) -> float:
     """Mean cross-entropy with every item of every outfit masked in turn (the evaluation's cases)."""
-    from contextual_bert.evaluation import case_ranks
+    from contextual_bert.ranking import case_ranks
 
     cases = case_ranks(model, data, batch_size, device, with_ranks=False)
     return float(-cases["log_prob"].mean()) if len(cases["log_prob"]) else float("nan")
@@ -266,9 +266,7 @@ def run_key(model: ContextualBert, train_cfg: TrainConfig, seed: int, train_data
 
 
 def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    tmp.replace(path)
+    atomic_save(json.dumps(obj, indent=2), path, write=lambda text, tmp: Path(tmp).write_text(text))
 
 
 def fit(

@@ -1,0 +1,70 @@
+"""Ranking every case of a split: the one scorer that training (its validation loss), evaluation and
+promotion share. A case is (outfit, position): the item there is masked and its target ranked against every
+real article, the outfit's other items excluded (evaluation.py's docstring has the protocol).
+
+Nothing here reads files or computes intervals, so training's deps stop at the model and the features.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, EncodedOutfits
+
+
+def case_ranks(model, data: EncodedOutfits, batch_size: int, device, with_ranks: bool = True) -> dict:
+    """Rank and log-probability of the target of every case (every non-padding item of every outfit).
+
+    `model` is anything with `masked_logits(items, context) -> (B, n_items)` (a ContextualBert or the
+    PopularityModel). Returns numpy arrays, one entry per rankable case, in outfit order: "outfit" (row of
+    `data`), "position", "target" (article index), "rank" (1 = best; absent if not with_ranks), "log_prob";
+    and "n_unknown_targets", the skipped cases whose target is [UNK].
+    """
+    device = torch.device(device)
+    model.eval()
+    items = data.items.to(device)
+    context = {name: values.to(device) for name, values in data.context.items()}
+    outfit, position = (items != PAD_INDEX).nonzero(as_tuple=True)
+    target = items[outfit, position]
+    known = target != UNKNOWN_INDEX
+    n_unknown = int((~known).sum())
+    outfit, position, target = outfit[known], position[known], target[known]
+
+    # Cases in order of outfit length, so that each batch is trimmed to little padding (items are
+    # right-padded); the results are put back in outfit order below.
+    lengths = (items != PAD_INDEX).sum(dim=1)
+    by_length = torch.sort(lengths[outfit], stable=True).indices
+    ranks, log_probs = [], []
+    article_index = torch.arange(getattr(model, "n_items"), device=device)
+    with torch.no_grad():  # fp32 on every device: bf16 logits tie, and ties would be broken by article index
+        for start in range(0, len(target), batch_size):
+            rows = by_length[start : start + batch_size]
+            o, p, t = outfit[rows], position[rows], target[rows, None]
+            masked = items[o, : int(lengths[o].max())].clone()
+            masked[torch.arange(len(o), device=device), p] = MASK_INDEX
+            logits = model.masked_logits(masked, {name: values[o] for name, values in context.items()}).float()
+            logits[:, :N_SPECIAL] = float("-inf")  # never ranked, whatever the scorer says
+            target_logit = logits.gather(1, t)
+            log_probs.append(target_logit - torch.logsumexp(logits[:, N_SPECIAL:], dim=1, keepdim=True))
+            if with_ranks:
+                scores = logits.scatter(1, masked, float("-inf"))  # the outfit's other items are not ranked
+                ahead = (scores > target_logit) | ((scores == target_logit) & (article_index < t))
+                ranks.append(1 + ahead.sum(dim=1))
+
+    def in_outfit_order(chunks: list[torch.Tensor]) -> torch.Tensor:
+        values = torch.cat(chunks).reshape(-1)
+        restored = torch.empty_like(values)
+        restored[by_length] = values
+        return restored
+
+    result = {
+        "outfit": outfit.cpu().numpy(),
+        "position": position.cpu().numpy(),
+        "target": target.cpu().numpy(),
+        "log_prob": in_outfit_order(log_probs).double().cpu().numpy() if log_probs else np.zeros(0),
+        "n_unknown_targets": np.int64(n_unknown),
+    }
+    if with_ranks:
+        result["rank"] = in_outfit_order(ranks).cpu().numpy() if ranks else np.zeros(0, dtype=np.int64)
+    return result
