@@ -12,12 +12,14 @@ help:
 
 # torch==2.13.0 first: its CPU wheel lies on this disk, while the range in pyproject alone
 # would make pip fetch a 5.5 GB CUDA build.
+# pip's own messages go to $(VENV)/install.log (its end is printed when an install fails).
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test,postgres]'
-	touch $(STAMP)
+	@echo "installing into $(VENV) (log: $(VENV)/install.log)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@( $(BIN)/pip install --quiet --upgrade pip && $(BIN)/pip install --quiet torch==2.13.0 && \
+	   $(BIN)/pip install --quiet -e '.[test,postgres]' ) > $(VENV)/install.log 2>&1 || \
+	   { tail -n 30 $(VENV)/install.log; exit 1; }
+	@touch $(STAMP)
 
 install: $(STAMP)
 
@@ -25,7 +27,7 @@ install: $(STAMP)
 # `dvc repro` runs one stage at a time; flows/repro.py runs the same stages through the pipeline flow,
 # the trainings one per core in parallel (same dvc.lock; afterwards `dvc repro` has nothing to do).
 repro: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" PREFECT_HOME=$(PREFECT_HOME) $(BIN)/python -m flows.repro
+	@PATH="$(CURDIR)/$(BIN):$$PATH" PREFECT_HOME=$(PREFECT_HOME) $(BIN)/python -m flows.repro
 	@echo; cat reports/table1.md
 
 test: $(STAMP)

@@ -32,8 +32,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -79,6 +81,21 @@ from flows.infra.work_pools import (
 )
 
 CHECKOUTS = Path(".dvc/tmp/checkouts")  # inside the parent's workspace; ignored by git and DVC
+# A line per stage and per finished training unit, for a person watching: `make repro` prints these (and
+# warnings) and sends the rest of the log to a file (flows/repro.py).
+progress = logging.getLogger("flows.progress")
+
+
+def unit_summary(workdir: Path, key: str) -> str:
+    """A finished unit's line: its best validation CE, epochs, convergence and time (reports/train/)."""
+    variant, seed = key.rsplit("-", 1)
+    path = workdir / load_config(workdir / "params.yaml").paths.reports_dir / "train" / f"{variant}-s{seed}.json"
+    try:
+        r = json.loads(path.read_text())
+        return (f"best validation CE {r['best_val_cross_entropy']:.4f} at epoch {r['best_epoch']} of {r['epochs']}"
+                f" ({'converged' if r['converged'] else 'NOT converged'}), {r['seconds']:.0f} s")
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"done (no training report at {path})"
 
 
 class UnitFailed(RuntimeError):
@@ -247,6 +264,7 @@ def fan_out_units(
     logger = get_run_logger()
     todo = stale_units(units, workdir)
     if not todo:
+        progress.info("training: all %d units up to date", len(units))
         return []
     uri = tracking_uri(workdir)
     wait_for_mlflow(uri)
@@ -272,6 +290,8 @@ def fan_out_units(
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max_parallel))
     logger.info("fan-out (%s): %d units, pool %s, %d at a time", mode, len(todo),
                 placements[todo[0]].pool if mode in ("deployments", "remote") else "none", max_parallel)
+    progress.info("training: %d of %d units stale, %d at a time (%s)", len(todo), len(units), max_parallel,
+                  mode)
 
     brought: list[str] = []
     failures: list[str] = []
@@ -306,14 +326,17 @@ def fan_out_units(
         fut.wait()  # sets the final state; before that `.state` may lag behind the API
         if mode == "local" and pending and len(running) < max(1, max_parallel):
             launch(pending.pop(0))  # the freed core trains the next unit while this one is brought back
+        done = len(todo) - len(pending) - len(running)
         if fut.state.is_completed():
             # In series, in this thread: the only `dvc` commands in the parent's workspace.
             if mode == "remote":
                 brought += bring_back_remote(key, fut.result(), workdir, state.dvc_remote)
             else:
                 brought += bring_back(key, checkout, workdir, unit)
+            progress.info("training %d/%d %s: %s", done, len(todo), key, unit_summary(workdir, key))
         else:
             failures.append(f"{key}: {fut.result(raise_on_failure=False)}")
+            progress.error("training %d/%d %s FAILED: %s", done, len(todo), key, failures[-1])
     if failures:
         raise RuntimeError(f"{len(failures)} of {len(todo)} trainings failed: " + "; ".join(failures))
     return brought
@@ -324,6 +347,7 @@ def _run_series(stages: tuple[str, ...], workdir: Path) -> list[str]:
     ran = []
     waited = False
     for stage in stages:
+        start = time.monotonic()
         if dvc_stages.kind(stage) in dvc_stages.MLFLOW_STAGES:
             if not waited:
                 wait_for_mlflow(tracking_uri(workdir))
@@ -333,6 +357,8 @@ def _run_series(stages: tuple[str, ...], workdir: Path) -> list[str]:
             output = repro_stage(stage, workdir)
         if f"Running stage '{stage}'" in output:
             ran.append(stage)
+        progress.info("%s: %s (%.0f s)", stage, "ran" if ran and ran[-1] == stage else "up to date",
+                      time.monotonic() - start)
     return ran
 
 

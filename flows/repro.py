@@ -12,12 +12,15 @@ MLflow server (`--workers 1`) serves the params' SQLite store; the experiment is
 artifacts beside the database, exactly where a plain `dvc repro` puts them.
 
     python -m flows.repro [--max-parallel N]          # what `make repro` runs
+
+It prints a line per stage and per finished training (n of N, its validation CE and time) and warnings; the
+whole log, every stage's output included, goes to $PREFECT_HOME/repro.log (.prefect/repro.log).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import logging
 import os
 import subprocess
 import sys
@@ -26,10 +29,13 @@ from pathlib import Path
 
 # Prefect's temporary API server gets 20 s to start, too few on a 2-core machine that is busy.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+# Its telemetry heartbeat writes the server's SQLite file while the flow does, and logs "database is locked"
+# tracebacks; nothing leaves this machine anyway.
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from contextual_bert.config import load_config  # noqa: E402
 from flows import one_line_errors  # noqa: E402
-from flows.pipeline import is_server, pipeline, tracking_uri  # noqa: E402
+from flows.pipeline import is_server, pipeline, progress, tracking_uri  # noqa: E402
 from flows.infra.net import free_port, wait_healthy  # noqa: E402
 from flows.infra.stack import BIN  # noqa: E402
 
@@ -65,6 +71,35 @@ def mlflow_server_over(uri: str, experiment: str, log: Path):
             server.kill()
 
 
+class _NotProgress(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.name.startswith(progress.name)
+
+
+def quiet_console(log: Path) -> None:
+    """The console shows the progress lines (flows.pipeline.progress) and warnings; every log record, DVC's
+    and the stages' output included, goes to `log` as well."""
+    import mlflow  # noqa: F401 - MLflow's and Prefect's own handlers first, so that they are the ones adjusted
+    from prefect.logging.configuration import setup_logging
+
+    setup_logging()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    to_file = logging.FileHandler(log, mode="w")
+    to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in ("", "uvicorn", "fastapi", "prefect.flow_runs", "prefect.task_runs", "mlflow"):
+        logger = logging.getLogger(name)
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+                handler.setLevel(logging.WARNING)
+                handler.addFilter(_NotProgress())
+        logger.addHandler(to_file)
+    logging.getLogger().setLevel(logging.INFO)
+    shown = logging.StreamHandler(sys.stdout)
+    shown.setFormatter(logging.Formatter("%(asctime)s  %(message)s", "%H:%M:%S"))
+    progress.addHandler(shown)
+    progress.setLevel(logging.INFO)
+
+
 @one_line_errors("python -m flows.repro")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.repro", description=__doc__.split("\n\n")[0])
@@ -74,11 +109,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     workdir = Path(args.workdir).resolve()
     cfg = load_config(workdir / "params.yaml")
-    log = workdir / ".dvc" / "tmp" / "repro-mlflow-server.log"
-    with mlflow_server_over(tracking_uri(workdir), cfg.mlflow.experiment, log) as uri:
+    log = Path(os.environ.get("PREFECT_HOME", workdir / ".prefect")) / "repro.log"
+    quiet_console(log)
+    progress.info("make repro: the whole log goes to %s", log)
+    server_log = workdir / ".dvc" / "tmp" / "repro-mlflow-server.log"
+    with mlflow_server_over(tracking_uri(workdir), cfg.mlflow.experiment, server_log) as uri:
         os.environ["MLFLOW_TRACKING_URI"] = uri
         result = pipeline(workdir=str(workdir), fan_out="local", max_parallel=args.max_parallel)
-    print(json.dumps(result, indent=2))
+    progress.info("done: %d stages ran; DVC finds %s stale", len(result["ran"]) + len(result["trained"]),
+                  result["stale"] or "nothing")
     return 0 if not result["stale"] else 1
 
 
