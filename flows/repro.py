@@ -71,6 +71,30 @@ def mlflow_server_over(uri: str, experiment: str, log: Path):
             server.kill()
 
 
+TABLE1_BLOCK = ("<!-- table1: reports/table1.md -->", "<!-- /table1 -->")  # README.md's copy of Table 1
+
+
+def readme_with_table1(readme: str, table1: str) -> str:
+    """README.md's text with the block between TABLE1_BLOCK's markers replaced by Table 1."""
+    start, end = TABLE1_BLOCK
+    head, found, rest = readme.partition(start + "\n")
+    _, found_end, tail = rest.partition(end)
+    if not (found and found_end):
+        raise ValueError(f"README.md has no block {start} ... {end}")
+    return head + start + "\n" + table1.strip() + "\n" + end + tail
+
+
+def sync_readme(workdir: Path) -> None:
+    """Copy reports/table1.md into README.md, so that the README's Table 1 is the one the pipeline computed."""
+    readme = workdir / "README.md"
+    table1 = workdir / load_config(workdir / "params.yaml").paths.reports_dir / "table1.md"
+    if readme.exists() and table1.exists():
+        text = readme_with_table1(readme.read_text(), table1.read_text())
+        if text != readme.read_text():
+            readme.write_text(text)
+            progress.info("README.md: Table 1 updated from %s", table1.relative_to(workdir))
+
+
 class _NotProgress(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.name.startswith(progress.name)
@@ -116,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     with mlflow_server_over(tracking_uri(workdir), cfg.mlflow.experiment, server_log) as uri:
         os.environ["MLFLOW_TRACKING_URI"] = uri
         result = pipeline(workdir=str(workdir), fan_out="local", max_parallel=args.max_parallel)
+    sync_readme(workdir)
     progress.info("done: %d stages ran; DVC finds %s stale", len(result["ran"]) + len(result["trained"]),
                   result["stale"] or "nothing")
     return 0 if not result["stale"] else 1

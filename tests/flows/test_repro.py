@@ -13,6 +13,7 @@ from mlflow.tracking import MlflowClient
 from contextual_bert.tracking import artifact_location
 from flows.repro import mlflow_server_over
 from flows.infra.net import healthy
+from flows_testkit import REPO
 
 
 def test_the_server_writes_the_sqlite_store_and_its_artifacts_beside_it(tmp_path):
@@ -45,3 +46,14 @@ def test_a_server_uri_is_used_as_it_is(tmp_path):
     with mlflow_server_over("http://mlflow.example:5000", "outfits", tmp_path / "server.log") as served:
         assert served == "http://mlflow.example:5000"
     assert not (tmp_path / "server.log").exists()
+
+
+def test_the_readme_shows_the_table_the_pipeline_wrote():
+    from flows.repro import TABLE1_BLOCK, readme_with_table1
+
+    readme = (REPO / "README.md").read_text()
+    table1 = (REPO / "reports" / "table1.md").read_text()
+    assert all(marker in readme for marker in TABLE1_BLOCK)
+    assert readme_with_table1(readme, table1) == readme, "README.md's Table 1 differs from reports/table1.md"
+    changed = readme_with_table1(readme, table1.replace("| [None] |", "| [Nix] |"))
+    assert changed != readme and "| [Nix] |" in changed  # the check can fail
