@@ -164,6 +164,29 @@ def test_two_runs_of_one_unit_are_bit_identical_whatever_threads_the_machine_off
     assert_identical(uninterrupted, outcome(tmp_path))
 
 
+AVX2_MACHINE = {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+
+
+def test_pinned_cpu_kernels_give_an_avx512_and_an_avx2_machine_the_same_bits(tmp_path):
+    """train.cpu_kernels: avx2 (cpu_kernels.PINNED) on this CPU and on an AVX2-only one (emulated: MKL, oneDNN
+    and ATen told the CPU has no more than AVX2) train to the same bits."""
+    from contextual_bert.cpu_kernels import PINNED
+
+    here, there = tmp_path / "here", tmp_path / "avx2_machine"
+    assert run_child(here, env=PINNED["avx2"]) == 0
+    assert run_child(there, env={**AVX2_MACHINE, **PINNED["avx2"]}) == 0
+    assert_identical(outcome(here), outcome(there))
+
+
+def test_the_cli_imports_no_torch_before_it_pins_the_kernels():
+    code = ("import sys; from contextual_bert import cli, cpu_kernels; assert 'torch' not in sys.modules; "
+            "assert cpu_kernels.pin('avx2'); import torch; print(torch.backends.cpu.get_cpu_capability())")
+    env = {k: v for k, v in os.environ.items() if k not in AVX2_MACHINE}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "AVX2"
+
+
 def test_the_comparison_sees_a_difference(tmp_path, uninterrupted):
     """The tests above can fail: another seed's run, or one differing in a single bit, is told apart."""
     changed = dict(uninterrupted)

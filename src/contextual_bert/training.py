@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from contextual_bert import cpu_kernels
 from contextual_bert.config import ModelConfig, TrainConfig, base_model, uses_attributes
 from contextual_bert.devices import autocast, keep_freed_memory, select_device
 from contextual_bert.errors import ContextualBertError
@@ -508,6 +509,8 @@ def fit(
         "converged": convergence(state["history"], state["stopped"]),
         "seconds": state["seconds"],
         "device": device.type,
+        "threads": train_cfg.num_threads,
+        "cpu_kernels": cpu_kernels.in_effect() if device.type == "cpu" else None,
     }
     _write_json(out_dir / "metrics.json", metrics)
     return metrics
