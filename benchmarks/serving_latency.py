@@ -74,8 +74,8 @@ def build_project(work: Path, size: str, variant: str) -> tuple[dict, Path]:
     return description, work / "features"
 
 
-def register_champion(work: Path, features_dir: Path) -> str:
-    """Log the pyfunc from code into a temporary store, register it and alias it champion."""
+def register_version(work: Path, checkpoint: Path, features_dir: Path):
+    """Log the pyfunc of `checkpoint` from code into the temporary store and register it as a new version."""
     import mlflow
 
     from contextual_bert.config import load_config
@@ -83,13 +83,23 @@ def register_champion(work: Path, features_dir: Path) -> str:
 
     cfg = load_config(REPO / "params.yaml")
     mlflow_client = mlflow.MlflowClient()
-    exp_id = mlflow_client.create_experiment("benchmark", artifact_location=(work / "mlruns").as_uri())
+    experiment = mlflow_client.get_experiment_by_name("benchmark")
+    exp_id = experiment.experiment_id if experiment else \
+        mlflow_client.create_experiment("benchmark", artifact_location=(work / "mlruns").as_uri())
     logged = mlflow_client.create_logged_model(exp_id, name=MODEL_NAME)
-    log_pyfunc_model(work / "checkpoint.pt", features_dir, model_name=MODEL_NAME, top_k=cfg.mlflow.top_k,
+    log_pyfunc_model(checkpoint, features_dir, model_name=MODEL_NAME, top_k=cfg.mlflow.top_k,
                      model_id=logged.model_id, input_example=example_request(features_dir))  # fmt: skip
-    mlflow_client.create_registered_model(MODEL_NAME)
-    version = mlflow_client.create_model_version(MODEL_NAME, f"models:/{logged.model_id}", model_id=logged.model_id)
-    mlflow_client.set_registered_model_alias(MODEL_NAME, "champion", version.version)
+    if not mlflow_client.search_registered_models(f"name = '{MODEL_NAME}'"):
+        mlflow_client.create_registered_model(MODEL_NAME)
+    return mlflow_client.create_model_version(MODEL_NAME, f"models:/{logged.model_id}", model_id=logged.model_id)
+
+
+def register_champion(work: Path, features_dir: Path) -> str:
+    """Log the pyfunc from code into a temporary store, register it and alias it champion."""
+    import mlflow
+
+    version = register_version(work, work / "checkpoint.pt", features_dir)
+    mlflow.MlflowClient().set_registered_model_alias(MODEL_NAME, "champion", version.version)
     return f"models:/{MODEL_NAME}@champion"
 
 

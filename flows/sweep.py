@@ -37,7 +37,8 @@ def _queued_or_running(workdir: Path) -> int:
 
 def queue_experiments(workdir: Path, threads: int = 0) -> list[str]:
     """`dvc exp run --queue` once per (variant, setting) of params.yaml's sweep section. `threads` > 0 sets
-    train.num_threads in the experiments (not a stage param: results do not depend on it)."""
+    train.num_threads in the experiments (a stage param: the thread count changes the rounding, so
+    such an experiment is compared with others at the same threads)."""
     names = []
     for planned in experiments(load_config(workdir / "params.yaml")):
         set_params = planned["set_params"] + ([f"train.num_threads={threads}"] if threads > 0 else [])

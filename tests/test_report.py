@@ -310,3 +310,16 @@ def test_attribute_models_are_read_against_the_attribute_aware_popularity(tmp_pa
     assert f"  - [None] + attributes against [None]: cross-entropy better by {none_ce - 3.5:+.2f}" in section
     metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
     assert "none_attrs" not in metrics["global_state"].get("vs_none", {}) and "popularity_attribute" in metrics
+
+
+def test_the_largest_seed_se_is_printed_to_three_decimals_as_computed(tmp_path):
+    """Table 1 rounds to two decimals (0.022 shows as 0.02): a claim about the seed SE is read from this line."""
+    cfg = write_fake_runs(tmp_path, variants=("none", "global_state"))
+    build_report(cfg)
+    table = (tmp_path / "reports" / "table1.md").read_text()
+    none_se, gs_se = se(FAKE["none"]["cross_entropy"]), se(FAKE["global_state"]["cross_entropy"])
+    assert f"at most **{none_se:.3f}** nats ([None]); each: [None] {none_se:.3f}, [GS] {gs_se:.3f}." in table
+    single = tmp_path / "single"
+    single.mkdir()
+    build_report(write_fake_runs(single, seeds=(0,)))
+    assert "Seed SE of the test cross-entropy" not in (single / "reports" / "table1.md").read_text()

@@ -66,6 +66,9 @@ def _cmd_features(cfg: Config, args) -> None:
 
 
 def _cmd_train(cfg: Config, args) -> None:
+    from contextual_bert import cpu_kernels
+
+    cpu_kernels.pin(cfg.train_for(args.variant).cpu_kernels)  # before torch is imported: the libraries read it once
     from contextual_bert.tracking import track_training
     from contextual_bert.training import train
 

@@ -215,7 +215,15 @@ class TrainConfig(Section):
     # for sparse data, where the encoder otherwise stays at popularity: docs/training.md).
     init_embeddings: InitEmbeddings = "random"
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    num_threads: int = Field(0, ge=0)  # 0: torch's default
+    # torch threads a training computes with: a recorded setting (a DVC param, part of the run's key), never the
+    # machine's default, since the split of a reduction over threads changes its rounding (docs/reproducibility.md)
+    num_threads: int = Field(1, ge=1)
+    # the CPU kernels: "avx2" asks ATen, MKL (MKL_CBWR) and oneDNN for their AVX2 code path, so that x86 CPUs
+    # with and without AVX-512 give the same bits; "native": the widest the CPU has (cpu_kernels.py)
+    cpu_kernels: Literal["avx2", "native"] = "avx2"
+    # within an epoch, last.pt is written at most this often (seconds; 0: at epochs' ends only), so that a run
+    # killed mid-epoch resumes where it stopped; the results do not depend on it
+    checkpoint_every_s: float = Field(60.0, ge=0)
 
     def read_by(self, model: str, exclude: set[str] = frozenset()) -> dict:
         """The settings `model` trains with, as a dict: without ATTRIBUTE_SETTINGS for a model without

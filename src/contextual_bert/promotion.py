@@ -231,17 +231,24 @@ def promote(cfg: Config) -> dict:
         for tag, value in tags.items():
             mlflow_client.set_model_version_tag(name, best.version, tag, value)
     if promoted:
-        if champion is not None:
-            mlflow_client.set_registered_model_alias(name, PREVIOUS, champion.version)
-        mlflow_client.set_registered_model_alias(name, CHAMPION, best.version)
-        history = _history(mlflow_client, name)
-        if champion is not None and (not history or history[-1] != str(champion.version)):
-            history.append(str(champion.version))
-        _set_history(mlflow_client, name, history + [str(best.version)])
+        move_champion(mlflow_client, name, best.version, champion)
     result.update(decision=decision, promoted=promoted, test=test.as_dict() if test else None,
                   champion=int(best.version) if promoted else (int(champion.version) if champion else None))
     write_report(cfg, PROMOTION_REPORT, result)
     return result
+
+
+def move_champion(mlflow_client, name: str, version, champion) -> None:
+    """Point alias 'champion' at `version`; the old champion (`champion`, or None) takes 'previous', and the
+    champion history grows. A running `mlflow models serve -m models:/<name>@champion` does not follow: it
+    resolved the alias when it started (docs/reproducibility.md, serving under load)."""
+    if champion is not None:
+        mlflow_client.set_registered_model_alias(name, PREVIOUS, champion.version)
+    mlflow_client.set_registered_model_alias(name, CHAMPION, version)
+    history = _history(mlflow_client, name)
+    if champion is not None and (not history or history[-1] != str(champion.version)):
+        history.append(str(champion.version))
+    _set_history(mlflow_client, name, history + [str(version)])
 
 
 def rollback(cfg: Config) -> dict:

@@ -335,6 +335,19 @@ def _converged_text(c: dict | None) -> str:
     return f"{c['converged']}/{c['n']}" + (f" ({', '.join(ways)})" if ways else "")
 
 
+def seed_se_lines(summary: dict, metric: str = "cross_entropy") -> list[str]:
+    """The seed SE of the test cross-entropy to three decimals, largest first: the table rounds to two, so a
+    claim about its size is read here, never from the rounded column."""
+    ses = {v: s["test"][metric]["se"] for v, s in summary.items()
+           if metric in s["test"] and s["test"][metric]["se"] is not None}
+    if not ses:
+        return []
+    largest = max(ses, key=ses.get)
+    each = ", ".join(f"{LABELS.get(v, v)} {se:.3f}" for v, se in ses.items())
+    return ["", f"- Seed SE of the test cross-entropy: at most **{ses[largest]:.3f}** nats "
+                f"({LABELS.get(largest, largest)}); each: {each}."]
+
+
 def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, order: dict,
                   baseline_verdicts: dict | None = None) -> str:
     variants = list(summary)
@@ -398,6 +411,8 @@ def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, 
                 _converged_text(s.get("convergence")),
             ]) + " |"
         )
+
+    lines += seed_se_lines(summary)
 
     if "optimum_context" in references or "optimum_no_context" in references:
         lines += ["", "## Distance to the optimum", "",

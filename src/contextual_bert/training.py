@@ -19,9 +19,17 @@ attributes learn to rank before the ids memorise. No other model reads the setti
 nor its run key nor its logged params depend on it.
 
 Determinism: one seed fixes the initial weights (`train`), the shuffling and masking (a generator of its own)
-and dropout (the global generator). last.pt holds everything that changes during a run - weights, optimizer,
-scheduler, both generators, history and early-stopping state - after every epoch, so a run killed mid-way and
-resumed repeats the interrupted epoch exactly and ends where an uninterrupted run ends.
+and dropout (the global generator). The thread count is a setting (train.num_threads, a DVC param and part of
+the run's key): how a reduction is split over threads changes its rounding, so it is never whatever the machine
+offers. torch's deterministic algorithms are on (`pin_threads_and_algorithms`). Two runs of one unit on one
+machine give the same bits; what differs between machines is in docs/reproducibility.md.
+
+Exact resume: last.pt holds everything that changes during a run - weights, optimizer, scheduler, every random
+stream (the run's generator, torch's, CUDA's, numpy's, Python's), history and early-stopping state - after
+every epoch, and within an epoch every train.checkpoint_every_s seconds with the position in the epoch (the
+generator's state at the epoch's start, which gives back the epoch's batches, the steps done and the loss
+summed so far). A run killed at any moment and resumed ends with the same history, metrics and weights, bit
+for bit, as one never interrupted (`save_resume_state` / `load_resume_state`).
 
 Devices: the data is moved to the device once and batches are indexed from it with a shuffled permutation
 (no DataLoader), outfits of similar length together and each batch trimmed to its longest
@@ -34,14 +42,17 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import random
 import time
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from contextual_bert import cpu_kernels
 from contextual_bert.config import ModelConfig, TrainConfig, base_model, uses_attributes
 from contextual_bert.devices import autocast, keep_freed_memory, select_device
 from contextual_bert.errors import ContextualBertError
@@ -51,9 +62,9 @@ from contextual_bert.model import ContextualBert, atomic_save, build_model, coun
 EpochHook = Callable[[int, dict], None]
 
 # Settings a run can change and still be resumed: they do not change what an epoch computes. (The device
-# the run trains on is part of the key instead: its random streams differ.)
-# (max_epochs is not among them: it sets the decay's horizon.)
-RESUMABLE_CHANGES = ("variants", "seeds", "patience", "device", "num_threads")
+# the run trains on is part of the key instead: its random streams differ; so is num_threads: it changes the
+# rounding.) (max_epochs is not among them: it sets the decay's horizon.)
+RESUMABLE_CHANGES = ("variants", "seeds", "patience", "device", "checkpoint_every_s")
 CONVERGENCE_EPOCHS, CONVERGENCE_NATS = 3, 0.01
 BUCKET_BATCHES = 32  # batches per window sorted by outfit length (length_batches)
 
@@ -265,6 +276,91 @@ def run_key(model: ContextualBert, train_cfg: TrainConfig, seed: int, train_data
     }
 
 
+# --- determinism and exact resume ----------------------------------------------------------------------
+
+
+def pin_threads_and_algorithms(train_cfg: TrainConfig) -> None:
+    """Compute with train.num_threads threads (a recorded setting, never the machine's default) and torch's
+    deterministic algorithms (docs/reproducibility.md: what they cost)."""
+    torch.set_num_threads(train_cfg.num_threads)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def seeded_random_states(seed: int, device: torch.device) -> torch.Generator:
+    """Seed every random stream from the run's seed; returns the run's own generator (shuffling, masking).
+    torch's global generator draws dropout; numpy's and Python's are seeded too, though the loop draws from
+    neither, so that nothing a step might call depends on the process."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+    return generator
+
+
+def random_states(generator: torch.Generator, device: torch.device) -> dict:
+    """Every random stream a step may draw from: the run's generator (shuffling, masking), torch's global one
+    (dropout, id dropout), CUDA's, numpy's and Python's (the loop draws from neither; saved so that code which
+    does cannot break an exact resume). Tensors and plain values only: last.pt loads with weights_only."""
+    _, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    return {
+        "generator": generator.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
+                  "cached_gaussian": float(cached_gaussian)},
+        "python": random.getstate(),
+    }
+
+
+def restore_random_states(states: dict, generator: torch.Generator, device: torch.device) -> None:
+    generator.set_state(states["generator"])
+    torch.set_rng_state(states["torch"])
+    if device.type == "cuda" and states["cuda"] is not None:
+        torch.cuda.set_rng_state(states["cuda"], device)
+    numpy = states["numpy"]
+    np.random.set_state(("MT19937", numpy["keys"].numpy().astype(np.uint32), numpy["pos"], numpy["has_gauss"],
+                         numpy["cached_gaussian"]))
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def save_resume_state(path: Path, key: dict, model, optimizer, scheduler, generator, device, state: dict,
+                      position: dict | None = None) -> None:
+    """last.pt: all a run needs to go on exactly. `position` is None at an epoch's end; within an epoch it
+    holds the epoch, the steps done, the generator's state at the epoch's start and the loss summed so far."""
+    atomic_save(
+        {
+            "run_key": key,
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "random": random_states(generator, device),
+            "state": state,
+            "position": position,
+        },
+        path,
+    )
+
+
+def load_resume_state(path: Path, key: dict, model, optimizer, scheduler, generator, device):
+    """Restore last.pt when it belongs to the run `key`: returns (state, position, random states), the last two
+    for a run stopped within an epoch (else None). Returns None and removes the run's files when last.pt is
+    another run's (other settings or data): the run starts afresh."""
+    if not path.exists():
+        return None
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    if saved.get("run_key") != key or "random" not in saved:  # another run's, or written before exact resume
+        for stale in ("last.pt", "checkpoint.pt", "history.json", "metrics.json"):
+            (path.parent / stale).unlink(missing_ok=True)
+        return None
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    scheduler.load_state_dict(saved["scheduler"])
+    restore_random_states(saved["random"], generator, device)
+    return saved["state"], saved["position"], saved["random"]
+
+
 def _write_json(path: Path, obj) -> None:
     atomic_save(json.dumps(obj, indent=2), path, write=lambda text, tmp: Path(tmp).write_text(text))
 
@@ -291,8 +387,7 @@ def fit(
     if len(train_data) == 0 or len(val_data) == 0:
         raise ContextualBertError(f"{out_dir}: the train and validation splits must not be empty")
     device = select_device(train_cfg.device)
-    if train_cfg.num_threads > 0:
-        torch.set_num_threads(train_cfg.num_threads)
+    pin_threads_and_algorithms(train_cfg)
     if device.type == "cpu":
         keep_freed_memory()
 
@@ -309,45 +404,44 @@ def fit(
     )
     train_probe = train_sample(train_data, len(val_data))
     train_lengths = (train_data.items != PAD_INDEX).sum(dim=1)
-    generator = torch.Generator(device=device)
-    generator.manual_seed(seed)
-    torch.manual_seed(seed)  # dropout
+    generator = seeded_random_states(seed, device)
     state = {"epoch": 0, "history": [], "best_val": math.inf, "best_epoch": 0, "bad_epochs": 0,
              "stopped": False, "seconds": 0.0}  # fmt: skip
 
     last_path = out_dir / "last.pt"
-    if last_path.exists():
-        saved = torch.load(last_path, map_location="cpu", weights_only=True)
-        if saved.get("run_key") == key:
-            model.load_state_dict(saved["model"])
-            optimizer.load_state_dict(saved["optimizer"])
-            scheduler.load_state_dict(saved["scheduler"])
-            generator.set_state(saved["generator"])
-            torch.set_rng_state(saved["torch_rng"])
-            if device.type == "cuda" and saved.get("cuda_rng") is not None:
-                torch.cuda.set_rng_state(saved["cuda_rng"], device)
-            state = saved["state"]
-            # patience may differ: it only decides when a run stops, so a run the old patience stopped goes
-            # on under a larger one, exactly as if it had had that patience from the start
-            state["stopped"] = state["bad_epochs"] >= train_cfg.patience
-        else:
-            for stale in ("last.pt", "checkpoint.pt", "history.json", "metrics.json"):
-                (out_dir / stale).unlink(missing_ok=True)
+    resumed = load_resume_state(last_path, key, model, optimizer, scheduler, generator, device)
+    position = mid_epoch_random = None
+    if resumed is not None:
+        state, position, mid_epoch_random = resumed
+        # patience may differ: it only decides when a run stops, so a run the old patience stopped goes
+        # on under a larger one, exactly as if it had had that patience from the start
+        state["stopped"] = state["bad_epochs"] >= train_cfg.patience
 
     n_params = count_paper_parameters(model)
     for epoch in range(state["epoch"] + 1, train_cfg.max_epochs + 1):
         if state["stopped"]:
             break
-        started = time.perf_counter()
+        started = saved_at = time.perf_counter()
         model.train()
+        if position is not None:  # resumed within this epoch: its batches from the generator's state at its start
+            generator.set_state(position["epoch_generator"])
+        epoch_generator = generator.get_state()
         order = torch.randperm(n_train, generator=generator, device=device)
         batches = length_batches(order, train_lengths, train_cfg.batch_size, generator)
         widths = torch.stack([train_lengths[index].max() for index in batches]).tolist()  # one device sync
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        n_targets = 0
+        n_targets, first_step = 0, 0
+        if position is not None:  # then every stream where it was, and the steps done skipped
+            first_step = position["step"]
+            loss_sum, n_targets = position["loss_sum"].to(device), position["n_targets"]
+            started -= position["seconds"]
+            restore_random_states(mid_epoch_random, generator, device)
+            position = None
         bar = tqdm(total=n_train, desc=f"{model.variant} epoch {epoch}", unit="outfit", leave=False,
                    mininterval=1.0, dynamic_ncols=True)  # fmt: skip
         for step, (index, width) in enumerate(zip(batches, widths)):
+            if step < first_step:
+                continue
             items = train_data.items[index, :width]  # right-padded: the batch without its padding columns
             context = {name: values[index] for name, values in train_data.context.items()}
             learning_rate = scheduler.get_last_lr()[0]  # the rate this step uses
@@ -359,6 +453,13 @@ def fit(
             if step % 20 == 0 or step == steps_per_epoch - 1:
                 elapsed = time.perf_counter() - started
                 bar.set_postfix(loss=f"{float(loss):.3f}", samples_per_s=f"{bar.n / max(elapsed, 1e-9):.0f}")
+            if (train_cfg.checkpoint_every_s > 0 and step + 1 < len(batches)
+                    and time.perf_counter() - saved_at >= train_cfg.checkpoint_every_s):
+                save_resume_state(last_path, key, model, optimizer, scheduler, generator, device, state, {
+                    "epoch": epoch, "step": step + 1, "epoch_generator": epoch_generator,
+                    "loss_sum": loss_sum.cpu(), "n_targets": int(n_targets),
+                    "seconds": time.perf_counter() - started})  # fmt: skip
+                saved_at = time.perf_counter()
         bar.close()
         train_seconds = time.perf_counter() - started
 
@@ -388,19 +489,7 @@ def fit(
         else:
             state["bad_epochs"] += 1
             state["stopped"] = state["bad_epochs"] >= train_cfg.patience
-        atomic_save(
-            {
-                "run_key": key,
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "generator": generator.get_state(),
-                "torch_rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-                "state": state,
-            },
-            last_path,
-        )
+        save_resume_state(last_path, key, model, optimizer, scheduler, generator, device, state)
         _write_json(out_dir / "history.json", state["history"])
         if on_epoch_end is not None:
             on_epoch_end(epoch, row)
@@ -418,6 +507,8 @@ def fit(
         "converged": convergence(state["history"], state["stopped"]),
         "seconds": state["seconds"],
         "device": device.type,
+        "threads": train_cfg.num_threads,
+        "cpu_kernels": cpu_kernels.in_effect() if device.type == "cpu" else None,
     }
     _write_json(out_dir / "metrics.json", metrics)
     return metrics
