@@ -2,7 +2,9 @@
 
 Every step masks at least one item of every outfit (each item with train.mask_prob, at least one), replaces
 the masked items BERT-style (80% [MASK], 10% a random article, 10% unchanged) and minimises the full-softmax
-cross-entropy over all real articles at the masked positions only. AdamW with linear warm-up, then a cosine
+cross-entropy over all real articles at the masked positions only; or, with train.softmax: sampled, the
+sampled softmax over the step's targets and train.negatives popularity draws, log-Q corrected
+(`NegativeSampler`), whose cost does not grow with the catalogue. Validation is the full softmax either way. AdamW with linear warm-up, then a cosine
 (or linear) decay to train.min_lr_fraction of the rate at max_epochs; gradients clipped to a global norm;
 early stopping on the validation cross-entropy (every item of every validation outfit masked in turn, as in
 evaluation).
