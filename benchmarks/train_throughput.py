@@ -58,12 +58,12 @@ MODEL = ModelConfig(d_model=128, n_blocks=4, n_heads=8, d_ff=256, dropout=0.1, m
 TRAIN = TrainConfig(batch_size=BATCH, learning_rate=1e-3, warmup_steps=200, device="cpu")
 
 
-def make_batches(n: int, seed: int = 0) -> list[tuple[torch.Tensor, dict]]:
-    """Outfits of 4-8 distinct-enough random articles, padded to 8, with random customer contexts."""
+def make_batches(n: int, seed: int = 0, n_items: int = N_ITEMS) -> list[tuple[torch.Tensor, dict]]:
+    """Outfits of 4-8 distinct-enough random articles (of n_items), padded to 8, with random customer contexts."""
     g = torch.Generator().manual_seed(seed)
     batches = []
     for _ in range(n):
-        items = torch.randint(N_SPECIAL, N_ITEMS, (BATCH, MAX_SET), generator=g)
+        items = torch.randint(N_SPECIAL, n_items, (BATCH, MAX_SET), generator=g)
         sizes = torch.randint(4, MAX_SET + 1, (BATCH, 1), generator=g)
         items[torch.arange(MAX_SET) >= sizes] = PAD_INDEX
         context = {}
@@ -144,30 +144,31 @@ def bench_variant(variant: str, batches, warmup: int) -> dict:
 class ReferenceEncoder(nn.Module):
     """The common implementation: nn.TransformerEncoder, output layer applied at every position."""
 
-    def __init__(self):
+    def __init__(self, n_items: int = N_ITEMS):
         super().__init__()
-        self.embeddings = nn.Embedding(N_ITEMS, MODEL.d_model, padding_idx=PAD_INDEX)
+        self.n_items = n_items
+        self.embeddings = nn.Embedding(n_items, MODEL.d_model, padding_idx=PAD_INDEX)
         layer = nn.TransformerEncoderLayer(MODEL.d_model, MODEL.n_heads, MODEL.d_ff, MODEL.dropout,
                                            activation="gelu", batch_first=True)  # fmt: skip
         self.encoder = nn.TransformerEncoder(layer, MODEL.n_blocks)  # nested tensors skip padding at inference
         self.head = nn.Sequential(nn.Linear(MODEL.d_model, MODEL.d_model), nn.GELU())
-        self.output = nn.Linear(MODEL.d_model, N_ITEMS)
+        self.output = nn.Linear(MODEL.d_model, n_items)
 
     def forward(self, items):  # (B, L) -> (B, L, n_items)
         hidden = self.encoder(self.embeddings(items), src_key_padding_mask=items == PAD_INDEX)
         return self.output(self.head(hidden))
 
 
-def bench_reference(batches, warmup: int) -> dict:
+def bench_reference(batches, warmup: int, n_items: int = N_ITEMS) -> dict:
     warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype")
     device = batches[0][0].device
     torch.manual_seed(0)
-    model = ReferenceEncoder().to(device)
+    model = ReferenceEncoder(n_items).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     generator = torch.Generator(device=device).manual_seed(0)
 
     def step(items, context):
-        inputs, predict = mask_items(items, N_ITEMS, TRAIN, generator)
+        inputs, predict = mask_items(items, model.n_items, TRAIN, generator)
         labels = items.masked_fill(~predict, -100)
         with autocast(device):
             logits = model(inputs)

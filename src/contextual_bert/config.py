@@ -42,7 +42,8 @@ ATTRIBUTES_SUFFIX = "_attrs"
 ATTRIBUTE_SETTINGS = ("id_dropout", "attribute_overlap")  # train settings only the "_attrs" models read
 InitEmbeddings = Literal["random", "cooccurrence"]  # how the article-id embeddings start (cooccurrence.py)
 # train settings added after runs were recorded, at the value those runs had: a run at it keeps its old key
-LATER_SETTINGS = {"init_embeddings": "random", "attribute_overlap": False}
+LATER_SETTINGS = {"init_embeddings": "random", "attribute_overlap": False, "softmax": "full", "negatives": 1024}
+Softmax = Literal["full", "sampled"]  # the training loss's output layer (training.NegativeSampler)
 ATTRIBUTE_MODELS = tuple(m + ATTRIBUTES_SUFFIX for m in VARIANTS + BASELINE_MODELS)
 MODELS = VARIANTS + BASELINE_MODELS + ATTRIBUTE_MODELS
 Variant = Literal[MODELS]  # a model name, as pydantic validates it (Literal[("a", "b")] is Literal["a", "b"])
@@ -214,6 +215,11 @@ class TrainConfig(Section):
     # How the article-id embeddings start: random, or the training outfits' co-occurrence (cooccurrence.py;
     # for sparse data, where the encoder otherwise stays at popularity: docs/training.md).
     init_embeddings: InitEmbeddings = "random"
+    # The training loss's softmax: over every article (full), or over the step's masked targets plus
+    # `negatives` articles drawn by popularity, shared by the batch, with the log-Q correction
+    # (training.NegativeSampler; docs/sampled_softmax.md). Evaluation always ranks every article.
+    softmax: Softmax = "full"
+    negatives: int = Field(1024, ge=1)  # sampled: popularity draws per step (with replacement)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # torch threads a training computes with: a recorded setting (a DVC param, part of the run's key), never the
     # machine's default, since the split of a reduction over threads changes its rounding (docs/reproducibility.md)
@@ -231,6 +237,8 @@ class TrainConfig(Section):
         and logged params are what they were before the setting existed."""
         skip = set(exclude) | (set() if uses_attributes(model) else set(ATTRIBUTE_SETTINGS))
         skip |= {name for name, default in LATER_SETTINGS.items() if getattr(self, name) == default}
+        if self.softmax == "full":  # the negatives are drawn by the sampled softmax only
+            skip.add("negatives")
         return self.model_dump(mode="json", exclude=skip)
 
 
@@ -245,6 +253,8 @@ class VariantOverrides(Section):
     id_dropout: float | None = Field(None, ge=0, lt=1)  # "_attrs" models only (TrainConfig.id_dropout)
     attribute_overlap: bool | None = None  # "_attrs" models only (TrainConfig.attribute_overlap)
     init_embeddings: InitEmbeddings | None = None
+    softmax: Softmax | None = None
+    negatives: int | None = Field(None, ge=1)
 
 
 SweepKey = Literal["learning_rate", "dropout", "weight_decay", "batch_size"]

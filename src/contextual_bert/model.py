@@ -382,16 +382,18 @@ class AttributeOverlap(nn.Module):
         self.spec = spec
         self.offsets = nn.ParameterList(nn.Parameter(torch.zeros(f.cardinality)) for f in spec.features)
 
-    def forward(self, catalogue: dict[str, torch.Tensor], items: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
+    def forward(self, catalogue: dict[str, torch.Tensor], items: torch.Tensor, select: torch.Tensor,
+                articles: torch.Tensor | None = None) -> torch.Tensor:
         """(M, n_items) offsets at the `select` positions (bool, (B, L); row-major) of `items` (B, L, catalogue
-        indices), for every article of `catalogue` (attribute name -> (n,) or (n, max_values) indices)."""
+        indices), for every article of `catalogue` (attribute name -> (n,) or (n, max_values) indices); or
+        (M, C) for the catalogue indices `articles` (C,) only (the sampled softmax's candidates)."""
         rows, positions = select.nonzero(as_tuple=True)
         real = (items >= N_SPECIAL).unsqueeze(-1)  # [MASK], [UNK] and padding hold no attribute
         total = None
         for f, offset in zip(self.spec.features, self.offsets):
             values = catalogue[f.name]
-            candidates = values if values.dim() == 2 else values.unsqueeze(1)  # (n, m)
-            held = candidates[items]  # (B, L, m)
+            table = values if values.dim() == 2 else values.unsqueeze(1)  # (n, m)
+            held = table[items]  # (B, L, m)
             counted = (real & (held != PAD_INDEX)).to(offset.dtype)
             # (shapes, not len(): the serving trace keeps them free)
             counts = offset.new_zeros(items.shape[0], f.cardinality)
@@ -400,6 +402,7 @@ class AttributeOverlap(nn.Module):
             own.scatter_add_(1, held[rows, positions], counted[rows, positions])
             present = (counts[rows] - own) > 0.5  # (M, cardinality): held by another article of the row
             gain = present.to(offset.dtype) * (offset * self.SCALE)
+            candidates = table if articles is None else table[articles]  # (n or C, m)
             valid = (candidates != PAD_INDEX).to(offset.dtype)  # (n, m)
             term = sum(gain[:, candidates[:, j]] * valid[:, j] for j in range(candidates.shape[1]))  # (M, n)
             term = term / valid.sum(dim=-1).clamp_min(1.0)
@@ -456,19 +459,27 @@ class ArticleScores:
             if side is not None:
                 side.id_dropout = float(rate)
 
-    def output_articles(self, table: nn.Embedding, attributes: "ArticleAttributes | None"):
+    def output_articles(self, table: nn.Embedding, attributes: "ArticleAttributes | None",
+                        articles: torch.Tensor | None = None):
         """(weight (n_items, d), bias (n_items,)) of the output layer over every article, from the id table
-        `table` and, with attributes, the attribute embeddings `attributes`. An article without an id (or
-        whose id is dropped in this step) shares the [UNK] row's bias: one draw of `ids()` serves both."""
+        `table` and, with attributes, the attribute embeddings `attributes`; or (C, d), (C,) for the catalogue
+        indices `articles` (C,) only: the sampled softmax's candidates, whose attribute vectors are then the
+        only ones built. An article without an id (or whose id is dropped in this step) shares the [UNK] row's
+        bias: one draw of `ids()` serves both."""
         if attributes is None:
-            return table.weight, self.output_bias
-        ids = attributes.ids()
-        return attributes(table, ids=ids), self.output_bias[ids]
+            if articles is None:
+                return table.weight, self.output_bias
+            return table.weight.index_select(0, articles), self.output_bias.index_select(0, articles)
+        ids = attributes.ids(articles)
+        return attributes(table, articles, ids=ids), self.output_bias[ids]
 
-    def outfit_offsets(self, items: torch.Tensor, select: torch.Tensor) -> torch.Tensor | None:
+    def outfit_offsets(self, items: torch.Tensor, select: torch.Tensor,
+                       articles: torch.Tensor | None = None) -> torch.Tensor | None:
         """(M, n_items) logit offsets at the `select` positions from the rest of their outfit (AttributeOverlap),
-        or None for a model without them."""
-        return None if self.overlap is None else self.overlap(self.attributes.catalogue(), items, select)
+        or (M, C) for the catalogue indices `articles` only; None for a model without them."""
+        if self.overlap is None:
+            return None
+        return self.overlap(self.attributes.catalogue(), items, select, articles)
 
     def article_logits(self, head_states: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
         """(M, n_items - N_SPECIAL) logits over the real articles (specials are never predicted); `offsets`
@@ -572,9 +583,10 @@ class ContextualBert(ArticleScores, nn.Module):
         """The head transform before the output layer: GELU(W h)."""
         return F.gelu(self.head_transform(hidden))
 
-    def output_layer(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weight (n_items, d), bias (n_items,)) of the output layer: tied to the article vectors."""
-        return self.output_articles(self.item_embeddings, self.attributes)
+    def output_layer(self, articles: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight (n_items, d), bias (n_items,)) of the output layer: tied to the article vectors; only the
+        rows of the catalogue indices `articles` when given (ArticleScores.output_articles)."""
+        return self.output_articles(self.item_embeddings, self.attributes, articles)
 
 
 # --- the learned baseline -----------------------------------------------------------------------------
@@ -631,8 +643,8 @@ class BagOfItems(ArticleScores, nn.Module):
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden
 
-    def output_layer(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.output_articles(self.output_embeddings, self.output_attributes)
+    def output_layer(self, articles: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.output_articles(self.output_embeddings, self.output_attributes, articles)
 
 
 def build_model(model_cfg: ModelConfig, variant: str, n_items: int, spec: ContextSpec,

@@ -2,7 +2,9 @@
 
 Every step masks at least one item of every outfit (each item with train.mask_prob, at least one), replaces
 the masked items BERT-style (80% [MASK], 10% a random article, 10% unchanged) and minimises the full-softmax
-cross-entropy over all real articles at the masked positions only. AdamW with linear warm-up, then a cosine
+cross-entropy over all real articles at the masked positions only; or, with train.softmax: sampled, the
+sampled softmax over the step's targets and train.negatives popularity draws, log-Q corrected
+(`NegativeSampler`), whose cost does not grow with the catalogue. Validation is the full softmax either way. AdamW with linear warm-up, then a cosine
 (or linear) decay to train.min_lr_fraction of the rate at max_epochs; gradients clipped to a global norm;
 early stopping on the validation cross-entropy (every item of every validation outfit masked in turn, as in
 evaluation).
@@ -144,14 +146,95 @@ class LinearCrossEntropy(torch.autograd.Function):
         return *grads, None, None, None
 
 
+class NegativeSampler:
+    """The sampled softmax's candidates for one training step (train.softmax: sampled), shared by its batch.
+
+    Candidates C = the step's masked targets (in-batch negatives for the other rows) plus K = train.negatives
+    articles drawn with replacement from q, q_j proportional to (count_j + 1)^SAMPLER_POWER over the real
+    articles (count_j: the article's sightings in the training outfits; + 1 so an article absent from them,
+    which the `_attrs` models rank, is a negative too; the power flattens popularity as word2vec's 3/4).
+
+    The log-Q correction: row i's softmax is over its target t and C without t, each negative j's logit
+    lowered by log pi_j, pi_j the probability that j is among the candidates. Then sum_j exp(z_j) / pi_j
+    over the negatives in C is an unbiased (Horvitz-Thompson) estimate of sum_{j != t} exp(z_j), the full
+    softmax's, and the loss approaches the full one as C grows (the log of an unbiased estimate is a little
+    low, by Jensen). pi_j = 1 - (1 - q_j)^K (1 - p_j)^(M - 1): K popularity draws and the M - 1 other
+    targets, taken as draws from the targets' distribution p (the training counts); exact for M = 1. With
+    K at least the number of articles, C is every article and pi = 1: the full softmax, exactly.
+
+    Draws come from the training's own generator (`generator`, saved in last.pt): a resumed run repeats them.
+    """
+
+    SAMPLER_POWER = 0.75
+
+    def __init__(self, counts: torch.Tensor, negatives: int, generator: torch.Generator):
+        """counts: (n_items,) sightings of every catalogue index in the training outfits (specials ignored)."""
+        real = counts[N_SPECIAL:].double()
+        if len(real) == 0:
+            raise ContextualBertError("the sampled softmax needs at least one real article")
+        self.n_real, self.negatives, self.generator = len(real), negatives, generator
+        q = (real + 1.0) ** self.SAMPLER_POWER
+        self.q = (q / q.sum()).float().to(generator.device)
+        p = real / real.sum() if real.sum() > 0 else torch.zeros_like(real)
+        # log(1 - x), clamped so that 0 draws of a certain article give 0 * (-big) = 0, not nan
+        self.log1m_q = torch.log1p(-q / q.sum()).clamp_min(-1e4).to(generator.device)
+        self.log1m_p = torch.log1p(-p).clamp_min(-1e4).to(generator.device)
+
+    @classmethod
+    def for_training(cls, train_items: torch.Tensor, n_items: int, negatives: int, generator: torch.Generator):
+        """From the training outfits' items (catalogue indices, PAD/[UNK] included and ignored)."""
+        counts = torch.bincount(train_items.reshape(-1), minlength=n_items)[:n_items].clone()
+        counts[:N_SPECIAL] = 0
+        return cls(counts, negatives, generator)
+
+    def draw(self, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(candidates (C,) catalogue indices, log pi (C,), target_columns (M,): each target's column in C)."""
+        device = targets.device
+        if self.negatives >= self.n_real:  # every article: the full softmax
+            return (torch.arange(N_SPECIAL, N_SPECIAL + self.n_real, device=device),
+                    torch.zeros(self.n_real, device=device), targets - N_SPECIAL)  # fmt: skip
+        drawn = torch.multinomial(self.q, self.negatives, replacement=True, generator=self.generator)
+        candidates, inverse = torch.unique(torch.cat([targets, drawn.to(device) + N_SPECIAL]), return_inverse=True)
+        rows = candidates - N_SPECIAL
+        log_not_drawn = self.negatives * self.log1m_q[rows] + (len(targets) - 1) * self.log1m_p[rows]
+        log_inclusion = torch.log(-torch.expm1(log_not_drawn)).float()  # log(1 - P(never drawn))
+        return candidates, log_inclusion, inverse[: len(targets)]
+
+
+def sampled_cross_entropy(logits: torch.Tensor, log_inclusion: torch.Tensor, target_columns: torch.Tensor,
+                          reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy over the candidates' logits (M, C) with the log-Q correction: every column but the row's
+    own target lowered by its log inclusion probability (NegativeSampler)."""
+    correction = log_inclusion.to(logits.dtype).expand_as(logits).clone()
+    correction.scatter_(1, target_columns[:, None], 0.0)  # a row's own target is always scored: pi = 1
+    return F.cross_entropy(logits.float() - correction.float(), target_columns, reduction=reduction)
+
+
+def sampled_item_loss(model, head_states: torch.Tensor, targets: torch.Tensor, inputs: torch.Tensor,
+                      predict: torch.Tensor, sampler: NegativeSampler) -> torch.Tensor:
+    """The sampled softmax's loss: the output layer (and, for the `_attrs` models, the attribute vectors and
+    the outfit offsets) computed for the candidates only."""
+    candidates, log_inclusion, target_columns = sampler.draw(targets)
+    weight, bias = model.output_layer(candidates)
+    logits = F.linear(head_states, weight.to(head_states.dtype), bias.to(head_states.dtype))
+    offsets = model.outfit_offsets(inputs, predict, candidates)
+    if offsets is not None:
+        logits = logits + offsets.to(logits.dtype)
+    return sampled_cross_entropy(logits, log_inclusion, target_columns)
+
+
 def masked_item_loss(
-    model: ContextualBert, inputs: torch.Tensor, context: dict, predict: torch.Tensor, items: torch.Tensor
+    model: ContextualBert, inputs: torch.Tensor, context: dict, predict: torch.Tensor, items: torch.Tensor,
+    sampler: NegativeSampler | None = None,
 ) -> torch.Tensor:
-    """Full-softmax cross-entropy over the real articles at the positions to predict."""
+    """Cross-entropy over the real articles at the positions to predict: the full softmax, or with a
+    `sampler` (train.softmax: sampled) the sampled one, in training (with gradients) only."""
     head_states = model.head(model(inputs, context, select=predict))
     targets = items[predict]
     if len(targets) == 0:  # a batch of unknown articles only: nothing to learn from
         return head_states.sum() * 0.0
+    if sampler is not None and torch.is_grad_enabled():
+        return sampled_item_loss(model, head_states, targets, inputs, predict, sampler)
     offsets = model.outfit_offsets(inputs, predict)  # from what the model sees: the inputs, not the answers
     if (offsets is None and head_states.device.type == "cpu" and head_states.dtype == torch.float32
             and torch.is_grad_enabled()):
@@ -173,11 +256,12 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devic
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, fused=True)  # one kernel; 3-4x faster on the CPU
 
 
-def train_step(model, optimizer, scheduler, items, context, cfg: TrainConfig, generator):
-    """One optimisation step on a batch of outfits; returns the loss and the positions predicted."""
+def train_step(model, optimizer, scheduler, items, context, cfg: TrainConfig, generator, sampler=None):
+    """One optimisation step on a batch of outfits; returns the loss and the positions predicted. `sampler`:
+    the sampled softmax's (`negative_sampler`), None for the full softmax."""
     inputs, predict = mask_items(items, model.n_items, cfg, generator)
     with autocast(items.device):
-        loss = masked_item_loss(model, inputs, context, predict, items)
+        loss = masked_item_loss(model, inputs, context, predict, items, sampler)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if cfg.grad_clip > 0:
@@ -185,6 +269,14 @@ def train_step(model, optimizer, scheduler, items, context, cfg: TrainConfig, ge
     optimizer.step()
     scheduler.step()
     return loss.detach(), predict
+
+
+def negative_sampler(cfg: TrainConfig, model, train_data: EncodedOutfits,
+                     generator: torch.Generator) -> NegativeSampler | None:
+    """The sampled softmax's sampler for train.softmax: sampled (drawing from the training's generator), else None."""
+    if cfg.softmax == "full":
+        return None
+    return NegativeSampler.for_training(train_data.items, model.n_items, cfg.negatives, generator)
 
 
 def length_batches(
@@ -405,6 +497,7 @@ def fit(
     train_probe = train_sample(train_data, len(val_data))
     train_lengths = (train_data.items != PAD_INDEX).sum(dim=1)
     generator = seeded_random_states(seed, device)
+    sampler = negative_sampler(train_cfg, model, train_data, generator)  # draws from the generator: resumable
     state = {"epoch": 0, "history": [], "best_val": math.inf, "best_epoch": 0, "bad_epochs": 0,
              "stopped": False, "seconds": 0.0}  # fmt: skip
 
@@ -445,7 +538,7 @@ def fit(
             items = train_data.items[index, :width]  # right-padded: the batch without its padding columns
             context = {name: values[index] for name, values in train_data.context.items()}
             learning_rate = scheduler.get_last_lr()[0]  # the rate this step uses
-            loss, predict = train_step(model, optimizer, scheduler, items, context, train_cfg, generator)
+            loss, predict = train_step(model, optimizer, scheduler, items, context, train_cfg, generator, sampler)
             count = int(predict.sum()) if device.type == "cpu" else predict.sum()
             loss_sum += loss.detach().double() * count
             n_targets += count
