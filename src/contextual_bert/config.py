@@ -126,6 +126,9 @@ class PlantedConfig(Section):
     n_types: int = Field(24, ge=1)
     n_tastes: int = Field(128, ge=1)
     taste_strength: float = Field(1.3, ge=0)  # how strongly a taste shifts the articles drawn
+    # the same through a hidden style per article that no column of the articles table carries (0: off, and
+    # the data is today's byte for byte); with taste_strength 0 only the articles themselves reveal the taste
+    hidden_taste_strength: float = Field(0.0, ge=0)
     context_strength: float = Field(4.0, ge=0)  # how strongly the context shifts the taste
     popularity_exponent: float = Field(0.8, ge=0)  # Zipf exponent of the articles' popularity
 
@@ -190,6 +193,10 @@ class ModelConfig(Section):
     d_ff: int = Field(256, ge=1)
     dropout: float = Field(0.1, ge=0, lt=1)
     max_set_size: int = Field(8, ge=2)
+    # ContextualBert only: every position's input also gets the mean of the outfit's other articles' input
+    # vectors (model.other_articles_mean, the bag of items' own state), a path without parameters from the
+    # rest of the outfit to the masked position. False in checkpoints from before it existed.
+    bag_path: bool = False
 
     @model_validator(mode="after")
     def _heads_divide_d_model(self):  # found at load, not at the first training's model build

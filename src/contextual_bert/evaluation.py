@@ -19,6 +19,15 @@ bootstrap) when a seed's SE is missing. Its lists, a number per test outfit, are
 
 The popularity baseline goes through the same code: its scores are log(1 + training count). The
 attribute-aware popularity (AttributePopularityModel) is the yardstick of the attribute models.
+
+Outfit dependence (trained models only; "outfit_dependence" beside the cross-entropy): how much the
+prediction at the masked position depends on the outfit's other articles through the encoder. Every case is
+scored a second time with the encoder reading the other articles of another outfit of the same length (a
+fixed random pairing, `donor_outfits`; the [MASK] at the same position, the customer's own context kept, and
+for the attribute models the attribute-overlap offsets still those of the real outfit, so that the hand-built
+rule does not count); the value is that cross-entropy minus the real one, in nats. A model that learned
+nothing from the articles (a popularity table, with or without the attribute rule) shows ~0 however good its
+loss; the bag of items shows what co-occurrence alone gives.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from contextual_bert.bootstrap import OUTFITS_KEY, bootstrap_ci, case_values, outfit_record
+from contextual_bert.bootstrap import DEPENDENCE_METRIC, OUTFITS_KEY, bootstrap_ci, case_values, outfit_record
 from contextual_bert.config import EvaluateConfig, ModelConfig, uses_attributes
 from contextual_bert.devices import evaluation_device, keep_freed_memory
 from contextual_bert.errors import ContextualBertError
@@ -39,6 +48,7 @@ from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNO
 from contextual_bert.model import count_paper_parameters, load_checkpoint
 
 RECALL_CURVE_MAX_K = 250
+DEPENDENCE_SEED = 0  # the pairing of each test outfit with another of its length (outfit dependence)
 
 
 class PopularityModel(nn.Module):
@@ -121,13 +131,43 @@ def in_outfit_share(items: torch.Tensor, values: np.ndarray) -> float:
     return float(same.any(dim=2)[real].float().mean()) if bool(real.any()) else 0.0
 
 
-def case_ranks(model, data: EncodedOutfits, batch_size: int, device, with_ranks: bool = True) -> dict:
+def donor_outfits(items: torch.Tensor, seed: int = DEPENDENCE_SEED) -> torch.Tensor:
+    """(B,) for every outfit of `items` (B, L) another outfit of the same length, a random cyclic pairing within
+    each length (an outfit alone of its length is its own donor)."""
+    lengths = (items != PAD_INDEX).sum(dim=1).cpu().numpy()
+    rng = np.random.default_rng(seed)
+    donor = np.arange(len(lengths))
+    for n in np.unique(lengths):
+        rows = rng.permutation(np.flatnonzero(lengths == n))
+        donor[rows] = np.roll(rows, 1)
+    return torch.from_numpy(donor).to(items.device)
+
+
+def _shuffled_logits(model, masked: torch.Tensor, donor_masked: torch.Tensor, context: dict) -> torch.Tensor:
+    """The logits of `model` when its encoder reads `donor_masked` (another outfit, [MASK] at the same place),
+    with the attribute-overlap offsets (if any) of the real outfit `masked`."""
+    logits = model.masked_logits(donor_masked, context).float()
+    real = model.outfit_offsets(masked, masked == MASK_INDEX)
+    if real is not None:
+        logits = logits - model.outfit_offsets(donor_masked, donor_masked == MASK_INDEX).float() + real.float()
+    return logits
+
+
+def measures_dependence(model) -> bool:
+    """Trained models (an encoder and the output side of model.ArticleScores) get the outfit dependence."""
+    return hasattr(model, "outfit_offsets") and hasattr(model, "head")
+
+
+def case_ranks(model, data: EncodedOutfits, batch_size: int, device, with_ranks: bool = True,
+               dependence: bool = False) -> dict:
     """Rank and log-probability of the target of every case (every non-padding item of every outfit).
 
     `model` is anything with `masked_logits(items, context) -> (B, n_items)` (a ContextualBert or the
     PopularityModel). Returns numpy arrays, one entry per rankable case, in outfit order: "outfit" (row of
     `data`), "position", "target" (article index), "rank" (1 = best; absent if not with_ranks), "log_prob";
-    and "n_unknown_targets", the skipped cases whose target is [UNK].
+    and "n_unknown_targets", the skipped cases whose target is [UNK]. With `dependence`, also
+    "log_prob_shuffled": the target's log-probability when the encoder reads another outfit's articles
+    (`_shuffled_logits`, the outfits paired by `donor_outfits`).
     """
     device = torch.device(device)
     model.eval()
@@ -143,7 +183,8 @@ def case_ranks(model, data: EncodedOutfits, batch_size: int, device, with_ranks:
     # right-padded); the results are put back in outfit order below.
     lengths = (items != PAD_INDEX).sum(dim=1)
     by_length = torch.sort(lengths[outfit], stable=True).indices
-    ranks, log_probs = [], []
+    ranks, log_probs, shuffled = [], [], []
+    donor = donor_outfits(items) if dependence else None
     article_index = torch.arange(getattr(model, "n_items"), device=device)
     with torch.no_grad():  # fp32 on every device: bf16 logits tie, and ties would be broken by article index
         for start in range(0, len(target), batch_size):
@@ -151,10 +192,16 @@ def case_ranks(model, data: EncodedOutfits, batch_size: int, device, with_ranks:
             o, p, t = outfit[rows], position[rows], target[rows, None]
             masked = items[o, : int(lengths[o].max())].clone()
             masked[torch.arange(len(o), device=device), p] = MASK_INDEX
-            logits = model.masked_logits(masked, {name: values[o] for name, values in context.items()}).float()
+            case_context = {name: values[o] for name, values in context.items()}
+            logits = model.masked_logits(masked, case_context).float()
             logits[:, :N_SPECIAL] = float("-inf")  # never ranked, whatever the scorer says
             target_logit = logits.gather(1, t)
             log_probs.append(target_logit - torch.logsumexp(logits[:, N_SPECIAL:], dim=1, keepdim=True))
+            if donor is not None:
+                donor_masked = items[donor[o], : masked.shape[1]].clone()
+                donor_masked[torch.arange(len(o), device=device), p] = MASK_INDEX
+                other = _shuffled_logits(model, masked, donor_masked, case_context)[:, N_SPECIAL:]
+                shuffled.append(other.gather(1, t - N_SPECIAL) - torch.logsumexp(other, dim=1, keepdim=True))
             if with_ranks:
                 scores = logits.scatter(1, masked, float("-inf"))  # the outfit's other items are not ranked
                 ahead = (scores > target_logit) | ((scores == target_logit) & (article_index < t))
@@ -173,6 +220,9 @@ def case_ranks(model, data: EncodedOutfits, batch_size: int, device, with_ranks:
         "log_prob": in_outfit_order(log_probs).double().cpu().numpy() if log_probs else np.zeros(0),
         "n_unknown_targets": np.int64(n_unknown),
     }
+    if donor is not None:
+        result["log_prob_shuffled"] = (in_outfit_order(shuffled).double().cpu().numpy() if shuffled
+                                       else np.zeros(0))
     if with_ranks:
         result["rank"] = in_outfit_order(ranks).cpu().numpy() if ranks else np.zeros(0, dtype=np.int64)
     return result
@@ -209,13 +259,22 @@ def recall_curve(ranks, max_k: int = RECALL_CURVE_MAX_K) -> dict:
 
 def evaluate_split(model, data: EncodedOutfits, cfg: EvaluateConfig, device) -> tuple[dict, dict]:
     """The metrics of one split and its cases (see case_ranks)."""
-    cases = case_ranks(model, data, cfg.batch_size, device)
+    cases = case_ranks(model, data, cfg.batch_size, device, dependence=measures_dependence(model))
     metrics = {
         "n_outfits": len(data),
         "n_unknown_targets": int(cases["n_unknown_targets"]),
         **metrics_from_ranks(cases["rank"], cases["log_prob"], cfg.ks),
     }
+    if "log_prob_shuffled" in cases:
+        metrics[DEPENDENCE_METRIC] = outfit_dependence(cases["log_prob"], cases["log_prob_shuffled"])
     return metrics, cases
+
+
+def outfit_dependence(log_prob, log_prob_shuffled) -> float | None:
+    """The cross-entropy with the encoder reading other outfits minus the real one (nats; module docstring)."""
+    if len(log_prob) == 0:
+        return None
+    return float(np.mean(np.asarray(log_prob, dtype=np.float64) - np.asarray(log_prob_shuffled, dtype=np.float64)))
 
 
 def _subset_metrics(cases: dict, keep: np.ndarray, n_outfits: int, cfg: EvaluateConfig) -> tuple[dict, dict]:

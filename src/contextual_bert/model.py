@@ -545,6 +545,8 @@ class ContextualBert(ArticleScores, nn.Module):
         a prediction, and the last block then computes just them after its attention."""
         c = self.context_encoder(context) if self.context_encoder is not None else None
         x = self.article_vectors(self.item_embeddings, items) * self.input_scale
+        if self.model_cfg.bag_path:  # the bag of items inside the encoder, no parameter (model.bag_path)
+            x = x + other_articles_mean(x, items)
         is_padding = items == PAD_INDEX
         if self.concat_input is not None:
             x = self.concat_input(x, c)
@@ -578,6 +580,16 @@ class ContextualBert(ArticleScores, nn.Module):
 
 
 # --- the learned baseline -----------------------------------------------------------------------------
+
+
+def other_articles_mean(e: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+    """(B, L, d): at every position of `items` (B, L), the mean of `e` (B, L, d) over the outfit's other
+    articles, [MASK] and padding left out (zeros where there is none). The bag of items' state, and
+    ContextualBert's bag path (model.bag_path)."""
+    seen = ((items != PAD_INDEX) & (items != MASK_INDEX)).unsqueeze(-1).to(e.dtype)
+    e = e * seen
+    n_others = (seen.sum(dim=1, keepdim=True) - seen).clamp_min(1.0)
+    return (e.sum(dim=1, keepdim=True) - e) / n_others
 
 
 class BagOfItems(ArticleScores, nn.Module):
@@ -618,11 +630,7 @@ class BagOfItems(ArticleScores, nn.Module):
     def forward(self, items: torch.Tensor, context: dict | None = None, select: torch.Tensor | None = None):
         """(B, L, d): at every position, the mean embedding of the outfit's other articles ([MASK] and
         padding left out), plus W_c c; (M, d) at the `select` positions only."""
-        e = self.article_vectors(self.item_embeddings, items)
-        seen = ((items != PAD_INDEX) & (items != MASK_INDEX)).unsqueeze(-1).to(e.dtype)
-        e = e * seen
-        n_others = (seen.sum(dim=1, keepdim=True) - seen).clamp_min(1.0)
-        h = (e.sum(dim=1, keepdim=True) - e) / n_others
+        h = other_articles_mean(self.article_vectors(self.item_embeddings, items), items)
         if self.context_projection is not None:
             h = h + self.context_projection(self.context_encoder(context)).unsqueeze(1)
         h = self.dropout(h)
