@@ -7,9 +7,10 @@ a project of its own that reads that data (its paths point at the data project's
 folders) and trains + evaluates each model, one seed, one torch thread, --jobs at a time:
 
     old        params.yaml's recipe as it was before issue 45 (random start, no bag path)
-    bag        model.bag_path: the mean of the other articles' input vectors added at every position
+    bag        model.bag_path: input, the mean of the other articles' input vectors added at every position
+    outbag     model.bag_path: output, the mean of the other articles' (tied) vectors added to the head state
     cooc       train.init_embeddings: cooccurrence (the article ids start at the factorised PPMI)
-    bag_cooc   both
+    bag_cooc, outbag_cooc   a bag path and the co-occurrence start
 
 Every row holds the validation and test cross-entropy, recall@5, the outfit dependence (evaluation.py: the
 cross-entropy with the encoder reading another outfit's articles, minus the real one), convergence, and the
@@ -41,10 +42,12 @@ from contextual_bert.config import uses_attributes  # noqa: E402
 # the hidden-taste planted data: the tastes carried by a hidden style alone (no column says it)
 HIDDEN = {"taste_strength": 0.0, "hidden_taste_strength": 1.3}
 RECIPES = {
-    "old": {"model": {"bag_path": False}, "variant": {"init_embeddings": "random"}},
-    "bag": {"model": {"bag_path": True}, "variant": {"init_embeddings": "random"}},
-    "cooc": {"model": {"bag_path": False}, "variant": {"init_embeddings": "cooccurrence"}},
-    "bag_cooc": {"model": {"bag_path": True}, "variant": {"init_embeddings": "cooccurrence"}},
+    "old": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "random"}},
+    "bag": {"model": {"bag_path": "input"}, "variant": {"init_embeddings": "random"}},
+    "outbag": {"model": {"bag_path": "output"}, "variant": {"init_embeddings": "random"}},
+    "cooc": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "cooccurrence"}},
+    "bag_cooc": {"model": {"bag_path": "input"}, "variant": {"init_embeddings": "cooccurrence"}},
+    "outbag_cooc": {"model": {"bag_path": "output"}, "variant": {"init_embeddings": "cooccurrence"}},
 }
 DATA_DIRS = ("raw_dir", "validated_dir", "quarantine_dir", "features_dir", "source_fingerprint")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from contextual_bert.errors import ContextualBertError
 
@@ -193,10 +193,17 @@ class ModelConfig(Section):
     d_ff: int = Field(256, ge=1)
     dropout: float = Field(0.1, ge=0, lt=1)
     max_set_size: int = Field(8, ge=2)
-    # ContextualBert only: every position's input also gets the mean of the outfit's other articles' input
-    # vectors (model.other_articles_mean, the bag of items' own state), a path without parameters from the
-    # rest of the outfit to the masked position. False in checkpoints from before it existed.
-    bag_path: bool = False
+    # ContextualBert only, a path without parameters from the rest of the outfit to the masked position
+    # (model.other_articles_mean, the bag of items' own state): "input", every position's input also gets the
+    # mean of the outfit's other articles' input vectors; "output", the head state at a predicted position gets
+    # the mean of the other articles' (tied) output vectors, so the logits start as a tied bag of items' and
+    # the encoder learns what a bag cannot. "none" in checkpoints from before it existed.
+    bag_path: Literal["none", "input", "output"] = "none"
+
+    @field_validator("bag_path", mode="before")
+    @classmethod
+    def _bag_path_from_bool(cls, value):  # the first runs of issue 45 wrote true (the input path) / false
+        return {True: "input", False: "none"}.get(value, value) if isinstance(value, bool) else value
 
     @model_validator(mode="after")
     def _heads_divide_d_model(self):  # found at load, not at the first training's model build

@@ -477,12 +477,16 @@ class ArticleScores:
         logits = F.linear(head_states, weight[N_SPECIAL:].to(head_states.dtype), bias[N_SPECIAL:].to(head_states.dtype))
         return logits if offsets is None else logits + offsets[:, N_SPECIAL:].to(logits.dtype)
 
+    def head_states(self, items: torch.Tensor, context: dict | None, select: torch.Tensor) -> torch.Tensor:
+        """(M, d) the states the output layer scores at the `select` positions (bool, (B, L))."""
+        return self.head(self.forward(items, context, select=select))
+
     def masked_logits(self, items: torch.Tensor, context: dict[str, torch.Tensor] | None) -> torch.Tensor:
         """(B, n_items) logits at the one MASK_INDEX of every row; the special indices get -inf."""
         is_mask = items == MASK_INDEX
         if not bool((is_mask.sum(dim=1) == 1).all()):
             raise ContextualBertError("masked_logits needs exactly one [MASK] item in every row")
-        head_states = self.head(self.forward(items, context, select=is_mask))
+        head_states = self.head_states(items, context, is_mask)
         weight, bias = self.output_layer()
         logits = F.linear(head_states, weight.to(head_states.dtype), bias.to(head_states.dtype))
         offsets = self.outfit_offsets(items, is_mask)
@@ -545,7 +549,7 @@ class ContextualBert(ArticleScores, nn.Module):
         a prediction, and the last block then computes just them after its attention."""
         c = self.context_encoder(context) if self.context_encoder is not None else None
         x = self.article_vectors(self.item_embeddings, items) * self.input_scale
-        if self.model_cfg.bag_path:  # the bag of items inside the encoder, no parameter (model.bag_path)
+        if self.model_cfg.bag_path == "input":  # the bag of items inside the encoder, no parameter
             x = x + other_articles_mean(x, items)
         is_padding = items == PAD_INDEX
         if self.concat_input is not None:
@@ -573,6 +577,16 @@ class ContextualBert(ArticleScores, nn.Module):
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """The head transform before the output layer: GELU(W h)."""
         return F.gelu(self.head_transform(hidden))
+
+    def head_states(self, items: torch.Tensor, context: dict | None, select: torch.Tensor) -> torch.Tensor:
+        """GELU(W h) at the `select` positions; with model.bag_path "output", plus the mean of the outfit's
+        other articles' output vectors (tied: their article vectors), so that h_a . e_a starts as a tied bag
+        of items' score and the blocks add what a bag cannot."""
+        states = self.head(self.forward(items, context, select=select))
+        if self.model_cfg.bag_path == "output":
+            bag = other_articles_mean(self.article_vectors(self.item_embeddings, items), items)[select]
+            states = states + bag.to(states.dtype) * self.input_scale
+        return states
 
     def output_layer(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(weight (n_items, d), bias (n_items,)) of the output layer: tied to the article vectors."""

@@ -137,7 +137,7 @@ def masked_item_loss(
     model: ContextualBert, inputs: torch.Tensor, context: dict, predict: torch.Tensor, items: torch.Tensor
 ) -> torch.Tensor:
     """Full-softmax cross-entropy over the real articles at the positions to predict."""
-    head_states = model.head(model(inputs, context, select=predict))
+    head_states = model.head_states(inputs, context, predict)
     targets = items[predict]
     if len(targets) == 0:  # a batch of unknown articles only: nothing to learn from
         return head_states.sum() * 0.0
