@@ -264,7 +264,8 @@ class VariantOverrides(Section):
     init_embeddings: InitEmbeddings | None = None
 
 
-SweepKey = Literal["learning_rate", "dropout", "weight_decay", "batch_size"]
+SweepKey = Literal["learning_rate", "dropout", "weight_decay", "batch_size", "init_embeddings"]
+SweepValue = float | InitEmbeddings  # init_embeddings takes its names (random | cooccurrence), the others numbers
 
 
 class SweepConfig(Section):
@@ -273,10 +274,10 @@ class SweepConfig(Section):
 
     seed: int = 0  # one of train.seeds: each setting trains train@<variant>-<seed>
     variants: list[Variant] = []  # empty: train.variants
-    grid: dict[SweepKey, list[float]] = {"learning_rate": [1e-3, 2e-3, 4e-3]}
+    grid: dict[SweepKey, list[SweepValue]] = {"learning_rate": [1e-3, 2e-3, 4e-3]}
     # a variant's own grid instead of `grid` (e.g. the bags of items, cheap to train, whose best rates lie
     # higher than the transformers'); the same keys
-    grids: dict[Variant, dict[SweepKey, list[float]]] = {}
+    grids: dict[Variant, dict[SweepKey, list[SweepValue]]] = {}
 
 
 class EvaluateConfig(Section):
