@@ -7,7 +7,8 @@ import torch
 
 from contextual_bert.bootstrap import paired_difference
 from contextual_bert.config import EvaluateConfig, ModelConfig
-from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec, EncodedOutfits, FeatureSpec
+from contextual_bert.feature_spec import (MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec, EncodedOutfits,
+                                          FeatureSpec)
 from contextual_bert.evaluation import (
     PopularityModel,
     case_ranks,

@@ -185,8 +185,9 @@ def _catalogue(rng: np.random.Generator, cfg: PlantedConfig) -> dict:
         hidden_style = hidden_rng.integers(0, N_STYLES, a)
         hidden_affinity = hidden_rng.normal(0, 1, (N_STYLES, cfg.n_tastes))
         log_weight = log_weight + cfg.hidden_taste_strength * hidden_affinity[hidden_style]
-    return dict(hidden_style=hidden_style, hidden_affinity=hidden_affinity, type=article_type, style=style, color=color, popularity=popularity, brand=brand, price=price,
-                style_affinity=style_affinity, color_affinity=color_affinity, log_weight=log_weight)  # fmt: skip
+    return dict(type=article_type, style=style, color=color, popularity=popularity, brand=brand, price=price,
+                style_affinity=style_affinity, color_affinity=color_affinity, log_weight=log_weight,
+                hidden_style=hidden_style, hidden_affinity=hidden_affinity)  # fmt: skip
 
 
 def _customers(rng: np.random.Generator, cfg: PlantedConfig) -> dict:
