@@ -7,16 +7,18 @@ import torch
 
 from contextual_bert.bootstrap import paired_difference
 from contextual_bert.config import EvaluateConfig, ModelConfig
-from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, UNKNOWN_INDEX, ContextSpec, EncodedOutfits, FeatureSpec
+from contextual_bert.feature_spec import (MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec, EncodedOutfits,
+                                          FeatureSpec)
 from contextual_bert.evaluation import (
     PopularityModel,
     evaluate_popularity,
     evaluate_run,
     metrics_from_ranks,
+    outfit_dependence,
     recall_curve,
 )
 from contextual_bert.model import ContextualBert, count_paper_parameters, save_checkpoint
-from contextual_bert.ranking import case_ranks
+from contextual_bert.ranking import case_ranks, donor_outfits, measures_dependence
 
 # Articles 3..8 with fixed scores; the special indices get the highest scores and must still never be ranked.
 SCORES = torch.tensor([9.0, 9.0, 9.0, 0.5, 2.0, 1.0, 3.0, 1.0, -1.0])
@@ -134,7 +136,9 @@ def test_evaluation_json_of_a_run_and_of_the_baseline(tmp_path, monkeypatch):
     assert (result["name"], result["variant"], result["seed"]) == ("global_state-s0", "global_state", 0)
     assert result["parameters"] == count_paper_parameters(bert)
     keys = {"n_outfits", "n_cases", "n_unknown_targets", "cross_entropy", "recall@1", "recall@5", "mrr", "ndcg@10"}
-    assert set(result["test"]) == keys and set(result["val"]) == keys
+    # a trained model's evaluation says how much its prediction depends on the outfit (outfit_dependence)
+    assert set(result["test"]) == keys | {"outfit_dependence"} and set(result["val"]) == keys | {"outfit_dependence"}
+    assert math.isfinite(result["test"]["outfit_dependence"])
     assert (result["test"]["n_outfits"], result["test"]["n_cases"], result["test"]["n_unknown_targets"]) == (3, 7, 1)
     assert result["val"]["n_cases"] == 5
     assert result["recall_curve"]["k"] == list(range(1, 251)) and result["recall_curve"]["test"][-1] == 1.0
@@ -143,6 +147,7 @@ def test_evaluation_json_of_a_run_and_of_the_baseline(tmp_path, monkeypatch):
 
     baseline = evaluate_popularity(tmp_path, tmp_path / "eval" / "popularity.json", cfg)
     assert (baseline["variant"], baseline["seed"], baseline["parameters"]) == ("popularity", None, 0)
+    assert "outfit_dependence" not in baseline["test"]  # not a trained encoder: nothing to measure
     assert baseline["test"]["recall@1"] == pytest.approx(2 / 7)  # ranks from the popularity test above
     assert json.loads((tmp_path / "eval" / "popularity.json").read_text()) == baseline
 
@@ -211,3 +216,59 @@ def test_in_outfit_share_counts_cases_whose_value_another_item_has():
     values = np.array([0, 0, 0, 3, 3, 4, 4])
     items = torch.tensor([[3, 4, 5, 0], [3, 5, 0, 0]])  # 3 and 4 share a value: 2 of 5 cases
     assert in_outfit_share(items, values) == pytest.approx(2 / 5)
+
+
+def test_donor_outfits_pair_each_outfit_with_another_of_its_length():
+    items = torch.tensor([[3, 4, 0], [5, 6, 0], [7, 8, 3], [4, 5, 0], [6, 7, 8]])
+    donor = donor_outfits(items)
+    lengths = (items != PAD_INDEX).sum(1)
+    assert (lengths[donor] == lengths).all() and (donor != torch.arange(5)).all()
+    assert sorted(donor.tolist()) == list(range(5))  # a permutation
+    assert torch.equal(donor_outfits(items[:1]), torch.tensor([0]))  # alone of its length: itself
+
+
+class _Copier(torch.nn.Module):
+    """Predicts the article after the first other item of the outfit (index + 1), with `offset` (per outfit
+    article) standing for AttributeOverlap's offsets; `reads_outfit` False: a constant scorer."""
+
+    def __init__(self, n_items, reads_outfit, offsets=False):
+        super().__init__()
+        self.n_items, self.reads_outfit, self.offsets = n_items, reads_outfit, offsets
+
+    def head(self, h):
+        return h
+
+    def outfit_offsets(self, items, select):
+        if not self.offsets:
+            return None
+        out = torch.zeros(int(select.sum()), self.n_items)
+        first = items[:, 0]
+        out[torch.arange(len(first)), (first % (self.n_items - N_SPECIAL)) + N_SPECIAL] = 3.0
+        return out
+
+    def masked_logits(self, items, context=None):
+        logits = torch.zeros(items.shape[0], self.n_items)
+        if self.reads_outfit:
+            other = torch.where(items == MASK_INDEX, PAD_INDEX, items).amax(dim=1)
+            nxt = (other + 1 - N_SPECIAL) % (self.n_items - N_SPECIAL) + N_SPECIAL
+            logits[torch.arange(len(items)), nxt] = 5.0
+        off = self.outfit_offsets(items, items == MASK_INDEX)
+        return logits if off is None else logits + off
+
+
+def test_outfit_dependence_is_zero_for_a_model_that_ignores_the_outfit_and_large_for_one_that_reads_it():
+    # outfits of pairs (a, a + 1): the masked second article is the first's successor
+    first = torch.arange(N_SPECIAL, N_SPECIAL + 40, 2)
+    items = torch.stack([first, first + 1], dim=1)
+    data = EncodedOutfits(items)
+    n_items = N_SPECIAL + 41
+    reader = case_ranks(_Copier(n_items, True), data, 7, "cpu", dependence=True)
+    constant = case_ranks(_Copier(n_items, False), data, 7, "cpu", dependence=True)
+    assert outfit_dependence(constant["log_prob"], constant["log_prob_shuffled"]) == pytest.approx(0.0, abs=1e-9)
+    assert outfit_dependence(reader["log_prob"], reader["log_prob_shuffled"]) > 1.0
+    # the attribute-overlap offsets stay those of the real outfit: a model whose outfit dependence is all in
+    # its offsets (the hand-built rule) shows none
+    offsets_only = case_ranks(_Copier(n_items, False, offsets=True), data, 7, "cpu", dependence=True)
+    assert outfit_dependence(offsets_only["log_prob"], offsets_only["log_prob_shuffled"]) == pytest.approx(
+        0.0, abs=1e-6)
+    assert measures_dependence(_Copier(n_items, True)) and not measures_dependence(PopularityModel([1] * n_items))

@@ -15,6 +15,7 @@ from contextual_bert.model import (
     count_paper_parameters,
     describe_variants,
     load_checkpoint,
+    other_articles_mean,
     save_checkpoint,
 )
 
@@ -534,3 +535,69 @@ def test_a_model_without_attributes_has_no_id_dropout_and_draws_nothing_for_it(v
     items = outfits_with_one_mask(4, size=5, length=8)
     plain.eval()(items, context(4))
     assert torch.equal(torch.get_rng_state(), state)
+
+
+# --- the bag path (model.bag_path, issue 45) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("path", ["input", "output"])
+def test_bag_path_adds_no_parameter_and_keeps_set_invariance_padding_and_round_trip(variant, path, tmp_path):
+    paper = ModelConfig(d_model=128, n_blocks=4, n_heads=8, d_ff=256, bag_path=path)
+    assert count_paper_parameters(ContextualBert(paper, variant, N_SPECIAL + 1000, paper_spec())) == \
+        PAPER_PARAMETERS[variant]
+    torch.manual_seed(0)
+    bert = ContextualBert(SMALL.model_copy(update={"bag_path": path}), variant, N_ITEMS, SPEC).eval()
+    items, ctx = outfits_with_one_mask(6, size=7, length=8), context(6)
+    shuffled = items[:, torch.tensor([5, 2, 0, 7, 1, 6, 3, 4])]
+    with torch.no_grad():
+        logits = bert.masked_logits(items, ctx)
+        torch.testing.assert_close(bert.masked_logits(shuffled, ctx), logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(bert.masked_logits(items[:, :7], ctx), logits, rtol=1e-5, atol=1e-5)
+    save_checkpoint(tmp_path / "checkpoint.pt", bert, {})
+    loaded, _ = load_checkpoint(tmp_path / "checkpoint.pt")
+    assert loaded.model_cfg.bag_path == path
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.masked_logits(items, ctx), logits)
+
+
+def test_input_bag_path_gives_each_position_the_mean_of_the_other_articles():
+    items = torch.tensor([[MASK_INDEX, N_SPECIAL, N_SPECIAL + 1, N_SPECIAL + 2, PAD_INDEX]])
+    e = torch.arange(5 * 3, dtype=torch.float32).view(1, 5, 3)
+    bag = other_articles_mean(e, items)
+    torch.testing.assert_close(bag[0, 0], e[0, 1:4].mean(0))  # [MASK]: the three articles
+    torch.testing.assert_close(bag[0, 1], e[0, 2:4].mean(0))  # an article: the two others ([MASK] left out)
+    # the same weights with and without the path: only the input differs, by exactly the bag
+    torch.manual_seed(0)
+    plain = ContextualBert(SMALL, "none", N_ITEMS, SPEC).eval()
+    with_bag = ContextualBert(SMALL.model_copy(update={"bag_path": "input"}), "none", N_ITEMS, SPEC).eval()
+    with_bag.load_state_dict(plain.state_dict())
+    seen = {}
+
+    def keep(name):
+        def hook(module, args):
+            seen[name] = args[0]  # the first block's input (embedding dropout is off in eval mode)
+        return hook
+
+    plain.blocks[0].register_forward_pre_hook(keep("plain"))
+    with_bag.blocks[0].register_forward_pre_hook(keep("bag"))
+    with torch.no_grad():
+        plain(items[:, :4])
+        with_bag(items[:, :4])
+        x = plain.item_embeddings(items[:, :4]) * plain.input_scale
+    torch.testing.assert_close(seen["bag"] - seen["plain"], other_articles_mean(x, items[:, :4]))
+
+
+def test_output_bag_path_starts_the_logits_at_a_tied_bag_of_items():
+    torch.manual_seed(0)
+    plain = ContextualBert(SMALL, "none", N_ITEMS, SPEC).eval()
+    with_bag = ContextualBert(SMALL.model_copy(update={"bag_path": "output"}), "none", N_ITEMS, SPEC).eval()
+    with_bag.load_state_dict(plain.state_dict())
+    items = outfits_with_one_mask(5, size=6, length=8)
+    with torch.no_grad():
+        difference = with_bag.masked_logits(items, None) - plain.masked_logits(items, None)
+        e = plain.item_embeddings.weight
+        bag = torch.stack([e[row[(row >= N_SPECIAL)]].mean(0) for row in items]) * plain.input_scale
+    # the logits differ by exactly the bag's score of every article: mean(e_others) . e_a (times sqrt(d))
+    torch.testing.assert_close(difference[:, N_SPECIAL:], bag @ e[N_SPECIAL:].T, rtol=1e-4, atol=1e-5)
+    assert ModelConfig(bag_path=True).bag_path == "input" and ModelConfig(bag_path=False).bag_path == "none"

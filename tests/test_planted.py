@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 from contextual_bert.config import PlantedConfig
@@ -66,6 +68,49 @@ def test_same_seed_same_data_and_the_truth_does_not_depend_on_n_outfits(tmp_path
     assert more["rows"]["outfits"] == 5000
     a, b = load_truth(out), load_truth(tmp_path / "more")
     assert np.array_equal(a.log_weight, b.log_weight) and np.array_equal(a.taste_prob, b.taste_prob)
+
+
+def _content_hash(out) -> str:
+    """sha256 of what generate_planted wrote: the tables' rows, the truth's arrays and both JSON files."""
+    h = hashlib.sha256()
+    for name in ("articles", "customers", "outfits"):
+        h.update(repr(pq.read_table(out / f"{name}.parquet").to_pylist()).encode())
+    with np.load(out / "planted_truth.npz") as z:
+        for key in sorted(z.files):
+            h.update(np.ascontiguousarray(z[key]).tobytes())
+    h.update((out / TRUTH_JSON).read_bytes())
+    h.update((out / "ingest_report.json").read_bytes())
+    return h.hexdigest()
+
+
+def test_without_hidden_tastes_the_data_is_what_it_was_before_the_setting(tmp_path):
+    cfg = PlantedConfig(n_outfits=500, n_articles=200, n_customers=100, n_types=10, n_tastes=6, seed=3)
+    assert cfg.hidden_taste_strength == 0.0
+    generate_planted(cfg, tmp_path)
+    # computed with the generator of commit 1e8b0b4, before hidden_taste_strength existed
+    assert _content_hash(tmp_path) == "d746d9469d3a2b84d5ad8755e3e55ac5a74d7b9bd441dfc1fe533e397914f11f"
+
+
+def test_hidden_tastes_are_carried_by_no_column(tmp_path):
+    visible = SMALL.model_copy(update={"n_outfits": 500})
+    hidden = visible.model_copy(update={"taste_strength": 0.0, "hidden_taste_strength": 1.3})
+    generate_planted(visible, tmp_path / "visible")
+    generate_planted(hidden, tmp_path / "hidden")
+    for name in ("articles", "customers"):  # the same catalogue and customers, column for column
+        assert pd.read_parquet(tmp_path / "hidden" / f"{name}.parquet").equals(
+            pd.read_parquet(tmp_path / "visible" / f"{name}.parquet")), name
+    truth, about = load_truth(tmp_path / "hidden"), json.loads((tmp_path / "hidden" / TRUTH_JSON).read_text())
+    base = load_truth(tmp_path / "visible")
+    style_and_colour = base.log_weight - truth.log_weight  # the visible taste part, minus the hidden one
+    hidden_part = 1.3 * np.array(about["hidden_affinity"])[about["hidden_style"]]
+    # log w = log popularity + hidden part: the hidden style alone decides an article's tastes ...
+    assert np.allclose(truth.log_weight - hidden_part, truth.log_weight[:, :1] - hidden_part[:, :1], atol=1e-5)
+    assert about["params"]["hidden_taste_strength"] == 1.3 and not np.allclose(style_and_colour, 0)
+    # ... and no column of the articles table tells it: articles of one style (or colour) have unrelated
+    # hidden styles
+    articles = pd.read_parquet(tmp_path / "hidden" / "articles.parquet")
+    by_style = pd.Series(about["hidden_style"]).groupby(articles["style"].to_numpy()).nunique()
+    assert (by_style[articles["style"].value_counts() >= 10] >= 5).all()
 
 
 def test_bad_sizes_are_one_line_errors(tmp_path):

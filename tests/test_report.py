@@ -323,3 +323,22 @@ def test_the_largest_seed_se_is_printed_to_three_decimals_as_computed(tmp_path):
     single.mkdir()
     build_report(write_fake_runs(single, seeds=(0,)))
     assert "Seed SE of the test cross-entropy" not in (single / "reports" / "table1.md").read_text()
+
+
+def test_outfit_dependence_column_flags_a_run_that_does_not_read_the_outfit(tmp_path):
+    cfg = write_fake_runs(tmp_path, variants=("none", "global_state"))
+    dependence = {"none": [0.004, 0.001, 0.002], "global_state": [0.31, 0.29, 0.30]}  # [None] stuck at popularity
+    for variant, values in dependence.items():
+        for seed, value in zip((0, 1, 2), values):
+            path = tmp_path / "reports" / "eval" / f"{variant}-s{seed}.json"
+            result = json.loads(path.read_text())
+            result["test"]["outfit_dependence"] = value
+            path.write_text(json.dumps(result))
+    build_report(cfg)
+    table = (tmp_path / "reports" / "table1.md").read_text()
+    rows = {line.split(" | ")[0]: line for line in table.splitlines() if line.startswith("| [")}
+    assert rows["| [None]"].endswith("| 0.002 ± 0.001 **stuck** |")
+    assert rows["| [GS]"].endswith("| 0.300 ± 0.006 |")
+    assert "Outfit dependence |" in table and "| Popularity |" in table
+    metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
+    assert metrics["global_state"]["test"]["outfit_dependence"]["mean"] == pytest.approx(0.30)

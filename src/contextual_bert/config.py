@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from contextual_bert.errors import ContextualBertError
 
@@ -116,6 +116,9 @@ class PlantedConfig(Section):
     n_types: int = Field(24, ge=1)
     n_tastes: int = Field(128, ge=1)
     taste_strength: float = Field(1.3, ge=0)  # how strongly a taste shifts the articles drawn
+    # the same through a hidden style per article that no column of the articles table carries (0: off, and
+    # the data is today's byte for byte); with taste_strength 0 only the articles themselves reveal the taste
+    hidden_taste_strength: float = Field(0.0, ge=0)
     context_strength: float = Field(4.0, ge=0)  # how strongly the context shifts the taste
     popularity_exponent: float = Field(0.8, ge=0)  # Zipf exponent of the articles' popularity
 
@@ -180,6 +183,17 @@ class ModelConfig(Section):
     d_ff: int = Field(256, ge=1)
     dropout: float = Field(0.1, ge=0, lt=1)
     max_set_size: int = Field(8, ge=2)
+    # ContextualBert only, a path without parameters from the rest of the outfit to the masked position
+    # (model.other_articles_mean, the bag of items' own state): "input", every position's input also gets the
+    # mean of the outfit's other articles' input vectors; "output", the head state at a predicted position gets
+    # the mean of the other articles' (tied) output vectors, so the logits start as a tied bag of items' and
+    # the encoder learns what a bag cannot. "none" in checkpoints from before it existed.
+    bag_path: Literal["none", "input", "output"] = "none"
+
+    @field_validator("bag_path", mode="before")
+    @classmethod
+    def _bag_path_from_bool(cls, value):  # the first runs of issue 45 wrote true (the input path) / false
+        return {True: "input", False: "none"}.get(value, value) if isinstance(value, bool) else value
 
     @model_validator(mode="after")
     def _heads_divide_d_model(self):  # found at load, not at the first training's model build
@@ -257,7 +271,8 @@ class VariantOverrides(Section):
     negatives: int | None = Field(None, ge=1)
 
 
-SweepKey = Literal["learning_rate", "dropout", "weight_decay", "batch_size"]
+SweepKey = Literal["learning_rate", "dropout", "weight_decay", "batch_size", "init_embeddings"]
+SweepValue = float | InitEmbeddings  # init_embeddings takes its names (random | cooccurrence), the others numbers
 
 
 class SweepConfig(Section):
@@ -266,10 +281,10 @@ class SweepConfig(Section):
 
     seed: int = 0  # one of train.seeds: each setting trains train@<variant>-<seed>
     variants: list[Variant] = []  # empty: train.variants
-    grid: dict[SweepKey, list[float]] = {"learning_rate": [1e-3, 2e-3, 4e-3]}
+    grid: dict[SweepKey, list[SweepValue]] = {"learning_rate": [1e-3, 2e-3, 4e-3]}
     # a variant's own grid instead of `grid` (e.g. the bags of items, cheap to train, whose best rates lie
     # higher than the transformers'); the same keys
-    grids: dict[Variant, dict[SweepKey, list[float]]] = {}
+    grids: dict[Variant, dict[SweepKey, list[SweepValue]]] = {}
 
 
 class EvaluateConfig(Section):

@@ -19,6 +19,15 @@ bootstrap) when a seed's SE is missing. Its lists, a number per test outfit, are
 
 The popularity baseline goes through the same code: its scores are log(1 + training count). The
 attribute-aware popularity (AttributePopularityModel) is the yardstick of the attribute models.
+
+Outfit dependence (trained models only; "outfit_dependence" beside the cross-entropy): how much the
+prediction at the masked position depends on the outfit's other articles through the encoder. Every case is
+scored a second time with the encoder reading the other articles of another outfit of the same length (a
+fixed random pairing, `donor_outfits`; the [MASK] at the same position, the customer's own context kept, and
+for the attribute models the attribute-overlap offsets still those of the real outfit, so that the hand-built
+rule does not count); the value is that cross-entropy minus the real one, in nats. A model that learned
+nothing from the articles (a popularity table, with or without the attribute rule) shows ~0 however good its
+loss; the bag of items shows what co-occurrence alone gives.
 """
 
 from __future__ import annotations
@@ -31,13 +40,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from contextual_bert.bootstrap import OUTFITS_KEY, bootstrap_ci, case_values, outfit_record
+from contextual_bert.bootstrap import DEPENDENCE_METRIC, OUTFITS_KEY, bootstrap_ci, case_values, outfit_record
 from contextual_bert.config import EvaluateConfig, ModelConfig, uses_attributes
 from contextual_bert.devices import evaluation_device, keep_freed_memory
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.feature_spec import N_SPECIAL, EncodedOutfits
 from contextual_bert.model import count_paper_parameters, load_checkpoint
-from contextual_bert.ranking import case_ranks
+from contextual_bert.ranking import case_ranks, measures_dependence
 
 RECALL_CURVE_MAX_K = 250
 
@@ -153,13 +162,22 @@ def recall_curve(ranks, max_k: int = RECALL_CURVE_MAX_K) -> dict:
 
 def evaluate_split(model, data: EncodedOutfits, cfg: EvaluateConfig, device) -> tuple[dict, dict]:
     """The metrics of one split and its cases (see case_ranks)."""
-    cases = case_ranks(model, data, cfg.batch_size, device)
+    cases = case_ranks(model, data, cfg.batch_size, device, dependence=measures_dependence(model))
     metrics = {
         "n_outfits": len(data),
         "n_unknown_targets": int(cases["n_unknown_targets"]),
         **metrics_from_ranks(cases["rank"], cases["log_prob"], cfg.ks),
     }
+    if "log_prob_shuffled" in cases:
+        metrics[DEPENDENCE_METRIC] = outfit_dependence(cases["log_prob"], cases["log_prob_shuffled"])
     return metrics, cases
+
+
+def outfit_dependence(log_prob, log_prob_shuffled) -> float | None:
+    """The cross-entropy with the encoder reading other outfits minus the real one (nats; module docstring)."""
+    if len(log_prob) == 0:
+        return None
+    return float(np.mean(np.asarray(log_prob, dtype=np.float64) - np.asarray(log_prob_shuffled, dtype=np.float64)))
 
 
 def _subset_metrics(cases: dict, keep: np.ndarray, n_outfits: int, cfg: EvaluateConfig) -> tuple[dict, dict]:

@@ -488,12 +488,16 @@ class ArticleScores:
         logits = F.linear(head_states, weight[N_SPECIAL:].to(head_states.dtype), bias[N_SPECIAL:].to(head_states.dtype))
         return logits if offsets is None else logits + offsets[:, N_SPECIAL:].to(logits.dtype)
 
+    def head_states(self, items: torch.Tensor, context: dict | None, select: torch.Tensor) -> torch.Tensor:
+        """(M, d) the states the output layer scores at the `select` positions (bool, (B, L))."""
+        return self.head(self.forward(items, context, select=select))
+
     def masked_logits(self, items: torch.Tensor, context: dict[str, torch.Tensor] | None) -> torch.Tensor:
         """(B, n_items) logits at the one MASK_INDEX of every row; the special indices get -inf."""
         is_mask = items == MASK_INDEX
         if not bool((is_mask.sum(dim=1) == 1).all()):
             raise ContextualBertError("masked_logits needs exactly one [MASK] item in every row")
-        head_states = self.head(self.forward(items, context, select=is_mask))
+        head_states = self.head_states(items, context, is_mask)
         weight, bias = self.output_layer()
         logits = F.linear(head_states, weight.to(head_states.dtype), bias.to(head_states.dtype))
         offsets = self.outfit_offsets(items, is_mask)
@@ -556,6 +560,8 @@ class ContextualBert(ArticleScores, nn.Module):
         a prediction, and the last block then computes just them after its attention."""
         c = self.context_encoder(context) if self.context_encoder is not None else None
         x = self.article_vectors(self.item_embeddings, items) * self.input_scale
+        if self.model_cfg.bag_path == "input":  # the bag of items inside the encoder, no parameter
+            x = x + other_articles_mean(x, items)
         is_padding = items == PAD_INDEX
         if self.concat_input is not None:
             x = self.concat_input(x, c)
@@ -583,6 +589,16 @@ class ContextualBert(ArticleScores, nn.Module):
         """The head transform before the output layer: GELU(W h)."""
         return F.gelu(self.head_transform(hidden))
 
+    def head_states(self, items: torch.Tensor, context: dict | None, select: torch.Tensor) -> torch.Tensor:
+        """GELU(W h) at the `select` positions; with model.bag_path "output", plus the mean of the outfit's
+        other articles' output vectors (tied: their article vectors), so that h_a . e_a starts as a tied bag
+        of items' score and the blocks add what a bag cannot."""
+        states = self.head(self.forward(items, context, select=select))
+        if self.model_cfg.bag_path == "output":
+            bag = other_articles_mean(self.article_vectors(self.item_embeddings, items), items)[select]
+            states = states + bag.to(states.dtype) * self.input_scale
+        return states
+
     def output_layer(self, articles: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(weight (n_items, d), bias (n_items,)) of the output layer: tied to the article vectors; only the
         rows of the catalogue indices `articles` when given (ArticleScores.output_articles)."""
@@ -590,6 +606,16 @@ class ContextualBert(ArticleScores, nn.Module):
 
 
 # --- the learned baseline -----------------------------------------------------------------------------
+
+
+def other_articles_mean(e: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+    """(B, L, d): at every position of `items` (B, L), the mean of `e` (B, L, d) over the outfit's other
+    articles, [MASK] and padding left out (zeros where there is none). The bag of items' state, and
+    ContextualBert's bag path (model.bag_path)."""
+    seen = ((items != PAD_INDEX) & (items != MASK_INDEX)).unsqueeze(-1).to(e.dtype)
+    e = e * seen
+    n_others = (seen.sum(dim=1, keepdim=True) - seen).clamp_min(1.0)
+    return (e.sum(dim=1, keepdim=True) - e) / n_others
 
 
 class BagOfItems(ArticleScores, nn.Module):
@@ -630,11 +656,7 @@ class BagOfItems(ArticleScores, nn.Module):
     def forward(self, items: torch.Tensor, context: dict | None = None, select: torch.Tensor | None = None):
         """(B, L, d): at every position, the mean embedding of the outfit's other articles ([MASK] and
         padding left out), plus W_c c; (M, d) at the `select` positions only."""
-        e = self.article_vectors(self.item_embeddings, items)
-        seen = ((items != PAD_INDEX) & (items != MASK_INDEX)).unsqueeze(-1).to(e.dtype)
-        e = e * seen
-        n_others = (seen.sum(dim=1, keepdim=True) - seen).clamp_min(1.0)
-        h = (e.sum(dim=1, keepdim=True) - e) / n_others
+        h = other_articles_mean(self.article_vectors(self.item_embeddings, items), items)
         if self.context_projection is not None:
             h = h + self.context_projection(self.context_encoder(context)).unsqueeze(1)
         h = self.dropout(h)

@@ -12,7 +12,14 @@ pop[a] = (rank + 1) ** -popularity_exponent (ranks a random permutation), a bran
 price are noise: the optimum does not depend on them). K tastes; each style and each colour has an affinity
 to each taste, drawn N(0, 1) once. An article's weight under taste z is
 
-    w[a, z] = pop[a] * exp(taste_strength * (style_affinity[s(a), z] + 0.5 * color_affinity[c(a), z]))
+    w[a, z] = pop[a] * exp(taste_strength * (style_affinity[s(a), z] + 0.5 * color_affinity[c(a), z])
+                           + hidden_taste_strength * hidden_affinity[h(a), z])
+
+with h(a) a hidden style (one of N_STYLES, its own N(0, 1) affinity table) that no column of the articles
+table carries: the tastes an article answers to are then known from the outfits it is in and from nothing
+else (a model given the attribute columns cannot read them off). hidden_taste_strength 0 (the default) leaves
+it out, and the data and the truth are byte for byte those without it: h and its table come from a
+generator of their own (seeded [seed, 1]), not from the story's.
 
 and W[t, z] = sum of w[b, z] over the articles b of type t.
 
@@ -76,6 +83,7 @@ CONTEXT_COLUMNS: tuple[tuple[str, int, bool], ...] = (
 N_STYLES, N_COLORS, N_BRANDS = 30, 20, 40
 COLOR_WEIGHT = 0.5  # a colour's affinity counts half as much as a style's
 VALUE_ODDS_CONCENTRATION = 4.0  # Dirichlet concentration of each context column's value odds
+HIDDEN_SEED_STREAM = 1  # the hidden styles' generator: default_rng([seed, HIDDEN_SEED_STREAM])
 
 
 def _names(prefix: str, n: int) -> np.ndarray:
@@ -171,8 +179,15 @@ def _catalogue(rng: np.random.Generator, cfg: PlantedConfig) -> dict:
     )
     brand = rng.integers(0, N_BRANDS, a)
     price = np.round(np.exp(rng.normal(3.5, 0.6, a)), 2) + 1.0
+    hidden_style = hidden_affinity = None
+    if cfg.hidden_taste_strength > 0:  # its own generator: the story's draws stay those without it
+        hidden_rng = np.random.default_rng([cfg.seed, HIDDEN_SEED_STREAM])
+        hidden_style = hidden_rng.integers(0, N_STYLES, a)
+        hidden_affinity = hidden_rng.normal(0, 1, (N_STYLES, cfg.n_tastes))
+        log_weight = log_weight + cfg.hidden_taste_strength * hidden_affinity[hidden_style]
     return dict(type=article_type, style=style, color=color, popularity=popularity, brand=brand, price=price,
-                style_affinity=style_affinity, color_affinity=color_affinity, log_weight=log_weight)  # fmt: skip
+                style_affinity=style_affinity, color_affinity=color_affinity, log_weight=log_weight,
+                hidden_style=hidden_style, hidden_affinity=hidden_affinity)  # fmt: skip
 
 
 def _customers(rng: np.random.Generator, cfg: PlantedConfig) -> dict:
@@ -286,12 +301,16 @@ def generate_planted(cfg: PlantedConfig, out_dir: Path, max_set_size: int = Mode
     }
     truth.save(out_dir, {
         "story": "see the docstring of contextual_bert/planted.py",
-        "params": cfg.model_dump(),
+        # (without hidden_taste_strength when it is 0: the truth file of today's data stays byte for byte)
+        "params": cfg.model_dump(exclude=set() if cfg.hidden_taste_strength else {"hidden_taste_strength"}),
         "n_styles": N_STYLES, "n_colors": N_COLORS, "color_weight": COLOR_WEIGHT,
         "context_columns": [{"name": n, "n_values": k, "informative": i} for n, k, i in CONTEXT_COLUMNS],
         "context_tables": {name: table.round(6).tolist() for name, table in cus["tables"].items()},
         "style_affinity": cat["style_affinity"].round(6).tolist(),
         "color_affinity": cat["color_affinity"].round(6).tolist(),
+        **({} if cat["hidden_style"] is None else {
+            "hidden_style": cat["hidden_style"].tolist(),
+            "hidden_affinity": cat["hidden_affinity"].round(6).tolist()}),
         "population_prior": prior.round(6).tolist(),
         "signal": signal,
     })  # fmt: skip

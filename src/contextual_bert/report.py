@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from contextual_bert.bootstrap import (CI_METRICS, LEVEL, OUTFITS_KEY, mean_record, paired_difference,
-                                      pooled_interval)
+from contextual_bert.bootstrap import (CI_METRICS, DEPENDENCE_METRIC, LEVEL, OUTFITS_KEY, mean_record,
+                                      paired_difference, pooled_interval)
 from contextual_bert.config import (ATTRIBUTES_SUFFIX, BASELINE_MODELS, VARIANTS, Config, base_model,
                                      uses_attributes)
 from contextual_bert.errors import ContextualBertError, DataError
@@ -58,6 +58,9 @@ VERDICT_METRICS = (("cross_entropy", False), ("recall@5", True))
 REFERENCES = ("optimum_context", "optimum_no_context", "popularity", "popularity_attribute")
 TARGET_PARTS = ("test_known", "test_unseen")  # the catalogue rankers' targets with and without an id
 CONVERGENCE_LABELS = {"early_stopping": "early stop", "plateau": "plateau"}
+# evaluation.py's outfit dependence (nats): below this a trained model predicts without its encoder reading the
+# outfit's articles (a popularity table, with the attribute rule for the "_attrs" models), whatever its loss
+STUCK_BELOW = 0.02
 
 
 # --- reading ---------------------------------------------------------------------------------------------
@@ -348,6 +351,16 @@ def seed_se_lines(summary: dict, metric: str = "cross_entropy") -> list[str]:
                 f"({LABELS.get(largest, largest)}); each: {each}."]
 
 
+def _dependence_text(stat: dict | None) -> str:
+    """The outfit dependence, flagged **stuck** when its mean is under STUCK_BELOW."""
+    return _fmt(stat, False, 3) + (" **stuck**" if stuck(stat) else "")
+
+
+def stuck(stat: dict | None) -> bool | None:
+    """Is a model's outfit dependence (mean over seeds) under STUCK_BELOW? None where it was not measured."""
+    return None if not stat or stat.get("mean") is None else stat["mean"] < STUCK_BELOW
+
+
 def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, order: dict,
                   baseline_verdicts: dict | None = None) -> str:
     variants = list(summary)
@@ -376,10 +389,14 @@ def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, 
         "- Parameters: counted as the paper counts them, without the article embeddings, the output layer and "
         "the customer-feature embeddings; so the bag of items counts 0 and the bag of items + c only its "
         "projection of c.",
+        "- Outfit dependence: the test cross-entropy with the encoder reading another test outfit's articles "
+        "(same length, the [MASK] in place, the customer and any attribute-overlap offsets the real ones) minus "
+        f"the real one, in nats (evaluation.py). Under {STUCK_BELOW} (**stuck**): the model predicts without "
+        "reading the outfit, a popularity table whatever its loss.",
         "",
         "| Model | Cross-entropy | (paper) | Recall@1 % | (paper) | Recall@5 % | Recall@5 % 95% CI | Recall@250 % | "
-        "Parameters | (paper) | Recall@1 gain vs [None] | (paper) | Converged |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "Parameters | (paper) | Recall@1 gain vs [None] | (paper) | Converged | Outfit dependence |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, result in references.items():
         ref = {k: {"mean": v, "se": None} for k, v in result["test"].items() if isinstance(v, (int, float))}
@@ -387,7 +404,7 @@ def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, 
             f"| {LABELS.get(name, name)} | {_fmt(ref.get('cross_entropy'), False, 2)} | – | "
             f"{_fmt(ref.get('recall@1'), True, 2)} | – | {_fmt(ref.get('recall@5'), True, 2)} | "
             f"{_fmt_ci((result.get('test_bootstrap') or {}).get('recall@5'))} | "
-            f"{_fmt(ref.get('recall@250'), True, 2)} | – | – | – | – | – |"
+            f"{_fmt(ref.get('recall@250'), True, 2)} | – | – | – | – | – | – |"
         )
     paper_none = PAPER_TABLE1["none"]["recall@1"]
     for v in variants:
@@ -409,6 +426,7 @@ def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, 
                 "–" if gain is None else f"{gain * 100:+.1f} %",
                 "–" if paper_gain is None else f"{paper_gain * 100:+.1f} %",
                 _converged_text(s.get("convergence")),
+                _dependence_text(s["test"].get(DEPENDENCE_METRIC)),
             ]) + " |"
         )
 

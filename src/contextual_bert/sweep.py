@@ -20,6 +20,7 @@ from contextual_bert.errors import ContextualBertError
 
 OBJECTIVE = "best_val_cross_entropy"  # from reports/train/<run>.json; lower is better
 INTEGER_KEYS = ("batch_size",)
+NAMED_KEYS = ("init_embeddings",)  # values are names (config.InitEmbeddings), not numbers
 
 
 def sweep_variants(cfg: Config) -> list[str]:
@@ -44,8 +45,14 @@ def settings_grid(cfg: Config, variant: str | None = None) -> list[dict]:
     if not keys or any(not grid[k] for k in keys):
         where = f"sweep.grids.{variant}" if variant in cfg.sweep.grids else "sweep.grid"
         raise ContextualBertError(f"params.yaml: {where} needs at least one value for each key")
+    for k in keys:
+        if (k in NAMED_KEYS) != all(isinstance(v, str) for v in grid[k]):
+            where = f"sweep.grids.{variant}" if variant in cfg.sweep.grids else "sweep.grid"
+            raise ContextualBertError(f"params.yaml: {where}.{k} takes " + ("names" if k in NAMED_KEYS else "numbers")
+                                      + f", got {grid[k]}")
     combos = itertools.product(*(grid[k] for k in keys))
-    return [{k: int(v) if k in INTEGER_KEYS else float(v) for k, v in zip(keys, values)} for values in combos]
+    return [{k: v if k in NAMED_KEYS else int(v) if k in INTEGER_KEYS else float(v) for k, v in zip(keys, values)}
+            for values in combos]
 
 
 def experiments(cfg: Config) -> list[dict]:
@@ -122,7 +129,8 @@ def write_report(rows: list[dict], choice: dict[str, dict], out_dir: Path) -> li
              f"Never chosen on test.", "",
              "| Variant | " + " | ".join(keys) + " | Val cross-entropy | Best epoch / epochs | Converged |",
              "|---|" + "---|" * (len(keys) + 3)]
-    for row in sorted(rows, key=lambda r: (r["variant"], [r["setting"].get(k) or 0 for k in keys])):
+    for row in sorted(rows, key=lambda r: (r["variant"], [str(r["setting"].get(k) or 0) if k in NAMED_KEYS
+                                                          else r["setting"].get(k) or 0 for k in keys])):
         chosen = choice.get(row["variant"]) == row["setting"]
         value = f"{row[OBJECTIVE]:.4f}"
         lines.append(f"| {row['variant']} | " + " | ".join(str(row["setting"].get(k)) for k in keys)
@@ -133,8 +141,11 @@ def write_report(rows: list[dict], choice: dict[str, dict], out_dir: Path) -> li
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     x_key = "learning_rate" if "learning_rate" in keys else keys[0]
     for variant in sorted({r["variant"] for r in rows}):
-        points = sorted((r["setting"][x_key], r[OBJECTIVE]) for r in rows if r["variant"] == variant)
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=variant)
+        for name in sorted({str(r["setting"].get("init_embeddings", "")) for r in rows if r["variant"] == variant}):
+            points = sorted((r["setting"][x_key], r[OBJECTIVE]) for r in rows if r["variant"] == variant
+                            and str(r["setting"].get("init_embeddings", "")) == name)
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
+                    label=variant + (f" ({name})" if name else ""))
     ax.set_xscale("log")
     ax.set_xlabel(x_key)
     ax.set_ylabel("best validation cross-entropy (nats)")

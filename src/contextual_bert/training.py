@@ -229,7 +229,7 @@ def masked_item_loss(
 ) -> torch.Tensor:
     """Cross-entropy over the real articles at the positions to predict: the full softmax, or with a
     `sampler` (train.softmax: sampled) the sampled one, in training (with gradients) only."""
-    head_states = model.head(model(inputs, context, select=predict))
+    head_states = model.head_states(inputs, context, predict)
     targets = items[predict]
     if len(targets) == 0:  # a batch of unknown articles only: nothing to learn from
         return head_states.sum() * 0.0

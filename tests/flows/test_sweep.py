@@ -193,3 +193,16 @@ def test_run_queue_does_not_wait_for_the_detached_workers(tmp_path, monkeypatch)
         subprocess.run(["kill", (workdir / "worker.pid").read_text().strip()])
     assert not done.is_alive(), "run_queue waited for the detached queue worker"
     assert (workdir / "stopped").exists(), "the queue's workers were not stopped"
+
+
+def test_the_sweep_may_choose_how_the_article_embeddings_start():
+    cfg = _cfg(grid={"learning_rate": [1e-3], "init_embeddings": ["random", "cooccurrence"]}, variants=["none"])
+    planned = experiments(cfg)
+    assert [e["setting"] for e in planned] == [{"learning_rate": 1e-3, "init_embeddings": "random"},
+                                               {"learning_rate": 1e-3, "init_embeddings": "cooccurrence"}]
+    assert planned[1]["set_params"] == ["++variants.none.learning_rate=0.001",
+                                        "++variants.none.init_embeddings=cooccurrence"]
+    with pytest.raises(Exception, match="init_embeddings"):
+        _cfg(grid={"init_embeddings": ["glove"]})
+    with pytest.raises(Exception, match="sweep.grid.learning_rate takes numbers"):
+        settings_grid(_cfg(grid={"learning_rate": ["random"]}))
