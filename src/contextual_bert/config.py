@@ -144,6 +144,7 @@ class ImportHMConfig(Section):
 
 
 ContextKindName = Literal["categorical", "multi_categorical", "numeric"]
+AttributeKindName = Literal["categorical", "multi_categorical", "numeric", "text"]  # text: article attributes only
 
 
 class ImportSetsConfig(Section):
@@ -180,7 +181,11 @@ class FeaturesConfig(Section):
     # articles table -> kind. Encoded for every article of the catalogue only when `article_features` is on
     # (off: data/features is exactly what it was before, and the paper's models with it).
     article_features: bool = False
-    article_attributes: dict[str, dict[str, ContextKindName]] = {}
+    article_attributes: dict[str, dict[str, AttributeKindName]] = {}
+    # Attributes of kind text (a product's name or description; feature_store.text_words): a word on fewer
+    # train articles than this maps to UNKNOWN; an article keeps its first max_text_words distinct words.
+    min_text_count: int = Field(2, ge=1)
+    max_text_words: int = Field(32, ge=1)
 
 
 class ModelConfig(Section):

@@ -356,7 +356,7 @@ def evaluate_attribute_popularity(features_dir: Path, out_path: Path, cfg: Evalu
         return {"known": False, "why": why}
     catalogue = load_catalogue(features_dir)
     if attribute not in catalogue.attributes or catalogue.attributes[attribute].ndim != 1:
-        categorical = [f.name for f in catalogue.spec.features if f.kind != "multi_categorical"]
+        categorical = [f.name for f in catalogue.spec.features if not f.is_list]
         raise ContextualBertError(f"evaluate.popularity_attribute '{attribute}' is not a single-valued article "
                                   f"attribute of {features_dir} (those are {categorical})")
     values = catalogue.attributes[attribute]

@@ -248,6 +248,24 @@ class ConcatInput(nn.Module):
 ATTRIBUTE_COMBINES = ("sum", "concat")
 
 
+class TextEmbedding(nn.EmbeddingBag):
+    """A text attribute's vector (kind text: a product's name or description): the mean of its words'
+    embeddings (feature_store.text_words; PAD-padded rows of word indices; an unseen word reads the UNKNOWN
+    row, a text without words the MISSING row)."""
+
+    def __init__(self, n_words: int, dim: int):
+        super().__init__(n_words, dim, mode="mean", padding_idx=PAD_INDEX)
+
+
+def attribute_embedding(feature: FeatureSpec, width: int) -> nn.Module:
+    """The embedding table of one article attribute, by its kind."""
+    if feature.kind == "text":
+        return TextEmbedding(feature.cardinality, width)
+    if feature.kind == "multi_categorical":
+        return nn.EmbeddingBag(feature.cardinality, width, mode="mean", padding_idx=PAD_INDEX)
+    return nn.Embedding(feature.cardinality, width, padding_idx=PAD_INDEX)
+
+
 class ArticleAttributes(nn.Module):
     """e_a from an article's id embedding and its attribute embeddings, for every article of the catalogue.
 
@@ -277,7 +295,8 @@ class ArticleAttributes(nn.Module):
     The catalogue's encoded attributes are buffers outside the state_dict (`set_catalogue`): the weights do
     not depend on how many articles there are, so a served model takes a larger catalogue without
     retraining. An article without an id embedding (index >= n_ids) reads the [UNK] id row. Multi-valued
-    attributes are the mean of their values' embeddings; missing / unknown values have their own rows.
+    attributes are the mean of their values' embeddings, text the mean of its words' (TextEmbedding); missing /
+    unknown values have their own rows.
     """
 
     def __init__(self, spec: ContextSpec, n_ids: int, d_model: int, combine: str = "sum"):
@@ -289,18 +308,14 @@ class ArticleAttributes(nn.Module):
         self.spec, self.n_ids, self.combine = spec, n_ids, combine
         self.id_dropout = 0.0  # a training setting (variants.<model>_attrs.id_dropout; training.fit), not a weight
         widths = [d_model if combine == "sum" else f.dim for f in spec.features]
-        self.embeddings = nn.ModuleList(
-            nn.EmbeddingBag(f.cardinality, w, mode="mean", padding_idx=PAD_INDEX) if f.kind == "multi_categorical"
-            else nn.Embedding(f.cardinality, w, padding_idx=PAD_INDEX)
-            for f, w in zip(spec.features, widths)
-        )  # fmt: skip
+        self.embeddings = nn.ModuleList(attribute_embedding(f, w) for f, w in zip(spec.features, widths))
         for table in self.embeddings:
             nn.init.normal_(table.weight, std=d_model**-0.5)
             with torch.no_grad():
                 table.weight[PAD_INDEX].zero_()
         self.projection = nn.Linear(d_model + sum(widths), d_model) if combine == "concat" else None
         self.scale = (1 + len(spec.features)) ** -0.5
-        self.set_catalogue({f.name: torch.zeros((n_ids, f.max_values) if f.kind == "multi_categorical" else n_ids,
+        self.set_catalogue({f.name: torch.zeros((n_ids, f.max_values) if f.is_list else n_ids,
                                                 dtype=torch.long) for f in spec.features})  # fmt: skip
 
     @property
