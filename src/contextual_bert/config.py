@@ -270,12 +270,24 @@ class SweepConfig(Section):
     grids: dict[Variant, dict[SweepKey, list[float]]] = {}
 
 
+class FitbConfig(Section):
+    """Fill-in-the-blank (fitb.py): each test outfit's items blanked in turn, the blank among n_candidates
+    (itself and negatives not in the outfit, drawn with `seed`): easy, negatives of any article; hard, of the
+    blank's value of the first of hard_attributes that the catalogue has (single-valued)."""
+
+    enabled: bool = True
+    n_candidates: int = Field(4, ge=2)
+    seed: int = 0
+    hard_attributes: list[str] = ["product_type", "category"]
+
+
 class EvaluateConfig(Section):
     ks: Annotated[list[Positive], Field(min_length=1), AfterValidator(_distinct)] = [1, 5, 10, 50, 250]
     batch_size: int = Field(1024, ge=1)
     # The attribute-aware popularity baseline (with features.article_features on): popularity among the
     # articles whose value of this attribute is not yet in the outfit, and within the value for unseen articles.
     popularity_attribute: str | None = "product_type"
+    fitb: FitbConfig = FitbConfig()  # fill-in-the-blank accuracy beside the full ranking (fitb.py)
 
 
 class MlflowConfig(Section):
@@ -366,6 +378,10 @@ class Config(Section):
     def eval_path(self, name: str) -> Path:
         """Where the evaluation of one run ("<variant>-s<seed>") or of the popularity baseline is written."""
         return self.paths.reports_dir / "eval" / f"{name}.json"
+
+    def fitb_questions_path(self) -> Path:
+        """The fill-in-the-blank questions of the test split (fitb.py), as article ids: the baseline stage's."""
+        return self.paths.reports_dir / "eval" / "fitb_questions.csv"
 
     def train_for(self, variant: str) -> TrainConfig:
         """Train settings for one variant, its overrides applied."""
