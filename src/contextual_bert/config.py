@@ -157,6 +157,13 @@ class ImportSetsConfig(Section):
     customer_column: str | None = None  # the customer of each outfit, when the pairs name one
     customers: Path | None = None  # a customers table (.csv / .parquet / .jsonl) keyed by customer_column
     context: dict[str, ContextKindName] = {}  # its context columns and their kinds
+    # A products table (.csv/.tsv/.parquet/.jsonl, or .json: Polyvore's item metadata keyed by item id): its
+    # columns become article columns (import_sets.article_name); features.article_attributes.sets says which
+    # the models read. Its id column (default: item_column), and attribute -> its column where the names
+    # differ beyond letter case and separators.
+    articles: Path | None = None
+    article_id_column: str | None = None
+    article_columns: dict[str, str] = {}
 
 
 class ValidateConfig(Section):
