@@ -7,8 +7,8 @@ the field): the blanked item and N-1 negatives, articles not in the outfit, draw
 - easy: the negatives are drawn uniformly from every real article of the catalogue (the articles table when
   features.article_features is on, else the train vocabulary);
 - hard: the negatives share the blanked item's value of the first of `evaluate.fitb.hard_attributes` that is a
-  single-valued attribute of the catalogue (product type; a curated set's category), as the field's harder
-  protocol (Polyvore Outfits' "disjoint"/"resampled" FITB) draws them from the blank's category. A blank whose
+  single-valued attribute of the catalogue (product type; a curated set's category), as Polyvore Outfits' FITB
+  (Vasileva et al. 2018) draws them from the blank's category. A blank whose
   value is missing or unknown, or whose value has fewer than N-1 articles outside the outfit, is not asked
   (counted: `not_asked`); so is any blank with fewer than N-1 articles outside its outfit to draw from.
 
@@ -23,10 +23,10 @@ share of questions whose blanked item scores highest; a tie at the top among k c
 counts 1/k (the expected accuracy of breaking it at random), so a scorer that ignores its input gets exactly 1/N.
 The interval is the bootstrap over test outfits (bootstrap.py).
 
-Against published numbers: Polyvore Outfits FITB accuracies (e.g. 55-60 % on the disjoint split for
-type-aware embeddings, Vasileva et al. 2018) come from models that read the items' images (and text); this
-project reads ids, attributes and text only, on other data. The protocol is the same shape (4 candidates, one
-blank, negatives of the blank's category for hard), the numbers are not comparable across data sets.
+Against published numbers (docs/curated_products.md): Polyvore Outfits FITB accuracies (about 55-57 % for
+type-aware embeddings, Vasileva et al. 2018) come from models that read the items' images and text; this project
+reads ids, attributes and text, on other data. Hard has the same shape (4 candidates, one blank, negatives of the
+blank's category); the numbers are not comparable across inputs and data sets.
 """
 
 from __future__ import annotations
