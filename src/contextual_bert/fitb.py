@@ -73,17 +73,30 @@ class Questions:
         return h.hexdigest()
 
 
-def _negatives(rng: np.random.Generator, pool: np.ndarray, outfit: set, in_pool: int, k: int) -> np.ndarray | None:
-    """k distinct articles of `pool` outside `outfit` (of which `in_pool` are in the pool), drawn uniformly;
-    None when fewer than k are left."""
-    if len(pool) - in_pool < k:
-        return None
-    chosen: list[int] = []
-    while len(chosen) < k:
-        a = int(pool[rng.integers(len(pool))])
-        if a not in outfit and a not in chosen:
-            chosen.append(a)
-    return np.asarray(chosen, dtype=np.int64)
+MAX_REDRAWS = 200  # rounds of vectorised redraws before the few questions left are drawn one by one
+
+
+def _negatives(rng: np.random.Generator, order: np.ndarray, start: np.ndarray, size: np.ndarray,
+               outfits: np.ndarray, k: int) -> np.ndarray:
+    """(Q, k) distinct articles per question, uniformly from its pool order[start:start + size], none of them in
+    its outfit's row of `outfits` (Q, L). Every question must have k such articles. Drawn for all questions at
+    once, the rows with a clash (an outfit's article, or one article twice) drawn again until none is left."""
+    out = np.zeros((len(start), k), dtype=np.int64)
+    todo = np.arange(len(start))
+    for _ in range(MAX_REDRAWS):
+        if not len(todo):
+            return out
+        drawn = order[start[todo, None] + (rng.random((len(todo), k)) * size[todo, None]).astype(np.int64)]
+        in_outfit = (drawn[:, :, None] == outfits[todo, None, :]).any(axis=(1, 2))
+        ordered = np.sort(drawn, axis=1)
+        repeated = (ordered[:, 1:] == ordered[:, :-1]).any(axis=1)
+        good = ~in_outfit & ~repeated
+        out[todo[good]] = drawn[good]
+        todo = todo[~good]
+    for q in todo:  # pools nearly exhausted by their outfits: draw from what is left
+        pool = order[start[q]:start[q] + size[q]]
+        out[q] = rng.choice(pool[~np.isin(pool, outfits[q])], k, replace=False)
+    return out
 
 
 def make_questions(items: np.ndarray, n_articles: int, cfg: FitbConfig,
@@ -101,36 +114,40 @@ def make_questions(items: np.ndarray, n_articles: int, cfg: FitbConfig,
     why = None if hard_attribute else (
         f"no single-valued article attribute among evaluate.fitb.hard_attributes {cfg.hard_attributes}"
         + ("" if attributes else " (features.article_features is off)"))
-    every = np.arange(N_SPECIAL, n_articles)
-    pools = {"easy": lambda c: every}
+    real_in = items[outfit]  # each question's outfit (PAD where empty: never drawn)
+    # per protocol, each question's pool as a slice of one article order, and the outfit's articles inside it
+    order = {"easy": np.arange(N_SPECIAL, n_articles)}
+    start = {"easy": np.zeros(len(blank), dtype=np.int64)}
+    size = {"easy": np.full(len(blank), n_articles - N_SPECIAL, dtype=np.int64)}
+    inside = {"easy": (real_in >= N_SPECIAL).sum(axis=1)}
     if hard_attribute:
         values = np.asarray(attributes[hard_attribute], dtype=np.int64)[:n_articles]
-        real = np.arange(len(values)) >= N_SPECIAL
-        order = np.argsort(values, kind="stable")
-        order = order[real[order]]
-        starts = np.searchsorted(values[order], np.arange(values.max() + 2))
-        by_value = lambda v: order[starts[v]:starts[v + 1]]  # noqa: E731
-        pools["hard"] = lambda c: None if values[c] in (MISSING_INDEX, UNKNOWN_INDEX, PAD_INDEX) else by_value(values[c])
+        by_value = np.argsort(values, kind="stable")
+        order["hard"] = by_value[by_value >= N_SPECIAL]
+        starts = np.searchsorted(values[order["hard"]], np.arange(values.max() + 2))
+        v = values[blank]
+        start["hard"], size["hard"] = starts[v], starts[v + 1] - starts[v]
+        size["hard"][np.isin(v, (MISSING_INDEX, UNKNOWN_INDEX, PAD_INDEX))] = 0  # no value: no hard question
+        inside["hard"] = ((values[real_in] == v[:, None]) & (real_in >= N_SPECIAL)).sum(axis=1)
     candidates, answer, asked = {}, {}, {}
-    members = [{a for a in row.tolist() if a >= N_SPECIAL} for row in items]
     for number, protocol in enumerate(PROTOCOLS):
         n = len(blank)
         candidates[protocol] = np.full((n, cfg.n_candidates), PAD_INDEX, dtype=np.int64)
         answer[protocol] = np.zeros(n, dtype=np.int64)
         asked[protocol] = np.zeros(n, dtype=bool)
-        if protocol not in pools:
+        if protocol not in order:
             continue
         rng = np.random.default_rng([cfg.seed, number])
-        for q in range(n):
-            pool = pools[protocol](blank[q])
-            members_q = members[outfit[q]]
-            in_pool = len(members_q) if protocol == "easy" else sum(values[a] == values[blank[q]] for a in members_q)
-            negatives = None if pool is None else _negatives(rng, pool, members_q, in_pool, k)
-            if negatives is None:
-                continue
-            slot = int(rng.integers(cfg.n_candidates))
-            candidates[protocol][q] = np.insert(negatives, slot, blank[q])
-            answer[protocol][q], asked[protocol][q] = slot, True
+        ok = size[protocol] - inside[protocol] >= k  # enough articles outside the outfit to draw from
+        negatives = _negatives(rng, order[protocol], start[protocol][ok], size[protocol][ok], real_in[ok], k)
+        slots = rng.integers(cfg.n_candidates, size=int(ok.sum()))
+        rows = np.zeros((int(ok.sum()), cfg.n_candidates), dtype=np.int64)
+        before = np.arange(cfg.n_candidates)[None, :] < slots[:, None]
+        # the blank at its slot, the negatives in order around it
+        rows[:, :-1] = negatives
+        rows = np.where(before, rows, np.roll(rows, 1, axis=1))
+        rows[np.arange(len(slots)), slots] = blank[ok]
+        candidates[protocol][ok], answer[protocol][ok], asked[protocol][ok] = rows, slots, True
     return Questions(outfit, position, candidates, answer, asked, hard_attribute, why)
 
 
