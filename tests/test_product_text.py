@@ -71,3 +71,18 @@ def test_an_articles_text_vector_is_the_mean_of_its_words_embeddings():
         expected = (ids.weight[UNKNOWN_INDEX] + rows[words(i)].mean(dim=0)) * attributes.scale
         torch.testing.assert_close(vectors[N_SPECIAL + i], expected)
     assert words(2).tolist() == [MISSING_INDEX] and words(3).tolist() == [UNKNOWN_INDEX]
+
+
+def test_the_outfit_offsets_leave_text_attributes_out():
+    from contextual_bert.config import ModelConfig
+    from contextual_bert.feature_spec import FeatureSpec
+    from contextual_bert.model import build_model
+
+    text, _ = fitted(["black jeans", "black dress"], min_text_count=1)
+    spec = ContextSpec((FeatureSpec("product_type", "categorical", "article", N_SPECIAL + 2, 8), text))
+    model = build_model(ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=16), "none_attrs", 10, ContextSpec(()),
+                        spec, overlap=True)
+    assert [f.name for f in model.overlap.spec.features] == ["product_type"] and len(model.overlap.offsets) == 1
+    only_text = build_model(ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=16), "none_attrs", 10,
+                            ContextSpec(()), ContextSpec((text,)), overlap=True)
+    assert only_text.overlap is None

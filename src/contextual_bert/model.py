@@ -373,6 +373,13 @@ class ArticleAttributes(nn.Module):
         return e if articles is None else e.view(*articles.shape, -1)
 
 
+def overlap_spec(spec: ContextSpec) -> ContextSpec:
+    """The attributes AttributeOverlap reads: not text. A text's words would make the offsets cost a pass over the
+    whole catalogue per word slot (max_text_words of them: on the H&M sample, training 2x slower per epoch), and a
+    word shared with the outfit is what the mean of the word embeddings can already say."""
+    return ContextSpec(tuple(f for f in spec.features if f.kind != "text"))
+
+
 class AttributeOverlap(nn.Module):
     """o(a | outfit) = SCALE * sum_k w_k[x_k(a)] * [another article of the outfit has value x_k(a)]: a learned
     logit offset, one per attribute value, for a candidate whose value is already in the outfit.
@@ -387,15 +394,15 @@ class AttributeOverlap(nn.Module):
     stored divided by SCALE because Adam moves a weight by about the learning rate per step, and an offset of
     several nats would otherwise take more steps than a run has. The predicted position is left out of the
     outfit it is compared with: in training it may hold its own article (BERT's kept 10%). Multi-valued
-    attributes: a candidate's offset is the mean over its values.
+    attributes: a candidate's offset is the mean over its values. Text attributes are not read (overlap_spec).
     """
 
     SCALE = 10.0
 
     def __init__(self, spec: ContextSpec):
         super().__init__()
-        self.spec = spec
-        self.offsets = nn.ParameterList(nn.Parameter(torch.zeros(f.cardinality)) for f in spec.features)
+        self.spec = overlap_spec(spec)
+        self.offsets = nn.ParameterList(nn.Parameter(torch.zeros(f.cardinality)) for f in self.spec.features)
 
     def forward(self, catalogue: dict[str, torch.Tensor], items: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
         """(M, n_items) offsets at the `select` positions (bool, (B, L); row-major) of `items` (B, L, catalogue
@@ -444,7 +451,7 @@ class ArticleScores:
                                          if uses_attributes(variant) else "reads article ids only; it takes no attributes"))
         if attributes is not None:
             self.attributes = ArticleAttributes(attributes, n_items, self.model_cfg.d_model, combine)
-            self.overlap = AttributeOverlap(attributes) if overlap else None
+            self.overlap = AttributeOverlap(attributes) if overlap and overlap_spec(attributes).features else None
 
     @property
     def n_items(self) -> int:
