@@ -96,7 +96,8 @@ def test_a_model_that_scores_the_true_item_highest_gets_accuracy_1():
     blank_of = {}  # a masked outfit (its items, the [MASK] in place of the blank) -> the blank
     for q in range(len(qs.outfit)):
         masked = items[qs.outfit[q]].copy()
-        blank_of[tuple(np.where(np.arange(8) == qs.position[q], 1, masked)[masked != PAD_INDEX])] = masked[qs.position[q]]
+        with_mask = np.where(np.arange(8) == qs.position[q], 1, masked)  # 1: MASK_INDEX
+        blank_of[tuple(with_mask[masked != PAD_INDEX])] = masked[qs.position[q]]
 
     def oracle(masked):
         scores = torch.zeros(masked.shape[0], N_ARTICLES)
@@ -177,4 +178,5 @@ def test_table1_has_fitb_easy_and_hard_for_every_row_popularity_included(tmp_pat
     assert f"| {easy:.1f} [{easy - 5:.2f}–{easy + 5:.2f}] |" in rows["| Popularity"]
     for name in ("| [None]", "| [GS]"):
         cells = rows[name].split(" | ")
-        assert sum(" ± " in c and "[" in c and "–" in c for c in cells) == 2, rows[name]  # easy and hard, mean ± SE [CI]
+        # easy and hard: mean ± SE [CI]
+        assert sum(" ± " in c and "[" in c and "–" in c for c in cells) == 2, rows[name]

@@ -36,7 +36,8 @@ def retailer_import(tmp_path: Path) -> tuple[dict, pd.DataFrame]:
 
 
 def products_table() -> pd.DataFrame:
-    return pd.read_csv(RETAILER / "products.tsv", sep="\t", dtype=str, on_bad_lines="skip").dropna(subset=["ITEM_ID", "Gender"])  # not the two bad lines
+    table = pd.read_csv(RETAILER / "products.tsv", sep="\t", dtype=str, on_bad_lines="skip")
+    return table.dropna(subset=["ITEM_ID", "Gender"])  # not the two bad lines
 
 
 @pytest.mark.parametrize("column, name", [("Product-Type", "product_type"), ("Product Type", "product_type"),

@@ -15,7 +15,8 @@ the field): the blanked item and N-1 negatives, articles not in the outfit, draw
 A blank that the features cannot name (an [UNK] item: features.article_features off and the article outside the
 train vocabulary) is not asked either. The questions depend on data/features and the settings only, never on a
 model: every model is asked the same ones (`questions`, same seed -> the same questions), and the baseline stage
-writes them to reports/eval/fitb_questions.csv (article ids; Config.fitb_questions_path), so that any other model can answer them.
+writes them to reports/eval/fitb_questions.csv (article ids; Config.fitb_questions_path), so that any other
+model can answer them.
 
 A model answers with its masked-item scores of the N candidates (`masked_logits`); a model of ids only scores
 a candidate outside its vocabulary by its [UNK] row, as it reads such an article in the outfit. Accuracy is the
