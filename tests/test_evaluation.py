@@ -129,7 +129,7 @@ def test_evaluation_json_of_a_run_and_of_the_baseline(tmp_path, monkeypatch):
     torch.manual_seed(0)
     bert = ContextualBert(ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=16), "global_state", 9, spec)
     save_checkpoint(tmp_path / "global_state-s0" / "checkpoint.pt", bert, {"seed": 0})
-    cfg = EvaluateConfig(ks=[1, 5], batch_size=4)
+    cfg = EvaluateConfig(ks=[1, 5], batch_size=4, fitb={"enabled": False})  # FITB: test_fitb.py, test_products.py
 
     result = evaluate_run(tmp_path, tmp_path / "global_state-s0", tmp_path / "eval" / "global_state-s0.json", cfg)
     assert json.loads((tmp_path / "eval" / "global_state-s0.json").read_text()) == result

@@ -120,6 +120,12 @@ def _cmd_baseline(cfg: Config, args) -> None:
     attribute = evaluate_attribute_popularity(cfg.paths.features_dir, cfg.eval_path("popularity_attribute"),
                                               cfg.evaluate, cfg.model.max_set_size)
     _print_json(_without_curve(attribute))
+    if cfg.evaluate.fitb.enabled:  # the FITB questions every evaluation answers, for any other model to answer
+        from contextual_bert.fitb import split_questions, write_questions
+
+        questions, outfit_ids, article_ids = split_questions(cfg.paths.features_dir, cfg.model.max_set_size,
+                                                             cfg.evaluate.fitb)
+        write_questions(questions, outfit_ids, article_ids, cfg.fitb_questions_path())
 
 
 def _cmd_optimum(cfg: Config, args) -> None:

@@ -137,6 +137,7 @@ class ImportHMConfig(Section):
 
 
 ContextKindName = Literal["categorical", "multi_categorical", "numeric"]
+AttributeKindName = Literal["categorical", "multi_categorical", "numeric", "text"]  # text: article attributes only
 
 
 class ImportSetsConfig(Section):
@@ -149,6 +150,13 @@ class ImportSetsConfig(Section):
     customer_column: str | None = None  # the customer of each outfit, when the pairs name one
     customers: Path | None = None  # a customers table (.csv / .parquet / .jsonl) keyed by customer_column
     context: dict[str, ContextKindName] = {}  # its context columns and their kinds
+    # A products table (.csv/.tsv/.parquet/.jsonl, or .json: Polyvore's item metadata keyed by item id): its
+    # columns become article columns (import_sets.article_name); features.article_attributes.sets says which
+    # the models read. Its id column (default: item_column), and attribute -> its column where the names
+    # differ beyond letter case and separators.
+    articles: Path | None = None
+    article_id_column: str | None = None
+    article_columns: dict[str, str] = {}
 
 
 class ValidateConfig(Section):
@@ -173,7 +181,11 @@ class FeaturesConfig(Section):
     # articles table -> kind. Encoded for every article of the catalogue only when `article_features` is on
     # (off: data/features is exactly what it was before, and the paper's models with it).
     article_features: bool = False
-    article_attributes: dict[str, dict[str, ContextKindName]] = {}
+    article_attributes: dict[str, dict[str, AttributeKindName]] = {}
+    # Attributes of kind text (a product's name or description; feature_store.text_words): a word on fewer
+    # train articles than this maps to UNKNOWN; an article keeps its first max_text_words distinct words.
+    min_text_count: int = Field(2, ge=1)
+    max_text_words: int = Field(32, ge=1)
 
 
 class ModelConfig(Section):
@@ -287,12 +299,24 @@ class SweepConfig(Section):
     grids: dict[Variant, dict[SweepKey, list[SweepValue]]] = {}
 
 
+class FitbConfig(Section):
+    """Fill-in-the-blank (fitb.py): each test outfit's items blanked in turn, the blank among n_candidates
+    (itself and negatives not in the outfit, drawn with `seed`): easy, negatives of any article; hard, of the
+    blank's value of the first of hard_attributes that the catalogue has (single-valued)."""
+
+    enabled: bool = True
+    n_candidates: int = Field(4, ge=2)
+    seed: int = 0
+    hard_attributes: list[str] = ["product_type", "category"]
+
+
 class EvaluateConfig(Section):
     ks: Annotated[list[Positive], Field(min_length=1), AfterValidator(_distinct)] = [1, 5, 10, 50, 250]
     batch_size: int = Field(1024, ge=1)
     # The attribute-aware popularity baseline (with features.article_features on): popularity among the
     # articles whose value of this attribute is not yet in the outfit, and within the value for unseen articles.
     popularity_attribute: str | None = "product_type"
+    fitb: FitbConfig = FitbConfig()  # fill-in-the-blank accuracy beside the full ranking (fitb.py)
 
 
 class MlflowConfig(Section):
@@ -383,6 +407,10 @@ class Config(Section):
     def eval_path(self, name: str) -> Path:
         """Where the evaluation of one run ("<variant>-s<seed>") or of the popularity baseline is written."""
         return self.paths.reports_dir / "eval" / f"{name}.json"
+
+    def fitb_questions_path(self) -> Path:
+        """The fill-in-the-blank questions of the test split (fitb.py), as article ids: the baseline stage's."""
+        return self.paths.reports_dir / "eval" / "fitb_questions.csv"
 
     def train_for(self, variant: str) -> TrainConfig:
         """Train settings for one variant, its overrides applied."""

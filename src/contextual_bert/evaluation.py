@@ -17,6 +17,10 @@ The result also holds, per test outfit, its id, its number of cases and the sums
 ("test_outfits", bootstrap.outfit_record), all targets only: what the report pairs two models on (the paired
 bootstrap) when a seed's SE is missing. Its lists, a number per test outfit, are written one line each.
 
+With evaluate.fitb on (the default), every evaluation also answers the test split's fill-in-the-blank questions
+(fitb.py, the same for every model): "fitb_easy" / "fitb_hard" accuracies among the test metrics, and a "fitb"
+block with their bootstrap intervals and the questions' digest.
+
 The popularity baseline goes through the same code: its scores are log(1 + training count). The
 attribute-aware popularity (AttributePopularityModel) is the yardstick of the attribute models.
 
@@ -45,6 +49,8 @@ from contextual_bert.config import EvaluateConfig, ModelConfig, uses_attributes
 from contextual_bert.devices import evaluation_device, keep_freed_memory
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.feature_spec import N_SPECIAL, EncodedOutfits
+from contextual_bert.fitb import RESULT_KEY as FITB_KEY
+from contextual_bert.fitb import fitb_result, split_questions
 from contextual_bert.model import count_paper_parameters, load_checkpoint
 from contextual_bert.ranking import case_ranks, measures_dependence
 
@@ -203,6 +209,11 @@ def evaluate_model(model, name, variant, seed, parameters, features_dir, max_set
     test_data = load_split(features_dir, "test", max_set_size, catalogue=catalogue)
     test, test_cases = evaluate_split(model, test_data, cfg, device)
     val, _ = evaluate_split(model, load_split(features_dir, "val", max_set_size, catalogue=catalogue), cfg, device)
+    fitb = None
+    if cfg.fitb.enabled:  # fill-in-the-blank on the same test outfits, the same questions for every model
+        questions, _, _ = split_questions(features_dir, max_set_size, cfg.fitb)
+        fitb_metrics, fitb = fitb_result(model, test_data, questions, cfg.fitb, cfg.batch_size, device)
+        test |= fitb_metrics
     test_ranks = test_cases["rank"]
     test_values = case_values(test_ranks, test_cases["log_prob"])
     curve = recall_curve(test_ranks)
@@ -219,6 +230,7 @@ def evaluate_model(model, name, variant, seed, parameters, features_dir, max_set
         OUTFITS_KEY: outfit_record(test_cases["outfit"], test_values, _outfit_ids(test_data)),
         "recall_curve": {"k": curve["k"], "test": curve["values"]},
         "ranked": "catalogue" if catalogue else "vocabulary",
+        **({} if fitb is None else {FITB_KEY: fitb}),
     }
     if catalogue:
         known = test_cases["target"] < n_ids
@@ -318,7 +330,7 @@ def evaluate_attribute_popularity(features_dir: Path, out_path: Path, cfg: Evalu
         return {"known": False, "why": why}
     catalogue = load_catalogue(features_dir)
     if attribute not in catalogue.attributes or catalogue.attributes[attribute].ndim != 1:
-        categorical = [f.name for f in catalogue.spec.features if f.kind != "multi_categorical"]
+        categorical = [f.name for f in catalogue.spec.features if not f.is_list]
         raise ContextualBertError(f"evaluate.popularity_attribute '{attribute}' is not a single-valued article "
                                   f"attribute of {features_dir} (those are {categorical})")
     values = catalogue.attributes[attribute]

@@ -21,7 +21,9 @@ UNKNOWN_INDEX = 2
 MASK_INDEX = 1
 N_SPECIAL = 3  # first index of a real article / value
 
-FeatureKind = Literal["categorical", "multi_categorical", "numeric"]
+FeatureKind = Literal["categorical", "multi_categorical", "numeric", "text"]  # text: article attributes only
+# kinds stored as a PAD-padded row of indices per row (max_values wide): a list of values, or a text's words
+LIST_KINDS = ("multi_categorical", "text")
 FeatureSource = Literal["customer", "outfit", "article"]  # "article": an attribute of the catalogue
 
 
@@ -34,7 +36,12 @@ class FeatureSpec:
     source: FeatureSource  # customers table, per outfit (e.g. occasion), or an article attribute
     cardinality: int  # size of its embedding table, special indices included
     dim: int  # embedding dimension; the dims of all features sum to d_context
-    max_values: int = 1  # width of the padded index row for multi_categorical, else 1
+    max_values: int = 1  # width of the padded index row for multi_categorical and text, else 1
+
+    @property
+    def is_list(self) -> bool:
+        """Stored as a padded row of indices (LIST_KINDS), pooled by the mean of their embeddings."""
+        return self.kind in LIST_KINDS
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,11 @@ Encoding rules (one code path, `ContextIndexer`, for the stored tables and for s
   first `max_values` indices kept in the order the values were listed (the cap is deterministic and keeps
   what the data lists first). None or an empty list -> a single MISSING_INDEX, so every row has at least
   one index to pool. A plain string counts as a one-value list.
+- text (article attributes only: a product's name, title or description): the text's words (`text_words`:
+  accents dropped, case folded, split at anything not a letter or digit, TEXT_STOP_WORDS dropped), then
+  encoded as a multi_categorical list of words (vocabulary: words on at least `min_text_count` train
+  articles; an unseen word -> UNKNOWN_INDEX; the first `max_text_words` distinct words kept). No word ->
+  MISSING_INDEX.
 - numeric: quantile bucket edges of the train values (`numeric_buckets` buckets, tied edges merged);
   bucket b (0-based, `searchsorted(edges, x, side="right")`) -> index b + N_SPECIAL. NaN -> MISSING_INDEX,
   a value that is not a number -> UNKNOWN_INDEX.
@@ -21,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
@@ -161,6 +167,35 @@ def encode_multi(values, vocab: dict[str, int], max_values: int) -> tuple[np.nda
     return out, missing, unknown
 
 
+# Words too common in product text to tell articles apart (English, as H&M's and Polyvore's text is): a small
+# list, on purpose; the vocabulary's minimum count drops the rare words.
+TEXT_STOP_WORDS = frozenset(
+    "a an and are as at be by for from has in is it its of on or that the this to with".split()
+    + "without your you our we".split())
+WORD_SPLIT = re.compile(r"[^0-9a-z]+")
+
+
+def text_words(value) -> list[str]:
+    """A text's words: accents dropped (NFKD, combining marks removed), case folded, split at every character
+    that is not a letter or digit, stop words (TEXT_STOP_WORDS) and one-letter words dropped; in the order
+    written, each once. Missing or not text -> no word. ("Slim-fit Jeans, ÉCRU" -> slim, fit, jeans, ecru.)"""
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return []
+    folded = unicodedata.normalize("NFKD", str(value)).casefold()
+    folded = "".join(c for c in folded if not unicodedata.combining(c))
+    words = [w for w in WORD_SPLIT.split(folded) if len(w) > 1 and w not in TEXT_STOP_WORDS]
+    return list(dict.fromkeys(words))
+
+
+def text_lists(values) -> np.ndarray:
+    """Each cell's words (text_words) as an object array of lists: the multi_categorical path reads them."""
+    cells = as_object_array(values)
+    out = np.empty(len(cells), dtype=object)
+    for i, cell in enumerate(cells):
+        out[i] = text_words(cell)
+    return out
+
+
 def to_float(cells: np.ndarray) -> np.ndarray:
     """Numbers and numeric strings as float64; anything else (words, lists, true/false) NaN."""
     out = np.full(len(cells), np.nan)
@@ -214,6 +249,8 @@ class ContextIndexer:
             return encode_categorical(values, self._index[feature.name])
         if feature.kind == "multi_categorical":
             return encode_multi(values, self._index[feature.name], feature.max_values)
+        if feature.kind == "text":
+            return encode_multi(text_lists(values), self._index[feature.name], feature.max_values)
         return encode_numeric(values, self._edges[feature.name])
 
     def encode_arrays(self, rows, source: str | None = None, n_rows: int | None = None):
@@ -530,7 +567,7 @@ def _column(table: pa.Table, name: str, path: Path) -> pa.ChunkedArray:
 
 def _feature_array(table: pa.Table, feature: FeatureSpec, path: Path) -> np.ndarray:
     column = _column(table, feature.name, path)
-    if feature.kind == "multi_categorical":
+    if feature.is_list:
         return _padded(column, feature.max_values)
     return column.to_numpy().astype(np.int64)
 

@@ -52,6 +52,7 @@ from contextual_bert.feature_store import (
     as_object_array,
     explode_values,
     file_sha256,
+    text_lists,
     text_of,
     to_float,
 )
@@ -186,6 +187,11 @@ def _fit_feature(name: str, kind: str, source: str, values, cfg: FeaturesConfig,
     """One feature's spec and vocabulary entry (values or bucket edges), fitted on `values`: the one fitting
     code of context features and article attributes."""
     max_values = 1
+    if kind == "text":  # its words, as a list of values (feature_store.text_words)
+        values_seen, longest = fit_multi(text_lists(values), cfg.min_text_count)
+        max_values = min(cfg.max_text_words, longest)
+        entry = {"kind": kind, "source": source, "values": values_seen, "max_values": max_values}
+        return FeatureSpec(name, kind, source, N_SPECIAL + len(values_seen), dim, max_values), entry
     if kind == "numeric":
         edges = fit_numeric(values, cfg.numeric_buckets)
         entry = {"kind": kind, "source": source, "bucket_edges": edges}

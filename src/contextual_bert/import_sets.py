@@ -21,12 +21,25 @@ customers table (`import_sets.customers`, .csv / .parquet / .jsonl, keyed by `cu
 context columns declared in `import_sets.context` (categorical, multi_categorical, numeric); validation
 types and checks them. Without context, only [None] and the popularity baseline can run (see report.py).
 
-Articles get one row per item, their attributes (product_type, brand, color, style, price) missing.
+Products are optional too (`import_sets.articles`): a products table (.csv/.tsv, .parquet, .jsonl; or .json, the
+Polyvore item metadata, an object keyed by item id whose values are the item's fields; or a list of objects), keyed
+by `import_sets.article_id_column` (default: item_column). Every column becomes a column of the articles table,
+named as the contract spells it (`article_name`: letter case, spaces, '-' and '.' do not matter: "Product Type",
+"product-type" and "PRODUCT_TYPE" are product_type), or as `import_sets.article_columns` maps it (attribute ->
+the table's column, for names that differ otherwise: color <- "Colour"); features.article_attributes.sets
+declares which of them the models read, and their kinds (text for a title or description). A number column stays
+numeric; a list column (a JSON or Parquet list) a list of text. An outfit item without a product row keeps its
+outfit, its attributes missing (counted: items_without_product); a product row without outfits is an article
+all the same (the attribute models rank it; counted: products_without_outfit); a product line without an id,
+an id listed twice (after the first), or a line that cannot be read goes to the import quarantine.
+Without a products table, articles get one row per item, their attributes (product_type, brand, color, style,
+price) missing.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -165,6 +178,128 @@ def _customers(cfg: ImportSetsConfig) -> tuple[pa.Table, pd.DataFrame]:
     return pa.table(columns), unread
 
 
+NAME_SEPARATORS = re.compile(r"[^0-9a-z]+")
+
+
+def article_name(column: str) -> str:
+    """A products table's column as the articles table names it: letter case folded, every run of spaces,
+    '-', '.', '/' (anything not a letter or digit) one '_', none at the ends ("Product-Type " -> product_type)."""
+    return NAME_SEPARATORS.sub("_", str(column).strip().casefold()).strip("_")
+
+
+def _polyvore_products(path: Path, id_column: str) -> pd.DataFrame:
+    """The Polyvore item metadata (an object keyed by item id, each value the item's fields) or a list of
+    objects holding `id_column`, as rows (SOURCE_LINE: the entry's place, from 1)."""
+    try:
+        with open_binary(path) as f:
+            entries = json.loads(f.read().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise DataError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from None
+    except json.JSONDecodeError as exc:
+        raise DataError(f"not valid JSON (line {exc.lineno}: {exc.msg})", path=path) from None
+    if isinstance(entries, dict):
+        entries = [{id_column: key, **value} if isinstance(value, dict) else {id_column: key}
+                   for key, value in entries.items()]  # fmt: skip
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise DataError("expected the item metadata layout: an object keyed by item id (or a list of objects)",
+                        path=path)  # fmt: skip
+    frame = pd.DataFrame(entries, dtype=object)
+    frame[SOURCE_LINE] = np.arange(len(frame), dtype=np.int64) + 1
+    return frame
+
+
+def _product_column(values: pd.Series) -> pa.Array:
+    """One column of the products table as the articles table holds it: numbers as float64, lists as lists of
+    text, anything else as stripped text (empty -> null; an object as its JSON)."""
+    cells = [None if not isinstance(c, (list, tuple, np.ndarray)) and pd.isna(c) else c for c in values.tolist()]
+    present = [c for c in cells if c is not None]
+    if present and all(isinstance(c, (list, tuple, np.ndarray)) for c in present):
+        return pa.array([None if c is None else [str(v) for v in c] for c in cells], pa.list_(pa.string()))
+    if present and all(isinstance(c, (int, float, np.number)) and not isinstance(c, (bool, np.bool_)) for c in present):
+        return pa.array([None if c is None else float(c) for c in cells], pa.float64())
+    text = [None if c is None else (json.dumps(c) if isinstance(c, dict) else str(c).strip()) for c in cells]
+    return pa.array([t or None for t in text], pa.string())
+
+
+def read_products(cfg: ImportSetsConfig) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """The products table (`import_sets.articles`): (its usable rows, one per id in the file's order, as
+    article_id + the columns by their article names (article_name, or import_sets.article_columns); the lines
+    that cannot be used: line, column, reason, text; counts)."""
+    path = Path(cfg.articles)
+    id_column = cfg.article_id_column or cfg.item_column
+    if text_suffix(path) == POLYVORE_SUFFIX:
+        if not path.is_file():
+            raise DataError("file not found", path=path)
+        frame, unread = _polyvore_products(path, id_column), pd.DataFrame(columns=UNREAD_COLUMNS)
+    else:
+        frame, unread = read_rows(path, (id_column,))
+    if id_column not in frame.columns:
+        raise DataError("the products' id column is missing (import_sets.article_id_column)", path=path,
+                        column=id_column)  # fmt: skip
+    theirs = [c for c in frame.columns if c not in (SOURCE_LINE, id_column)]
+    names = {c: article_name(c) for c in theirs}
+    for ours, column in cfg.article_columns.items():
+        if column not in names:
+            raise DataError(f"import_sets.article_columns maps {ours} to a column the products table does not have "
+                            f"(it has {theirs})", path=path, column=column)  # fmt: skip
+        names[column] = ours
+    seen: dict[str, str] = {}
+    for column, name in names.items():
+        if name == "article_id" or not name:
+            raise DataError(f"a products column read as '{name}' clashes with the article id", path=path,
+                            column=column)  # fmt: skip
+        if name in seen:
+            raise DataError(f"two products columns are both read as '{name}' ('{seen[name]}' and '{column}'); "
+                            "rename one with import_sets.article_columns", path=path, column=column)  # fmt: skip
+        seen[name] = column
+    ids = _text(frame[id_column])
+    duplicate = ids.notna() & ids.duplicated()
+    bad = (ids.isna() | duplicate).to_numpy()
+    quarantine = pd.DataFrame({
+        "line": frame[SOURCE_LINE][bad].astype("int64"), "column": id_column,
+        "reason": np.where(ids[bad].isna(), "no article id", "article id listed before"),
+        "text": [",".join("" if v is None or (np.ndim(v) == 0 and pd.isna(v)) else str(v) for v in row)
+                 for row in frame.loc[bad, [c for c in frame.columns if c != SOURCE_LINE]].itertuples(index=False)],
+    })  # fmt: skip
+    rows = pd.DataFrame({"article_id": ids[~bad].tolist()}
+                        | {names[c]: frame.loc[~bad, c].tolist() for c in theirs}, dtype=object)  # fmt: skip
+    counts = {"rows": int(len(frame) + len(unread)), "without_id": int(ids.isna().sum()),
+              "duplicate_id": int(duplicate.sum()), "lines_rejected": len(unread),
+              "columns": {c: names[c] for c in theirs}}
+    return rows, pd.concat([unread, quarantine], ignore_index=True), counts
+
+
+def _articles_table(items: pa.Array, cfg: ImportSetsConfig) -> tuple[pa.Table, pd.DataFrame, dict]:
+    """The articles table: every outfit item (in the order first listed), then the products table's other rows;
+    the contract's columns (null where the products table lacks them) and the products table's columns. Also the
+    products lines that cannot be used (quarantine) and counts."""
+    columns = {"article_id": items}
+    unusable, counts = pd.DataFrame(columns=UNREAD_COLUMNS), {}
+    if cfg.articles is not None:
+        products, unusable, counts = read_products(cfg)
+        item_ids = items.to_pylist()
+        in_outfits = set(item_ids)
+        others = [a for a in products["article_id"] if a not in in_outfits]
+        rows = products.set_index("article_id").reindex(item_ids + others)
+        columns = {"article_id": pa.array(item_ids + others, pa.string())}
+        columns |= {name: _product_column(rows[name]) for name in rows.columns}
+        counts |= {"items_without_product": len(in_outfits - set(products["article_id"])),
+                   "products_without_outfit": len(others)}
+    n = len(columns["article_id"])
+    for column, logical in REQUIRED_COLUMNS["articles"].items():  # the contract's: missing where not given
+        if column not in columns:
+            columns[column] = pa.nulls(n, pa.float64() if logical == "float" else pa.string())
+        elif logical == "string" and pa.types.is_floating(columns[column].type):  # codes written as numbers
+            columns[column] = pa.array([None if v is None else (str(int(v)) if float(v).is_integer() else str(v))
+                                        for v in columns[column].to_pylist()], pa.string())  # fmt: skip
+        elif logical == "float" and not pa.types.is_floating(columns[column].type):  # a price as text
+            values = pd.to_numeric(pd.Series(columns[column].to_pylist(), dtype=object), errors="coerce")
+            given = np.asarray(columns[column].is_valid().to_pylist(), dtype=bool)
+            counts["price_not_a_number"] = int((values.isna().to_numpy() & given).sum())  # missing then
+            columns[column] = pa.array(values.to_numpy(dtype=np.float64), pa.float64(), from_pandas=True)
+    return pa.table(columns), unusable, counts
+
+
 def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
                 max_set_size: int = ModelConfig().max_set_size,
                 min_set_size: int = IngestConfig().min_set_size) -> dict:
@@ -214,15 +349,15 @@ def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
         "article_ids": lists.filter(pa.array(keep)),
     })  # fmt: skip
     items = pc.unique(outfits.column("article_ids").combine_chunks().flatten())  # in the order first listed
-    articles = {"article_id": items}
-    for column, logical in REQUIRED_COLUMNS["articles"].items():  # attributes unknown: missing
-        if column != "article_id":
-            articles[column] = pa.nulls(len(items), pa.float64() if logical == "float" else pa.string())
+    articles, products_unusable, products_counts = _articles_table(items, cfg)
+    if len(products_unusable):
+        quarantine = pd.concat([quarantine, products_unusable.assign(file=Path(cfg.articles).name)],
+                               ignore_index=True)
     known_customers = set(customers.column("customer_id").to_pylist())
 
     out_dir.mkdir(parents=True, exist_ok=True)
     pq.write_table(outfits, out_dir / "outfits.parquet")
-    pq.write_table(pa.table(articles), out_dir / "articles.parquet")
+    pq.write_table(articles, out_dir / "articles.parquet")
     pq.write_table(customers, out_dir / "customers.parquet")
     quarantined = write_import_quarantine(quarantine, out_dir)
     sets_schema(cfg).save(out_dir)
@@ -244,7 +379,8 @@ def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
         "outfits_without_customer": int(customer_ids.isna().sum()),
         "outfits_without_customer_row": int((customer_ids.notna() & ~customer_ids.isin(known_customers)).sum()),
         "context_columns": dict(cfg.context) if cfg.customers else {},
-        "rows": {"articles": len(items), "customers": customers.num_rows, "outfits": outfits.num_rows},
+        "rows": {"articles": articles.num_rows, "customers": customers.num_rows, "outfits": outfits.num_rows},
+        **({"products": {"file": str(cfg.articles), **products_counts}} if cfg.articles else {}),
     }
     (out_dir / "ingest_report.json").write_text(json.dumps(report, indent=2))
     if not outfits.num_rows:  # the report stays for a look at why; an empty import is no result
@@ -266,8 +402,10 @@ def schema(cfg) -> DataSchema:
 
 
 def inputs(cfg) -> list[Path]:
-    """The files the `sets` source reads (sources.SOURCES): the sets, and the customers table when named."""
-    paths = [Path(p) for p in (cfg.import_sets.source, cfg.import_sets.customers) if p is not None]
+    """The files the `sets` source reads (sources.SOURCES): the sets, and the customers and products tables when
+    named."""
+    paths = [Path(p) for p in (cfg.import_sets.source, cfg.import_sets.customers, cfg.import_sets.articles)
+             if p is not None]
     for path in paths:
         if not path.is_file():
             raise DataError("file not found", path=path)

@@ -76,7 +76,8 @@ ARTICLE_COLUMNS = {  # contract column <- H&M column
     "color": "colour_group_name",
     "style": "graphical_appearance_name",
 }
-EXTRA_ARTICLE_COLUMNS = ("prod_name", "product_group_name", "index_group_name", "garment_group_name")
+EXTRA_ARTICLE_COLUMNS = ("prod_name", "product_group_name", "index_group_name", "garment_group_name",
+                         "detail_desc")  # detail_desc: a text attribute (features.article_attributes.hm)
 CUSTOMER_COLUMNS = ("customer_id", "FN", "Active", "club_member_status", "fashion_news_frequency", "age",
                     "postal_code")  # fmt: skip
 TRANSACTION_COLUMNS = ("t_dat", "customer_id", "article_id", "price")

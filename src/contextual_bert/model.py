@@ -248,6 +248,24 @@ class ConcatInput(nn.Module):
 ATTRIBUTE_COMBINES = ("sum", "concat")
 
 
+class TextEmbedding(nn.EmbeddingBag):
+    """A text attribute's vector (kind text: a product's name or description): the mean of its words'
+    embeddings (feature_store.text_words; PAD-padded rows of word indices; an unseen word reads the UNKNOWN
+    row, a text without words the MISSING row)."""
+
+    def __init__(self, n_words: int, dim: int):
+        super().__init__(n_words, dim, mode="mean", padding_idx=PAD_INDEX)
+
+
+def attribute_embedding(feature: FeatureSpec, width: int) -> nn.Module:
+    """The embedding table of one article attribute, by its kind."""
+    if feature.kind == "text":
+        return TextEmbedding(feature.cardinality, width)
+    if feature.kind == "multi_categorical":
+        return nn.EmbeddingBag(feature.cardinality, width, mode="mean", padding_idx=PAD_INDEX)
+    return nn.Embedding(feature.cardinality, width, padding_idx=PAD_INDEX)
+
+
 class ArticleAttributes(nn.Module):
     """e_a from an article's id embedding and its attribute embeddings, for every article of the catalogue.
 
@@ -277,7 +295,8 @@ class ArticleAttributes(nn.Module):
     The catalogue's encoded attributes are buffers outside the state_dict (`set_catalogue`): the weights do
     not depend on how many articles there are, so a served model takes a larger catalogue without
     retraining. An article without an id embedding (index >= n_ids) reads the [UNK] id row. Multi-valued
-    attributes are the mean of their values' embeddings; missing / unknown values have their own rows.
+    attributes are the mean of their values' embeddings, text the mean of its words' (TextEmbedding); missing /
+    unknown values have their own rows.
     """
 
     def __init__(self, spec: ContextSpec, n_ids: int, d_model: int, combine: str = "sum"):
@@ -289,18 +308,14 @@ class ArticleAttributes(nn.Module):
         self.spec, self.n_ids, self.combine = spec, n_ids, combine
         self.id_dropout = 0.0  # a training setting (variants.<model>_attrs.id_dropout; training.fit), not a weight
         widths = [d_model if combine == "sum" else f.dim for f in spec.features]
-        self.embeddings = nn.ModuleList(
-            nn.EmbeddingBag(f.cardinality, w, mode="mean", padding_idx=PAD_INDEX) if f.kind == "multi_categorical"
-            else nn.Embedding(f.cardinality, w, padding_idx=PAD_INDEX)
-            for f, w in zip(spec.features, widths)
-        )  # fmt: skip
+        self.embeddings = nn.ModuleList(attribute_embedding(f, w) for f, w in zip(spec.features, widths))
         for table in self.embeddings:
             nn.init.normal_(table.weight, std=d_model**-0.5)
             with torch.no_grad():
                 table.weight[PAD_INDEX].zero_()
         self.projection = nn.Linear(d_model + sum(widths), d_model) if combine == "concat" else None
         self.scale = (1 + len(spec.features)) ** -0.5
-        self.set_catalogue({f.name: torch.zeros((n_ids, f.max_values) if f.kind == "multi_categorical" else n_ids,
+        self.set_catalogue({f.name: torch.zeros((n_ids, f.max_values) if f.is_list else n_ids,
                                                 dtype=torch.long) for f in spec.features})  # fmt: skip
 
     @property
@@ -358,6 +373,13 @@ class ArticleAttributes(nn.Module):
         return e if articles is None else e.view(*articles.shape, -1)
 
 
+def overlap_spec(spec: ContextSpec) -> ContextSpec:
+    """The attributes AttributeOverlap reads: not text. A text's words would make the offsets cost a pass over the
+    whole catalogue per word slot (max_text_words of them: on the H&M sample, training 2x slower per epoch), and a
+    word shared with the outfit is what the mean of the word embeddings can already say."""
+    return ContextSpec(tuple(f for f in spec.features if f.kind != "text"))
+
+
 class AttributeOverlap(nn.Module):
     """o(a | outfit) = SCALE * sum_k w_k[x_k(a)] * [another article of the outfit has value x_k(a)]: a learned
     logit offset, one per attribute value, for a candidate whose value is already in the outfit.
@@ -372,15 +394,15 @@ class AttributeOverlap(nn.Module):
     stored divided by SCALE because Adam moves a weight by about the learning rate per step, and an offset of
     several nats would otherwise take more steps than a run has. The predicted position is left out of the
     outfit it is compared with: in training it may hold its own article (BERT's kept 10%). Multi-valued
-    attributes: a candidate's offset is the mean over its values.
+    attributes: a candidate's offset is the mean over its values. Text attributes are not read (overlap_spec).
     """
 
     SCALE = 10.0
 
     def __init__(self, spec: ContextSpec):
         super().__init__()
-        self.spec = spec
-        self.offsets = nn.ParameterList(nn.Parameter(torch.zeros(f.cardinality)) for f in spec.features)
+        self.spec = overlap_spec(spec)
+        self.offsets = nn.ParameterList(nn.Parameter(torch.zeros(f.cardinality)) for f in self.spec.features)
 
     def forward(self, catalogue: dict[str, torch.Tensor], items: torch.Tensor, select: torch.Tensor,
                 articles: torch.Tensor | None = None) -> torch.Tensor:
@@ -432,7 +454,7 @@ class ArticleScores:
                                          if uses_attributes(variant) else "reads article ids only; it takes no attributes"))
         if attributes is not None:
             self.attributes = ArticleAttributes(attributes, n_items, self.model_cfg.d_model, combine)
-            self.overlap = AttributeOverlap(attributes) if overlap else None
+            self.overlap = AttributeOverlap(attributes) if overlap and overlap_spec(attributes).features else None
 
     @property
     def n_items(self) -> int:

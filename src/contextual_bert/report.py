@@ -26,6 +26,8 @@ from contextual_bert.config import (ATTRIBUTES_SUFFIX, BASELINE_MODELS, VARIANTS
                                      uses_attributes)
 from contextual_bert.errors import ContextualBertError, DataError
 from contextual_bert.feature_store import MANIFEST_FILE
+from contextual_bert.fitb import METRICS as FITB_METRICS
+from contextual_bert.fitb import RESULT_KEY as FITB_KEY
 
 LABELS = {
     "popularity": "Popularity",
@@ -179,12 +181,25 @@ def summarize_runs(evals: list[dict]) -> dict:
         OUTFITS_KEY: mean_record([e.get(OUTFITS_KEY) for e in evals]),
         "test_bootstrap": {m: pooled_interval([(e.get("test_bootstrap") or {}).get(m) for e in evals])
                            for m in CI_METRICS},
+        FITB_KEY: {m: pooled_interval([fitb_interval(e, m) for e in evals]) for m in FITB_METRICS},
         # models that rank the catalogue: targets with an id embedding (known) and without (unseen) apart
         **{part: {"test": {m: mean_se([e[part].get(m) for e in evals]) for m in e0_metrics(evals, part)},
                   "bootstrap": {m: pooled_interval([(e.get(f"{part}_bootstrap") or {}).get(m) for e in evals])
                                 for m in CI_METRICS}}
            for part in TARGET_PARTS if all(part in e for e in evals)},
     }
+
+
+def fitb_interval(result: dict, metric: str) -> list[float] | None:
+    """The bootstrap interval of one evaluation's FITB accuracy (fitb.py), None where it has none."""
+    return ((result.get(FITB_KEY) or {}).get(metric.removeprefix("fitb_")) or {}).get("ci")
+
+
+def _fitb_cells(test: dict, result: dict, pooled: bool) -> list[str]:
+    """FITB easy and hard accuracy % [95% CI] (a summary's pooled intervals, or one result's)."""
+    intervals = {m: (result.get(FITB_KEY) or {}).get(m) if pooled else fitb_interval(result, m) for m in FITB_METRICS}
+    return [f"{_fmt(test.get(m), True, 1)} [{_fmt_ci(intervals[m])}]" if test.get(m) is not None else "–"
+            for m in FITB_METRICS]
 
 
 def e0_metrics(evals: list[dict], part: str) -> list[str]:
@@ -381,6 +396,11 @@ def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, 
         "- \"Beats\": with two seeds or more on both sides, the improvement must exceed the SE of the difference; "
         "with one seed, a paired bootstrap over the test outfits (both models' cases of an outfit drawn "
         f"together) must put the whole {LEVEL:.0%} interval of the difference on the better side of 0.",
+        "- FITB (fill-in-the-blank, fitb.py): each test item blanked in turn, the model picks it among "
+        "evaluate.fitb.n_candidates candidates (itself and negatives not in the outfit, the same questions for every "
+        "row: reports/eval/fitb_questions.csv); easy: negatives of any article, hard: of the blank's product type "
+        "(or category); chance is 1 / candidates. The field's Polyvore numbers read images: not comparable "
+        "(docs/curated_products.md).",
         "- Recall in %. Paper columns: Denk & Peleteiro Ramallo (2020), Table 1, 17k held-out of 380k outfits, "
         "mean of 3 runs (their own data; compare the pattern, not the numbers).",
         "",
@@ -395,8 +415,9 @@ def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, 
         "reading the outfit, a popularity table whatever its loss.",
         "",
         "| Model | Cross-entropy | (paper) | Recall@1 % | (paper) | Recall@5 % | Recall@5 % 95% CI | Recall@250 % | "
+        "FITB easy % [95% CI] | FITB hard % [95% CI] | "
         "Parameters | (paper) | Recall@1 gain vs [None] | (paper) | Converged | Outfit dependence |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, result in references.items():
         ref = {k: {"mean": v, "se": None} for k, v in result["test"].items() if isinstance(v, (int, float))}
@@ -404,7 +425,8 @@ def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, 
             f"| {LABELS.get(name, name)} | {_fmt(ref.get('cross_entropy'), False, 2)} | – | "
             f"{_fmt(ref.get('recall@1'), True, 2)} | – | {_fmt(ref.get('recall@5'), True, 2)} | "
             f"{_fmt_ci((result.get('test_bootstrap') or {}).get('recall@5'))} | "
-            f"{_fmt(ref.get('recall@250'), True, 2)} | – | – | – | – | – | – |"
+            f"{_fmt(ref.get('recall@250'), True, 2)} | {' | '.join(_fitb_cells(ref, result, pooled=False))} | "
+            "– | – | – | – | – | – |"
         )
     paper_none = PAPER_TABLE1["none"]["recall@1"]
     for v in variants:
@@ -421,6 +443,7 @@ def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, 
                 _fmt(s["test"].get("recall@5"), True, 2),
                 _fmt_ci(s["test_bootstrap"].get("recall@5")),
                 _fmt(s["test"].get("recall@250"), True, 2),
+                *_fitb_cells(s["test"], s, pooled=True),
                 f"{s['parameters']:,}",
                 f"{paper['parameters']:,}" if paper else "–",
                 "–" if gain is None else f"{gain * 100:+.1f} %",
