@@ -192,5 +192,6 @@ def test_a_hard_attribute_missing_everywhere_is_passed_over_and_no_hard_question
     rare[:N_SPECIAL] = PAD_INDEX
     qs = make_questions(outfits(), N_ARTICLES, FitbConfig(), {"product_type": rare})
     _, block = answered(Scorer(lambda m: torch.zeros(m.shape[0], N_ARTICLES), None), outfits(), qs)
-    assert block["hard"]["known"] is False and "no test blank has 3 articles of its product_type" in block["hard"]["why"]
+    assert block["hard"]["known"] is False
+    assert "no test blank has 3 articles of its product_type" in block["hard"]["why"]
     assert block["easy"]["n_questions"] == len(qs.outfit)
