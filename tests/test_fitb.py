@@ -180,3 +180,18 @@ def test_table1_has_fitb_easy_and_hard_for_every_row_popularity_included(tmp_pat
         cells = rows[name].split(" | ")
         # easy and hard: mean ± SE [CI]
         assert sum(" ± " in c and "[" in c and "–" in c for c in cells) == 2, rows[name]
+
+
+def test_a_hard_attribute_missing_everywhere_is_passed_over_and_no_hard_question_is_not_an_error():
+    missing = np.full(N_ARTICLES, MISSING_INDEX)
+    missing[:N_SPECIAL] = PAD_INDEX
+    qs = make_questions(outfits(), N_ARTICLES, FitbConfig(hard_attributes=["product_type", "category"]),
+                        {"product_type": missing, "category": types()})
+    assert qs.hard_attribute == "category"  # product_type is declared but has no value
+    rare = N_SPECIAL + np.arange(N_ARTICLES)  # every article its own value: no hard negatives
+    rare[:N_SPECIAL] = PAD_INDEX
+    qs = make_questions(outfits(), N_ARTICLES, FitbConfig(), {"product_type": rare})
+    _, block = answered(Scorer(lambda m: torch.zeros(m.shape[0], N_ARTICLES), None), outfits(), qs)
+    assert block["hard"]["known"] is False
+    assert "no test blank has 3 articles of its product_type" in block["hard"]["why"]
+    assert block["easy"]["n_questions"] == len(qs.outfit)

@@ -10,7 +10,9 @@ the field): the blanked item and N-1 negatives, articles not in the outfit, draw
   single-valued attribute of the catalogue (product type; a curated set's category), as Polyvore Outfits' FITB
   (Vasileva et al. 2018) draws them from the blank's category. A blank whose
   value is missing or unknown, or whose value has fewer than N-1 articles outside the outfit, is not asked
-  (counted: `not_asked`); so is any blank with fewer than N-1 articles outside its outfit to draw from.
+  (counted: `not_asked`); so is any blank with fewer than N-1 articles outside its outfit to draw from. An
+  attribute without any value (declared, yet missing everywhere) is passed over; no attribute, or no hard
+  question at all: hard is {"known": false, "why": ...}, not an error (easy without a question is one).
 
 A blank that the features cannot name (an [UNK] item: features.article_features off and the article outside the
 train vocabulary) is not asked either. The questions depend on data/features and the settings only, never on a
@@ -100,6 +102,13 @@ def _negatives(rng: np.random.Generator, order: np.ndarray, start: np.ndarray, s
     return out
 
 
+def _has_values(values) -> bool:
+    """Does any real article have a value (not missing, not unknown)? (A contract column a products table
+    lacks is declared, yet missing everywhere.)"""
+    values = np.asarray(values)[N_SPECIAL:]
+    return bool((values >= N_SPECIAL).any())
+
+
 def make_questions(items: np.ndarray, n_articles: int, cfg: FitbConfig,
                    attributes: dict[str, np.ndarray] | None = None) -> Questions:
     """The questions of a split (`items`: (B, L) catalogue indices, PAD-padded) over the real articles
@@ -111,9 +120,9 @@ def make_questions(items: np.ndarray, n_articles: int, cfg: FitbConfig,
     outfit, position, blank = outfit[named], position[named], blank[named]
     k = cfg.n_candidates - 1
     hard_attribute = next((a for a in cfg.hard_attributes if attributes and a in attributes
-                           and np.asarray(attributes[a]).ndim == 1), None)  # fmt: skip
+                           and np.asarray(attributes[a]).ndim == 1 and _has_values(attributes[a])), None)  # fmt: skip
     why = None if hard_attribute else (
-        f"no single-valued article attribute among evaluate.fitb.hard_attributes {cfg.hard_attributes}"
+        f"no single-valued article attribute with values among evaluate.fitb.hard_attributes {cfg.hard_attributes}"
         + ("" if attributes else " (features.article_features is off)"))
     real_in = items[outfit]  # each question's outfit (PAD where empty: never drawn)
     # per protocol, each question's pool as a slice of one article order, and the outfit's articles inside it
@@ -211,6 +220,10 @@ def fitb_result(model, data, questions: Questions, cfg: FitbConfig, batch_size: 
         asked = questions.asked[protocol]
         if protocol == "hard" and questions.hard_attribute is None:
             block[protocol] = {"known": False, "why": questions.why_not_hard}
+            continue
+        if protocol == "hard" and not asked.any():
+            block[protocol] = {"known": False, "attribute": questions.hard_attribute, "why": "no test blank has "
+                               f"{cfg.n_candidates - 1} articles of its {questions.hard_attribute} outside its outfit"}
             continue
         if not asked.any():
             raise ContextualBertError(f"FITB {protocol}: no question could be asked on the test split")
