@@ -1,7 +1,7 @@
 """Product text (issue 43): the same attribute models with and without text attributes, paired on the same test
 cases, unseen targets apart.
 
-    python benchmarks/product_text.py --without <params: attributes without text> --with <params: the same plus
+    python studies/product_text.py --without <params: attributes without text> --with <params: the same plus
         text attributes> --models none_attrs global_state_attrs --seeds 0 1 2 --out <dir>
 
 Both params files must describe the same data and split (their features stages already run: only the declared
@@ -11,7 +11,7 @@ with those without on the same test outfits (bootstrap.paired_difference over th
 sums), for all targets, the targets with an id embedding (known) and those without (unseen). Writes
 <out>/results.json; the runs' evaluation JSONs under <out>/eval/.
 
-    python benchmarks/product_text.py --summarize <out>/results.json ...   # the tables, as markdown
+    python studies/product_text.py --summarize <out>/results.json ...   # the tables, as markdown
 """
 
 from __future__ import annotations
