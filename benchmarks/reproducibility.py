@@ -83,6 +83,8 @@ def main() -> None:
     parser.add_argument("--variant", default="global_state")
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS))
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--from-log", type=Path, help="summarise the runs printed by an earlier invocation")
+    parser.add_argument("--note", default="")
     parser.add_argument("--run", nargs=3, metavar=("FEATURES_DIR", "EPOCHS", "THREADS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
@@ -93,21 +95,28 @@ def main() -> None:
 
     load_before = os.getloadavg()
     runs: dict[str, list[dict]] = {name: [] for name in args.configs}
-    with tempfile.TemporaryDirectory(prefix="repro-data-") as tmp:
-        _, features_dir = build_project(Path(tmp), load_config(REPO / "params.yaml").generate.size, args.variant)
-        for repeat in range(args.repeats):
-            for name in args.configs:
-                settings = dict(CONFIGS[name])
-                threads = settings.pop("threads", "1")
-                env = {k: v for k, v in os.environ.items() if k not in ENV_KEYS}
-                env.update(settings, TQDM_DISABLE="1")
-                proc = subprocess.run([sys.executable, __file__, "--variant", args.variant, "--run",
-                                       str(features_dir), str(args.epochs), threads],
-                                      env=env, capture_output=True, text=True, timeout=3600)
-                if proc.returncode != 0:
-                    raise SystemExit(f"{name}: {proc.stderr[-2000:]}")
-                runs[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
-                print(name, repeat, json.dumps(runs[name][-1]), flush=True)
+    if args.from_log:  # lines "<config> <repeat> <json>"; a config killed before its line is left out
+        for line in args.from_log.read_text().splitlines():
+            name, _, rest = line.partition(" ")
+            if name in runs and rest[:1].isdigit() and " {" in rest:
+                runs[name].append(json.loads(rest.split(" ", 1)[1]))
+        runs = {name: results for name, results in runs.items() if results}
+    else:
+        with tempfile.TemporaryDirectory(prefix="repro-data-") as tmp:
+            _, features_dir = build_project(Path(tmp), load_config(REPO / "params.yaml").generate.size, args.variant)
+            for repeat in range(args.repeats):
+                for name in args.configs:
+                    settings = dict(CONFIGS[name])
+                    threads = settings.pop("threads", "1")
+                    env = {k: v for k, v in os.environ.items() if k not in ENV_KEYS}
+                    env.update(settings, TQDM_DISABLE="1")
+                    proc = subprocess.run([sys.executable, __file__, "--variant", args.variant, "--run",
+                                           str(features_dir), str(args.epochs), threads],
+                                          env=env, capture_output=True, text=True, timeout=3600)
+                    if proc.returncode != 0:
+                        raise SystemExit(f"{name}: {proc.stderr[-2000:]}")
+                    runs[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+                    print(name, repeat, json.dumps(runs[name][-1]), flush=True)
 
     base = runs["baseline"][0] if "baseline" in runs else None
     base_cpu = statistics.median(r["cpu_s"] for r in runs["baseline"]) if "baseline" in runs else None
@@ -131,11 +140,12 @@ def main() -> None:
     result = {
         "what": f"{args.variant} seed 0, {args.epochs} epochs of the default data, one process per run, "
                 f"{args.repeats} round-robin repeats",
+        "note": args.note,
         "configs": summary,
         "same_bits": list(groups.values()),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": _cpu_name(),
-                    "load_average_before": [round(x, 2) for x in load_before],
-                    "load_average_after": [round(x, 2) for x in os.getloadavg()]},
+                    "load_average_before": None if args.from_log else [round(x, 2) for x in load_before],
+                    "load_average_after": None if args.from_log else [round(x, 2) for x in os.getloadavg()]},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

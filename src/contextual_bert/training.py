@@ -619,7 +619,7 @@ def train(
     """Train one (variant, seed) run on the features stage's splits; see `fit`.
 
     Resumes from out_dir/last.pt when it was written by the same run (same model and train settings, seed
-    and data; patience, device and threads may differ). A run that already finished is not
+    and data; patience, device and checkpoint_every_s may differ). A run that already finished is not
     re-trained (its metrics are returned again); a run whose settings or data differ starts from scratch.
     """
     from contextual_bert.cooccurrence import init_from_cooccurrence
