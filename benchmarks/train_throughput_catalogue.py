@@ -147,9 +147,10 @@ def projection(row: dict) -> dict:
     if row.get("flops_per_sample"):
         flops = row["flops_per_sample"] * samples
         out["total_pflop"] = round(flops / 1e15, 1)
-        # small matrices (width 128) keep a GPU far from its peak: 10% and 30% of dense bf16 as a range
-        out["h100_hours_at_10pct"] = round(flops / (0.10 * H100_BF16_DENSE) / 3600, 2)
-        out["h100_hours_at_30pct"] = round(flops / (0.30 * H100_BF16_DENSE) / 3600, 2)
+        # a floor, not a forecast: matrices of width 128 keep a GPU far from its dense bf16 peak (launches and
+        # memory traffic bound it); 10% and 30% of the peak as a range. Never measured (no GPU was lent).
+        out["h100_minutes_at_10pct_of_peak"] = round(flops / (0.10 * H100_BF16_DENSE) / 60, 1)
+        out["h100_minutes_at_30pct_of_peak"] = round(flops / (0.30 * H100_BF16_DENSE) / 60, 1)
     return out
 
 
@@ -167,6 +168,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--configs", nargs="+", help="model:articles:softmax, in this order (default: every "
                         "model x articles x softmax, then encoder_only and the reference per size)")
+    parser.add_argument("--reproject", action="store_true", help="recompute the projections of --out only")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: model:articles:softmax, in its own process
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -178,6 +180,13 @@ def main() -> None:
         return
 
     report = json.loads(args.out.read_text()) if args.out.exists() else {"results": {}}
+    if args.reproject:
+        for models in report["results"].values():
+            for runs in models.values():
+                for row in runs.values():
+                    row["projection_hm_full"] = projection(row)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        return
     report.update({
         "what": "training samples/s at the paper's sizes (batch 1,024) by catalogue size, full vs sampled softmax, "
                 "CPU fp32; each configuration in its own process (peak_rss_mib: its peak resident memory)",

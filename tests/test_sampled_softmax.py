@@ -190,3 +190,37 @@ def test_softmax_settings_per_variant_and_in_the_run_key():
     assert cfg.train_for("global_state").read_by("global_state")["negatives"] == 64
     with pytest.raises(ValueError):
         TrainConfig(negatives=0)
+
+
+def test_a_sampled_step_builds_attribute_vectors_and_offsets_for_the_candidates_only(monkeypatch):
+    """What makes the `_attrs` models' cost independent of the catalogue: no whole-catalogue pass in a step."""
+    from contextual_bert.model import ArticleAttributes, AttributeOverlap
+    from contextual_bert.training import make_optimizer, train_step
+
+    calls = []
+    for cls in (ArticleAttributes, AttributeOverlap):
+        original = cls.forward
+
+        def spy(self, *args, _original=original, _name=cls.__name__, **kwargs):
+            articles = kwargs.get("articles", args[1] if _name == "ArticleAttributes" and len(args) > 1 else
+                                  args[3] if _name == "AttributeOverlap" and len(args) > 3 else None)
+            calls.append((_name, None if articles is None else articles.numel()))
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "forward", spy)
+    model = attribute_model("global_state_attrs")
+    model.set_id_dropout(0.5)
+    model.train()
+    data = planted(64, 0)
+    cfg = TrainConfig(softmax="sampled", negatives=4, device="cpu")
+    optimizer = make_optimizer(model, cfg, torch.device("cpu"))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    generator = torch.Generator().manual_seed(0)
+    sampler = NegativeSampler(torch.bincount(data.items.reshape(-1), minlength=model.n_items), 4, generator)
+    train_step(model, optimizer, scheduler, data.items, data.context, cfg, generator, sampler)
+    assert {name for name, _ in calls} == {"ArticleAttributes", "AttributeOverlap"}
+    assert all(n is not None for _, n in calls), calls  # the inputs' (B, L) articles, then the candidates
+    assert [n < model.n_items - N_SPECIAL for _, n in calls[-2:]] == [True, True], calls
+    calls.clear()
+    train_step(model, optimizer, scheduler, data.items, data.context, cfg, generator, None)  # the full softmax
+    assert ("ArticleAttributes", None) in calls and ("AttributeOverlap", None) in calls
