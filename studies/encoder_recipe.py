@@ -9,6 +9,7 @@ folders) and trains + evaluates each model, one seed, one torch thread, --jobs a
     old        params.yaml's recipe as it was before issue 45 (random start, no bag path)
     bag        model.bag_path: input, the mean of the other articles' input vectors added at every position
     outbag     model.bag_path: output, the mean of the other articles' (tied) vectors added to the head state
+    outbag_wd  outbag with weight decay 0.1 (params.yaml: 0.01): does it fit the training outfits less?
     cooc       train.init_embeddings: cooccurrence (the article ids start at the factorised PPMI)
     bag_cooc, outbag_cooc   a bag path and the co-occurrence start
 
@@ -45,6 +46,7 @@ RECIPES = {
     "old": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "random"}},
     "bag": {"model": {"bag_path": "input"}, "variant": {"init_embeddings": "random"}},
     "outbag": {"model": {"bag_path": "output"}, "variant": {"init_embeddings": "random"}},
+    "outbag_wd": {"model": {"bag_path": "output"}, "variant": {"init_embeddings": "random", "weight_decay": 0.1}},
     "cooc": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "cooccurrence"}},
     "bag_cooc": {"model": {"bag_path": "input"}, "variant": {"init_embeddings": "cooccurrence"}},
     "outbag_cooc": {"model": {"bag_path": "output"}, "variant": {"init_embeddings": "cooccurrence"}},
