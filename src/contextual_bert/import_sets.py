@@ -75,14 +75,19 @@ def sets_schema(cfg: ImportSetsConfig) -> DataSchema:
     return DataSchema(source=SOURCE_NAME, context_columns=columns)
 
 
-def _polyvore_pairs(path: Path) -> pd.DataFrame:
+def _read_json(path: Path):
+    """A (possibly gzipped) JSON file's value; a file that is not UTF-8 or not JSON is a one-line DataError."""
     try:
         with open_binary(path) as f:
-            sets = json.loads(f.read().decode("utf-8"))
+            return json.loads(f.read().decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise DataError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from None
     except json.JSONDecodeError as exc:
         raise DataError(f"not valid JSON (line {exc.lineno}: {exc.msg})", path=path) from None
+
+
+def _polyvore_pairs(path: Path) -> pd.DataFrame:
+    sets = _read_json(path)
     if isinstance(sets, dict):  # keyed by set id: {id: {"items": [...]}} or {id: [...]}
         sets = [{**value, "set_id": key} if isinstance(value, dict) else {"set_id": key, "items": value}
                 for key, value in sets.items()]  # fmt: skip
@@ -190,13 +195,7 @@ def article_name(column: str) -> str:
 def _polyvore_products(path: Path, id_column: str) -> pd.DataFrame:
     """The Polyvore item metadata (an object keyed by item id, each value the item's fields) or a list of
     objects holding `id_column`, as rows (SOURCE_LINE: the entry's place, from 1)."""
-    try:
-        with open_binary(path) as f:
-            entries = json.loads(f.read().decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise DataError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from None
-    except json.JSONDecodeError as exc:
-        raise DataError(f"not valid JSON (line {exc.lineno}: {exc.msg})", path=path) from None
+    entries = _read_json(path)
     if isinstance(entries, dict):
         entries = [{id_column: key, **value} if isinstance(value, dict) else {id_column: key}
                    for key, value in entries.items()]  # fmt: skip
