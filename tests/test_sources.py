@@ -3,6 +3,7 @@
 import gzip
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -107,7 +108,7 @@ def test_an_unknown_source_is_a_one_line_error_of_the_stages_that_read_sources_o
                                       "paths": {"source_fingerprint": str(tmp_path / "source.json")}}))
     Config.model_validate(yaml.safe_load(params.read_text()))  # loads: the trainings never read ingest.source
     for stage in ("ingest", "source"):
-        proc = subprocess.run(["contextual-bert", "--params", str(params), stage], capture_output=True, text=True)
+        proc = subprocess.run([str(Path(sys.executable).parent / "contextual-bert"), "--params", str(params), stage], capture_output=True, text=True)
         assert proc.returncode == 2
         assert proc.stderr.strip().splitlines() == [
             f"contextual-bert {stage}: error: params.yaml: ingest.source 'nope' is not one of {sorted(SOURCES)}"]
