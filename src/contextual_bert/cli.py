@@ -107,7 +107,8 @@ def _cmd_evaluate(cfg: Config, args) -> None:
 
 
 def _cmd_baseline(cfg: Config, args) -> None:
-    from contextual_bert.evaluation import evaluate_attribute_popularity, evaluate_popularity
+    from contextual_bert.evaluation import (evaluate_attribute_popularity, evaluate_history_popularity,
+                                            evaluate_popularity)
 
     report = evaluate_popularity(
         features_dir=cfg.paths.features_dir,
@@ -120,6 +121,10 @@ def _cmd_baseline(cfg: Config, args) -> None:
     attribute = evaluate_attribute_popularity(cfg.paths.features_dir, cfg.eval_path("popularity_attribute"),
                                               cfg.evaluate, cfg.model.max_set_size)
     _print_json(_without_curve(attribute))
+    # the history models' yardstick; {"known": false, ...} when features.history is off
+    history = evaluate_history_popularity(cfg.paths.features_dir, cfg.eval_path("popularity_history"), cfg.evaluate,
+                                          cfg.model.max_set_size)
+    _print_json(_without_curve(history))
     if cfg.evaluate.fitb.enabled:  # the FITB questions every evaluation answers, for any other model to answer
         from contextual_bert.fitb import split_questions, write_questions
 

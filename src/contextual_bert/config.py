@@ -163,7 +163,20 @@ class ValidateConfig(Section):
     max_quarantine_share: float = Field(0.05, ge=0, le=1)
 
 
+class HistoryConfig(Section):
+    """The customer's history as a context feature (history.py: which earlier outfits; feature_store: how it is
+    stored). Off: data/features is exactly what it was without it."""
+
+    enabled: bool = False
+    max_items: int = Field(50, ge=1)  # the articles of the most recent earlier outfits, each article once
+    dim: int = Field(64, ge=1)  # its share of d_context: the pooled article vectors projected to this width
+
+
 class FeaturesConfig(Section):
+    # hash: a keyed hash of the outfit id (features.py). time: the earliest outfits train, the latest validate
+    # and test (cut dates by share), so no training outfit comes from the evaluated period; needs dates.
+    split: Literal["hash", "time"] = "hash"
+    history: HistoryConfig = HistoryConfig()
     min_article_count: int = Field(1, ge=1)
     val_fraction: float = Field(0.045, gt=0, lt=0.5)
     test_fraction: float = Field(0.045, gt=0, lt=0.5)

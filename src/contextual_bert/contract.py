@@ -56,6 +56,7 @@ REQUIRED_COLUMNS: dict[str, dict[str, str]] = {
     "outfits": {"outfit_id": "string", "customer_id": "string", "article_ids": "list[string]"},
 }
 ID_COLUMN = {"articles": "article_id", "customers": "customer_id", "outfits": "outfit_id"}
+DATE_COLUMN = "date"  # outfits: the optional date of each outfit (history and the time split need it)
 # Outfit sizes are settings, not part of the contract: the smallest is `ingest.min_set_size`, the largest
 # `model.max_set_size` (params.yaml), each read by the generators, the importers and validation.
 

@@ -48,7 +48,7 @@ from contextual_bert.bootstrap import DEPENDENCE_METRIC, OUTFITS_KEY, bootstrap_
 from contextual_bert.config import EvaluateConfig, ModelConfig, uses_attributes
 from contextual_bert.devices import evaluation_device, keep_freed_memory
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.feature_spec import N_SPECIAL, EncodedOutfits
+from contextual_bert.feature_spec import HISTORY_FEATURE, N_SPECIAL, EncodedOutfits
 from contextual_bert.fitb import RESULT_KEY as FITB_KEY
 from contextual_bert.fitb import fitb_result, split_questions
 from contextual_bert.model import count_paper_parameters, load_checkpoint
@@ -125,6 +125,33 @@ class AttributePopularityModel(nn.Module):
         log_value = torch.where(present, log_r + mass.log() - inside.log(),
                                 log_not_r + mass.log() - outside.log())  # fmt: skip
         return log_value.gather(1, self.values.expand(items.shape[0], -1)) + self.log_within
+
+
+class HistoryPopularityModel(nn.Module):
+    """Per-customer popularity mixed with the global one: P(a) = (1 - w) P_pop(a) + w P_hist(a), P_pop as
+    PopularityModel's softmax ((1 + count) / sum), P_hist uniform over the articles of the customer's history
+    (the features stage's history feature, as every model reads it). Without history, popularity alone. The
+    yardstick of the models with history: what counting the customer's own articles gives, nothing learned."""
+
+    def __init__(self, counts, weight: float, feature: str = HISTORY_FEATURE):
+        super().__init__()
+        probs = torch.tensor(np.array(counts, dtype=np.float64) + 1.0)
+        probs[:N_SPECIAL] = 0.0
+        self.register_buffer("probs", (probs / probs.sum()).float())
+        self.weight, self.feature = float(weight), feature
+        self.n_items = len(probs)
+
+    def masked_logits(self, items: torch.Tensor, context=None) -> torch.Tensor:
+        history = context[self.feature]
+        seen = torch.zeros(items.shape[0], self.n_items, device=items.device).scatter_(1, history, 1.0)
+        seen[:, :N_SPECIAL] = 0.0  # PAD, and [UNK] an id model reads for an article it lacks: no one article
+        n = seen.sum(dim=1, keepdim=True)
+        weight = torch.where(n > 0, self.weight, 0.0)
+        mixed = (1 - weight) * self.probs + weight * seen / n.clamp_min(1.0)
+        return mixed.log().index_fill_(1, torch.arange(N_SPECIAL, device=items.device), float("-inf"))
+
+
+HISTORY_WEIGHTS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)  # the history popularity's weights, tried on val
 
 
 def in_outfit_share(items: torch.Tensor, values: np.ndarray) -> float:
@@ -307,6 +334,31 @@ def evaluate_popularity(
         raise ContextualBertError(f"{features_dir}: article counts must be finite and non-negative")
     return evaluate_model(PopularityModel(counts), "popularity", "popularity", None, 0,
                      features_dir, max_set_size, out_path, cfg)  # fmt: skip
+
+
+def evaluate_history_popularity(features_dir: Path, out_path: Path, cfg: EvaluateConfig,
+                                max_set_size: int = ModelConfig().max_set_size) -> dict:
+    """HistoryPopularityModel, its weight the one of HISTORY_WEIGHTS with the lowest validation cross-entropy;
+    write out_path. Without a history feature (features.history off) {"known": false, "why": ...}."""
+    from contextual_bert.feature_store import load_article_vocab, load_spec, load_split
+
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    if not any(f.source == "history" for f in load_spec(features_dir).features):
+        result = {"known": False, "why": "features.history is off: the features hold no history"}
+        out_path.write_text(json.dumps(result, indent=2))
+        return result
+    counts = np.asarray(load_article_vocab(features_dir).counts)
+    val = load_split(features_dir, "val", max_set_size)
+    device = evaluation_device()
+    by_weight = {w: evaluate_split(HistoryPopularityModel(counts, w).to(device), val, cfg, device)[0]["cross_entropy"]
+                 for w in HISTORY_WEIGHTS}
+    weight = min(by_weight, key=by_weight.get)
+    result = evaluate_model(HistoryPopularityModel(counts, weight), "popularity_history", "popularity_history", None, 0,
+                            features_dir, max_set_size, out_path, cfg)
+    result |= {"weight": weight, "val_cross_entropy_by_weight": {str(w): ce for w, ce in by_weight.items()}}
+    out_path.write_text(result_json(result))
+    return result
 
 
 def evaluate_attribute_popularity(features_dir: Path, out_path: Path, cfg: EvaluateConfig,

@@ -21,10 +21,15 @@ UNKNOWN_INDEX = 2
 MASK_INDEX = 1
 N_SPECIAL = 3  # first index of a real article / value
 
-FeatureKind = Literal["categorical", "multi_categorical", "numeric", "text"]  # text: article attributes only
-# kinds stored as a PAD-padded row of indices per row (max_values wide): a list of values, or a text's words
-LIST_KINDS = ("multi_categorical", "text")
-FeatureSource = Literal["customer", "outfit", "article"]  # "article": an attribute of the catalogue
+FeatureKind = Literal["categorical", "multi_categorical", "numeric", "text", "history"]  # text: article attributes only
+# kinds stored as a PAD-padded row of indices per row (max_values wide): a list of values, a text's words, or
+# the article indices of a customer's history
+LIST_KINDS = ("multi_categorical", "text", "history")
+# "article": an attribute of the catalogue; "history": the customer's earlier articles (features.history), stored
+# per outfit as article indices and embedded through the model's own article vectors, not a table of its own
+FeatureSource = Literal["customer", "outfit", "article", "history"]
+HISTORY_FEATURE = "history"  # its name in the spec and in data/features' outfits table
+HISTORY_COLUMN = "history_article_ids"  # a serving request's column: the customer's earlier article ids
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,11 @@ class FeatureSpec:
     cardinality: int  # size of its embedding table, special indices included
     dim: int  # embedding dimension; the dims of all features sum to d_context
     max_values: int = 1  # width of the padded index row for multi_categorical and text, else 1
+
+    @property
+    def request_column(self) -> str:
+        """Its column in a serving request: the raw values under the feature's name, or the history's ids."""
+        return HISTORY_COLUMN if self.source == "history" else self.name
 
     @property
     def is_list(self) -> bool:

@@ -46,6 +46,7 @@ from contextual_bert.feature_spec import (
     PAD_INDEX,
     UNKNOWN_INDEX,
     ContextSpec,
+    HISTORY_COLUMN,
     EncodedOutfits,
     FeatureSpec,
 )
@@ -262,8 +263,8 @@ class ContextIndexer:
         indices, missing, unknown = {}, {}, {}
         n = len(rows) if n_rows is None else n_rows
         for feature in self.spec.features:
-            if source is not None and feature.source != source:
-                continue
+            if (source is not None and feature.source != source) or feature.source == "history":
+                continue  # the history holds article ids: OutfitEncoder reads it through the article vocabulary
             column = rows[feature.name] if feature.name in rows else np.full(n, None, dtype=object)
             name = feature.name
             indices[name], missing[name], unknown[name] = self.encode_feature(feature, column)
@@ -487,7 +488,8 @@ class OutfitEncoder:
         ArticleVocab.to_indices)."""
         if "article_ids" not in rows.columns:
             raise ContextualBertError("the request has no 'article_ids' column (the partial outfit of each row)")
-        needed = ["article_ids", *(f.name for f in self.context.spec.features), *([id_column] if id_column else [])]
+        needed = ["article_ids", *(f.name for f in self.context.spec.features if f.source != "history"),
+                  *([id_column] if id_column else [])]
         n_rows, columns = len(rows), column_arrays(rows, needed)  # each column read once, by position
         max_items = self.max_set_size - 1 if with_mask else self.max_set_size
         what = "an outfit to complete" if with_mask else "an outfit"
@@ -513,8 +515,33 @@ class OutfitEncoder:
         for position in np.flatnonzero(indices == UNKNOWN_INDEX).tolist():
             unknown_ids[rows_of[position]].append(flat[position])
         context, missing, unknown = self.context.encode_columns(columns, n_rows)
+        history = next((f for f in self.context.spec.features if f.source == "history"), None)
+        if history is not None:
+            context[history.name] = self._history(rows, history, as_written, missing, unknown_ids)
         ids = [str(v) for v in columns[id_column].tolist()] if id_column else None
         return EncodedRows(EncodedOutfits(torch.from_numpy(items), context, ids), unknown_ids, missing, unknown)
+
+
+    def _history(self, rows: pd.DataFrame, feature: FeatureSpec, as_written: bool, missing: list[list[str]],
+                 unknown_ids: list[list[str]]) -> torch.Tensor:
+        """(N, max_values) article indices of each row's HISTORY_COLUMN, most recent first as the client lists
+        them (the first max_values kept, each article once); absent or empty: no history, reported in
+        `missing`; ids the model does not know are reported in `unknown_ids` beside the outfit's."""
+        width = feature.max_values
+        out = np.full((len(rows), width), PAD_INDEX, dtype=np.int64)
+        values = rows[HISTORY_COLUMN].tolist() if HISTORY_COLUMN in rows.columns else [None] * len(rows)
+        for row, value in enumerate(values):
+            if _is_missing(value) or (isinstance(value, LIST_LIKE) and len(value) == 0):
+                missing[row].append(feature.name)
+                continue
+            if not isinstance(value, LIST_LIKE):
+                raise ContextualBertError(f"row {row}: '{HISTORY_COLUMN}' must be a list of article ids, got "
+                                          f"{type(value).__name__} {value!r:.60}")
+            ids = list(dict.fromkeys(str(v) for v in value if not _is_missing(v) and str(v) != ""))[:width]
+            indices, _ = self.article_vocab.to_indices(ids, as_written)
+            out[row, : len(indices)] = indices
+            unknown_ids[row].extend(i for i, k in zip(ids, indices) if k == UNKNOWN_INDEX)
+        return torch.from_numpy(out)
 
 
 # --- reading data/features ------------------------------------------------------------------------------
@@ -591,6 +618,7 @@ def load_split(features_dir: Path, split: str, max_set_size: int, catalogue: boo
         raise DataError(f"an outfit has {lengths.max()} items, more than max_set_size={max_set_size}",
                         path=outfits_path, row=row, column="items")
     items = _padded(outfits.column("items"), max_set_size)
+    n_vocab = None
     if not catalogue:
         n_vocab = pq.read_metadata(_require(features_dir / ARTICLE_VOCAB_FILE)).num_rows
         items[items >= n_vocab] = UNKNOWN_INDEX
@@ -608,5 +636,8 @@ def load_split(features_dir: Path, split: str, max_set_size: int, catalogue: boo
             per_customer = np.concatenate([per_customer, missing_row])
             context[feature.name] = torch.from_numpy(per_customer[customer_pos])
         else:
-            context[feature.name] = torch.from_numpy(_feature_array(outfits, feature, outfits_path))
+            values = _feature_array(outfits, feature, outfits_path)
+            if feature.source == "history" and not catalogue:  # article indices, read as the items are
+                values[values >= n_vocab] = UNKNOWN_INDEX
+            context[feature.name] = torch.from_numpy(values)
     return EncodedOutfits(torch.from_numpy(items), context, outfits.column("outfit_id").to_pylist())

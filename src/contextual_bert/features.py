@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from contextual_bert.config import FeaturesConfig
-from contextual_bert.contract import ID_COLUMN, SCHEMA_FILE, TABLES, DataSchema
+from contextual_bert.contract import DATE_COLUMN, ID_COLUMN, SCHEMA_FILE, TABLES, DataSchema
 from contextual_bert.errors import ContextualBertError, DataError
 from contextual_bert.feature_spec import (
     MISSING_INDEX,
@@ -31,8 +31,10 @@ from contextual_bert.feature_spec import (
     PAD_INDEX,
     UNKNOWN_INDEX,
     ContextSpec,
+    HISTORY_FEATURE,
     FeatureSpec,
 )
+from contextual_bert.history import earlier_outfits, history_items
 from contextual_bert.split_guards import check_splits, split_counts
 from contextual_bert.feature_store import (
     ARTICLE_VOCAB_FILE,
@@ -58,7 +60,7 @@ from contextual_bert.feature_store import (
 )
 
 # Columns of the encoded outfits table that a context feature must not be named after.
-OUTFIT_COLUMNS = ("outfit_id", "customer_id", "split", "items")
+OUTFIT_COLUMNS = ("outfit_id", "customer_id", "split", "items", HISTORY_FEATURE)
 SOURCE_OF_TABLE = {"customers": "customer", "outfits": "outfit"}
 
 
@@ -83,6 +85,47 @@ def assign_splits(outfit_ids, val_fraction: float, test_fraction: float, seed: i
     """'train' / 'val' / 'test' per outfit id (see the module docstring)."""
     u = split_fractions(outfit_ids, seed)
     return np.where(u < test_fraction, "test", np.where(u < test_fraction + val_fraction, "val", "train"))
+
+
+def assign_time_splits(dates, val_fraction: float, test_fraction: float) -> np.ndarray:
+    """'train' / 'val' / 'test' by date: test from the day where the latest `test_fraction` of the outfits
+    begins, val from the day where the `val_fraction` before them begins; a day is never cut in two, so
+    every training outfit is dated before every validation one, and those before every test one."""
+    day = pd.to_datetime(pd.Series(dates)).to_numpy("datetime64[D]")
+    ordered = np.sort(day)
+    n = len(ordered)
+    test_from = ordered[min(n - 1, int(np.floor(n * (1 - test_fraction))))]
+    val_from = ordered[min(n - 1, int(np.floor(n * (1 - test_fraction - val_fraction))))]
+    return np.where(day >= test_from, "test", np.where(day >= val_from, "val", "train"))
+
+
+def outfit_dates(outfits: pd.DataFrame, path: Path, why: str) -> pd.Series:
+    """The outfits' dates, or a one-line error saying what asked for them and why there are none."""
+    if DATE_COLUMN not in outfits.columns:
+        raise DataError(f"{why} needs the outfits' dates, and this source wrote none (H&M baskets and the "
+                        "generators date every outfit; curated sets need import_sets.date_column)",
+                        path=path, column=DATE_COLUMN)
+    dates = pd.to_datetime(outfits[DATE_COLUMN])
+    if dates.isna().any():
+        row = int(np.flatnonzero(dates.isna().to_numpy())[0])
+        raise DataError("an outfit has no date (validate quarantines these)", path=path, row=row, column=DATE_COLUMN)
+    return dates
+
+
+def history_column(outfits: pd.DataFrame, dates: pd.Series, eligible: np.ndarray, index_of_article,
+                   max_items: int) -> np.ndarray:
+    """(N, max_items) PAD-padded article indices of every outfit's history (history.py's rule), most recent
+    first; an outfit without history is all PAD."""
+    rows = earlier_outfits(_optional_ids(outfits["customer_id"]).to_numpy(), dates, eligible)
+    items = outfits["article_ids"].map(lambda v: [str(a) for a in v]).tolist()
+    histories = history_items(rows, items, max_items)
+    lengths = np.fromiter((len(h) for h in histories), dtype=np.int64, count=len(histories))
+    flat = [a for h in histories for a in h]
+    out = np.full((len(histories), max_items), PAD_INDEX, dtype=np.int64)
+    if flat:
+        rows_of = np.repeat(np.arange(len(histories)), lengths)
+        out[rows_of, np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)] = index_of_article(flat)
+    return out
 
 
 # --- fitting on the train split ----------------------------------------------------------------------------
@@ -287,8 +330,13 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
     customer_pos = pd.Index(customers["customer_id"].astype(str)).get_indexer(customer_ids.astype(str))
     customer_pos[customer_ids.isna().to_numpy()] = -1
 
-    split = assign_splits(outfits["outfit_id"].astype(str).tolist(), cfg.val_fraction, cfg.test_fraction,
-                          cfg.split_seed)
+    dates = (outfit_dates(outfits, outfits_path, "features.split: time" if cfg.split == "time" else
+                          "features.history") if cfg.split == "time" or cfg.history.enabled else None)
+    if cfg.split == "time":
+        split = assign_time_splits(dates, cfg.val_fraction, cfg.test_fraction)
+    else:
+        split = assign_splits(outfits["outfit_id"].astype(str).tolist(), cfg.val_fraction, cfg.test_fraction,
+                              cfg.split_seed)
     is_train = split == "train"
 
     # Article vocabulary from the train outfits; every outfit's items through it.
@@ -321,6 +369,17 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
     encoder = ContextIndexer(spec, context_vocab)
     cust_idx, cust_missing, cust_unknown = encoder.encode_arrays(customers, source="customer")
     outfit_idx, outfit_missing, outfit_unknown = encoder.encode_arrays(outfits, source="outfit")
+    if cfg.history.enabled:  # through the same article indices as the items (the catalogue's, with attributes)
+        stored = catalogue.vocab if catalogue is not None else article_vocab
+        # under the hash split only train outfits are history: no evaluated outfit's articles are an input
+        eligible = np.ones(len(outfits), bool) if cfg.split == "time" else is_train
+        history = history_column(outfits, dates, eligible, lambda ids: stored.to_indices(ids)[0],
+                                 cfg.history.max_items)
+        outfit_idx[HISTORY_FEATURE] = history
+        outfit_missing[HISTORY_FEATURE] = (history == PAD_INDEX).all(axis=1)
+        outfit_unknown[HISTORY_FEATURE] = (history == UNKNOWN_INDEX).any(axis=1)
+        spec = ContextSpec((*spec.features, FeatureSpec(HISTORY_FEATURE, "history", "history", len(stored),
+                                                        cfg.history.dim, cfg.history.max_items)))
 
     features_dir.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table({"customer_id": pa.array(customers["customer_id"].astype(str).tolist()),
@@ -347,8 +406,12 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
         "source": schema.source,
         "rows": {**{name: int((split == name).sum()) for name in SPLITS},
                  "outfits": len(outfits), "customers": len(customers), "articles": len(tables["articles"])},
-        "split": {"method": "blake2b-64 of outfit_id keyed by split_seed", "seed": cfg.split_seed,
-                  "val_fraction": cfg.val_fraction, "test_fraction": cfg.test_fraction},
+        "split": ({"method": "blake2b-64 of outfit_id keyed by split_seed", "seed": cfg.split_seed}
+                  if cfg.split == "hash" else
+                  {"method": "by date", **{f"{name}_dates": [str(d) for d in (dates[split == name].min().date(),
+                                                                                dates[split == name].max().date())]
+                                          for name in SPLITS}})
+                 | {"val_fraction": cfg.val_fraction, "test_fraction": cfg.test_fraction},
         "n_items": len(article_vocab),
         "unknown_items": {name: int(unknown_items[item_split == name].sum()) for name in SPLITS},
         **({} if catalogue is None else {
@@ -366,7 +429,10 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
         "max_set_size": max_set_size,
         # the attribute settings only when they are on: with them off, the stage writes exactly the files
         # it wrote before attributes existed (same DVC hash, the trained models' lineage still matches)
-        "params": cfg.model_dump(exclude=set() if cfg.article_features else {"article_features", "article_attributes"}),
+        # (and history and the split method only when not at their defaults, for the same reason)
+        "params": cfg.model_dump(exclude=(set() if cfg.article_features else {"article_features", "article_attributes"})
+                                 | (set() if cfg.history.enabled else {"history"})
+                                 | (set() if cfg.split == "time" else {"split"})),
         "inputs": {f"{t}.parquet": file_sha256(validated_dir / f"{t}.parquet") for t in TABLES}
         | {SCHEMA_FILE: file_sha256(validated_dir / SCHEMA_FILE)},
     }

@@ -76,20 +76,44 @@ class Dropout(nn.Dropout):
         return _DropoutFunction.apply(x, self.p)
 
 
+class HistoryPooling(nn.Module):
+    """The customer's history's share of c: the mean of its articles' vectors, read from the model's own
+    article table (with attributes for the "_attrs" models, so an article without an id still says what it
+    is), projected to the feature's dim. Zeros in, the bias out, when there is no history. A mean and not
+    attention with a learned query: it is blind to the order by construction (a history is a set of what was
+    worn before), and it is the pooling the encoder's bag path and the bag of items already use."""
+
+    def __init__(self, d_model: int, dim: int):
+        super().__init__()
+        self.projection = nn.Linear(d_model, dim)
+
+    def forward(self, history: torch.Tensor, article_vectors) -> torch.Tensor:
+        seen = (history != PAD_INDEX).unsqueeze(-1)
+        vectors = article_vectors(history) * seen
+        pooled = vectors.sum(dim=-2) / seen.sum(dim=-2).clamp_min(1).to(vectors.dtype)
+        return self.projection(pooled)
+
+
 class ContextEmbedding(nn.Module):
     """c: one trainable embedding per context feature, concatenated in the spec's order.
 
     Categorical and bucketized numeric features are one index each. A multi-categorical feature is a
-    0-padded row of indices and contributes the mean of its non-padding embeddings (zeros when empty).
+    0-padded row of indices and contributes the mean of its non-padding embeddings (zeros when empty). The
+    history (features.history) is a 0-padded row of article indices, pooled by HistoryPooling from the
+    model's article vectors (`article_vectors`: indices -> (..., d_model)).
     """
 
-    def __init__(self, spec: ContextSpec):
+    def __init__(self, spec: ContextSpec, d_model: int | None = None):
         super().__init__()
         self.spec = spec
-        self.embeddings = nn.ModuleList(self._embedding(f) for f in spec.features)
+        self.embeddings = nn.ModuleList(self._embedding(f, d_model) for f in spec.features)
 
     @staticmethod
-    def _embedding(feature: FeatureSpec) -> nn.Module:
+    def _embedding(feature: FeatureSpec, d_model: int | None) -> nn.Module:
+        if feature.kind == "history":
+            if d_model is None:
+                raise ContextualBertError("the history feature needs the model's article vectors (d_model)")
+            return HistoryPooling(d_model, feature.dim)
         if feature.kind == "multi_categorical":
             return nn.EmbeddingBag(feature.cardinality, feature.dim, mode="mean", padding_idx=PAD_INDEX)
         return nn.Embedding(feature.cardinality, feature.dim, padding_idx=PAD_INDEX)
@@ -98,12 +122,15 @@ class ContextEmbedding(nn.Module):
     def d_context(self) -> int:
         return self.spec.d_context
 
-    def forward(self, context: dict[str, torch.Tensor]) -> torch.Tensor:
+    def forward(self, context: dict[str, torch.Tensor], article_vectors=None) -> torch.Tensor:
         parts = []
         for feature, embedding in zip(self.spec.features, self.embeddings):
             if feature.name not in context:
                 raise ContextualBertError(f"context feature '{feature.name}' is missing from the input")
-            parts.append(embedding(context[feature.name]))
+            if feature.kind == "history":
+                parts.append(embedding(context[feature.name], article_vectors))
+            else:
+                parts.append(embedding(context[feature.name]))
         return torch.cat(parts, dim=-1)
 
 
@@ -548,7 +575,7 @@ class ContextualBert(ArticleScores, nn.Module):
 
         self.item_embeddings = nn.Embedding(n_items, d, padding_idx=PAD_INDEX)  # row MASK_INDEX is [MASK]
         # (attribute named as before the class was renamed: checkpoints' state_dict keys carry it)
-        self.context_encoder = ContextEmbedding(spec) if uses_context else None
+        self.context_encoder = ContextEmbedding(spec, d) if uses_context else None
         self.concat_input = ConcatInput(d_context, d) if conditioning == "concat" else None
         self.context_position = nn.Linear(d_context, d) if conditioning == "new_position" else None
         global_state = conditioning in GLOBAL_STATE_VARIANTS
@@ -580,7 +607,7 @@ class ContextualBert(ArticleScores, nn.Module):
         """Hidden states (B, L, d_model) at the L item positions of `items` (B, L); or, given `select`
         (bool, (B, L)), (M, d_model) at those positions only, in row-major order. Only they are needed for
         a prediction, and the last block then computes just them after its attention."""
-        c = self.context_encoder(context) if self.context_encoder is not None else None
+        c = self.context(context)
         x = self.article_vectors(self.item_embeddings, items) * self.input_scale
         if self.model_cfg.bag_path == "input":  # the bag of items inside the encoder, no parameter
             x = x + other_articles_mean(x, items)
@@ -604,6 +631,12 @@ class ContextualBert(ArticleScores, nn.Module):
         if select is not None:
             return h
         return h[:, 1:] if self.context_position is not None else h
+
+    def context(self, context: dict[str, torch.Tensor] | None) -> torch.Tensor | None:
+        """c, or None for [None]; a history is read through the article vectors at the input's scale."""
+        if self.context_encoder is None:
+            return None
+        return self.context_encoder(context, lambda a: self.article_vectors(self.item_embeddings, a) * self.input_scale)
 
     # --- the output layer, only where needed ---------------------------------------------------------
 
@@ -661,7 +694,7 @@ class BagOfItems(ArticleScores, nn.Module):
         self.item_embeddings = nn.Embedding(n_items, d, padding_idx=PAD_INDEX)
         self.output_embeddings = nn.Embedding(n_items, d)
         self.output_bias = nn.Parameter(torch.zeros(n_items))
-        self.context_encoder = ContextEmbedding(spec) if uses_context else None
+        self.context_encoder = ContextEmbedding(spec, d) if uses_context else None
         self.context_projection = nn.Linear(spec.d_context, d) if uses_context else None
         self.dropout = Dropout(model_cfg.dropout)
         for table in (self.item_embeddings, self.output_embeddings):
@@ -680,7 +713,8 @@ class BagOfItems(ArticleScores, nn.Module):
         padding left out), plus W_c c; (M, d) at the `select` positions only."""
         h = other_articles_mean(self.article_vectors(self.item_embeddings, items), items)
         if self.context_projection is not None:
-            h = h + self.context_projection(self.context_encoder(context)).unsqueeze(1)
+            c = self.context_encoder(context, lambda a: self.article_vectors(self.item_embeddings, a))
+            h = h + self.context_projection(c).unsqueeze(1)
         h = self.dropout(h)
         return h if select is None else h[select]
 

@@ -41,6 +41,8 @@ LABELS = {
     "global_state": "[GS]",
     "global_state_update": "[GSU]",
     "popularity_attribute": "Popularity by attribute",
+    "popularity_history": "Popularity + own history",
+    "optimum_history": "Optimum, with context and history",
 }
 LABELS |= {f"{m}_attrs": f"{LABELS[m]} + attributes" for m in (*VARIANTS, *BASELINE_MODELS)}
 # Denk & Peleteiro Ramallo (2020), Table 1: 17k held-out of 380k outfits, mean of 3 runs.
@@ -57,7 +59,8 @@ METRIC_LABELS = {"cross_entropy": "cross-entropy", "recall@5": "recall@5"}
 # (metric, True when higher is better) for the "beats [None]" verdicts.
 VERDICT_METRICS = (("cross_entropy", False), ("recall@5", True))
 # Single-result yardsticks beside the trained models, in table order; the optimum only where it is known.
-REFERENCES = ("optimum_context", "optimum_no_context", "popularity", "popularity_attribute")
+REFERENCES = ("optimum_history", "optimum_context", "optimum_no_context", "popularity", "popularity_history",
+              "popularity_attribute")
 TARGET_PARTS = ("test_known", "test_unseen")  # the catalogue rankers' targets with and without an id
 CONVERGENCE_LABELS = {"early_stopping": "early stop", "plateau": "plateau"}
 # evaluation.py's outfit dependence (nats): below this a trained model predicts without its encoder reading the
@@ -112,7 +115,7 @@ def read_references(cfg: Config) -> dict[str, dict]:
         if name == "popularity" or not path.exists():
             continue
         result = _read_json(path, "the optimum's result (run `contextual-bert optimum`)" if name.startswith("optimum")
-                            else "the attribute-aware popularity (run `contextual-bert baseline`)")
+                            else f"the {LABELS[name].lower()} yardstick (run `contextual-bert baseline`)")
         if result.get("known") is not False:  # false: the stage ran, and this data has none
             found[name] = checked_eval(result, path)
     return {name: found[name] for name in REFERENCES if name in found}
@@ -204,6 +207,26 @@ def _fitb_cells(test: dict, result: dict, pooled: bool) -> list[str]:
 
 def e0_metrics(evals: list[dict], part: str) -> list[str]:
     return sorted({k for e in evals for k, v in e[part].items() if isinstance(v, (int, float))})
+
+
+def history_lines(summary: dict, references: dict) -> list[str]:
+    """With features.history on: every model that reads c (and so the history) against popularity mixed with
+    the customer's own history, paired on the same test cases."""
+    if "popularity_history" not in references:
+        return []
+    ref = references["popularity_history"]
+    ref_row = {"test": {k: {"mean": v, "se": None} for k, v in ref["test"].items() if isinstance(v, (int, float))},
+               OUTFITS_KEY: ref.get(OUTFITS_KEY)}
+    lines = ["", "## Does history help?", "",
+             f"- Every context in this table holds the customer's history (features.history). The yardstick: "
+             f"{LABELS['popularity_history'].lower()}, CE {ref['test']['cross_entropy']:.3f} (its weight "
+             f"{ref.get('weight')}, chosen on validation). Each model that reads c against it:"]
+    for v in summary:
+        if base_model(v) in ("none", "bag_of_items"):
+            continue
+        per_metric = {m: compare_models(summary[v], ref_row, m, higher) for m, higher in VERDICT_METRICS}
+        lines.append(f"  - {LABELS.get(v, v)}: {_comparison_text(per_metric)}")
+    return lines
 
 
 def attribute_lines(summary: dict, references: dict) -> list[str]:
@@ -319,6 +342,14 @@ def _yardstick_phrase(comparisons: list[dict]) -> str:
             f"{LEVEL:.0%} interval above 0)")
 
 
+def _split_words(split: dict) -> str:
+    """How the features stage split the outfits (its manifest's "split")."""
+    if split.get("method") != "by date":
+        return "split by outfit"
+    dates = [split.get(f"{name}_dates") or ["?", "?"] for name in ("train", "val", "test")]
+    return "split by date: " + " / ".join(f"{a} to {b}" for a, b in dates)
+
+
 def _data_lines(cfg: Config) -> list[str]:
     lines = []
     manifest_path = cfg.paths.features_dir / MANIFEST_FILE
@@ -328,7 +359,7 @@ def _data_lines(cfg: Config) -> list[str]:
         lines.append(
             f"- Data: source **{m.get('source', 'unknown')}**, {rows.get('outfits', '?'):,} outfits "
             f"(train {rows.get('train', '?'):,} / validation {rows.get('val', '?'):,} / "
-            f"test {rows.get('test', '?'):,}, split by outfit), {rows.get('customers', '?'):,} customers, "
+            f"test {rows.get('test', '?'):,}, {_split_words(m.get('split', {}))}), {rows.get('customers', '?'):,} customers, "
             f"{rows.get('articles', '?'):,} articles of which {m.get('n_items', 3) - 3:,} in the vocabulary "
             f"(d_context {m.get('d_context', '?')})."
         )
@@ -462,10 +493,13 @@ def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, 
         for v in variants:
             ce = summary[v]["test"]["cross_entropy"]["mean"]
             uses_context = base_model(v) not in ("none", "bag_of_items")
-            name = "optimum_context" if uses_context else "optimum_no_context"
+            # a model that reads c reads the history in it (features.history), and is held to that optimum
+            name = (("optimum_history" if "optimum_history" in references else "optimum_context") if uses_context
+                    else "optimum_no_context")
             if name in references and ce is not None:
                 gap = ce - references[name]["test"]["cross_entropy"]
                 lines.append(f"  - {LABELS.get(v, v)}: {gap:+.3f} to the {LABELS[name].lower()}")
+    lines += history_lines(summary, references)
     lines += attribute_lines(summary, references)
     if baseline_verdicts:
         lines += ["", "## Against the learned baselines", ""]

@@ -2,7 +2,9 @@
 
 A request is a batch of rows. Each row holds ``article_ids`` (the partial outfit: 1 to max_set_size - 1
 distinct article ids) and, optionally, the customer's context columns (and the outfit's, e.g. occasion) as
-raw values, named as in the data's schema. The answer per row: the top-k article ids (k from the request's
+raw values, named as in the data's schema, and, for a model trained with features.history, the customer's
+earlier article ids, most recent first (``history_article_ids``; absent or empty: no history, reported in
+missing_features; ids it does not know are reported with the outfit's). The answer per row: the top-k article ids (k from the request's
 ``top_k`` param, else mlflow.top_k from params.yaml; at most 250) with their probabilities, never an article
 of the outfit, and what could not be used: article ids unknown to the model, even without surrounding spaces
 or leading zeros (ArticleVocab.to_indices; they enter as the [UNK] item) and context features that were missing or held an unseen value (they enter as their missing/unknown index).
@@ -261,7 +263,8 @@ def signature(spec, top_k: int):
     # kept in the model's metadata (log_pyfunc_model). Nor does MLflow require article_ids: its refusal of a
     # request without the column (or of a list or an empty body, which it reads as a frame without it) dumps
     # the frame and the whole schema; the encoder's is one line naming the column.
-    inputs = [ColSpec(AnyType(), name, required=False) for name in ("article_ids", *(f.name for f in spec.features))]
+    inputs = [ColSpec(AnyType(), name, required=False)
+              for name in ("article_ids", *(f.request_column for f in spec.features))]
     outputs = [
         ColSpec(Array(DataType.string), "article_ids"),
         ColSpec(Array(DataType.double), "scores"),
@@ -276,7 +279,7 @@ def signature(spec, top_k: int):
 def feature_kinds(spec) -> dict[str, str]:
     """Each context input's kind (categorical, multi_categorical, numeric): what the Any-typed signature
     cannot say, kept in the logged model's metadata (MLmodel)."""
-    return {f.name: f.kind for f in spec.features}
+    return {f.request_column: f.kind for f in spec.features}
 
 
 def pip_requirements() -> list[str]:

@@ -1,0 +1,124 @@
+"""Does history help? The same models with and without the customer's history, on the time split.
+
+Two projects of their own under --workdir (studies/project.py), on the same data and the same time split
+(features.split: time): one with features.history on, its whole Table 1 (train.variants x train.seeds, the
+yardsticks: popularity, popularity + own history, the bag of items + c with history, and where the data's
+optimum is known its three rows); one with history off, for the --compare models only. Each compared model
+with history is paired with itself without, on the same test outfits: the paired bootstrap of the
+difference of their seed means (bootstrap.paired_difference). Written to --out: table1.md and metrics.json
+(history on), comparison.json and comparison.md.
+
+    python studies/history.py --out reports/history/default --workdir /tmp/history-default
+    python studies/history.py --set ingest.source=planted --set planted.customer_taste_strength=2 \\
+        --set planted.n_outfits=6000 --out reports/history/planted_4 --workdir /tmp/history-planted-4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import yaml
+from project import Project, override, relocated
+
+from contextual_bert.bootstrap import OUTFITS_KEY, mean_record, paired_difference
+from contextual_bert.report import LABELS
+
+REPO = Path(__file__).resolve().parents[1]
+METRICS = (("cross_entropy", False), ("recall@5", True))
+
+
+def run_project(root: Path, params: dict, runs: list[tuple[str, int]], jobs: int, threads: int) -> Project:
+    project = Project(root, relocated(params, root), threads)
+    for stage in ("ingest", "validate", "features", "baseline", "optimum"):
+        project.stage(stage)
+    project.train_and_evaluate(runs, jobs)
+    project.stage("report")
+    return project
+
+
+def eval_of(project: Project, name: str) -> dict:
+    return json.loads((project.path("reports_dir") / "eval" / f"{name}.json").read_text())
+
+
+def compare(on: Project, off: Project, model: str, seeds: list[int]) -> dict:
+    """The model with history against itself without: seed means and the paired bootstrap of their difference
+    (positive: history better)."""
+    with_h = [eval_of(on, f"{model}-s{s}") for s in seeds]
+    without = [eval_of(off, f"{model}-s{s}") for s in seeds]
+    out = {}
+    for metric, higher in METRICS:
+        a, b = (sum(e["test"][metric] for e in runs) / len(runs) for runs in (with_h, without))
+        paired = paired_difference(mean_record([e[OUTFITS_KEY] for e in with_h]),
+                                   mean_record([e[OUTFITS_KEY] for e in without]), metric)
+        sign = 1.0 if higher else -1.0
+        interval = None if paired["interval"] is None else sorted(sign * x for x in paired["interval"])
+        out[metric] = {"with_history": a, "without": b, "improvement": sign * (a - b), "ci": interval,
+                       "beats": None if interval is None else bool(interval[0] > 0)}
+    out["converged"] = [json.loads((on.path("models_dir") / f"{model}-s{s}" / "metrics.json").read_text()).get("converged")
+                        for s in seeds]
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a params override")
+    parser.add_argument("--params", type=Path, default=REPO / "params.yaml")
+    parser.add_argument("--variants", nargs="+", default=["concat", "new_position", "global_state",
+                                                          "global_state_update", "bag_of_items_context"])
+    parser.add_argument("--compare", nargs="+", default=["global_state"], help="models also trained without history")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--jobs", type=int, default=2, help="trainings at a time")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per training")
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+
+    base = yaml.safe_load(args.params.read_text())
+    for assignment in args.set:
+        override(base, assignment)
+    base["train"]["num_threads"] = args.threads
+    base["features"]["split"] = "time"
+    on_params = json.loads(json.dumps(base))
+    on_params["features"]["history"]["enabled"] = True
+    on_params["train"]["variants"], on_params["train"]["seeds"] = args.variants, args.seeds
+    off_params = json.loads(json.dumps(base))
+    off_params["features"]["history"]["enabled"] = False
+    off_params["train"]["variants"], off_params["train"]["seeds"] = args.compare, args.seeds
+
+    on = run_project(args.workdir / "history", on_params, [(v, s) for v in args.variants for s in args.seeds],
+                     args.jobs, args.threads)
+    off = run_project(args.workdir / "no_history", off_params, [(v, s) for v in args.compare for s in args.seeds],
+                      args.jobs, args.threads)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in ("table1.md", "metrics.json"):
+        shutil.copyfile(on.path("reports_dir") / name, args.out / name)
+    comparison = {model: compare(on, off, model, args.seeds) for model in args.compare}
+    references = {name: eval_of(on, name)["test"]["cross_entropy"] for name in
+                  ("popularity", "popularity_history", "optimum_history", "optimum_context", "optimum_no_context")
+                  if (on.path("reports_dir") / "eval" / f"{name}.json").exists()
+                  and eval_of(on, name).get("known") is not False}
+    result = {"set": args.set, "seeds": args.seeds, "compared": comparison, "references_cross_entropy": references,
+              "seconds": {"history": on.timings, "no_history": off.timings}}
+    (args.out / "comparison.json").write_text(json.dumps(result, indent=2))
+    lines = [f"# With and without history ({', '.join(args.set) or 'params.yaml'}; time split; seeds {args.seeds})", "",
+             "| Model | CE with history | CE without | better by [95% paired CI] | recall@5 % with | without | "
+             "better by, pts [95% CI] | converged (with) |", "|---|---|---|---|---|---|---|---|"]
+    for model, c in comparison.items():
+        ce, r5 = c["cross_entropy"], c["recall@5"]
+        ci = lambda x, k: "–" if x["ci"] is None else f"{x['improvement'] * k:+.3f} [{x['ci'][0] * k:+.3f}, {x['ci'][1] * k:+.3f}]"  # noqa: E731
+        lines.append(f"| {LABELS.get(model, model)} | {ce['with_history']:.3f} | {ce['without']:.3f} | {ci(ce, 1)} | "
+                     f"{100 * r5['with_history']:.2f} | {100 * r5['without']:.2f} | {ci(r5, 100)} | "
+                     f"{sum(x is not None for x in c['converged'])}/{len(c['converged'])} |")
+    lines += ["", "Yardsticks (test CE, the same cases): " + ", ".join(
+        f"{LABELS.get(k, k).lower()} {v:.3f}" for k, v in references.items())]
+    (args.out / "comparison.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

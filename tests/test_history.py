@@ -1,0 +1,149 @@
+"""The customer's history (history.py), the time split and the history feature through the features stage,
+the model and the outfit encoder."""
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from contextual_bert.config import HistoryConfig, ModelConfig
+from contextual_bert.contract import DATE_COLUMN, PAPER_SCHEMA
+from contextual_bert.errors import DataError
+from contextual_bert.feature_spec import HISTORY_COLUMN, HISTORY_FEATURE, PAD_INDEX
+from contextual_bert.feature_store import OUTFITS_FILE, ArticleVocab, OutfitEncoder, ContextIndexer, load_spec, \
+    load_split
+from contextual_bert.features import assign_time_splits, build_features
+from contextual_bert.history import earlier_outfits, history_items
+from contextual_bert.model import build_model
+from feature_data import paper_cfg, paper_tables, write_validated
+
+MAX_ITEMS = 12
+
+
+def dated_tables(seed=0):
+    """paper_tables with a date per outfit: few dates, so that many outfits share one."""
+    articles, customers, outfits = paper_tables(seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    outfits[DATE_COLUMN] = pd.Timestamp("2024-01-01") + pd.to_timedelta(rng.integers(0, 60, len(outfits)), "D")
+    return articles, customers, outfits
+
+
+@pytest.fixture(scope="module")
+def dated(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dated")
+    tables = dated_tables()
+    validated = write_validated(root / "validated", PAPER_SCHEMA, *tables)
+    cfg = paper_cfg(min_article_count=2, split="time", history=HistoryConfig(enabled=True, max_items=MAX_ITEMS))
+    build_features(validated, root / "features", cfg, max_set_size=8)
+    return root / "features", tables
+
+
+def test_history_is_the_same_customers_strictly_earlier_outfits_only():
+    customers = ["a", "a", "a", "b", None, "a"]
+    dates = ["2024-01-03", "2024-01-01", "2024-01-03", "2024-01-02", "2024-01-01", "2024-01-02"]
+    rows = earlier_outfits(customers, dates)
+    assert [r.tolist() for r in rows] == [[5, 1], [], [5, 1], [], [], [1]]  # never itself, a later or same-day one
+    eligible = [True, True, True, True, True, False]
+    assert [r.tolist() for r in earlier_outfits(customers, dates, eligible)] == [[1], [], [1], [], [], [1]]
+    items = [["x", "y"], ["y", "z"], ["q"], ["r"], ["s"], ["y", "w"]]
+    assert history_items(rows, items, 3) == [["y", "w", "z"], [], ["y", "w", "z"], [], [], ["y", "z"]]
+
+
+def test_a_dated_outfits_history_holds_no_article_of_its_own_or_a_later_or_same_date_outfit(dated):
+    features, (_, _, outfits) = dated
+    stored = pq.read_table(features / OUTFITS_FILE).to_pandas()
+    vocab = pq.read_table(features / "article_vocab.parquet").column("article_id").to_pylist()
+    assert (stored["outfit_id"].to_numpy() == outfits["outfit_id"].to_numpy()).all()
+    day = outfits[DATE_COLUMN].to_numpy()
+    with_history = 0
+    for row in range(len(outfits)):
+        history = {vocab[i] for i in stored[HISTORY_FEATURE].iloc[row]} - {"[UNK]"}  # a0199: below min count
+        same_customer = (outfits["customer_id"] == outfits["customer_id"].iloc[row]).to_numpy()
+        allowed = set().union(*outfits["article_ids"][same_customer & (day < day[row])].map(set)) or set()
+        assert history <= allowed, row
+        assert len(history) <= MAX_ITEMS
+        with_history += bool(history)
+    assert with_history > len(outfits) // 2
+
+
+def test_the_time_split_leaves_no_training_outfit_after_the_cut(dated):
+    features, (_, _, outfits) = dated
+    split = pq.read_table(features / OUTFITS_FILE).column("split").to_numpy(zero_copy_only=False)
+    day = outfits[DATE_COLUMN].to_numpy()
+    assert day[split == "train"].max() < day[split == "val"].min() <= day[split == "val"].max() < day[split == "test"].min()
+    cfg = paper_cfg()
+    for name, share in (("val", cfg.val_fraction), ("test", cfg.test_fraction)):
+        assert 0.5 * share < (split == name).mean() < 2 * share, name  # whole days: about the share
+    assert (assign_time_splits(day[::-1], 0.08, 0.08) == assign_time_splits(day, 0.08, 0.08)[::-1]).all()
+
+
+def test_history_or_the_time_split_without_dates_is_a_one_line_error(tmp_path):
+    validated = write_validated(tmp_path / "validated", PAPER_SCHEMA, *paper_tables())
+    for cfg, what in ((paper_cfg(split="time"), "features.split: time"),
+                      (paper_cfg(history=HistoryConfig(enabled=True)), "features.history")):
+        with pytest.raises(DataError, match=f"{what} needs the outfits' dates") as err:
+            build_features(validated, tmp_path / "features", cfg, max_set_size=8)
+        assert "\n" not in str(err.value)
+
+
+def test_history_off_writes_exactly_the_features_of_before(tmp_path):
+    """The date column and the new settings at their defaults leave every file of data/features as it was."""
+    articles, customers, outfits = dated_tables()
+    plain = write_validated(tmp_path / "plain", PAPER_SCHEMA, articles, customers, outfits.drop(columns=DATE_COLUMN))
+    dated_dir = write_validated(tmp_path / "dated", PAPER_SCHEMA, articles, customers, outfits)
+    build_features(plain, tmp_path / "f1", paper_cfg(), max_set_size=8)
+    build_features(dated_dir, tmp_path / "f2", paper_cfg(), max_set_size=8)
+    for path in sorted((tmp_path / "f1").iterdir()):
+        if path.name == "manifest.json":  # its input hashes differ (the outfits table has a date column)
+            a, b = (pd.read_json(p, typ="series").drop("inputs") for p in (path, tmp_path / "f2" / path.name))
+            assert a.to_json() == b.to_json()
+        else:
+            assert path.read_bytes() == (tmp_path / "f2" / path.name).read_bytes(), path.name
+
+
+def _model_and_split(features, variant):
+    spec = load_spec(features)
+    vocab_rows = pq.read_metadata(features / "article_vocab.parquet").num_rows
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32), variant, vocab_rows, spec).eval()
+    return model, load_split(features, "test", 8)
+
+
+@pytest.mark.parametrize("variant", ["global_state", "bag_of_items_context"])
+def test_mean_pooling_is_blind_to_the_order_of_the_history_and_the_history_changes_the_prediction(dated, variant):
+    features, _ = dated
+    model, test = _model_and_split(features, variant)
+    items = test.items.clone()
+    last = (items != PAD_INDEX).sum(dim=1) - 1
+    items[torch.arange(len(items)), last] = 1  # [MASK] the last item
+    history = test.context[HISTORY_FEATURE]
+    has = (history != PAD_INDEX).sum(dim=1) > 1
+    assert has.sum() > 10
+    with torch.no_grad():
+        logits = model.masked_logits(items, test.context)
+        reversed_history = torch.stack([torch.cat([h[h != PAD_INDEX].flip(0), h[h == PAD_INDEX]]) for h in history])
+        shuffled = model.masked_logits(items, {**test.context, HISTORY_FEATURE: reversed_history})
+        none = model.masked_logits(items, {**test.context, HISTORY_FEATURE: torch.zeros_like(history)})
+    torch.testing.assert_close(shuffled, logits, rtol=1e-5, atol=1e-5)
+    assert (none[has, 3:] - logits[has, 3:]).abs().amax(dim=1).min() > 1e-4  # (specials: -inf)
+
+
+def test_a_request_with_history_is_encoded_and_one_without_reports_it_missing(dated):
+    features, (_, _, outfits) = dated
+    encoder = OutfitEncoder.load(features, 8)
+    known = [a for a in outfits["article_ids"].iloc[0]]
+    rows = pd.DataFrame({"article_ids": [known[:3], known[:3], known[:3]],
+                         HISTORY_COLUMN: [known[3:] + ["nope"], None, []]})
+    encoded = encoder.encode(rows, with_mask=True)
+    history = encoded.outfits.context[HISTORY_FEATURE]
+    assert history.shape == (3, MAX_ITEMS)
+    assert (history[0] != PAD_INDEX).sum() == len(known) - 3 + 1
+    assert (history[1:] == PAD_INDEX).all()
+    assert encoded.unknown_article_ids[0] == ["nope"]
+    assert [HISTORY_FEATURE in m for m in encoded.missing_features] == [False, True, True]
+    model, _ = _model_and_split(features, "global_state")
+    with torch.no_grad():
+        logits = model.masked_logits(encoded.outfits.items, encoded.outfits.context)
+    assert not torch.allclose(logits[0], logits[1])
+    torch.testing.assert_close(logits[1], logits[2])
