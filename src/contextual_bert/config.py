@@ -149,6 +149,9 @@ class ImportSetsConfig(Section):
     item_column: str = "item_id"
     customer_column: str | None = None  # the customer of each outfit, when the pairs name one
     customers: Path | None = None  # a customers table (.csv / .parquet / .jsonl) keyed by customer_column
+    # the date of each outfit (a column of the pairs, a key of a Polyvore set): a date, or an integer sequence
+    # number k read as 1970-01-01 + k days; without it the outfits have no date (and no history)
+    date_column: str | None = None
     context: dict[str, ContextKindName] = {}  # its context columns and their kinds
     # A products table (.csv/.tsv/.parquet/.jsonl, or .json: Polyvore's item metadata keyed by item id): its
     # columns become article columns (import_sets.article_name); features.article_attributes.sets says which
