@@ -89,6 +89,9 @@ class IngestConfig(Section):
 class GenerateConfig(Section):
     size: str = "default"
     seed: int = 0
+    # how strongly a customer's hidden favourite brand and colour (in no table) weigh: x(1 + 2s), x(1 + s);
+    # 0: none, the article draws as without them (generator.py's docstring)
+    customer_taste_strength: float = Field(1.0, ge=0)
     sizes: dict[str, GeneratorSize] = {
         "tiny": GeneratorSize(n_outfits=2_000, n_articles=400, n_customers=300),
         "default": GeneratorSize(n_outfits=8_000, n_articles=800, n_customers=2_000),
