@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from contextual_bert.config import GeneratorSize
-from contextual_bert.contract import PAPER_SCHEMA, TABLES, DataSchema
-from contextual_bert.generator import OCCASION_RULES, PRODUCT_TYPES, generate
+from contextual_bert.contract import DATE_COLUMN, DATE_TYPE, PAPER_SCHEMA, TABLES, DataSchema
+from contextual_bert.generator import COLORS, DATE_SPAN_DAYS, DATE_START, OCCASION_RULES, PRODUCT_TYPES, generate
 
 SMALL = GeneratorSize(n_outfits=3000, n_articles=1500, n_customers=400)
 
@@ -147,3 +147,73 @@ def test_generated_outfits_never_exceed_model_max_set_size(tmp_path):
 
     with pytest.raises(ContextualBertError, match="max_set_size 3"):
         generate(size, seed=0, out_dir=tmp_path / "three", max_set_size=3)
+
+
+# --- dates and the customers' hidden tastes (issue 40) ----------------------------------------------------
+
+
+def test_every_outfit_has_a_date_over_about_two_years(data):
+    out, _, tables = data
+    assert pq.read_schema(out / "outfits.parquet").field(DATE_COLUMN).type == DATE_TYPE
+    days = pd.to_datetime(tables["outfits"][DATE_COLUMN])
+    assert days.notna().all()
+    assert (DATE_START <= days.min().to_datetime64()) and (days.max() - days.min()).days >= 0.95 * DATE_SPAN_DAYS
+    assert (days.max() - days.min()).days < DATE_SPAN_DAYS
+
+
+def _hidden(seed: int, size: GeneratorSize, strength: float) -> dict:
+    """The hidden tastes generate() draws (from their own stream), recomputed."""
+    from contextual_bert.generator import TASTE_STREAM, _hidden_tastes, _make_articles, _make_customers
+
+    rng = np.random.default_rng(seed)
+    art = _make_articles(rng, size.n_articles)
+    cus = _make_customers(rng, size.n_customers, art)
+    return _hidden_tastes(np.random.default_rng([seed, TASTE_STREAM]), cus["n"], art, strength)
+
+
+def test_customer_taste_strength_0_draws_the_articles_as_without_hidden_tastes(tmp_path, monkeypatch):
+    """Strength 0 consults no taste at all: the tables are those of a run where the hidden tastes cannot be
+    drawn; strength > 0 moves only the article draws (the same customers, occasions, sizes and dates)."""
+    import contextual_bert.generator as generator
+
+    generate(SMALL, seed=7, out_dir=tmp_path / "zero", customer_taste_strength=0.0)
+    generate(SMALL, seed=7, out_dir=tmp_path / "one", customer_taste_strength=1.0)
+
+    def no_tastes(rng, n, art, strength):
+        assert strength == 0
+        return dict(hidden_brand=None, hidden_color=None)
+
+    monkeypatch.setattr(generator, "_hidden_tastes", no_tastes)
+    generate(SMALL, seed=7, out_dir=tmp_path / "without", customer_taste_strength=0.0)
+    for name in TABLES:
+        zero, without = (pq.read_table(tmp_path / d / f"{name}.parquet") for d in ("zero", "without"))
+        assert zero.equals(without), name
+    zero, one = (pd.read_parquet(tmp_path / d / "outfits.parquet") for d in ("zero", "one"))
+    for name in ("articles", "customers"):
+        assert pq.read_table(tmp_path / "zero" / f"{name}.parquet").equals(
+            pq.read_table(tmp_path / "one" / f"{name}.parquet"))
+    same = ["outfit_id", "customer_id", "occasion", DATE_COLUMN]
+    assert zero[same].equals(one[same])
+    assert (zero["article_ids"].map(len) == one["article_ids"].map(len)).all()
+    assert (zero["article_ids"].map(list) != one["article_ids"].map(list)).mean() > 0.3
+
+
+def test_the_hidden_favourite_brand_and_colour_show_in_the_outfits(tmp_path):
+    """At strength 1, items of a customer's hidden brand / colour are over-represented against strength 0's
+    draws (the same customers), and the hidden tastes are independent of the declared ones."""
+    size = GeneratorSize(n_outfits=6000, n_articles=800, n_customers=300)
+    hidden = _hidden(7, size, 1.0)
+    customer_row = {f"C{i:07d}": i for i in range(size.n_customers)}
+    shares = {}
+    for strength in (0.0, 1.0):
+        out = tmp_path / str(strength)
+        generate(size, seed=7, out_dir=out, customer_taste_strength=strength)
+        tables = {name: pd.read_parquet(out / f"{name}.parquet") for name in TABLES}
+        items = _items(tables)
+        c = items["customer_id"].map(customer_row).to_numpy()
+        brand_number = items["brand"].str.removeprefix("brand_").astype(int).to_numpy()
+        color_number = items["color"].map({name: i for i, name in enumerate(COLORS)}).to_numpy()
+        shares[strength] = ((brand_number == hidden["hidden_brand"][c]).mean(),
+                            (color_number == hidden["hidden_color"][c]).mean())
+    assert shares[1.0][0] > 1.5 * shares[0.0][0]  # x3 on the hidden brand
+    assert shares[1.0][1] > 1.3 * shares[0.0][1]  # x2 on the hidden colour

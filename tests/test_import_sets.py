@@ -16,7 +16,7 @@ import yaml
 
 from contextual_bert.cli import main
 from contextual_bert.config import FeaturesConfig, ImportSetsConfig, ValidateConfig
-from contextual_bert.contract import IMPORT_QUARANTINE, DataSchema
+from contextual_bert.contract import DATE_COLUMN, DATE_TYPE, IMPORT_QUARANTINE, DataSchema
 from contextual_bert.errors import DataError
 from contextual_bert.feature_store import load_split
 from contextual_bert.features import build_features
@@ -361,3 +361,57 @@ def test_import_sets_command_reads_a_two_column_csv(tmp_path, capsys):
     assert main(["--params", str(params), "import-sets", "--source", str(tmp_path / "bad.csv")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "bad.csv, column 'outfit_id': required column missing" in err[0]
+
+
+# --- dates (import_sets.date_column) --------------------------------------------------------------------
+
+
+def _dated_pairs(path: Path, dates: dict[str, list]) -> Path:
+    """Pairs of outfits o<k> (5 items each), the date column as given per outfit (one value per row)."""
+    rows = [(outfit, f"i{k}_{i}", day) for k, (outfit, days) in enumerate(dates.items()) for i, day in enumerate(days)]
+    pd.DataFrame(rows, columns=["outfit_id", "item_id", "when"]).to_csv(path, index=False)
+    return path
+
+
+def test_a_date_column_dates_the_outfits_and_bad_dates_go_to_the_quarantine(tmp_path):
+    dates = {"o0": ["2020-03-01"] * 5, "o1": ["2020-03-02", None, None, "2020-03-02", "2020-03-02"],
+             "o2": ["2020-03-01", "2020-03-02", "2020-03-01", "2020-03-01", "2020-03-01"],  # disagree
+             "o3": ["2020-03-01", "soon", "2020-03-01", "2020-03-01", "2020-03-01"],  # unreadable
+             "o4": [None] * 5}  # none
+    source = _dated_pairs(tmp_path / "pairs.csv", dates)
+    report = import_sets(source, tmp_path / "raw", ImportSetsConfig(date_column="when"))
+    outfits = pq.read_table(tmp_path / "raw" / "outfits.parquet")
+    assert outfits.schema.field(DATE_COLUMN).type == DATE_TYPE
+    got = dict(zip(outfits.column("outfit_id").to_pylist(), map(str, outfits.column(DATE_COLUMN).to_pylist())))
+    assert got == {"o0": "2020-03-01", "o1": "2020-03-02"}  # a row without a date takes its outfit's
+    assert report["sets_dropped"]["date"] == 3 and report["sets"] == report["sets_kept"] + 3
+    quarantine = pd.read_parquet(tmp_path / "raw" / IMPORT_QUARANTINE)
+    assert len(quarantine) == 15 == report["quarantined"]["rows"]  # every pair of the three outfits
+    assert set(quarantine["column"]) == {"when"}
+    reasons = quarantine.assign(outfit=quarantine["text"].str.split(",").str[0]).groupby("outfit")["reason"]
+    assert set(reasons.get_group("o2")) == {"the outfit's rows disagree on the date"}
+    assert sorted(set(reasons.get_group("o3"))) == ["another row of its outfit has no readable date",
+                                                    "not a date (a date (YYYY-MM-DD) or an integer sequence number)"]
+    assert set(reasons.get_group("o4")) == {"the outfit has no date"}
+    # the quarantined line is the row's line in the CSV (header: line 1)
+    assert quarantine.loc[quarantine["reason"].str.startswith("not a date"), "line"].tolist() == [2 + 3 * 5 + 1]
+
+
+def test_an_integer_date_is_a_sequence_number_from_1970_01_01(tmp_path):
+    source = _dated_pairs(tmp_path / "pairs.csv", {"a": [3] * 5, "b": [0] * 5, "c": [400] * 5})
+    import_sets(source, tmp_path / "raw", ImportSetsConfig(date_column="when"))
+    outfits = pq.read_table(tmp_path / "raw" / "outfits.parquet")
+    got = dict(zip(outfits.column("outfit_id").to_pylist(), map(str, outfits.column(DATE_COLUMN).to_pylist())))
+    assert got == {"a": "1970-01-04", "b": "1970-01-01", "c": "1971-02-05"}
+    # the same from Parquet, where the column is integers
+    pd.read_csv(source).to_parquet(tmp_path / "pairs.parquet")
+    import_sets(tmp_path / "pairs.parquet", tmp_path / "raw2", ImportSetsConfig(date_column="when"))
+    assert pq.read_table(tmp_path / "raw2" / "outfits.parquet").column(DATE_COLUMN).equals(
+        outfits.column(DATE_COLUMN))
+
+
+def test_without_date_column_the_outfits_carry_no_date(tmp_path):
+    source = _dated_pairs(tmp_path / "pairs.csv", {"a": [3] * 5})
+    report = import_sets(source, tmp_path / "raw", ImportSetsConfig())
+    assert DATE_COLUMN not in pq.read_table(tmp_path / "raw" / "outfits.parquet").column_names
+    assert "date" not in report["sets_dropped"]

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from contextual_bert.config import ImportHMConfig
-from contextual_bert.contract import HM_SCHEMA, IMPORT_QUARANTINE, DataSchema
+from contextual_bert.contract import DATE_COLUMN, DATE_TYPE, HM_SCHEMA, IMPORT_QUARANTINE, DataSchema
 from contextual_bert.errors import DataError
 from contextual_bert.importers import ARTICLES, CUSTOMERS, TRANSACTIONS, _article_id_sql, import_hm
 from helpers import hm_fixture
@@ -75,6 +75,22 @@ def test_basket_definitions(tmp_path):
     assert counts == {"day": 5, "week": 5, "session_gap_1d": 5}
     assert all(r["outfits_by_basket_definition"] == counts for r, _ in by.values())
     assert by["session"][0]["basket"] == {"by": "session", "session_gap_days": 1}
+
+
+def test_an_outfit_is_dated_by_its_basket_s_first_day(tmp_path):
+    """The date column (date32): the day of a day basket, the Monday of a week basket, the first purchase day
+    of a session (c001 bought on the 20th and the 21st: the week of the 17th, the session of the 20th)."""
+    expected = {"day": ("c001_2018-09-20", "2018-09-20"), "week": ("c001_w2018-09-17", "2018-09-17"),
+                "session": ("c001_s2018-09-20", "2018-09-20")}
+    source = hm_fixture(tmp_path / "hm")
+    for basket, (outfit_id, day) in expected.items():
+        import_hm(source, tmp_path / basket, ImportHMConfig(basket=basket))
+        table = pq.read_table(tmp_path / basket / "outfits.parquet")
+        assert table.schema.field(DATE_COLUMN).type == DATE_TYPE
+        dates = dict(zip(table.column("outfit_id").to_pylist(), table.column(DATE_COLUMN).to_pylist()))
+        assert str(dates[outfit_id]) == day, basket
+        # every outfit's date is the day its id names
+        assert all(i.endswith(str(d)) for i, d in dates.items())
 
 
 def test_articles_without_optional_columns(tmp_path):

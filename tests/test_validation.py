@@ -17,7 +17,7 @@ import yaml
 
 from contextual_bert.cli import main
 from contextual_bert.config import GeneratorSize, ImportHMConfig, ValidateConfig
-from contextual_bert.contract import TABLES
+from contextual_bert.contract import DATE_COLUMN, DATE_TYPE, TABLES
 from contextual_bert.errors import ContextualBertError, DataError
 from contextual_bert.generator import generate
 from contextual_bert.importers import import_hm
@@ -438,3 +438,42 @@ def test_the_outfit_size_limits_are_ingest_min_set_size_and_model_max_set_size(c
         summary = validate(root / "raw", root / "validated", root / "quarantine", root / "reports", LENIENT,
                            **{setting: value})
         assert summary["tables"]["outfits"]["quarantined"] == quarantined, (setting, value)
+
+
+# --- the outfits' optional date ---------------------------------------------------------------------------
+
+
+def test_a_null_or_unparseable_date_quarantines_the_outfit_with_its_reason(clean_raw, tmp_path):
+    """The date column as text (a CSV's or an export's): ISO dates parse to date32, a null one and one that is
+    no date are quarantined, each with its own expectation; counts add up."""
+    tables = _tables(clean_raw)
+    o = tables["outfits"]
+    o[DATE_COLUMN] = [f"2021-03-{1 + i % 28:02d}" for i in range(len(o))]
+    o.loc[0, [DATE_COLUMN, TAG]] = ["not a date", "unparseable"]
+    o.loc[1, [DATE_COLUMN, TAG]] = [None, "null"]
+    o.loc[2, [DATE_COLUMN, TAG]] = ["2021-02-30", "unparseable"]  # no such day
+    _write(tmp_path, clean_raw, tables)
+    summary = _run(tmp_path)
+    counts = summary["tables"]["outfits"]
+    assert counts["rows_in"] == len(o) == counts["valid"] + counts["quarantined"]
+    assert counts["quarantined"] == 3
+    quarantined = _read(tmp_path, "quarantine", "outfits").set_index(TAG)
+    parsed, not_null = f"expect_column_values_to_be_in_set({DATE_COLUMN}__parsed)", \
+        f"expect_column_values_to_not_be_null({DATE_COLUMN})"
+    for failed in quarantined.loc[["unparseable"], FAILED_COLUMN]:
+        assert parsed in list(failed)
+    assert list(quarantined.loc[["null"], FAILED_COLUMN].iloc[0]) == [not_null]
+    assert quarantined.loc["unparseable", DATE_COLUMN].tolist() == ["not a date", "2021-02-30"]  # as read
+    valid = pq.read_table(tmp_path / "validated" / "outfits.parquet")
+    assert valid.schema.field(DATE_COLUMN).type == DATE_TYPE
+    assert valid.column(DATE_COLUMN).null_count == 0
+    assert str(valid.column(DATE_COLUMN)[0]) == "2021-03-04"  # row 3's
+
+
+def test_without_a_date_column_the_outfits_have_none(clean_raw, tmp_path):
+    tables = _tables(clean_raw)
+    tables["outfits"] = tables["outfits"].drop(columns=[DATE_COLUMN], errors="ignore")
+    _write(tmp_path, clean_raw, tables)
+    summary = _run(tmp_path, ValidateConfig())
+    assert summary["tables"]["outfits"]["quarantined"] == 0
+    assert DATE_COLUMN not in pq.read_table(tmp_path / "validated" / "outfits.parquet").column_names

@@ -89,6 +89,9 @@ class IngestConfig(Section):
 class GenerateConfig(Section):
     size: str = "default"
     seed: int = 0
+    # how strongly a customer's hidden favourite brand and colour (in no table) weigh: x(1 + 2s), x(1 + s);
+    # 0: none, the article draws as without them (generator.py's docstring)
+    customer_taste_strength: float = Field(1.0, ge=0)
     sizes: dict[str, GeneratorSize] = {
         "tiny": GeneratorSize(n_outfits=2_000, n_articles=400, n_customers=300),
         "default": GeneratorSize(n_outfits=8_000, n_articles=800, n_customers=2_000),
@@ -149,6 +152,9 @@ class ImportSetsConfig(Section):
     item_column: str = "item_id"
     customer_column: str | None = None  # the customer of each outfit, when the pairs name one
     customers: Path | None = None  # a customers table (.csv / .parquet / .jsonl) keyed by customer_column
+    # the date of each outfit (a column of the pairs, a key of a Polyvore set): a date, or an integer sequence
+    # number k read as 1970-01-01 + k days; without it the outfits have no date (and no history)
+    date_column: str | None = None
     context: dict[str, ContextKindName] = {}  # its context columns and their kinds
     # A products table (.csv/.tsv/.parquet/.jsonl, or .json: Polyvore's item metadata keyed by item id): its
     # columns become article columns (import_sets.article_name); features.article_attributes.sets says which

@@ -5,6 +5,10 @@ articles:  article_id (string), product_type, brand, color, style (strings), pri
 customers: customer_id (string) + the customer's context columns. May have no rows (curated sets).
 outfits:   outfit_id (string), customer_id (string, null when the outfit has no customer), article_ids (list
            of 4-8 distinct article_id strings) + per-outfit context columns (e.g. occasion).
+           Optional: `date` (DATE_COLUMN; logical type date, Arrow date32 in Parquet, ISO text in a CSV), the day
+           the outfit was worn or bought. It orders a customer's outfits in time (history.py: an outfit's
+           history is its customer's strictly earlier outfits). Where the column is present every outfit needs
+           a date (a null or unparseable one quarantines the outfit); without it nothing reads a time.
            An outfit may name a customer or articles that have no row: their context or attributes are then
            missing, the outfit is kept (only the article ids are needed to train).
 
@@ -56,7 +60,10 @@ REQUIRED_COLUMNS: dict[str, dict[str, str]] = {
     "outfits": {"outfit_id": "string", "customer_id": "string", "article_ids": "list[string]"},
 }
 ID_COLUMN = {"articles": "article_id", "customers": "customer_id", "outfits": "outfit_id"}
-DATE_COLUMN = "date"  # outfits: the optional date of each outfit (history and the time split need it)
+# Columns a table may have or not; where present, of this logical type ("date": a day, Arrow date32).
+DATE_COLUMN = "date"
+DATE_TYPE = pa.date32()
+OPTIONAL_COLUMNS: dict[str, dict[str, str]] = {"articles": {}, "customers": {}, "outfits": {DATE_COLUMN: "date"}}
 # Outfit sizes are settings, not part of the contract: the smallest is `ingest.min_set_size`, the largest
 # `model.max_set_size` (params.yaml), each read by the generators, the importers and validation.
 
@@ -223,6 +230,25 @@ def read_table_file(path: Path, required: tuple[str, ...] = ()) -> pd.DataFrame:
         first = unread.iloc[0]
         raise DataError(f"line {first['line']}: {first['reason']}", path=path, column=first["column"])
     return frame.drop(columns=SOURCE_LINE)
+
+
+def parse_dates(values) -> tuple[pa.Array, np.ndarray, np.ndarray]:
+    """Dates as the contract stores them: (date32 array, present, parsed) per value. Text is read as an ISO date
+    (2020-09-21, or an ISO date and time: its day); datetime-like values keep their day. A missing value is
+    null (present False); a present one that is no date is null too, with parsed False, so the caller can
+    quarantine it with its reason."""
+    series = pd.Series(values, dtype=object).reset_index(drop=True)
+    present = series.notna().to_numpy() & (series.astype(str).str.strip() != "").to_numpy()
+    text = series.where(present, None)
+    try:
+        parsed_values = pd.to_datetime(text, errors="coerce", format="ISO8601")
+    except (ValueError, TypeError, OverflowError):  # a mix pandas cannot take at once: value by value
+        parsed_values = pd.Series([pd.to_datetime(v, errors="coerce", format="ISO8601") for v in text])
+    if getattr(parsed_values.dt, "tz", None) is not None:
+        parsed_values = parsed_values.dt.tz_localize(None)
+    ok = parsed_values.notna().to_numpy()
+    days = parsed_values.dt.normalize().to_numpy("datetime64[D]")
+    return pa.array(days, DATE_TYPE, mask=~ok), present, ok | ~present
 
 
 def write_import_quarantine(rows: pd.DataFrame, out_dir: Path) -> int:

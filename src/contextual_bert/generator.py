@@ -32,6 +32,20 @@ each slot is then drawn from that type's articles with weight
 So the articles alone are informative (they share the anchor style, colour palettes and gender), and the
 context tells more: the preferred brands and colours, the budget, the fit and the occasion shift every choice,
 and no-go types never appear. No choice is deterministic: every weight above leaves room for the others.
+
+Tastes the customers table does not hold. A stylist's customer has a favourite brand and colour that no form
+asked for: each customer gets a hidden favourite brand and a hidden favourite colour, uniform over the
+catalogue's, drawn independently of the declared preferences and written to no table. They multiply an
+article's weight by 1 + 2s (its brand) and 1 + s (its colour), s = generate.customer_taste_strength
+(default 1: x3 and x2, as strong as a declared colour, weaker than a declared brand). What a customer's
+earlier outfits show beyond the context is then real: the history feature (history.py) has something to
+find. s = 0 leaves them out and the article draws are exactly those without them.
+
+Dates. Each outfit has a date (contract.DATE_COLUMN), uniform over DATE_SPAN_DAYS days from DATE_START, so a
+customer's outfits are ordered in time.
+
+The hidden tastes and the dates come from generators of their own (default_rng([seed, TASTE_STREAM]) and
+[seed, DATE_STREAM]), so no draw of the story above moves with them.
 """
 
 from __future__ import annotations
@@ -44,11 +58,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from contextual_bert.config import GeneratorSize, IngestConfig, ModelConfig
+from contextual_bert.config import GenerateConfig, GeneratorSize, IngestConfig, ModelConfig
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.contract import (
     BOTTOM_SIZES,
     COUNTRIES,
+    DATE_COLUMN,
+    DATE_TYPE,
     GENDERS,
     OCCASIONS,
     PAPER_SCHEMA,
@@ -182,6 +198,11 @@ PREFERRED_BRAND_BOOST, PREFERRED_COLOR_BOOST = 4.0, 3.0
 OUT_OF_PRICE_RANGE, ANCHOR_FROM_CUSTOMER = 0.15, 0.8
 FIT_REGULAR_ARTICLE, FIT_MISMATCH = 0.5, 0.1
 _MAX_SAMPLING_CELLS = 4_000_000  # rows x candidates per chunk of the weighted draw
+# Hidden tastes (module docstring): the factors at customer_taste_strength s are 1 + s * these.
+HIDDEN_BRAND_GAIN, HIDDEN_COLOR_GAIN = 2.0, 1.0
+# Streams of their own beside the story's default_rng(seed): default_rng([seed, stream]).
+DATE_STREAM, TASTE_STREAM = 1, 2
+DATE_START, DATE_SPAN_DAYS = np.datetime64("2022-01-01", "D"), 730  # outfits' dates: about two years
 
 
 def _gumbel_top_k(rng: np.random.Generator, log_weights: np.ndarray, k: int) -> np.ndarray:
@@ -372,6 +393,23 @@ def _cut_for(customer_gender: np.ndarray) -> np.ndarray:
     return np.where((customer_gender == 0)[:, None], women, np.where((customer_gender == 1)[:, None], men, True))
 
 
+def _hidden_tastes(rng: np.random.Generator, n_customers: int, art: dict, strength: float) -> dict:
+    """Per customer a hidden favourite brand and colour (module docstring) and their weight factors; none at
+    strength 0."""
+    if strength == 0:
+        return dict(hidden_brand=None, hidden_color=None)
+    colors = np.unique(art["color"])  # colours the catalogue has
+    return dict(hidden_brand=rng.integers(0, art["n_brands"], n_customers),
+                hidden_color=colors[rng.integers(0, len(colors), n_customers)],
+                hidden_brand_factor=np.float32(1 + strength * HIDDEN_BRAND_GAIN),
+                hidden_color_factor=np.float32(1 + strength * HIDDEN_COLOR_GAIN))  # fmt: skip
+
+
+def _dates(rng: np.random.Generator, n_outfits: int) -> np.ndarray:
+    """Each outfit's day, uniform over DATE_SPAN_DAYS days from DATE_START."""
+    return DATE_START + rng.integers(0, DATE_SPAN_DAYS, n_outfits).astype("timedelta64[D]")
+
+
 # --- outfits -----------------------------------------------------------------------------------------
 
 
@@ -483,12 +521,17 @@ def _draw_articles(rng, draw_outfit, draw_type, customer, anchor, art, cus) -> n
             style_w = np.where(cus["styles"][c], OTHER_PREFERRED_STYLE_BOOST, 1.0).astype(np.float32)
             style_w[np.arange(len(rows)), anchor[draw_outfit[rows]]] = ANCHOR_STYLE_BOOST
             color_w = np.where(cus["colors"][c], PREFERRED_COLOR_BOOST, 1.0).astype(np.float32)
+            if cus["hidden_color"] is not None:
+                color_w[np.arange(len(rows)), cus["hidden_color"][c]] *= cus["hidden_color_factor"]
             w = (style_w[:, :, None] * color_w[:, None, :]).reshape(len(rows), -1)[:, style_color]
             w *= pop_fit[cus["fit"][c, slot]]
             outside = (price[None, :] < cus["price_min"][c, None]) | (price[None, :] > cus["price_max"][c, None])
             w *= np.where(outside, np.float32(OUT_OF_PRICE_RANGE), np.float32(1.0))
             r, cols = _preferred_brand_cells(c, brand_start, brand_cols, brand_first, pool_by_brand)
             w[r, cols] *= PREFERRED_BRAND_BOOST
+            if cus["hidden_brand"] is not None:
+                hidden = art["brand"][pool][None, :] == cus["hidden_brand"][c][:, None]
+                w *= np.where(hidden, cus["hidden_brand_factor"], np.float32(1.0))
             cum = np.cumsum(w, axis=1)
             u = rng.random(len(rows)) * cum[:, -1]
             chosen[rows] = pool[np.minimum((cum < u[:, None]).sum(axis=1), len(pool) - 1)]
@@ -560,6 +603,7 @@ def _tables(art: dict, cus: dict, out: dict) -> dict[str, pa.Table]:
                 pa.array(offsets), pa.array(article_id[out["article"]], pa.string())
             ),
             "occasion": pa.array(obj(OCCASIONS)[out["occasion"]], pa.string()),
+            DATE_COLUMN: pa.array(out["date"], DATE_TYPE),
         }
     )
     return {"articles": articles, "customers": customers, "outfits": outfits}
@@ -595,13 +639,16 @@ def planted_signal(art: dict, cus: dict, out: dict) -> dict[str, float]:
 
 
 def generate(size: GeneratorSize, seed: int, out_dir: Path, max_set_size: int = ModelConfig().max_set_size,
-             min_set_size: int = IngestConfig().min_set_size) -> dict:
+             min_set_size: int = IngestConfig().min_set_size,
+             customer_taste_strength: float = GenerateConfig().customer_taste_strength) -> dict:
     """Write articles/customers/outfits.parquet, schema.json and ingest_report.json into out_dir."""
     started = time.perf_counter()
     rng = np.random.default_rng(seed)
     art = _make_articles(rng, size.n_articles)
     cus = _make_customers(rng, size.n_customers, art)
+    cus |= _hidden_tastes(np.random.default_rng([seed, TASTE_STREAM]), cus["n"], art, customer_taste_strength)
     out = _make_outfits(rng, size.n_outfits, art, cus, max_set_size, min_set_size)
+    out["date"] = _dates(np.random.default_rng([seed, DATE_STREAM]), out["n"])
     tables = _tables(art, cus, out)
 
     out_dir = Path(out_dir)
@@ -617,6 +664,7 @@ def generate(size: GeneratorSize, seed: int, out_dir: Path, max_set_size: int = 
         "n_brands": art["n_brands"],
         "items_per_outfit": round(float(len(out["article"]) / out["n"]), 3),
         "planted_signal": planted_signal(art, cus, out),
+        "customer_taste_strength": customer_taste_strength,
     }
     (out_dir / "ingest_report.json").write_text(json.dumps(report, indent=2))
     # the time is returned, not written: data/raw stays byte-identical for the same settings (DVC's hash)
@@ -626,7 +674,8 @@ def generate(size: GeneratorSize, seed: int, out_dir: Path, max_set_size: int = 
 def ingest(cfg, source=None) -> dict:
     """The `synthetic` entry of sources.SOURCES (it reads no files: `source` is unused)."""
     return generate(cfg.generate.chosen, seed=cfg.generate.seed, out_dir=cfg.paths.raw_dir,
-                    max_set_size=cfg.model.max_set_size, min_set_size=cfg.ingest.min_set_size)
+                    max_set_size=cfg.model.max_set_size, min_set_size=cfg.ingest.min_set_size,
+                    customer_taste_strength=cfg.generate.customer_taste_strength)
 
 
 def schema(cfg) -> DataSchema:

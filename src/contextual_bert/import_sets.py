@@ -34,6 +34,13 @@ all the same (the attribute models rank it; counted: products_without_outfit); a
 an id listed twice (after the first), or a line that cannot be read goes to the import quarantine.
 Without a products table, articles get one row per item, their attributes (product_type, brand, color, style,
 price) missing.
+
+Dates are optional (`import_sets.date_column`, a column of the pairs or a key of a Polyvore set): a date (ISO,
+2020-09-21) or an integer sequence number k, read as the day 1970-01-01 + k (only the order matters: an outfit's
+history is its customer's earlier outfits, history.py). An outfit takes the date its rows give (a row without
+one takes its outfit's); an outfit whose rows disagree on the date, with a date that is neither, or with none
+at all is dropped (counted: sets_dropped.date) and every one of its pairs goes to the import quarantine with
+the reason. Without `date_column` the outfits have no date column.
 """
 
 from __future__ import annotations
@@ -50,6 +57,8 @@ import pyarrow.parquet as pq
 
 from contextual_bert.config import ImportSetsConfig, IngestConfig, ModelConfig
 from contextual_bert.contract import (
+    DATE_COLUMN,
+    DATE_TYPE,
     IMPORT_QUARANTINE,
     REQUIRED_COLUMNS,
     ContextColumn,
@@ -58,6 +67,7 @@ from contextual_bert.contract import (
     DELIMITED_SUFFIXES,
     SOURCE_LINE,
     UNREAD_COLUMNS,
+    parse_dates,
     read_rows,
     text_suffix,
     write_import_quarantine,
@@ -66,6 +76,11 @@ from contextual_bert.errors import DataError
 
 POLYVORE_SUFFIX = ".json"
 SOURCE_NAME = "sets"
+SEQUENCE_START = np.datetime64("1970-01-01", "D")  # an integer date k is the day SEQUENCE_START + k
+DATE_FORMS = "a date (YYYY-MM-DD) or an integer sequence number"
+DATE_REASONS = {"unreadable": f"not a date ({DATE_FORMS})",
+                "other_unreadable": "another row of its outfit has no readable date",
+                "disagree": "the outfit's rows disagree on the date", "none": "the outfit has no date"}
 
 
 def sets_schema(cfg: ImportSetsConfig) -> DataSchema:
@@ -86,14 +101,14 @@ def _read_json(path: Path):
         raise DataError(f"not valid JSON (line {exc.lineno}: {exc.msg})", path=path) from None
 
 
-def _polyvore_pairs(path: Path) -> pd.DataFrame:
+def _polyvore_pairs(path: Path, date_key: str | None = None) -> pd.DataFrame:
     sets = _read_json(path)
     if isinstance(sets, dict):  # keyed by set id: {id: {"items": [...]}} or {id: [...]}
         sets = [{**value, "set_id": key} if isinstance(value, dict) else {"set_id": key, "items": value}
                 for key, value in sets.items()]  # fmt: skip
     if not isinstance(sets, list):
         raise DataError("expected the Polyvore Outfits layout: a list of sets with set_id and items", path=path)
-    outfits, items, lines = [], [], []
+    outfits, items, lines, dates = [], [], [], []
     for row, entry in enumerate(sets):
         if not isinstance(entry, dict) or "set_id" not in entry or not isinstance(entry.get("items"), list):
             raise DataError("a set needs 'set_id' and a list 'items'", path=path, row=row)
@@ -106,7 +121,11 @@ def _polyvore_pairs(path: Path) -> pd.DataFrame:
             outfits.append(entry["set_id"])
             items.append(item)
             lines.append(row + 1)
-    return pd.DataFrame({"outfit_id": outfits, "item_id": items, "customer_id": None, "line": lines}, dtype=object)
+            dates.append(entry.get(date_key) if date_key else None)
+    pairs = pd.DataFrame({"outfit_id": outfits, "item_id": items, "customer_id": None, "line": lines}, dtype=object)
+    if date_key:
+        pairs.insert(3, DATE_COLUMN, pd.Series(dates, dtype=object))
+    return pairs
 
 
 def _text(values: pd.Series) -> pd.Series:
@@ -122,10 +141,12 @@ def read_pairs(path: Path, cfg: ImportSetsConfig) -> tuple[pd.DataFrame, str, pd
     if text_suffix(path) == POLYVORE_SUFFIX:
         if not path.is_file():
             raise DataError("file not found", path=path)
-        return _polyvore_pairs(path), "polyvore", pd.DataFrame(columns=UNREAD_COLUMNS)
+        return _polyvore_pairs(path, cfg.date_column), "polyvore", pd.DataFrame(columns=UNREAD_COLUMNS)
     wanted = {"outfit_id": cfg.outfit_column, "item_id": cfg.item_column}
     if cfg.customer_column:
         wanted["customer_id"] = cfg.customer_column
+    if cfg.date_column:
+        wanted[DATE_COLUMN] = cfg.date_column
     frame, unread = read_rows(path, tuple(wanted.values()), also=(POLYVORE_SUFFIX,))
     for column in wanted.values():
         if column not in frame.columns:
@@ -133,9 +154,45 @@ def read_pairs(path: Path, cfg: ImportSetsConfig) -> tuple[pd.DataFrame, str, pd
     pairs = pd.DataFrame({ours: frame[theirs] for ours, theirs in wanted.items()})
     if "customer_id" not in pairs:
         pairs["customer_id"] = None
+    pairs = pairs[["outfit_id", "item_id", "customer_id", *([DATE_COLUMN] if cfg.date_column else [])]]
     pairs["line"] = frame[SOURCE_LINE]
     exploded = None if text_suffix(path) in DELIMITED_SUFFIXES else _item_lists(pairs)  # text cells: no lists
     return (pairs, "pairs", unread) if exploded is None else (exploded, "item_lists", unread)
+
+
+def set_days(values) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(day number since 1970-01-01, present, readable) per value: an integer (or its digits as text) is a
+    sequence number k, the day 1970-01-01 + k; anything else is read as a date (contract.parse_dates)."""
+    values = pd.Series(values, dtype=object).reset_index(drop=True)
+
+    def integer(v):
+        if isinstance(v, (bool, np.bool_)):
+            return None
+        if isinstance(v, (int, np.integer)) or (isinstance(v, (float, np.floating)) and float(v).is_integer()):
+            return int(v)
+        return int(v) if isinstance(v, str) and re.fullmatch(r"\s*-?\d{1,7}\s*", v) else None
+
+    sequence = values.map(integer)
+    is_sequence = sequence.notna().to_numpy()
+    dates, present, ok = parse_dates(values.where(~is_sequence, None))
+    days = pc.fill_null(dates.cast(pa.int32()), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    days = np.where(is_sequence, sequence.fillna(0).to_numpy(dtype=np.int64), days)
+    return days, present | is_sequence, ok | is_sequence
+
+
+def _date_faults(pairs: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per pair: its day number, and the DATE_REASONS key of its outfit's fault ('' where the outfit's date is
+    one day); and whether the pair's own date is the unreadable one."""
+    days, present, ok = set_days(pairs[DATE_COLUMN])
+    unreadable = present & ~ok
+    usable = present & ok
+    codes, _ = pd.factorize(pairs["outfit_id"], sort=False)
+    n = codes.max(initial=-1) + 1
+    any_unreadable = np.bincount(codes, unreadable, minlength=n) > 0
+    distinct = pd.Series(days[usable]).groupby(codes[usable]).nunique().reindex(range(n), fill_value=0).to_numpy()
+    fault = np.select([any_unreadable, distinct > 1, distinct == 0], ["other_unreadable", "disagree", "none"], "")
+    reason = np.where(unreadable, "unreadable", fault[codes])
+    return days, reason, usable
 
 
 def _item_lists(pairs: pd.DataFrame) -> pd.DataFrame | None:
@@ -322,6 +379,20 @@ def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
     quarantine = pd.concat([unread.assign(file=source.name), quarantine] + (
         [customers_unread.assign(file=Path(cfg.customers).name)] if len(customers_unread) else []), ignore_index=True)
     pairs = pairs[~malformed]
+    undated_sets = 0
+    if cfg.date_column:  # an outfit without one readable date: every pair of it to the quarantine
+        days, reason, usable = _date_faults(pairs)
+        faulty = reason != ""
+        undated_sets = pairs["outfit_id"][faulty].nunique()
+        dropped = pairs[faulty]
+        quarantine = pd.concat([quarantine, pd.DataFrame({
+            "file": source.name, "line": dropped["line"].astype("int64"),
+            "column": cfg.date_column,
+            "reason": [DATE_REASONS[r] for r in reason[faulty]],
+            "text": [",".join("" if pd.isna(v) else str(v) for v in row)
+                     for row in dropped[["outfit_id", "item_id", "customer_id", DATE_COLUMN]].itertuples(index=False)],
+        })], ignore_index=True)  # fmt: skip
+        pairs = pairs.assign(**{DATE_COLUMN: np.where(usable, days, np.iinfo(np.int64).min)})[~faulty]
     unique = pairs.drop_duplicates(["outfit_id", "item_id"])  # keeps the first place an item is listed
     customers_per_outfit = unique.dropna(subset=["customer_id"]).groupby("outfit_id", sort=False)["customer_id"]
     conflicting = customers_per_outfit.nunique()
@@ -347,6 +418,10 @@ def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
         "customer_id": pa.array(customer_ids.tolist(), pa.string()),
         "article_ids": lists.filter(pa.array(keep)),
     })  # fmt: skip
+    if cfg.date_column:  # each outfit's one day (a row without a date holds the smallest int64: max skips it)
+        day = pairs.groupby("outfit_id", sort=False)[DATE_COLUMN].max().reindex(outfit_ids[keep]).to_numpy()
+        outfits = outfits.append_column(DATE_COLUMN, pa.array(SEQUENCE_START + day.astype("timedelta64[D]"),
+                                                              DATE_TYPE))
     items = pc.unique(outfits.column("article_ids").combine_chunks().flatten())  # in the order first listed
     articles, products_unusable, products_counts = _articles_table(items, cfg)
     if len(products_unusable):
@@ -370,9 +445,10 @@ def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
                                                          if cfg.customers else {})},
         "quarantined": {"file": IMPORT_QUARANTINE, "rows": quarantined},
         "pairs_duplicate_dropped": int(len(pairs) - len(unique)),
-        "sets": len(outfit_ids),
+        "sets": len(outfit_ids) + undated_sets,
         "sets_kept": outfits.num_rows,
-        "sets_dropped": {"too_small": int(too_small.sum()), "too_large": int(too_large.sum())},
+        "sets_dropped": {"too_small": int(too_small.sum()), "too_large": int(too_large.sum()),
+                         **({"date": int(undated_sets)} if cfg.date_column else {})},
         "min_items": min_set_size,
         "max_items": max_set_size,
         "outfits_without_customer": int(customer_ids.isna().sum()),

@@ -8,6 +8,8 @@ whose customer has no row in customers.csv, or whose articles have no row in art
 attributes are missing, and ingest_report.json counts such outfits. A transaction without a readable
 customer, date or article id is dropped and counted (transactions = used + malformed). The report also gives
 how many outfits each basket definition yields, so the choice can be made with the numbers at hand.
+Each outfit's date (contract.DATE_COLUMN, date32) is its basket's first day (BASKET_START, as in its outfit id):
+the day for `day`, the Monday for `week`, the first purchase day for `session`.
 
 Nothing is dropped unseen: the import quarantine (contract.IMPORT_QUARANTINE), beside the tables, holds every source line the import
 could not use, with its file, line, column, reason and text: lines that cannot be read as CSV (too many or
@@ -58,6 +60,8 @@ import pyarrow.parquet as pq
 
 from contextual_bert.config import ImportHMConfig, IngestConfig, ModelConfig
 from contextual_bert.contract import (
+    DATE_COLUMN,
+    DATE_TYPE,
     HM_SCHEMA,
     IMPORT_QUARANTINE,
     UNREADABLE,
@@ -481,9 +485,11 @@ def _outfit_lists(items, customers, basket: str):
     rows = pa.array(cid[starts] - 1)
     customer_id = customers["customer_id"].combine_chunks().take(rows)
     lacks_customer = ~np.asarray(customers["has_row"].to_numpy(zero_copy_only=False), dtype=bool)[cid[starts] - 1]
-    date = pc.strftime(items["first_day"].take(pa.array(starts)).cast(pa.timestamp("s")), format="%Y-%m-%d")
-    outfit_id = pc.binary_join_element_wise(customer_id, date, "_" + OUTFIT_ID_MARK[basket])
-    table = pa.table({"outfit_id": outfit_id, "customer_id": customer_id, "article_ids": article_ids, "date": date})
+    first_day = items["first_day"].take(pa.array(starts)).cast(DATE_TYPE)  # the basket's (first) day: its date
+    day_text = pc.strftime(first_day.cast(pa.timestamp("s")), format="%Y-%m-%d")
+    outfit_id = pc.binary_join_element_wise(customer_id, day_text, "_" + OUTFIT_ID_MARK[basket])
+    table = pa.table({"outfit_id": outfit_id, "customer_id": customer_id, "article_ids": article_ids,
+                      DATE_COLUMN: first_day})  # fmt: skip
     schema = pa.schema([pa.field(f.name, f.type, nullable=False) for f in table.schema])  # as DuckDB wrote it
     return table.cast(schema), int(lacks_customer.sum()), int(outfit_lacks_article.sum()), int(articles_without_row)
 

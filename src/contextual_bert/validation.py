@@ -4,7 +4,9 @@ Order matters: articles first, then customers (their preferences may reference a
 outfits: an outfit that references a quarantined article or customer row is itself quarantined. An outfit
 may reference an article or customer that has no row at all (its attributes or context are then missing)
 and may have no customer (customer_id null: curated sets); an article's attributes may be missing (null).
-The customers table may be empty. Rows in = valid + quarantined, for every table.
+The customers table may be empty. Rows in = valid + quarantined, for every table. The outfits' optional
+`date` (contract.DATE_COLUMN): where the column is there, an outfit without a date, or whose date does not
+parse, is quarantined with that reason; the valid outfits keep it as date32.
 
 Some checks are about lists (an outfit's article ids, a customer's preferred brands) or about other tables.
 Great Expectations sees those through computed helper columns named `<column>__<what>` (e.g.
@@ -36,12 +38,16 @@ import pyarrow.parquet as pq
 
 from contextual_bert.config import IngestConfig, ModelConfig, ValidateConfig
 from contextual_bert.contract import (
+    DATE_COLUMN,
+    DATE_TYPE,
     ID_COLUMN,
+    OPTIONAL_COLUMNS,
     SCHEMA_FILE,
     TABLES,
     DataSchema,
     check_columns,
     column_names,
+    parse_dates,
     read_header,
 )
 from contextual_bert.errors import ContextualBertError, DataError
@@ -53,7 +59,7 @@ LARGEST = float(np.finfo(np.float64).max)  # a number's bound where none is decl
 FAILED_COLUMN = "failed_expectations"
 MAY_BE_EMPTY = ("customers",)  # curated outfits may come without any customer
 ARTICLE_ATTRIBUTES = ("product_type", "brand", "color", "style")  # optional: missing (null) is allowed
-_TYPE_NAMES = {"string": "text", "float": "numbers", "list[string]": "lists of text"}
+_TYPE_NAMES = {"string": "text", "float": "numbers", "list[string]": "lists of text", "date": "dates"}
 
 
 # --- reading: one table in, typed to the contract ----------------------------------------------------
@@ -120,6 +126,16 @@ def _parse_float(text: pa.Array, path: Path, column: str) -> tuple[pa.Array, np.
     return pa.array(values.where(parsed, None), pa.float64()), ok
 
 
+def _parse_date(text: pa.Array, path: Path, column: str) -> tuple[pa.Array, np.ndarray]:
+    """Text dates (contract.parse_dates); a column where no present value is a date is a DataError, as for
+    numbers: the column is not what it says."""
+    dates, present, ok = parse_dates(text.to_pandas())
+    if present.any() and ok[present].sum() == 0:
+        example = text.filter(pa.array(present))[0].as_py()
+        raise DataError(f"expected dates, found text such as {example!r}", path=path, column=column)
+    return dates, ok
+
+
 def _parse_list_cell(cell: str | None, empty_is_list: bool) -> tuple[list[str] | None, bool]:
     if cell is None:  # a CSV cannot tell an empty list from a missing one: there it is an empty list
         return ([] if empty_is_list else None), True
@@ -148,7 +164,8 @@ def _to_contract_type(array: pa.Array, logical: str, path: Path, column: str):
         array, kind = array.cast(kind.value_type), kind.value_type
     is_text = pa.types.is_string(kind) or pa.types.is_large_string(kind)
     if pa.types.is_null(kind):
-        target = {"string": pa.string(), "float": pa.float64(), "list[string]": pa.list_(pa.string())}[logical]
+        target = {"string": pa.string(), "float": pa.float64(), "list[string]": pa.list_(pa.string()),
+                  "date": DATE_TYPE}[logical]  # fmt: skip
         return array.cast(target), None
     if logical == "string" and is_text:
         return array.cast(pa.string()), None
@@ -157,6 +174,13 @@ def _to_contract_type(array: pa.Array, logical: str, path: Path, column: str):
             return array.cast(pa.float64()), None
         if is_text:
             return _parse_float(array, path, column)
+    if logical == "date":
+        if pa.types.is_date32(kind):
+            return array, None
+        if pa.types.is_date(kind) or pa.types.is_timestamp(kind):  # a timestamp: its day
+            return parse_dates(array.to_pandas())[0], None
+        if is_text:
+            return _parse_date(array, path, column)
     if logical == "list[string]":
         if (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and (
             pa.types.is_string(kind.value_type) or pa.types.is_large_string(kind.value_type)
@@ -176,7 +200,8 @@ def read_table(path: Path, name: str, columns: dict[str, str]) -> LoadedTable:
         raise DataError("table is empty (no rows)", path=path)
     if isinstance(raw.column(0), pa.ChunkedArray):
         raw = raw.combine_chunks()
-    names = column_names(raw.column_names, tuple(columns))  # a contract column in any letter case is that column
+    optional = {c: t for c, t in OPTIONAL_COLUMNS[name].items() if c not in columns}
+    names = column_names(raw.column_names, (*columns, *optional))  # a contract column in any letter case is it
     check_columns(names, (), path)
     raw = raw.rename_columns(names)
     for column in columns:
@@ -185,6 +210,7 @@ def read_table(path: Path, name: str, columns: dict[str, str]) -> LoadedTable:
             hint = f" (found '{close[0]}': misspelled?)" if close else ""
             raise DataError(f"required column missing{hint}", path=path, column=column)
     typed, parse_ok = {}, {}
+    columns = {**columns, **{c: t for c, t in optional.items() if c in raw.column_names}}  # those present
     for column in raw.column_names:
         array = raw.column(column).combine_chunks()
         if column in columns:
@@ -392,6 +418,9 @@ def outfit_checks(
         gxe.ExpectColumnValuesToBeInSet(column="article_ids__n_quarantined_articles", value_set=[0]),
         "every article with a row passed validation (else: references a quarantined article)",
     )
+    if DATE_COLUMN in table.typed.column_names:  # optional; where there, every outfit has its day
+        checks.add(gxe.ExpectColumnValuesToNotBeNull(column=DATE_COLUMN),
+                   f"every outfit has a {DATE_COLUMN} (the column is there)")  # fmt: skip
     context_checks(checks, table, schema, valid_articles)
     _parse_checks(checks, table)
     return checks
