@@ -14,10 +14,14 @@ from contextual_bert.cli import main
 from contextual_bert.config import EvaluateConfig
 from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
 from contextual_bert.optimum import (
+    HISTORY_RESULT,
+    OUTFIT_ROW,
     RESULTS,
     build_optimum,
     elementary_symmetric_excluding,
     evaluate_optimum,
+    history_log_prior,
+    history_optimum_data,
     optimum_from_features,
 )
 from contextual_bert.planted import PlantedTruth
@@ -152,3 +156,94 @@ def test_without_a_truth_the_stage_says_the_optimum_is_unknown(tmp_path):
     for name, path in out.items():
         written = json.loads(path.read_text())
         assert written == results[name] and written["known"] is False and "no planted truth" in written["why"]
+
+
+# --- with context and history (issue 40) ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def history_project(tmp_path_factory):
+    """Planted data whose customers have a hidden taste and many outfits each (400 customers, 8 on average)."""
+    root = tmp_path_factory.mktemp("planted_history")
+    params = root / "params.yaml"
+    paths = {k: str(root / v) for k, v in (("raw_dir", "data/raw"), ("validated_dir", "data/validated"),
+             ("quarantine_dir", "data/quarantine"), ("features_dir", "data/features"), ("models_dir", "models"),
+             ("reports_dir", "reports"))}  # fmt: skip
+    params.write_text(yaml.safe_dump({
+        "paths": paths,
+        "ingest": {"source": "planted"},
+        "planted": {"n_outfits": 3200, "n_articles": 600, "n_customers": 400, "n_types": 12, "n_tastes": 32,
+                    "customer_taste_strength": 3.0},
+        "features": {"default_dim": 8, "embedding_dims": {}, "val_fraction": 0.1, "test_fraction": 0.1},
+        "evaluate": {"fitb": {"enabled": False}},
+    }))  # fmt: skip
+    for stage in ("ingest", "validate", "features", "optimum"):
+        assert main(["--params", str(params), stage]) == 0, stage
+    return root
+
+
+def test_the_optimum_with_history_is_at_most_the_one_with_context(history_project):
+    read = lambda name: json.loads((history_project / "reports" / "eval" / f"{name}.json").read_text())  # noqa: E731
+    context, history = read("optimum_context"), read(HISTORY_RESULT)
+    assert history["known"] and history["split_rule"] == "hash"
+    for split in ("test", "val"):
+        assert history[split]["n_cases"] == context[split]["n_cases"] > 1000
+        assert history[split]["cross_entropy"] < context[split]["cross_entropy"] - 0.005, split
+        assert history["n_history_outfits"][split] > 0.5 * history[split]["n_outfits"]
+
+
+def test_without_history_the_optimum_with_history_is_the_one_with_context(history_project):
+    """A case whose outfit has no history (its customer's first outfit among the eligible ones) gets the
+    context row's probabilities, and its prior is P(z | x_c) marginalised over the hidden taste."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    from contextual_bert.contract import DATE_COLUMN
+    from contextual_bert.feature_store import load_split
+    from contextual_bert.history import earlier_outfits
+    from contextual_bert.planted import load_truth
+
+    raw, features = history_project / "data/raw", history_project / "data/features"
+    model, rows, _ = history_optimum_data(raw, features)
+    context_model = optimum_from_features(raw, features, with_context=True)
+    outfits = pq.read_table(features / "outfits.parquet", columns=["outfit_id", "customer_id", "split"]).to_pandas()
+    dates = pd.read_parquet(raw / "outfits.parquet").set_index("outfit_id").loc[outfits["outfit_id"], DATE_COLUMN]
+    history = earlier_outfits(outfits["customer_id"].to_numpy(), dates.to_numpy(), outfits["split"] == "train")
+    test = load_split(features, "test", 8)
+    first = np.array([len(history[r]) == 0 for r in rows["test"]])
+    assert 10 < first.sum() < len(first)
+    truth = load_truth(raw)
+    customer = pd.Index(truth.customer_ids).get_indexer(outfits["customer_id"].to_numpy()[rows["test"][first]])
+    assert np.allclose(model.log_prior[rows["test"][first]].numpy(), np.log(truth.taste_prob[customer]), atol=1e-12)
+    items = test.items.clone()
+    items[:, 0] = MASK_INDEX
+    context = {k: v for k, v in test.context.items()}
+    with_history = model.masked_logits(items, {**context, OUTFIT_ROW: torch.from_numpy(rows["test"])})
+    with_context = context_model.masked_logits(items, context)
+    assert torch.allclose(with_history[first].exp(), with_context[first].exp(), atol=1e-10)
+    assert not torch.allclose(with_history[~first].exp(), with_context[~first].exp(), atol=1e-6)
+
+
+def test_history_log_prior_against_enumeration():
+    """Two hidden tastes on the hand-computed truth: P(z | H, x) by brute force over u."""
+    table = np.array([[1.0, -1.0], [-0.5, 0.5]])
+    truth = PlantedTruth(**{**TRUTH.__dict__, "taste_logit": np.log(TASTE), "customer_taste_table": table})
+    article_rows = [np.array([0, 2, 4]), np.array([1, 3]), np.array([1, 2, 5]), np.array([0, 3])]
+    customer_rows = np.array([0, 0, 1, 0])
+    history = [np.zeros(0, np.int64), np.array([0]), np.zeros(0, np.int64), np.array([1, 0])]
+    got = np.exp(history_log_prior(truth, customer_rows, article_rows, history, np.array([1, 3, 0])))
+    share = np.exp(truth.log_type_share())
+    z_given_u = np.exp(truth.log_taste_given_u())  # (C, U, K)
+    for row, o in enumerate([1, 3, 0]):
+        c = customer_rows[o]
+        p_u = np.array([np.prod([z_given_u[c, u] @ np.prod(share[article_rows[h]], axis=0) for h in history[o]])
+                        for u in range(2)])
+        expected = (p_u / p_u.sum()) @ z_given_u[c]
+        assert got[row] == pytest.approx(expected, abs=1e-12), o
+    assert got[2] == pytest.approx(z_given_u[0].mean(axis=0), abs=1e-12)  # no history: P(z | x), u uniform
+
+
+def test_without_a_hidden_taste_the_history_row_is_absent(planted_project):
+    root, _ = planted_project
+    written = json.loads((root / "reports" / "eval" / f"{HISTORY_RESULT}.json").read_text())
+    assert written["known"] is False and "customer_taste_strength 0" in written["why"]

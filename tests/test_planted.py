@@ -7,11 +7,12 @@ import json
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from contextual_bert.config import PlantedConfig
-from contextual_bert.contract import TABLES, DataSchema
+from contextual_bert.contract import DATE_COLUMN, TABLES, DataSchema
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.planted import (
     CONTEXT_COLUMNS,
@@ -74,7 +75,8 @@ def _content_hash(out) -> str:
     """sha256 of what generate_planted wrote: the tables' rows, the truth's arrays and both JSON files."""
     h = hashlib.sha256()
     for name in ("articles", "customers", "outfits"):
-        h.update(repr(pq.read_table(out / f"{name}.parquet").to_pylist()).encode())
+        table = pq.read_table(out / f"{name}.parquet")  # the dates came later (their own generator): not hashed
+        h.update(repr(table.drop_columns([c for c in table.column_names if c == DATE_COLUMN]).to_pylist()).encode())
     with np.load(out / "planted_truth.npz") as z:
         for key in sorted(z.files):
             h.update(np.ascontiguousarray(z[key]).tobytes())
@@ -177,3 +179,31 @@ def test_sizes_and_type_sets_are_uniform(story):
         outfits = len(np.unique(out["draw_outfit"][rows]))
         share = np.bincount(types[rows], minlength=cfg.n_types) / outfits
         assert np.allclose(share, 6.0 / cfg.n_types, atol=0.03), (z, share)
+
+
+# --- dates and the hidden per-customer taste (issue 40) ---------------------------------------------------
+
+
+def test_every_outfit_has_a_date_and_strength_0_is_today_s_data(data, tmp_path):
+    out, _, tables = data
+    assert pq.read_schema(out / "outfits.parquet").field(DATE_COLUMN).type == pa.date32()
+    assert tables["outfits"][DATE_COLUMN].notna().all()
+    assert SMALL.customer_taste_strength == 0.0 and not load_truth(out).has_customer_taste
+
+
+def test_a_hidden_customer_taste_moves_only_the_tastes_and_the_truth_holds_it(tmp_path, data):
+    out, _, tables = data
+    cfg = SMALL.model_copy(update={"customer_taste_strength": 1.5, "n_customer_tastes": 4})
+    generate_planted(cfg, tmp_path)
+    for name in ("articles", "customers"):
+        assert pd.read_parquet(tmp_path / f"{name}.parquet").equals(tables[name]), name
+    outfits = pd.read_parquet(tmp_path / "outfits.parquet")
+    assert outfits[["outfit_id", "customer_id", DATE_COLUMN]].equals(tables["outfits"][["outfit_id", "customer_id",
+                                                                                        DATE_COLUMN]])
+    assert (outfits["article_ids"].map(len) == tables["outfits"]["article_ids"].map(len)).all()
+    truth, before = load_truth(tmp_path), load_truth(out)
+    assert truth.has_customer_taste and truth.customer_taste_table.shape == (4, SMALL.n_tastes)
+    assert np.array_equal(truth.log_weight, before.log_weight)
+    # taste_prob is P(z | x) marginalised over the unseen u
+    assert np.allclose(np.exp(truth.log_taste_given_u()).mean(axis=1), truth.taste_prob, atol=1e-12)
+    assert not np.allclose(truth.taste_prob, before.taste_prob)

@@ -134,7 +134,7 @@ def _cmd_baseline(cfg: Config, args) -> None:
 
 
 def _cmd_optimum(cfg: Config, args) -> None:
-    from contextual_bert.optimum import RESULTS, evaluate_optimum
+    from contextual_bert.optimum import HISTORY_RESULT, RESULTS, evaluate_history_optimum, evaluate_optimum
 
     results = evaluate_optimum(
         raw_dir=cfg.paths.raw_dir,
@@ -143,6 +143,10 @@ def _cmd_optimum(cfg: Config, args) -> None:
         cfg=cfg.evaluate,
         max_set_size=cfg.model.max_set_size,
     )
+    # which outfits may be history follows the features stage's split (hash where the setting is not there)
+    results[HISTORY_RESULT] = evaluate_history_optimum(
+        cfg.paths.raw_dir, cfg.paths.features_dir, cfg.eval_path(HISTORY_RESULT), cfg.evaluate,
+        cfg.model.max_set_size, split_rule=getattr(cfg.features, "split", "hash"))
     _print_json({name: _without_curve(result) for name, result in results.items()})
 
 

@@ -123,6 +123,10 @@ class PlantedConfig(Section):
     # the data is today's byte for byte); with taste_strength 0 only the articles themselves reveal the taste
     hidden_taste_strength: float = Field(0.0, ge=0)
     context_strength: float = Field(4.0, ge=0)  # how strongly the context shifts the taste
+    # a hidden taste per customer (one of n_customer_tastes, in no column) shifting its outfits' tastes as
+    # strongly as this: what a customer's history can tell beyond the context (0: off, today's data and truth)
+    customer_taste_strength: float = Field(0.0, ge=0)
+    n_customer_tastes: int = Field(16, ge=1)
     popularity_exponent: float = Field(0.8, ge=0)  # Zipf exponent of the articles' popularity
 
 

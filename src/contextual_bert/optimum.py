@@ -22,6 +22,19 @@ So for a case with other items O (m of them [UNK]) and candidate a of type t(a) 
 
 with S[a, z] = w[a, z] / W[t(a), z]; log P(a | O, x) = log score(a) - log sum over vocabulary of score.
 In float64, with autocast off, on any device. Types of O get probability exactly 0 (log -inf).
+
+With context and history ("optimum_history"; only where the truth has the hidden per-customer taste,
+planted.customer_taste_strength > 0, else the row is absent: its file says {"known": false, "why": ...}).
+An outfit's history H is its customer's earlier outfits (history.earlier_outfits: strictly earlier dates,
+among the eligible outfits: every outfit of the features stage under features.split time, the train
+outfits under hash), each read as its raw articles (the truth's rows, vocabulary or not: a bound for any
+model reading the history). With L_h(z) = prod_{b in h} S[b, z] and u the customer's hidden taste (uniform):
+
+    log P(u | H, x) = sum_{h in H} logsumexp_z( log P(z | x, u) + log L_h(z) ) + const
+    P(z | H, x)     = sum_u P(u | H, x) P(z | x, u)
+
+and the case is scored as above with P(z | H, x) as its prior (summing u out of P(u, z | O, H, x) first
+gives the same posterior over z). With an empty history P(z | H, x) = P(z | x): the row "with context".
 """
 
 from __future__ import annotations
@@ -31,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import torch
 from torch import nn
 
@@ -40,6 +54,9 @@ from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNO
 from contextual_bert.planted import PlantedTruth, load_truth, truth_exists
 
 RESULTS = {"optimum_context": True, "optimum_no_context": False}  # eval name -> uses the context
+HISTORY_RESULT = "optimum_history"  # the optimum with context and history (module docstring)
+SPLIT_RULES = ("hash", "time")  # features.split: which outfits may be history (history.py)
+OUTFIT_ROW = "__outfit_row__"  # a context entry of the history optimum's cases: the case's outfit (its prior)
 
 
 def elementary_symmetric_excluding(values: torch.Tensor, degree: int) -> torch.Tensor:
@@ -151,6 +168,59 @@ class BayesOptimum(nn.Module):
         return logits
 
 
+class HistoryOptimum(BayesOptimum):
+    """BayesOptimum whose prior is each outfit's own P(z | H, x): `log_prior` (N, K) is read at the row the
+    cases' context gives under OUTFIT_ROW."""
+
+    def _log_prior(self, context, batch: int) -> torch.Tensor:
+        return self.log_prior[context[OUTFIT_ROW]]
+
+
+def _logsumexp(x: np.ndarray, axis: int) -> np.ndarray:
+    top = np.max(x, axis=axis, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    return np.log(np.exp(x - top).sum(axis=axis)) + np.squeeze(top, axis=axis)
+
+
+def history_log_prior(truth: PlantedTruth, customer_rows: np.ndarray, article_rows: list[np.ndarray],
+                      history: list[np.ndarray], wanted: np.ndarray, chunk: int = 4096) -> np.ndarray:
+    """(len(wanted), K) log P(z | H(o), x_o) for the outfits `wanted` (rows of the lists below).
+
+    customer_rows: per outfit, its customer's row in the truth; article_rows: per outfit, its articles' rows in
+    the truth; history: per outfit, the rows of its history (history.earlier_outfits)."""
+    log_share = truth.log_type_share()  # (A, K) log S[b, z]
+    log_z_given_u = truth.log_taste_given_u()  # (C, U, K)
+    n_tastes_u = log_z_given_u.shape[1]
+    wanted = np.asarray(wanted, dtype=np.int64)
+    members = np.concatenate([history[o] for o in wanted] + [np.zeros(0, np.int64)]).astype(np.int64)
+    owner = np.repeat(np.arange(len(wanted)), [len(history[o]) for o in wanted])
+    # per history member h: m_h(u) = logsumexp_z(log P(z | x, u) + log L_h(z)), its customer's x (= the owner's)
+    used, where = np.unique(members, return_inverse=True)
+    lengths = np.array([len(article_rows[h]) for h in used], dtype=np.int64)
+    flat = np.concatenate([article_rows[h] for h in used] + [np.zeros(0, np.int64)]).astype(np.int64)
+    log_likelihood = np.add.reduceat(log_share[flat], np.r_[0, np.cumsum(lengths)[:-1]], axis=0) if len(used) \
+        else np.zeros((0, truth.n_tastes))  # fmt: skip
+    evidence = np.empty((len(used), n_tastes_u))
+    for start in range(0, len(used), chunk):
+        part = slice(start, start + chunk)
+        evidence[part] = _logsumexp(log_z_given_u[customer_rows[used[part]]] + log_likelihood[part][:, None, :], -1)
+    log_u = np.zeros((len(wanted), n_tastes_u))  # the uniform prior's constant drops out
+    np.add.at(log_u, owner, evidence[where])
+    log_u -= _logsumexp(log_u, -1)[:, None]
+    out = np.empty((len(wanted), truth.n_tastes))
+    for start in range(0, len(wanted), chunk):
+        part = slice(start, start + chunk)
+        out[part] = _logsumexp(log_u[part][:, :, None] + log_z_given_u[customer_rows[wanted[part]]], 1)
+    return out
+
+
+def history_eligible(split: np.ndarray, split_rule: str) -> np.ndarray:
+    """Which outfits may be someone's history: all under the time split, the train outfits under hash."""
+    if split_rule not in SPLIT_RULES:
+        raise ContextualBertError(f"features.split '{split_rule}' is not one of {SPLIT_RULES}")
+    return np.ones(len(split), bool) if split_rule == "time" else np.asarray(split) == "train"
+
+
 # --- building it from the truth and the features stage ------------------------------------------------
 
 
@@ -250,3 +320,92 @@ def evaluate_optimum(raw_dir: Path, features_dir: Path, out_paths: dict[str, Pat
             out_path.write_text(result_json(result))
         results[name] = result
     return results
+
+
+def _history_unknown(raw_dir: Path, truth: PlantedTruth | None) -> str | None:
+    """Why the history row cannot be computed here, or None."""
+    from contextual_bert.contract import DATE_COLUMN
+
+    if truth is None:
+        return f"{raw_dir} holds no planted truth: the optimum of this data is unknown"
+    if not truth.has_customer_taste:
+        return ("the planted customers have no hidden taste (planted.customer_taste_strength 0): a history says "
+                "nothing beyond the context, the optimum with history is the one with context")
+    if DATE_COLUMN not in pq.read_schema(Path(raw_dir) / "outfits.parquet").names:
+        return f"{raw_dir}/outfits.parquet has no {DATE_COLUMN} column: no outfit has a history"
+    return None
+
+
+def history_optimum_data(raw_dir: Path, features_dir: Path, split_rule: str = "hash"):
+    """(the HistoryOptimum over the features' vocabulary, {split: its cases' OUTFIT_ROW per load_split row}).
+
+    The outfits are the features stage's (validated, split); their dates and raw articles come from
+    raw_dir's outfits table, joined on outfit_id."""
+    from contextual_bert.contract import DATE_COLUMN
+    from contextual_bert.feature_store import OUTFITS_FILE, load_article_vocab
+    from contextual_bert.history import earlier_outfits
+
+    truth = load_truth(raw_dir)
+    features = pq.read_table(Path(features_dir) / OUTFITS_FILE, columns=["outfit_id", "customer_id", "split"])
+    features = features.to_pandas()
+    raw_path = Path(raw_dir) / "outfits.parquet"
+    raw = pq.read_table(raw_path, columns=["outfit_id", "article_ids", DATE_COLUMN]).to_pandas()
+    pos = pd.Index(raw["outfit_id"].astype(str)).get_indexer(features["outfit_id"].astype(str))
+    if (pos < 0).any():
+        raise DataError(f"outfit '{features['outfit_id'].iloc[int(np.flatnonzero(pos < 0)[0])]}' of the features "
+                        "is not in the raw outfits", path=raw_path)  # fmt: skip
+    raw = raw.iloc[pos].reset_index(drop=True)
+    article_row = pd.Index(truth.article_ids.astype(str))
+    article_rows = [article_row.get_indexer(list(ids)) for ids in raw["article_ids"]]
+    customer_rows = pd.Index(truth.customer_ids.astype(str)).get_indexer(features["customer_id"].astype(str))
+    if (customer_rows < 0).any() or any((rows < 0).any() for rows in article_rows):
+        raise DataError("an outfit's customer or article is not in the planted truth; the data and its truth "
+                        "file disagree", path=raw_path)  # fmt: skip
+    split = features["split"].to_numpy()
+    history = earlier_outfits(features["customer_id"].to_numpy(), raw[DATE_COLUMN],
+                              history_eligible(split, split_rule))  # fmt: skip
+    wanted = np.flatnonzero(split != "train")
+    log_prior = np.zeros((len(split), truth.n_tastes))
+    log_prior[wanted] = history_log_prior(truth, customer_rows, article_rows, history, wanted)
+    vocab = load_article_vocab(features_dir)
+    base = build_optimum(truth, vocab.ids, with_context=False)
+    model = HistoryOptimum(base.item_type, base.item_log_share, base.oov_share, log_prior)
+    rows = {name: np.flatnonzero(split == name) for name in ("val", "test")}  # load_split keeps the file's order
+    return model, rows, {"n_history_outfits": {name: int(sum(len(history[o]) > 0 for o in r))
+                                               for name, r in rows.items()}}
+
+
+def evaluate_history_optimum(raw_dir: Path, features_dir: Path, out_path: Path, cfg: EvaluateConfig,
+                             max_set_size: int = ModelConfig().max_set_size, split_rule: str = "hash") -> dict:
+    """The optimum with context and history on the test and validation cases, scored as the other rows
+    (metrics and the test bootstrap; no fill-in-the-blank); {"known": false, "why": ...} where it is absent."""
+    from contextual_bert.bootstrap import OUTFITS_KEY, bootstrap_ci, case_values, outfit_record
+    from contextual_bert.evaluation import evaluate_split, result_json
+    from contextual_bert.feature_store import load_split
+
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    why = _history_unknown(raw_dir, load_truth(raw_dir) if truth_exists(raw_dir) else None)
+    if why:
+        result = {"name": HISTORY_RESULT, "known": False, "why": why}
+        out_path.write_text(json.dumps(result, indent=2))
+        return result
+    model, rows, about = history_optimum_data(raw_dir, features_dir, split_rule)
+    result = {"name": HISTORY_RESULT, "variant": HISTORY_RESULT, "seed": None, "parameters": 0,
+              "split_rule": split_rule, **about}  # fmt: skip
+    for split in ("test", "val"):
+        data = load_split(features_dir, split, max_set_size)
+        data.context[OUTFIT_ROW] = torch.from_numpy(rows[split])
+        metrics, cases = evaluate_split(model, data, cfg, "cpu")
+        ce = metrics["cross_entropy"]
+        if ce is None or not np.isfinite(ce):
+            raise ContextualBertError(f"{HISTORY_RESULT}: {split} cross-entropy is {ce}: a case the truth gives "
+                                      "probability 0, so the data and its truth file disagree")
+        result[split] = metrics
+        if split == "test":
+            values = case_values(cases["rank"], cases["log_prob"])
+            result["test_bootstrap"] = bootstrap_ci(cases["outfit"], values, n_outfits=metrics["n_outfits"])
+            result[OUTFITS_KEY] = outfit_record(cases["outfit"], values, list(data.outfit_ids))
+    result["known"] = True
+    out_path.write_text(result_json(result))
+    return result

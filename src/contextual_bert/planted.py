@@ -29,14 +29,25 @@ independently per column (each column's value odds from a Dirichlet(4) draw). Th
 
     P(z | x) = softmax_z( sum over informative columns f of G_f[x_f, z] )
 
+A hidden taste per customer (customer_taste_strength s > 0): each customer c also has u_c, uniform over
+0..U-1 (U = n_customer_tastes), that no column shows, and a table H[u, z] ~ N(0, 1) shifts its tastes:
+
+    P(z | x, u) = softmax_z( sum over informative columns f of G_f[x_f, z] + s * H[u, z] )
+
+so a customer's outfits share more than the context: what its earlier outfits show says which u is theirs.
+u and H come from a generator of their own (seeded [seed, CUSTOMER_TASTE_STREAM]); s = 0 (the default) leaves
+them out, and the data and the truth are byte for byte those without it (but for the dates below).
+
 Outfits. N outfits, each independently:
 1. its customer uniform over the C customers;
-2. z ~ P(z | x_customer), drawn per outfit (so nothing about a customer beyond its context is shared
-   between its outfits);
+2. z ~ P(z | x_customer, u_customer), drawn per outfit (without the hidden taste nothing about a customer
+   beyond its context is shared between its outfits);
 3. a size n uniform in min_set_size..max_set_size (ingest.min_set_size, model.max_set_size);
 4. n DISTINCT product types, uniform without replacement: no two articles of one type share an outfit;
 5. per chosen type t, one article a with P(a | t, z) = w[a, z] / W[t, z];
-6. the items in a random order (a position says nothing).
+6. the items in a random order (a position says nothing);
+7. a date (contract.DATE_COLUMN), uniform over DATE_SPAN_DAYS days from DATE_START, from a generator of its
+   own (seeded [seed, DATE_STREAM]): it orders a customer's outfits, and says nothing about them.
 
 The optimum. For a masked position of an outfit of size n whose other items O are known:
 
@@ -44,7 +55,16 @@ The optimum. For a masked position of an outfit of size n whose other items O ar
     P(z | O, x) proportional to P(z | x) * prod_{b in O} w[b, z] / W[t(b), z]
 
 and without the context P(z | x) is replaced by the population marginal, the mean of P(z | x_c) over the
-C customers. `optimum.py` computes this over the features stage's vocabulary (and handles articles the
+C customers. With the hidden taste, P(z | x) = mean over u of P(z | x, u) (u is uniform and unseen); the
+truth's taste_prob is that marginal, so the two formulas above stay exact. Given also the customer's history
+H (its earlier outfits, history.py), u is learnt from them:
+
+    P(u | H, x) proportional to prod_{h in H} sum_z P(z | x, u) prod_{b in h} w[b, z] / W[t(b), z]
+    P(z | O, H, x) proportional to sum_u P(u | H, x) P(z | x, u) prod_{b in O} w[b, z] / W[t(b), z]
+
+and P(a | O, H, x) is the first formula with P(z | O, H, x) in place of P(z | O, x) (optimum.py, the row
+"with context and history"). For that the truth also holds taste_logit (C, K), the context's logits, and
+customer_taste_table (U, K), s * H: P(z | x_c, u) = softmax(taste_logit[c] + customer_taste_table[u]). `optimum.py` computes this over the features stage's vocabulary (and handles articles the
 vocabulary lacks exactly); this module writes the data and the truth it needs.
 
 Files (the raw contract of `contract.py`, so validate / features / train run unchanged, plus the truth):
@@ -64,7 +84,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from contextual_bert.config import IngestConfig, ModelConfig, PlantedConfig
-from contextual_bert.contract import ContextColumn, DataSchema
+from contextual_bert.contract import DATE_COLUMN, DATE_TYPE, ContextColumn, DataSchema
 from contextual_bert.errors import ContextualBertError, DataError
 
 TRUTH_FILE = "planted_truth.npz"
@@ -84,11 +104,18 @@ N_STYLES, N_COLORS, N_BRANDS = 30, 20, 40
 COLOR_WEIGHT = 0.5  # a colour's affinity counts half as much as a style's
 VALUE_ODDS_CONCENTRATION = 4.0  # Dirichlet concentration of each context column's value odds
 HIDDEN_SEED_STREAM = 1  # the hidden styles' generator: default_rng([seed, HIDDEN_SEED_STREAM])
+DATE_STREAM, CUSTOMER_TASTE_STREAM = 2, 3  # the outfits' dates and the customers' hidden tastes, likewise
+DATE_START, DATE_SPAN_DAYS = np.datetime64("2022-01-01", "D"), 730  # outfits' dates: about two years
 
 
 def _names(prefix: str, n: int) -> np.ndarray:
     width = len(str(max(n - 1, 0)))
     return np.array([f"{prefix}_{i:0{width}d}" for i in range(n)], dtype=object)
+
+
+def _logsumexp(x: np.ndarray, axis: int) -> np.ndarray:
+    top = x.max(axis=axis, keepdims=True)
+    return np.log(np.exp(x - top).sum(axis=axis)) + np.squeeze(top, axis=axis)
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -111,8 +138,21 @@ class PlantedTruth:
     article_type: np.ndarray  # (A,) int, 0..n_types-1
     log_weight: np.ndarray  # (A, K) log w[a, z]
     customer_ids: np.ndarray  # (C,) str
-    taste_prob: np.ndarray  # (C, K) P(z | x_c)
+    taste_prob: np.ndarray  # (C, K) P(z | x_c), marginalised over the hidden taste u where there is one
     n_types: int
+    # the hidden per-customer taste (customer_taste_strength > 0 only): P(z | x_c, u) =
+    # softmax(taste_logit[c] + customer_taste_table[u]), u uniform over the table's rows and unseen
+    taste_logit: np.ndarray | None = None  # (C, K)
+    customer_taste_table: np.ndarray | None = None  # (U, K)
+
+    @property
+    def has_customer_taste(self) -> bool:
+        return self.customer_taste_table is not None
+
+    def log_taste_given_u(self) -> np.ndarray:
+        """(C, U, K) log P(z | x_c, u)."""
+        logits = self.taste_logit[:, None, :] + self.customer_taste_table[None, :, :]
+        return logits - _logsumexp(logits, axis=-1)[..., None]
 
     @property
     def n_tastes(self) -> int:
@@ -134,6 +174,8 @@ class PlantedTruth:
             article_ids=self.article_ids.astype(str), article_type=self.article_type,
             log_weight=self.log_weight, customer_ids=self.customer_ids.astype(str), taste_prob=self.taste_prob,
             n_types=np.int64(self.n_types),
+            **({} if not self.has_customer_taste else {
+                "taste_logit": self.taste_logit, "customer_taste_table": self.customer_taste_table}),
         )  # fmt: skip
         (Path(out_dir) / TRUTH_JSON).write_text(json.dumps(about, indent=2))
 
@@ -153,6 +195,9 @@ def load_truth(raw_dir: Path) -> PlantedTruth:
                 article_ids=z["article_ids"], article_type=z["article_type"].astype(np.int64),
                 log_weight=z["log_weight"].astype(np.float64), customer_ids=z["customer_ids"],
                 taste_prob=z["taste_prob"].astype(np.float64), n_types=int(z["n_types"]),
+                **({} if "customer_taste_table" not in z.files else {
+                    "taste_logit": z["taste_logit"].astype(np.float64),
+                    "customer_taste_table": z["customer_taste_table"].astype(np.float64)}),
             )  # fmt: skip
     except (KeyError, ValueError, OSError) as exc:
         raise DataError(f"not a readable planted truth file ({exc})", path=path) from None
@@ -198,14 +243,28 @@ def _customers(rng: np.random.Generator, cfg: PlantedConfig) -> dict:
         if informative:
             tables[name] = rng.normal(0, cfg.context_strength, (n_values, cfg.n_tastes))
             taste_logit += tables[name][values[name]]
-    return dict(values=values, tables=tables, taste_prob=_softmax(taste_logit))
+    cus = dict(values=values, tables=tables, taste_prob=_softmax(taste_logit), taste_logit=taste_logit,
+               hidden=None, customer_taste_table=None)  # fmt: skip
+    if cfg.customer_taste_strength > 0:  # its own generator: the story's draws stay those without it
+        taste_rng = np.random.default_rng([cfg.seed, CUSTOMER_TASTE_STREAM])
+        cus["hidden"] = taste_rng.integers(0, cfg.n_customer_tastes, cfg.n_customers)
+        cus["customer_taste_table"] = cfg.customer_taste_strength * taste_rng.normal(
+            0, 1, (cfg.n_customer_tastes, cfg.n_tastes))
+        # P(z | x_c): the mean over the unseen u, each equally likely
+        cus["taste_prob"] = _softmax((taste_logit[:, None, :] + cus["customer_taste_table"][None]).reshape(
+            -1, cfg.n_tastes)).reshape(cfg.n_customers, cfg.n_customer_tastes, cfg.n_tastes).mean(axis=1)
+    return cus
 
 
 def _outfits(rng: np.random.Generator, cfg: PlantedConfig, cat: dict, cus: dict, max_set_size: int,
              min_set_size: int) -> dict:
     n, t = cfg.n_outfits, cfg.n_types
     customer = rng.integers(0, cfg.n_customers, n)
-    taste = _categorical(rng, cus["taste_prob"][customer])
+    if cus["hidden"] is None:
+        taste_odds = cus["taste_prob"][customer]
+    else:  # P(z | x, u) of the customer's own u: the same one draw per outfit from the story's generator
+        taste_odds = _softmax(cus["taste_logit"][customer] + cus["customer_taste_table"][cus["hidden"][customer]])
+    taste = _categorical(rng, taste_odds)
     size = rng.integers(min_set_size, max_set_size + 1, n)
     # n distinct types, uniformly: the first n of a random permutation of the types
     types = np.argsort(rng.random((n, t)), axis=1)[:, :max_set_size]
@@ -224,7 +283,10 @@ def _outfits(rng: np.random.Generator, cfg: PlantedConfig, cat: dict, cus: dict,
         w = np.exp(cat["log_weight"][pool, z] - cat["log_weight"][pool, z].max())
         article[group] = rng.choice(pool, len(group), p=w / w.sum())
     order = np.lexsort((rng.random(len(draw_outfit)), draw_outfit))  # grouped by outfit, items shuffled
-    return dict(customer=customer, taste=taste, size=size, draw_outfit=draw_outfit[order], article=article[order])
+    date = DATE_START + np.random.default_rng([cfg.seed, DATE_STREAM]).integers(0, DATE_SPAN_DAYS, n).astype(
+        "timedelta64[D]")  # its own generator, as the docstring says
+    return dict(customer=customer, taste=taste, size=size, draw_outfit=draw_outfit[order], article=article[order],
+                date=date)  # fmt: skip
 
 
 def planted_schema() -> DataSchema:
@@ -257,6 +319,7 @@ def _tables(cfg: PlantedConfig, cat: dict, cus: dict, out: dict) -> dict[str, pa
         "outfit_id": pa.array(_names("PO", cfg.n_outfits), pa.string()),
         "customer_id": pa.array(customer_id[out["customer"]], pa.string()),
         "article_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(article_id[out["article"]], pa.string())),
+        DATE_COLUMN: pa.array(out["date"], DATE_TYPE),
     })  # fmt: skip
     return {"articles": articles, "customers": customers, "outfits": outfits}
 
@@ -291,6 +354,8 @@ def generate_planted(cfg: PlantedConfig, out_dir: Path, max_set_size: int = Mode
         article_type=cat["type"], log_weight=cat["log_weight"],
         customer_ids=tables["customers"].column("customer_id").to_numpy(zero_copy_only=False),
         taste_prob=cus["taste_prob"], n_types=cfg.n_types,
+        **({} if cus["hidden"] is None else {"taste_logit": cus["taste_logit"],
+                                              "customer_taste_table": cus["customer_taste_table"]}),
     )  # fmt: skip
     prior = truth.population_prior()
     signal = {
@@ -301,8 +366,9 @@ def generate_planted(cfg: PlantedConfig, out_dir: Path, max_set_size: int = Mode
     }
     truth.save(out_dir, {
         "story": "see the docstring of contextual_bert/planted.py",
-        # (without hidden_taste_strength when it is 0: the truth file of today's data stays byte for byte)
-        "params": cfg.model_dump(exclude=set() if cfg.hidden_taste_strength else {"hidden_taste_strength"}),
+        # (without a later setting at its "off" value: the truth file of today's data stays byte for byte)
+        "params": cfg.model_dump(exclude=(set() if cfg.hidden_taste_strength else {"hidden_taste_strength"}) | (
+            set() if cfg.customer_taste_strength else {"customer_taste_strength", "n_customer_tastes"})),
         "n_styles": N_STYLES, "n_colors": N_COLORS, "color_weight": COLOR_WEIGHT,
         "context_columns": [{"name": n, "n_values": k, "informative": i} for n, k, i in CONTEXT_COLUMNS],
         "context_tables": {name: table.round(6).tolist() for name, table in cus["tables"].items()},
@@ -313,6 +379,7 @@ def generate_planted(cfg: PlantedConfig, out_dir: Path, max_set_size: int = Mode
             "hidden_affinity": cat["hidden_affinity"].round(6).tolist()}),
         "population_prior": prior.round(6).tolist(),
         "signal": signal,
+        **({} if cus["hidden"] is None else {"customer_taste": cus["hidden"].tolist()}),
     })  # fmt: skip
     report = {
         "source": SOURCE,
