@@ -45,8 +45,9 @@ MODEL_NAME = "outfit-completion"
 
 
 
-def build_project(work: Path, size: str, variant: str) -> tuple[dict, Path]:
-    """Data, features and an untrained model at params.yaml's sizes; (description, features_dir)."""
+def build_project(work: Path, size: str, variant: str, history: int = 0) -> tuple[dict, Path]:
+    """Data, features and an untrained model at params.yaml's sizes (with `history`, features.history on and
+    that many history articles); (description, features_dir)."""
     from contextual_bert.config import load_config
     from contextual_bert.feature_store import load_article_vocab, load_spec
     from contextual_bert.features import build_features
@@ -57,7 +58,11 @@ def build_project(work: Path, size: str, variant: str) -> tuple[dict, Path]:
     cfg = load_config(REPO / "params.yaml")
     generate(cfg.generate.sizes[size], seed=0, out_dir=work / "raw")
     validate(work / "raw", work / "validated", work / "quarantine", work / "reports", cfg.validate_)
-    build_features(work / "validated", work / "features", cfg.features, max_set_size=cfg.model.max_set_size)
+    features_cfg = cfg.features
+    if history:
+        features_cfg = features_cfg.model_copy(update={"history": features_cfg.history.model_copy(
+            update={"enabled": True, "max_items": history})})
+    build_features(work / "validated", work / "features", features_cfg, max_set_size=cfg.model.max_set_size)
     spec = load_spec(work / "features")
     n_items = len(load_article_vocab(work / "features"))
     model = ContextualBert(cfg.model_for(variant), variant, n_items, spec)
@@ -103,8 +108,9 @@ def register_champion(work: Path, features_dir: Path) -> str:
     return f"models:/{MODEL_NAME}@champion"
 
 
-def request_rows(validated_dir: Path, features_dir: Path, n: int, seed: int = 0) -> list[dict]:
-    """Validation outfits minus one random article, with their customer's raw context, as JSON records."""
+def request_rows(validated_dir: Path, features_dir: Path, n: int, seed: int = 0, history: int = 0) -> list[dict]:
+    """Validation outfits minus one random article, with their customer's raw context, as JSON records; with
+    `history`, each with that many article ids of the vocabulary as the customer's history."""
     rng = np.random.default_rng(seed)
     split = pd.read_parquet(features_dir / "outfits.parquet", columns=["outfit_id", "split"])
     val_ids = set(split.loc[split["split"] == "val", "outfit_id"].astype(str))
@@ -118,7 +124,16 @@ def request_rows(validated_dir: Path, features_dir: Path, n: int, seed: int = 0)
         ids.pop(int(rng.integers(len(ids))))
         partial.append(ids)
     rows["article_ids"] = partial
-    return json.loads(rows.drop(columns=["outfit_id", "customer_id"]).to_json(orient="records"))
+    if history:
+        from contextual_bert.feature_spec import HISTORY_COLUMN, N_SPECIAL
+        from contextual_bert.feature_store import load_article_vocab
+
+        ids = np.asarray(load_article_vocab(features_dir).ids[N_SPECIAL:], dtype=object)
+        rows[HISTORY_COLUMN] = [list(rng.choice(ids, min(history, len(ids)), replace=False)) for _ in range(len(rows))]
+    from contextual_bert.contract import DATE_COLUMN
+
+    return json.loads(rows.drop(columns=["outfit_id", "customer_id", DATE_COLUMN], errors="ignore")
+                      .to_json(orient="records"))
 
 
 class Client:
@@ -209,6 +224,9 @@ def main() -> None:
     parser.add_argument("--model-uri", help="serve this model instead of building one (MLFLOW_TRACKING_URI)")
     parser.add_argument("--requests", type=int, default=300, help="single-row requests timed")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 128, 1024])
+    parser.add_argument("--history", type=int, default=0,
+                        help="a model with features.history, each request with this many history ids "
+                             "(writes serving_history.json)")
     args = parser.parse_args()
 
     from contextual_bert.config import load_config
@@ -225,11 +243,11 @@ def main() -> None:
         else:
             os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{work}/mlflow.db"
             built = time.perf_counter()
-            model, features_dir = build_project(work, size, args.variant)
+            model, features_dir = build_project(work, size, args.variant, args.history)
             model_uri = register_champion(work, features_dir)
             model["build_and_register_s"] = round(time.perf_counter() - built, 1)
             validated_dir = work / "validated"
-        records = request_rows(validated_dir, features_dir, n=max(2048, max(args.batch_sizes)))
+        records = request_rows(validated_dir, features_dir, n=max(2048, max(args.batch_sizes)), history=args.history)
 
         port = free_port()
         bin_dir = Path(sys.executable).parent
@@ -268,6 +286,7 @@ def main() -> None:
     result = {
         "what": "mlflow models serve --env-manager local (one uvicorn worker), POST /invocations, dataframe_records",
         "model": model,
+        "history_ids_per_request": args.history,
         "top_k": cfg.mlflow.top_k,
         "server_startup_s": round(startup_s, 1),
         "single_request": single,
@@ -279,8 +298,9 @@ def main() -> None:
                     "load_average_between_http_and_in_process": [round(x, 2) for x in load_between],
                     "load_average_after": [round(x, 2) for x in os.getloadavg()]},  # fmt: skip
     }
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(result, indent=2))
+    out = OUT.with_name("serving_history.json") if args.history else OUT
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
 
 

@@ -143,10 +143,10 @@ def _cmd_optimum(cfg: Config, args) -> None:
         cfg=cfg.evaluate,
         max_set_size=cfg.model.max_set_size,
     )
-    # which outfits may be history follows the features stage's split (hash where the setting is not there)
+    # which outfits may be history follows the features stage's split (history.py)
     results[HISTORY_RESULT] = evaluate_history_optimum(
         cfg.paths.raw_dir, cfg.paths.features_dir, cfg.eval_path(HISTORY_RESULT), cfg.evaluate,
-        cfg.model.max_set_size, split_rule=getattr(cfg.features, "split", "hash"))
+        cfg.model.max_set_size, split_rule=cfg.features.split)
     _print_json({name: _without_curve(result) for name, result in results.items()})
 
 

@@ -34,7 +34,7 @@ from contextual_bert.feature_spec import (
     HISTORY_FEATURE,
     FeatureSpec,
 )
-from contextual_bert.history import earlier_outfits, history_items
+from contextual_bert.history import earlier_outfits, eligible_rows, history_items
 from contextual_bert.split_guards import check_splits, split_counts
 from contextual_bert.feature_store import (
     ARTICLE_VOCAB_FILE,
@@ -371,9 +371,7 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
     outfit_idx, outfit_missing, outfit_unknown = encoder.encode_arrays(outfits, source="outfit")
     if cfg.history.enabled:  # through the same article indices as the items (the catalogue's, with attributes)
         stored = catalogue.vocab if catalogue is not None else article_vocab
-        # under the hash split only train outfits are history: no evaluated outfit's articles are an input
-        eligible = np.ones(len(outfits), bool) if cfg.split == "time" else is_train
-        history = history_column(outfits, dates, eligible, lambda ids: stored.to_indices(ids)[0],
+        history = history_column(outfits, dates, eligible_rows(split, cfg.split), lambda ids: stored.to_indices(ids)[0],
                                  cfg.history.max_items)
         outfit_idx[HISTORY_FEATURE] = history
         outfit_missing[HISTORY_FEATURE] = (history == PAD_INDEX).all(axis=1)

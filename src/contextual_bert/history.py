@@ -39,6 +39,14 @@ def earlier_outfits(customer_ids, dates, eligible=None) -> list[np.ndarray]:
     return [pool[s:e] if k else np.empty(0, np.int64) for s, e, k in zip(start, end, known)]
 
 
+def eligible_rows(split, split_rule: str) -> np.ndarray:
+    """Which outfits may be someone's history (module docstring): every one under features.split "time", the
+    train outfits under "hash"."""
+    if split_rule not in ("hash", "time"):
+        raise ValueError(f"features.split '{split_rule}' is not hash or time")
+    return np.ones(len(split), bool) if split_rule == "time" else np.asarray(split) == "train"
+
+
 def history_items(history_rows: list[np.ndarray], items: list, max_items: int) -> list[list]:
     """Per outfit, the article ids of its history outfits, most recent outfit first, each article once (its
     most recent appearance), at most `max_items`. `items`: the article ids of every row."""

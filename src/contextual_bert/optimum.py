@@ -55,7 +55,6 @@ from contextual_bert.planted import PlantedTruth, load_truth, truth_exists
 
 RESULTS = {"optimum_context": True, "optimum_no_context": False}  # eval name -> uses the context
 HISTORY_RESULT = "optimum_history"  # the optimum with context and history (module docstring)
-SPLIT_RULES = ("hash", "time")  # features.split: which outfits may be history (history.py)
 OUTFIT_ROW = "__outfit_row__"  # a context entry of the history optimum's cases: the case's outfit (its prior)
 
 
@@ -214,13 +213,6 @@ def history_log_prior(truth: PlantedTruth, customer_rows: np.ndarray, article_ro
     return out
 
 
-def history_eligible(split: np.ndarray, split_rule: str) -> np.ndarray:
-    """Which outfits may be someone's history: all under the time split, the train outfits under hash."""
-    if split_rule not in SPLIT_RULES:
-        raise ContextualBertError(f"features.split '{split_rule}' is not one of {SPLIT_RULES}")
-    return np.ones(len(split), bool) if split_rule == "time" else np.asarray(split) == "train"
-
-
 # --- building it from the truth and the features stage ------------------------------------------------
 
 
@@ -343,7 +335,7 @@ def history_optimum_data(raw_dir: Path, features_dir: Path, split_rule: str = "h
     raw_dir's outfits table, joined on outfit_id."""
     from contextual_bert.contract import DATE_COLUMN
     from contextual_bert.feature_store import OUTFITS_FILE, load_article_vocab
-    from contextual_bert.history import earlier_outfits
+    from contextual_bert.history import earlier_outfits, eligible_rows
 
     truth = load_truth(raw_dir)
     features = pq.read_table(Path(features_dir) / OUTFITS_FILE, columns=["outfit_id", "customer_id", "split"])
@@ -363,7 +355,7 @@ def history_optimum_data(raw_dir: Path, features_dir: Path, split_rule: str = "h
                         "file disagree", path=raw_path)  # fmt: skip
     split = features["split"].to_numpy()
     history = earlier_outfits(features["customer_id"].to_numpy(), raw[DATE_COLUMN],
-                              history_eligible(split, split_rule))  # fmt: skip
+                              eligible_rows(split, split_rule))  # fmt: skip
     wanted = np.flatnonzero(split != "train")
     log_prior = np.zeros((len(split), truth.n_tastes))
     log_prior[wanted] = history_log_prior(truth, customer_rows, article_rows, history, wanted)
