@@ -9,8 +9,9 @@ difference of their seed means (bootstrap.paired_difference). Written to --out: 
 (history on), comparison.json and comparison.md.
 
     python studies/history.py --out reports/history/default --workdir /tmp/history-default
-    python studies/history.py --set ingest.source=planted --set planted.customer_taste_strength=2 \\
-        --set planted.n_outfits=6000 --out reports/history/planted_4 --workdir /tmp/history-planted-4
+    python studies/history.py --set ingest.source=planted --set planted.customer_taste_strength=4 \\
+        --set planted.n_outfits=24000 --set planted.n_customers=6000 --out reports/history/planted_4 --workdir /tmp/history-planted-4
+    python studies/history.py --curve reports/history/planted_{2,4,8} --out reports/history/planted_curve
 """
 
 from __future__ import annotations
@@ -62,6 +63,41 @@ def compare(on: Project, off: Project, model: str, seeds: list[int]) -> dict:
     return out
 
 
+def curve(points: list[Path], out: Path, model: str = "global_state") -> None:
+    """The gap to the optimum with history over outfits per customer: one comparison.json per point (its
+    planted.n_outfits / planted.n_customers read from its settings), written to out (.json and .md)."""
+    rows = []
+    for point in points:
+        result = json.loads((point / "comparison.json").read_text())
+        settings = dict(a.split("=", 1) for a in result["set"])
+        per_customer = int(settings["planted.n_outfits"]) / int(settings["planted.n_customers"])
+        refs, c = result["references_cross_entropy"], result["compared"][model]["cross_entropy"]
+        rows.append({"outfits_per_customer": per_customer, "point": str(point), model: c, "references": refs,
+                     "gap_with_history": c["with_history"] - refs["optimum_history"],
+                     "gap_without_history": c["without"] - refs["optimum_context"],
+                     "history_in_the_optimum": refs["optimum_context"] - refs["optimum_history"]})
+    rows.sort(key=lambda r: r["outfits_per_customer"])
+    gaps = [r["gap_with_history"] for r in rows]
+    summary = {"model": model, "points": rows, "gap_shrinks": all(b < a for a, b in zip(gaps, gaps[1:]))}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "curve.json").write_text(json.dumps(summary, indent=2))
+    label = LABELS.get(model, model)
+    lines = [f"# {label} with history on planted data, over outfits per customer", "",
+             f"| outfits per customer | {label} + history | without | better by [95% paired CI] | popularity + own "
+             "history | optimum with context | with context and history | gap to it (with history) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        c, refs = r[model], r["references"]
+        lines.append(f"| {r['outfits_per_customer']:g} | {c['with_history']:.3f} | {c['without']:.3f} | "
+                     f"{c['improvement']:+.3f} [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}] | "
+                     f"{refs['popularity_history']:.3f} | {refs['optimum_context']:.3f} | "
+                     f"{refs['optimum_history']:.3f} | {r['gap_with_history']:+.3f} |")
+    lines += ["", f"Gap to the optimum with history shrinks as outfits per customer grow: "
+                  f"**{'yes' if summary['gap_shrinks'] else 'no'}**."]
+    (out / "curve.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a params override")
@@ -72,9 +108,15 @@ def main() -> int:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--jobs", type=int, default=2, help="trainings at a time")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per training")
-    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--workdir", type=Path)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--curve", type=Path, nargs="+", help="no training: the curve over these points' --out")
     args = parser.parse_args()
+    if args.curve:
+        curve(args.curve, args.out, args.compare[0])
+        return 0
+    if args.workdir is None:
+        parser.error("--workdir is required to train")
 
     base = yaml.safe_load(args.params.read_text())
     for assignment in args.set:
