@@ -174,7 +174,9 @@ def history_project(tmp_path_factory):
         "ingest": {"source": "planted"},
         "planted": {"n_outfits": 3200, "n_articles": 600, "n_customers": 400, "n_types": 12, "n_tastes": 32,
                     "customer_taste_strength": 3.0},
-        "features": {"default_dim": 8, "embedding_dims": {}, "val_fraction": 0.1, "test_fraction": 0.1},
+        # the history feature on, as a study of history runs it: the optimum reads the customer's columns only
+        "features": {"default_dim": 8, "embedding_dims": {}, "val_fraction": 0.1, "test_fraction": 0.1,
+                     "history": {"enabled": True, "max_items": 20}},
         "evaluate": {"fitb": {"enabled": False}},
     }))  # fmt: skip
     for stage in ("ingest", "validate", "features", "optimum"):

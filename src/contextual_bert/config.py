@@ -42,7 +42,8 @@ ATTRIBUTES_SUFFIX = "_attrs"
 ATTRIBUTE_SETTINGS = ("id_dropout", "attribute_overlap")  # train settings only the "_attrs" models read
 InitEmbeddings = Literal["random", "cooccurrence"]  # how the article-id embeddings start (cooccurrence.py)
 # train settings added after runs were recorded, at the value those runs had: a run at it keeps its old key
-LATER_SETTINGS = {"init_embeddings": "random", "attribute_overlap": False, "softmax": "full", "negatives": 1024}
+LATER_SETTINGS = {"init_embeddings": "random", "attribute_overlap": False, "softmax": "full", "negatives": 1024,
+                  "history_dropout": 0.0}
 Softmax = Literal["full", "sampled"]  # the training loss's output layer (training.NegativeSampler)
 ATTRIBUTE_MODELS = tuple(m + ATTRIBUTES_SUFFIX for m in VARIANTS + BASELINE_MODELS)
 MODELS = VARIANTS + BASELINE_MODELS + ATTRIBUTE_MODELS
@@ -269,6 +270,10 @@ class TrainConfig(Section):
     # (training.NegativeSampler; docs/sampled_softmax.md). Evaluation always ranks every article.
     softmax: Softmax = "full"
     negatives: int = Field(1024, ge=1)  # sampled: popularity draws per step (with replacement)
+    # models with features.history: the share of a training outfit's history articles a step leaves out, so
+    # that a history is read as tastes, not as a fingerprint of the customer whose training outfits the model
+    # could then learn by heart (docs/history.md); without a history feature it draws nothing
+    history_dropout: float = Field(0.0, ge=0, lt=1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # torch threads a training computes with: a recorded setting (a DVC param, part of the run's key), never the
     # machine's default, since the split of a reduction over threads changes its rounding (docs/reproducibility.md)

@@ -58,7 +58,7 @@ from contextual_bert import cpu_kernels
 from contextual_bert.config import ModelConfig, TrainConfig, base_model, uses_attributes
 from contextual_bert.devices import autocast, keep_freed_memory, select_device
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, EncodedOutfits
+from contextual_bert.feature_spec import HISTORY_FEATURE, MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, EncodedOutfits
 from contextual_bert.model import ContextualBert, atomic_save, build_model, count_paper_parameters, save_checkpoint
 
 EpochHook = Callable[[int, dict], None]
@@ -269,6 +269,12 @@ def train_step(model, optimizer, scheduler, items, context, cfg: TrainConfig, ge
     optimizer.step()
     scheduler.step()
     return loss.detach(), predict
+
+
+def drop_history(history: torch.Tensor, rate: float, generator: torch.Generator) -> torch.Tensor:
+    """train.history_dropout: each history article of the batch left out (PAD) with probability `rate`."""
+    keep = torch.rand(history.shape, generator=generator, device=history.device) >= rate
+    return torch.where(keep, history, torch.full_like(history, PAD_INDEX))
 
 
 def negative_sampler(cfg: TrainConfig, model, train_data: EncodedOutfits,
@@ -537,6 +543,8 @@ def fit(
                 continue
             items = train_data.items[index, :width]  # right-padded: the batch without its padding columns
             context = {name: values[index] for name, values in train_data.context.items()}
+            if train_cfg.history_dropout > 0 and HISTORY_FEATURE in context:
+                context[HISTORY_FEATURE] = drop_history(context[HISTORY_FEATURE], train_cfg.history_dropout, generator)
             learning_rate = scheduler.get_last_lr()[0]  # the rate this step uses
             loss, predict = train_step(model, optimizer, scheduler, items, context, train_cfg, generator, sampler)
             count = int(predict.sum()) if device.type == "cpu" else predict.sum()
