@@ -272,6 +272,16 @@ def test_a_finished_run_is_not_retrained_and_a_changed_one_restarts(tmp_path):
     assert json.loads((tmp_path / "history.json").read_text())[0]["train_loss"] != row["train_loss"]
 
 
+def test_a_finished_run_of_other_code_is_trained_again(tmp_path, monkeypatch):
+    """DVC re-runs a training when code it runs changed: last.pt of the old code must not pass for it."""
+    train, val = planted(200, 0), planted(40, 1)
+    fit(new_model("new_position"), train, val, SHORT, tmp_path, seed=0)
+    monkeypatch.setattr(training, "code_digest", lambda: "other code")
+    calls = []
+    fit(new_model("new_position"), train, val, SHORT, tmp_path, seed=0, on_epoch_end=lambda e, r: calls.append(e))
+    assert calls == [1, 2, 3]
+
+
 def test_id_dropout_is_read_by_attribute_models_only(tmp_path):
     """train.id_dropout changes how an "_attrs" model trains; a model without attributes trains bit-identically
     with any value, and its run key (what a finished run is recognised by) does not hold it."""

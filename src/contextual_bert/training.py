@@ -358,10 +358,20 @@ def _data_fingerprint(data: EncodedOutfits) -> str:
     return digest.hexdigest()
 
 
+def code_digest() -> str:
+    """SHA-256 of the library's source files. Part of the run key: DVC re-runs a training when code it runs
+    changed, and a finished last.pt of the old code must not then pass for the new run."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).resolve().parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def run_key(model: ContextualBert, train_cfg: TrainConfig, seed: int, train_data, val_data, device) -> dict:
     """What must match for last.pt to be resumed; anything else starts the run afresh."""
     train_settings = train_cfg.read_by(model.variant, exclude=set(RESUMABLE_CHANGES))
     return {
+        "code": code_digest(),
         "device": torch.device(device).type,
         "model_config": model.model_cfg.model_dump(),
         "variant": model.variant,
