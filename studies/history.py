@@ -98,6 +98,43 @@ def curve(points: list[Path], out: Path, model: str = "global_state") -> None:
     print("\n".join(lines))
 
 
+def ablation(project_root: Path, models: list[str], out: Path, lengths=(0, 5, 10, 20, 50)) -> None:
+    """How much a trained history model leans on the history: its cross-entropy on (every fifth) training
+    outfit and on the test outfits with each history cut to its first k articles (k = 0: none). A model that
+    gains on training outfits and loses on test ones has learnt customers by heart."""
+    import torch
+
+    from contextual_bert.config import EvaluateConfig
+    from contextual_bert.evaluation import evaluate_split
+    from contextual_bert.feature_spec import HISTORY_FEATURE, PAD_INDEX
+    from contextual_bert.feature_store import load_split
+    from contextual_bert.model import load_checkpoint
+
+    torch.set_num_threads(1)
+    cfg, result, shares = EvaluateConfig(fitb={"enabled": False}), {}, {}
+    for name in models:
+        model, _ = load_checkpoint(project_root / "models" / name / "checkpoint.pt")
+        result[name] = {}
+        for split in ("train", "test"):
+            data = load_split(project_root / "data" / "features", split, model.model_cfg.max_set_size)
+            if split == "train":
+                data = data.subset(torch.arange(0, len(data), 5))
+            history = data.context[HISTORY_FEATURE].clone()
+            # the share of the outfits' articles already in their customer's history (repeats)
+            real = data.items > PAD_INDEX
+            repeats = (data.items.unsqueeze(-1) == history.unsqueeze(1)).any(-1) & real
+            shares[split] = float(repeats.sum() / real.sum())
+            result[name][split] = {}
+            for k in lengths:
+                data.context[HISTORY_FEATURE] = torch.where(torch.arange(history.shape[1]) < k, history,
+                                                            torch.full_like(history, PAD_INDEX))
+                metrics, _ = evaluate_split(model, data, cfg, torch.device("cpu"))
+                result[name][split][str(k)] = metrics["cross_entropy"]
+    out.write_text(json.dumps({"project": str(project_root), "items_in_their_history": shares,
+                               "history_articles_kept": list(lengths), "cross_entropy": result}, indent=2))
+    print(json.dumps(result, indent=2))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a params override")
@@ -111,9 +148,14 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--curve", type=Path, nargs="+", help="no training: the curve over these points' --out")
+    parser.add_argument("--ablate", type=Path, help="no training: ablation() of this trained history project's "
+                                                    "--compare models, to --out (a .json file)")
     args = parser.parse_args()
     if args.curve:
         curve(args.curve, args.out, args.compare[0])
+        return 0
+    if args.ablate:
+        ablation(args.ablate, [f"{m}-s{s}" for m in args.compare for s in args.seeds[:1]], args.out)
         return 0
     if args.workdir is None:
         parser.error("--workdir is required to train")

@@ -103,22 +103,26 @@ def test_elementary_symmetric_excluding_matches_brute_force():
 # --- through the stages, on a small planted set ------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def planted_project(tmp_path_factory):
-    root = tmp_path_factory.mktemp("planted")
+def planted_stages(root, planted: dict, features: dict, stages, **more) -> None:
+    """A planted project in `root` (its params.yaml) through `stages`."""
     params = root / "params.yaml"
     paths = {k: str(root / v) for k, v in (("raw_dir", "data/raw"), ("validated_dir", "data/validated"),
              ("quarantine_dir", "data/quarantine"), ("features_dir", "data/features"), ("models_dir", "models"),
              ("reports_dir", "reports"))}  # fmt: skip
     params.write_text(yaml.safe_dump({
-        "paths": paths,
-        "ingest": {"source": "planted"},
-        "planted": {"n_outfits": 5000, "n_articles": 600, "n_customers": 800, "n_types": 12, "n_tastes": 32},
-        "features": {"default_dim": 8, "embedding_dims": {}, "val_fraction": 0.1, "test_fraction": 0.1},
-    }))  # fmt: skip
-    for stage in ("ingest", "validate", "features", "baseline", "optimum"):
+        "paths": paths, "ingest": {"source": "planted"}, "planted": planted,
+        "features": {"default_dim": 8, "embedding_dims": {}, "val_fraction": 0.1, "test_fraction": 0.1, **features},
+        **more}))  # fmt: skip
+    for stage in stages:
         assert main(["--params", str(params), stage]) == 0, stage
-    return root, params
+
+
+@pytest.fixture(scope="module")
+def planted_project(tmp_path_factory):
+    root = tmp_path_factory.mktemp("planted")
+    planted_stages(root, {"n_outfits": 5000, "n_articles": 600, "n_customers": 800, "n_types": 12, "n_tastes": 32},
+                   {}, ("ingest", "validate", "features", "baseline", "optimum"))
+    return root, root / "params.yaml"
 
 
 def test_the_optimum_stage_beats_popularity_and_context_helps(planted_project):
@@ -163,24 +167,12 @@ def test_without_a_truth_the_stage_says_the_optimum_is_unknown(tmp_path):
 
 @pytest.fixture(scope="module")
 def history_project(tmp_path_factory):
-    """Planted data whose customers have a hidden taste and many outfits each (400 customers, 8 on average)."""
+    """Planted data whose customers have a hidden taste and many outfits each (400 customers, 8 on average),
+    with the history feature on, as a study of history runs it: the optimum reads the customer's columns only."""
     root = tmp_path_factory.mktemp("planted_history")
-    params = root / "params.yaml"
-    paths = {k: str(root / v) for k, v in (("raw_dir", "data/raw"), ("validated_dir", "data/validated"),
-             ("quarantine_dir", "data/quarantine"), ("features_dir", "data/features"), ("models_dir", "models"),
-             ("reports_dir", "reports"))}  # fmt: skip
-    params.write_text(yaml.safe_dump({
-        "paths": paths,
-        "ingest": {"source": "planted"},
-        "planted": {"n_outfits": 3200, "n_articles": 600, "n_customers": 400, "n_types": 12, "n_tastes": 32,
-                    "customer_taste_strength": 3.0},
-        # the history feature on, as a study of history runs it: the optimum reads the customer's columns only
-        "features": {"default_dim": 8, "embedding_dims": {}, "val_fraction": 0.1, "test_fraction": 0.1,
-                     "history": {"enabled": True, "max_items": 20}},
-        "evaluate": {"fitb": {"enabled": False}},
-    }))  # fmt: skip
-    for stage in ("ingest", "validate", "features", "optimum"):
-        assert main(["--params", str(params), stage]) == 0, stage
+    planted_stages(root, {"n_outfits": 3200, "n_articles": 600, "n_customers": 400, "n_types": 12, "n_tastes": 32,
+                          "customer_taste_strength": 3.0}, {"history": {"enabled": True, "max_items": 20}},
+                   ("ingest", "validate", "features", "optimum"), evaluate={"fitb": {"enabled": False}})
     return root
 
 

@@ -8,7 +8,11 @@ rules are in `feature_store.py`.
 
 Split: by outfit, from a keyed hash (BLAKE2b, 8 bytes, key = `split_seed`) of the outfit_id mapped to
 [0, 1): below `test_fraction` -> test, below `test_fraction + val_fraction` -> val, else train. An outfit
-keeps its split when other rows are added or removed.
+keeps its split when other rows are added or removed. With `features.split: time`, by date instead
+(assign_time_splits): the latest outfits test, those before them validate.
+
+History (`features.history`): each outfit's customer's earlier articles (history.py's rule), stored as one
+more per-outfit list of article indices, the feature `history` of the spec (docs/history.md).
 """
 
 from __future__ import annotations
