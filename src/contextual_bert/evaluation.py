@@ -223,9 +223,10 @@ def _subset_metrics(cases: dict, keep: np.ndarray, n_outfits: int, cfg: Evaluate
 
 
 def evaluate_model(model, name, variant, seed, parameters, features_dir, max_set_size, out_path, cfg,
-              n_ids: int | None = None) -> dict:
+              n_ids: int | None = None, extra_context=None) -> dict:
     """n_ids: the model ranks the catalogue, whose articles below n_ids have an id embedding (known) and the
-    others not (unseen); their metrics are reported apart as well."""
+    others not (unseen); their metrics are reported apart as well. extra_context(split): entries a model needs
+    beside the features' context, per row of that split (the optimum with history: each case's outfit)."""
     from contextual_bert.feature_store import load_split
 
     device = evaluation_device()
@@ -233,9 +234,15 @@ def evaluate_model(model, name, variant, seed, parameters, features_dir, max_set
         keep_freed_memory()
     model.to(device)
     catalogue = n_ids is not None
-    test_data = load_split(features_dir, "test", max_set_size, catalogue=catalogue)
+
+    def split_data(split: str) -> EncodedOutfits:
+        data = load_split(features_dir, split, max_set_size, catalogue=catalogue)
+        data.context |= extra_context(split) if extra_context else {}
+        return data
+
+    test_data = split_data("test")
     test, test_cases = evaluate_split(model, test_data, cfg, device)
-    val, _ = evaluate_split(model, load_split(features_dir, "val", max_set_size, catalogue=catalogue), cfg, device)
+    val, _ = evaluate_split(model, split_data("val"), cfg, device)
     fitb = None
     if cfg.fitb.enabled:  # fill-in-the-blank on the same test outfits, the same questions for every model
         questions, _, _ = split_questions(features_dir, max_set_size, cfg.fitb)

@@ -371,11 +371,9 @@ def history_optimum_data(raw_dir: Path, features_dir: Path, split_rule: str = "h
 
 def evaluate_history_optimum(raw_dir: Path, features_dir: Path, out_path: Path, cfg: EvaluateConfig,
                              max_set_size: int = ModelConfig().max_set_size, split_rule: str = "hash") -> dict:
-    """The optimum with context and history on the test and validation cases, scored as the other rows
-    (metrics and the test bootstrap; no fill-in-the-blank); {"known": false, "why": ...} where it is absent."""
-    from contextual_bert.bootstrap import OUTFITS_KEY, bootstrap_ci, case_values, outfit_record
-    from contextual_bert.evaluation import evaluate_split, result_json
-    from contextual_bert.feature_store import load_split
+    """The optimum with context and history, scored as the other rows (evaluation.evaluate_model: test and
+    validation metrics, the bootstrap, FITB); {"known": false, "why": ...} where it is absent."""
+    from contextual_bert.evaluation import evaluate_model, result_json
 
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -385,21 +383,13 @@ def evaluate_history_optimum(raw_dir: Path, features_dir: Path, out_path: Path, 
         out_path.write_text(json.dumps(result, indent=2))
         return result
     model, rows, about = history_optimum_data(raw_dir, features_dir, split_rule)
-    result = {"name": HISTORY_RESULT, "variant": HISTORY_RESULT, "seed": None, "parameters": 0,
-              "split_rule": split_rule, **about}  # fmt: skip
+    result = evaluate_model(model, HISTORY_RESULT, HISTORY_RESULT, None, 0, features_dir, max_set_size, out_path, cfg,
+                            extra_context=lambda split: {OUTFIT_ROW: torch.from_numpy(rows[split])})
     for split in ("test", "val"):
-        data = load_split(features_dir, split, max_set_size)
-        data.context[OUTFIT_ROW] = torch.from_numpy(rows[split])
-        metrics, cases = evaluate_split(model, data, cfg, "cpu")
-        ce = metrics["cross_entropy"]
+        ce = result[split]["cross_entropy"]
         if ce is None or not np.isfinite(ce):
             raise ContextualBertError(f"{HISTORY_RESULT}: {split} cross-entropy is {ce}: a case the truth gives "
                                       "probability 0, so the data and its truth file disagree")
-        result[split] = metrics
-        if split == "test":
-            values = case_values(cases["rank"], cases["log_prob"])
-            result["test_bootstrap"] = bootstrap_ci(cases["outfit"], values, n_outfits=metrics["n_outfits"])
-            result[OUTFITS_KEY] = outfit_record(cases["outfit"], values, list(data.outfit_ids))
-    result["known"] = True
+    result |= {"split_rule": split_rule, **about, "known": True}
     out_path.write_text(result_json(result))
     return result
