@@ -9,7 +9,8 @@ folders) and trains + evaluates each model, one seed, one torch thread, --jobs a
     old        params.yaml's recipe as it was before issue 45 (random start, no bag path)
     bag        model.bag_path: input, the mean of the other articles' input vectors added at every position
     outbag     model.bag_path: output, the mean of the other articles' (tied) vectors added to the head state
-    outbag_wd  outbag with weight decay 0.1 (params.yaml: 0.01): does it fit the training outfits less?
+    outbag_wd  outbag with weight decay 0.1 (the old recipe: 0.01): does it fit the training outfits less?
+    outbag_wd3, outbag_wd1   the same with weight decay 0.3, 1.0
     cooc       train.init_embeddings: cooccurrence (the article ids start at the factorised PPMI)
     bag_cooc, outbag_cooc   a bag path and the co-occurrence start
 
@@ -43,10 +44,12 @@ from contextual_bert.config import uses_attributes  # noqa: E402
 # the hidden-taste planted data: the tastes carried by a hidden style alone (no column says it)
 HIDDEN = {"taste_strength": 0.0, "hidden_taste_strength": 1.3}
 RECIPES = {
-    "old": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "random"}},
+    "old": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "random", "weight_decay": 0.01}},
     "bag": {"model": {"bag_path": "input"}, "variant": {"init_embeddings": "random"}},
     "outbag": {"model": {"bag_path": "output"}, "variant": {"init_embeddings": "random"}},
     "outbag_wd": {"model": {"bag_path": "output"}, "variant": {"init_embeddings": "random", "weight_decay": 0.1}},
+    "outbag_wd3": {"model": {"bag_path": "output"}, "variant": {"init_embeddings": "random", "weight_decay": 0.3}},
+    "outbag_wd1": {"model": {"bag_path": "output"}, "variant": {"init_embeddings": "random", "weight_decay": 1.0}},
     "cooc": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "cooccurrence"}},
     "bag_cooc": {"model": {"bag_path": "input"}, "variant": {"init_embeddings": "cooccurrence"}},
     "outbag_cooc": {"model": {"bag_path": "output"}, "variant": {"init_embeddings": "cooccurrence"}},

@@ -1,0 +1,111 @@
+"""Issue 45's quick screen: one model trained in process on a data project's features (the projects that
+studies/encoder_recipe.py builds under /tmp/encoder_recipe/<kind>/data), with overrides, printing a JSON row
+per epoch (training cross-entropy measured as validation's, validation cross-entropy) and the geometry of the
+article-id table (`common_share`: the frequency-weighted mean vector's share of the mean squared norm, high when
+every article leans one way; `rms_norm`; the top singular values' share of the centred table). No evaluation
+stage, no outfit dependence: a screen to choose what encoder_recipe.py then runs through the pipeline.
+
+    python studies/encoder_screen.py --data /tmp/encoder_recipe/planted_hidden_50000/data --variant none \
+        --out /tmp/screen/outbag_wd3 --set train.max_epochs=8 model.bag_path=output train.weight_decay=0.3
+
+`--set` takes params keys; train.* keys apply after the variant's own `variants:` entry, as a study override.
+`--collect DIR...` instead gathers the logs written as DIR/<name>.log into one JSON (stdout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from contextual_bert import training
+from contextual_bert.config import Config
+from contextual_bert.feature_spec import N_SPECIAL
+
+
+def geometry(model, items: torch.Tensor) -> dict:
+    table = model.item_embeddings.weight.detach()[N_SPECIAL:].double()
+    seen = items.flatten()
+    seen = seen[seen >= N_SPECIAL] - N_SPECIAL
+    weight = torch.bincount(seen, minlength=len(table)).double()
+    weight = weight / weight.sum()
+    mean = (weight[:, None] * table).sum(0)
+    mean_square = (weight * (table**2).sum(1)).sum()
+    singular = torch.linalg.svdvals((table - mean) * weight.sqrt()[:, None]) ** 2
+    return {"common_share": float(mean.dot(mean) / mean_square), "rms_norm": float(mean_square.sqrt()),
+            "top1_share": float(singular[0] / singular.sum()), "top8_share": float(singular[:8].sum() / singular.sum())}
+
+
+def set_key(params: dict, assignment: str) -> None:
+    key, _, value = assignment.partition("=")
+    *parents, leaf = key.split(".")
+    node = params
+    for part in parents:
+        node = node[part]
+    node[leaf] = yaml.safe_load(value)
+
+
+def collect(folders: list[Path]) -> dict:
+    out = {}
+    for folder in folders:
+        for log in sorted(folder.glob("*.log")):
+            text = log.read_text()
+            rows = [json.loads(line[line.index('{"epoch"'):]) for line in text.replace("\r", "\n").splitlines()
+                    if '{"epoch"' in line]
+            settings = next((json.loads(line[len("settings "):]) for line in text.splitlines()
+                             if line.startswith("settings ")), None)
+            out[f"{folder.name}/{log.stem}"] = {"settings": settings, "epochs": rows,
+                                                "best_val": min((r["val_cross_entropy"] for r in rows), default=None)}
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path)
+    parser.add_argument("--variant", default="none")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--set", nargs="*", default=[])
+    parser.add_argument("--collect", nargs="*", type=Path)
+    args = parser.parse_args()
+    if args.collect:
+        print(json.dumps(collect(args.collect), indent=1))
+        return 0
+    params = yaml.safe_load((args.data / "params.yaml").read_text())
+    for assignment in args.set:
+        set_key(params, assignment)
+    cfg = Config.model_validate(params)
+    overrides = params.get("variants", {}).get(args.variant) or {}
+    train_cfg = cfg.train.model_copy(update={k: v for k, v in overrides.items() if k != "dropout"})
+    train_cfg = train_cfg.model_copy(update={a.split("=")[0].split(".")[1]: yaml.safe_load(a.split("=", 1)[1])
+                                             for a in args.set if a.startswith("train.")})
+    model_cfg = cfg.model.model_copy(update={"dropout": overrides["dropout"]} if "dropout" in overrides else {})
+    print("settings " + json.dumps({"variant": args.variant, "seed": args.seed, "model": model_cfg.model_dump(),
+                                    "train": train_cfg.model_dump()}), flush=True)
+
+    held, started = {}, time.time()
+    fit = training.fit
+
+    def fit_and_hold(model, train_data, *rest, **kwargs):  # the model and its training outfits, for geometry
+        held.update(model=model, items=train_data.items)
+        return fit(model, train_data, *rest, **kwargs)
+
+    def on_epoch_end(epoch: int, row: dict) -> None:
+        keep = ("train_loss", "train_cross_entropy", "val_cross_entropy", "seconds")
+        print(json.dumps({"epoch": epoch, **{k: round(row[k], 4) for k in keep},
+                          **geometry(held["model"], held["items"]), "t": round(time.time() - started)}), flush=True)
+
+    training.fit = fit_and_hold
+    metrics = training.train(Path(params["paths"]["features_dir"]), args.out, args.variant, args.seed, model_cfg,
+                             train_cfg, on_epoch_end)
+    print(json.dumps(metrics), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
