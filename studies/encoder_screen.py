@@ -8,7 +8,7 @@ stage, no outfit dependence: a screen to choose what encoder_recipe.py then runs
     python studies/encoder_screen.py --data /tmp/encoder_recipe/planted_hidden_50000/data --variant none \
         --out /tmp/screen/outbag_wd3 --set train.max_epochs=8 model.bag_path=output train.weight_decay=0.3
 
-`--set` takes params keys; train.* keys apply after the variant's own `variants:` entry, as a study override.
+`--set` takes params keys (project.override); a train.* key also replaces the variant's own `variants:` entry.
 `--collect DIR...` instead gathers the logs written as DIR/<name>.log into one JSON (stdout).
 """
 
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from project import override
 
 from contextual_bert import training
 from contextual_bert.config import Config
@@ -55,15 +56,6 @@ def fade_bag_path(held: dict) -> None:
     ContextualBert.head_states = head_states
 
 
-def set_key(params: dict, assignment: str) -> None:
-    key, _, value = assignment.partition("=")
-    *parents, leaf = key.split(".")
-    node = params
-    for part in parents:
-        node = node[part]
-    node[leaf] = yaml.safe_load(value)
-
-
 def collect(folders: list[Path]) -> dict:
     out = {}
     for folder in folders:
@@ -94,14 +86,14 @@ def main() -> int:
         print(json.dumps(collect(args.collect), indent=1))
         return 0
     params = yaml.safe_load((args.data / "params.yaml").read_text())
+    entry = params.setdefault("variants", {}).setdefault(args.variant, {})
     for assignment in args.set:
-        set_key(params, assignment)
+        override(params, assignment)
+        section, _, key = assignment.partition("=")[0].partition(".")
+        if section == "train" and key in entry:  # a study's setting wins over the variant's own
+            override(params, f"variants.{args.variant}.{assignment.partition('.')[2]}")
     cfg = Config.model_validate(params)
-    overrides = params.get("variants", {}).get(args.variant) or {}
-    train_cfg = cfg.train.model_copy(update={k: v for k, v in overrides.items() if k != "dropout"})
-    train_cfg = train_cfg.model_copy(update={a.split("=")[0].split(".")[1]: yaml.safe_load(a.split("=", 1)[1])
-                                             for a in args.set if a.startswith("train.")})
-    model_cfg = cfg.model.model_copy(update={"dropout": overrides["dropout"]} if "dropout" in overrides else {})
+    train_cfg, model_cfg = cfg.train_for(args.variant), cfg.model_for(args.variant)
     print("settings " + json.dumps({"variant": args.variant, "seed": args.seed, "model": model_cfg.model_dump(),
                                     "train": train_cfg.model_dump()}), flush=True)
 

@@ -1,6 +1,6 @@
 """Table 1 before and after a change of recipe: each row's test mean of two `reports/metrics.json` (the seeds'
-mean and SE that `contextual-bert report` writes), their difference and the SE of the difference
-(sqrt(se_before^2 + se_after^2)). A row "loses" when it is worse by more than that SE, "gains" when better
+mean and SE that `contextual-bert report` writes), their difference and the SE of the difference, as
+Table 1 compares two rows (report.compare). A row "loses" when it is worse by more than that SE, "gains" when better
 by more. `--before` may name a git revision (`REV:path`), so the committed Table 1 is the baseline.
 
     python studies/table1_change.py --before HEAD:reports/metrics.json --after reports/metrics.json \
@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import subprocess
 from pathlib import Path
 
-from contextual_bert.report import LABELS
+from contextual_bert.report import LABELS, compare
 
 METRICS = (("cross_entropy", False), ("recall@1", True), ("recall@5", True), ("outfit_dependence", True))
 
@@ -36,11 +35,11 @@ def change(before: dict, after: dict) -> dict:
             b, a = before[model]["test"].get(metric), result["test"].get(metric)
             if not isinstance(b, dict) or not isinstance(a, dict):
                 continue
-            se = math.sqrt((b.get("se") or 0.0) ** 2 + (a.get("se") or 0.0) ** 2)
-            better = (a["mean"] - b["mean"]) * (1 if higher_better else -1)
-            verdict = "gains" if se > 0 and better > se else "loses" if se > 0 and -better > se else "within SE"
-            row[metric] = {"before": b["mean"], "after": a["mean"], "better_by": better, "se_of_difference": se,
-                           "verdict": verdict}
+            gain, loss = compare(a, b, higher_better), compare(b, a, higher_better)
+            verdict = ("gains" if gain["beats_by_more_than_se"] else "loses" if loss["beats_by_more_than_se"]
+                       else "within SE")
+            row[metric] = {"before": b["mean"], "after": a["mean"], "better_by": gain["improvement"],
+                           "se_of_difference": gain["se"], "verdict": verdict}
         rows[model] = row
     return rows
 

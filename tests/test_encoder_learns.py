@@ -15,9 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-import yaml
 
-from contextual_bert.config import ModelConfig, PlantedConfig, TrainConfig
+from contextual_bert.config import ModelConfig, PlantedConfig, TrainConfig, load_config
 from contextual_bert.evaluation import PopularityModel, outfit_dependence
 from contextual_bert.ranking import case_ranks
 from contextual_bert.feature_spec import N_SPECIAL, PAD_INDEX, ContextSpec, EncodedOutfits
@@ -54,12 +53,11 @@ def _cross_entropy(model, data) -> tuple[float, dict]:
 
 def _default_recipe() -> tuple[dict, dict]:
     """params.yaml's recipe for [None], not its sizes: the model's bag_path and dropout; the weight decay and
-    learning rate it trains with (train:, then its variants: entry)."""
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    model = {k: params["model"][k] for k in ("bag_path", "dropout") if k in params["model"]}
-    train = {k: params["train"][k] for k in ("weight_decay", "learning_rate")}
-    train.update({k: v for k, v in params["variants"]["none"].items() if k in train})
-    return model, train
+    learning rate it trains with."""
+    cfg = load_config(REPO / "params.yaml")
+    model, train = cfg.model_for("none"), cfg.train_for("none")
+    return ({"bag_path": model.bag_path, "dropout": model.dropout},
+            {"weight_decay": train.weight_decay, "learning_rate": train.learning_rate})
 
 
 @pytest.mark.timeout(120)
