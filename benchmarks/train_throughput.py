@@ -11,6 +11,10 @@ version, the threads and the load average around the run: other work on the mach
 
     .venv/bin/python benchmarks/train_throughput.py [--threads 2] [--steps 8] [--variants ...] [--note "..."]
 
+`--softmax full sampled` times both training losses (sampled: `--negatives` popularity draws shared by the batch,
+training.NegativeSampler over Zipf(1) sightings; rows under "variants" are the full softmax's, under
+"variants_sampled" the sampled one's).
+
 `--device cuda` runs the same steps on the GPU as the pipeline runs them there (training under bf16 autocast,
 `devices.autocast`; inference as serving does, also under it) and writes reports/benchmarks/throughput_cuda.json;
 each timed call ends with a CUDA synchronize, so the time is the kernels', not their launch.
@@ -35,7 +39,7 @@ from contextual_bert.config import VARIANTS, ModelConfig, TrainConfig
 from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, ContextSpec, FeatureSpec
 from contextual_bert.model import PAPER_SIZES, ContextualBert, count_paper_parameters
 from contextual_bert.devices import autocast, keep_freed_memory, select_device
-from contextual_bert.training import lr_factor, make_optimizer, mask_items, train_step
+from contextual_bert.training import NegativeSampler, lr_factor, make_optimizer, mask_items, train_step
 
 REPO = Path(__file__).resolve().parents[1]
 OUT_DIR = REPO / "reports" / "benchmarks"
@@ -56,6 +60,13 @@ SPEC = ContextSpec(
 )
 MODEL = ModelConfig(d_model=128, n_blocks=4, n_heads=8, d_ff=256, dropout=0.1, max_set_size=MAX_SET)
 TRAIN = TrainConfig(batch_size=BATCH, learning_rate=1e-3, warmup_steps=200, device="cpu")
+
+
+def popularity_counts(n_items: int) -> torch.Tensor:
+    """Zipf(1) sightings: the sampler's popularity (the batches' articles are uniform)."""
+    counts = torch.zeros(n_items, dtype=torch.long)
+    counts[N_SPECIAL:] = (1e6 / torch.arange(1, n_items - N_SPECIAL + 1)).long() + 1
+    return counts
 
 
 def make_batches(n: int, seed: int = 0, n_items: int = N_ITEMS) -> list[tuple[torch.Tensor, dict]]:
@@ -111,17 +122,19 @@ def rates(prefix: str, seconds: list[float]) -> dict:
     }
 
 
-def bench_variant(variant: str, batches, warmup: int) -> dict:
+def bench_variant(variant: str, batches, warmup: int, negatives: int | None = None) -> dict:
+    """negatives: None for the full softmax, else the sampled one's popularity draws per step."""
     device = batches[0][0].device
     torch.manual_seed(0)
     model = ContextualBert(MODEL, variant, N_ITEMS, SPEC).to(device)
     optimizer = make_optimizer(model, TRAIN, device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(TRAIN, len(batches)))
     generator = torch.Generator(device=device).manual_seed(0)
+    sampler = None if negatives is None else NegativeSampler(popularity_counts(N_ITEMS), negatives, generator)
     masked_per_batch = []
 
     def step(items, context):
-        _, predict = train_step(model, optimizer, scheduler, items, context, TRAIN, generator)
+        _, predict = train_step(model, optimizer, scheduler, items, context, TRAIN, generator, sampler)
         masked_per_batch.append(int(predict.sum()))
 
     model.train()
@@ -214,6 +227,8 @@ def main() -> None:
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
     parser.add_argument("--no-reference", action="store_true")
     parser.add_argument("--note", default="", help="e.g. whether other work shared the machine")
+    parser.add_argument("--softmax", nargs="+", choices=["full", "sampled"], default=["full"])
+    parser.add_argument("--negatives", type=int, default=TrainConfig().negatives)
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (as train.device)")
     parser.add_argument("--out", type=Path, help="default: reports/benchmarks/throughput[_cuda].json")
     args = parser.parse_args()
@@ -226,10 +241,14 @@ def main() -> None:
     started = time.perf_counter()
     batches = [(items.to(device), {k: v.to(device) for k, v in context.items()})
                for items, context in make_batches(args.warmup + args.steps)]  # fmt: skip
-    results = {}
+    results, sampled = {}, {}
     for variant in args.variants:
-        results[variant] = bench_variant(variant, batches, args.warmup)
-        print(variant, json.dumps(results[variant]), flush=True)
+        if "full" in args.softmax:
+            results[variant] = bench_variant(variant, batches, args.warmup)
+            print(variant, "full", json.dumps(results[variant]), flush=True)
+        if "sampled" in args.softmax:
+            sampled[variant] = bench_variant(variant, batches, args.warmup, args.negatives)
+            print(variant, "sampled", json.dumps(sampled[variant]), flush=True)
     reference = None
     if not args.no_reference:
         reference = bench_reference(batches[: 1 + args.reference_steps], warmup=1)
@@ -241,18 +260,22 @@ def main() -> None:
         "settings": {"n_articles": N_ARTICLES, "batch_size": BATCH, "outfit_sizes": "uniform 4..8",
                      **PAPER_SIZES, "dropout": MODEL.dropout, "mask_prob": TRAIN.mask_prob,
                      "grad_clip": TRAIN.grad_clip, "timed_batches": args.steps, "warmup_batches": args.warmup,
-                     "reference_timed_batches": args.reference_steps},  # fmt: skip
+                     "reference_timed_batches": args.reference_steps, "softmax": args.softmax,
+                     "negatives": args.negatives if "sampled" in args.softmax else None},  # fmt: skip
         "machine": {
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
             "cpu": cpu_name(),
             "cpu_count": os.cpu_count(),
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "peak_gpu_memory_mib": (round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+                                    if device.type == "cuda" else None),
             "load_average_before": [round(x, 2) for x in load_before],
             "load_average_after": [round(x, 2) for x in os.getloadavg()],
         },
         "note": args.note,
         "variants": results,
+        **({"variants_sampled": sampled} if sampled else {}),
         "reference": reference,
         "seconds": round(time.perf_counter() - started, 1),
     }
@@ -260,7 +283,7 @@ def main() -> None:
         report["speedup_vs_reference"] = {
             v: {"train": round(r["train_samples_per_s"] / reference["train_samples_per_s"], 1),
                 "inference": round(r["inference_samples_per_s"] / reference["inference_samples_per_s"], 1)}
-            for v, r in results.items()
+            for v, r in (results or sampled).items()
         }  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_throughput as tt  # noqa: E402  (the paper-size batches, spec, model and reference)
 
 from contextual_bert.config import VARIANTS  # noqa: E402
-from contextual_bert.devices import keep_freed_memory  # noqa: E402
+from contextual_bert.devices import keep_freed_memory, select_device  # noqa: E402
 from contextual_bert.feature_spec import N_SPECIAL, ContextSpec, FeatureSpec  # noqa: E402
 from contextual_bert.model import build_model, count_paper_parameters  # noqa: E402
 from contextual_bert.training import NegativeSampler, lr_factor, make_optimizer, mask_items, train_step  # noqa: E402
@@ -48,13 +48,6 @@ ATTRIBUTE_SPEC = ContextSpec(tuple(FeatureSpec(name, "categorical", "article", N
 ATTRS_MODELS = ["none_attrs", "global_state_attrs"]
 HM_OUTFITS, EPOCHS = 2_700_000, 32  # H&M's full data (hm_full_size.py) and the default recipe's epochs
 H100_BF16_DENSE = 989e12  # FLOP/s, SXM, dense bf16 (NVIDIA's datasheet)
-
-
-def popularity_counts(n_items: int) -> torch.Tensor:
-    """Zipf(1) sightings: the sampler's popularity (the batches' articles are uniform, as in train_throughput)."""
-    counts = torch.zeros(n_items, dtype=torch.long)
-    counts[N_SPECIAL:] = (1e6 / torch.arange(1, n_items - N_SPECIAL + 1)).long() + 1
-    return counts
 
 
 def build(model_name: str, n_items: int):
@@ -81,21 +74,23 @@ def encoder_only_step(model, optimizer, items, context, generator, probe):
     return predict
 
 
-def run_one(model_name: str, n_articles: int, softmax: str, negatives: int, steps: int, warmup: int) -> dict:
+def run_one(model_name: str, n_articles: int, softmax: str, negatives: int, steps: int, warmup: int,
+            device: torch.device) -> dict:
     n_items = N_SPECIAL + n_articles
-    batches = tt.make_batches(warmup + steps + 1, n_items=n_items)
+    batches = [(items.to(device), {k: v.to(device) for k, v in context.items()})
+               for items, context in tt.make_batches(warmup + steps + 1, n_items=n_items)]  # fmt: skip
     if model_name == "reference":
         cpu_started = time.process_time()
         result = tt.bench_reference(batches[: warmup + steps], warmup)  # training and inference, timed
         result = {k: v for k, v in result.items() if k.startswith("train") or k == "parameters_total"}
         result["cpu_seconds_all_calls"] = round(time.process_time() - cpu_started, 1)
-        return {**result, "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
-    model = build(model_name, n_items)
-    optimizer = make_optimizer(model, tt.TRAIN, torch.device("cpu"))
+        return {**result, **peak_memory(device)}
+    model = build(model_name, n_items).to(device)
+    optimizer = make_optimizer(model, tt.TRAIN, device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(tt.TRAIN, len(batches)))
-    generator = torch.Generator().manual_seed(0)
-    sampler = NegativeSampler(popularity_counts(n_items), negatives, generator) if softmax == "sampled" else None
-    probe = torch.randn(tt.MODEL.d_model)
+    generator = torch.Generator(device=device).manual_seed(0)
+    sampler = NegativeSampler(tt.popularity_counts(n_items), negatives, generator) if softmax == "sampled" else None
+    probe = torch.randn(tt.MODEL.d_model, device=device)
     masked, candidates = [], []
     if sampler is not None:  # count the candidates a step scores
         draw = sampler.draw
@@ -113,8 +108,10 @@ def run_one(model_name: str, n_articles: int, softmax: str, negatives: int, step
         step(items, context)
     seconds, cpu_seconds = [], []
     for items, context in batches[warmup : warmup + steps]:
+        tt.synchronize(device)
         started, cpu_started = time.perf_counter(), time.process_time()
         step(items, context)
+        tt.synchronize(device)
         seconds.append(time.perf_counter() - started)
         cpu_seconds.append(time.process_time() - cpu_started)
     flops = None
@@ -135,20 +132,29 @@ def run_one(model_name: str, n_articles: int, softmax: str, negatives: int, step
         "masked_positions_per_batch": round(sum(masked) / len(masked), 1),
         "candidates_per_batch": round(sum(candidates) / len(candidates), 1) if candidates else None,
         "flops_per_sample": round(flops / tt.BATCH) if flops else None,
-        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        **peak_memory(device),
     }
 
 
-def projection(row: dict) -> dict:
+def peak_memory(device: torch.device) -> dict:
+    """This process's peak resident memory, and on a GPU the peak of its tensors there."""
+    out = {"peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    if device.type == "cuda":
+        out["peak_gpu_memory_mib"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    return out
+
+
+def projection(row: dict, device_type: str = "cpu") -> dict:
+    """Hours of one training on H&M's full data at the measured rate (on this device), and from the FLOPs."""
     samples = HM_OUTFITS * EPOCHS
-    out = {"cpu_hours": round(samples / row["train_samples_per_s"] / 3600, 1)}
-    if row.get("train_samples_per_cpu_s"):  # one quiet core's rate
+    out = {f"{device_type}_hours": round(samples / row["train_samples_per_s"] / 3600, 2)}
+    if device_type == "cpu" and row.get("train_samples_per_cpu_s"):  # one quiet core's rate
         out["cpu_hours_at_cpu_time_rate"] = round(samples / row["train_samples_per_cpu_s"] / 3600, 1)
     if row.get("flops_per_sample"):
         flops = row["flops_per_sample"] * samples
         out["total_pflop"] = round(flops / 1e15, 1)
         # a floor, not a forecast: matrices of width 128 keep a GPU far from its dense bf16 peak (launches and
-        # memory traffic bound it); 10% and 30% of the peak as a range. Never measured (no GPU was lent).
+        # memory traffic bound it); 10% and 30% of the peak as a range. Measured on one H100: about 1% of it.
         out["h100_minutes_at_10pct_of_peak"] = round(flops / (0.10 * H100_BF16_DENSE) / 60, 1)
         out["h100_minutes_at_30pct_of_peak"] = round(flops / (0.30 * H100_BF16_DENSE) / 60, 1)
     return out
@@ -165,7 +171,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--no-reference", action="store_true")
     parser.add_argument("--note", default="")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (as train.device); cuda: bf16 autocast")
+    parser.add_argument("--out", type=Path, help="default: reports/benchmarks/throughput_catalogue[_cuda].json")
     parser.add_argument("--configs", nargs="+", help="model:articles:softmax, in this order (default: every "
                         "model x articles x softmax, then encoder_only and the reference per size)")
     parser.add_argument("--reproject", action="store_true", help="recompute the projections of --out only")
@@ -173,10 +180,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     keep_freed_memory()
+    device = select_device(args.device)
+    args.out = args.out or (OUT if device.type == "cpu" else OUT.with_name(f"{OUT.stem}_{device.type}.json"))
 
     if args.one:
         model_name, n_articles, softmax = args.one.split(":")
-        print(json.dumps(run_one(model_name, int(n_articles), softmax, args.negatives, args.steps, args.warmup)))
+        row = run_one(model_name, int(n_articles), softmax, args.negatives, args.steps, args.warmup, device)
+        print(json.dumps(row))
         return
 
     report = json.loads(args.out.read_text()) if args.out.exists() else {"results": {}}
@@ -184,17 +194,19 @@ def main() -> None:
         for models in report["results"].values():
             for runs in models.values():
                 for row in runs.values():
-                    row["projection_hm_full"] = projection(row)
+                    row["projection_hm_full"] = projection(row, "cpu" if report["machine"].get("device", "cpu") == "cpu" else "cuda")
         args.out.write_text(json.dumps(report, indent=2) + "\n")
         return
     report.update({
         "what": "training samples/s at the paper's sizes (batch 1,024) by catalogue size, full vs sampled softmax, "
-                "CPU fp32; each configuration in its own process (peak_rss_mib: its peak resident memory)",
+                + ("CPU fp32" if device.type == "cpu" else f"{device.type}, bf16 autocast")
+                + "; each configuration in its own process (peak_rss_mib: its peak resident memory)",
         "settings": {"batch_size": tt.BATCH, "negatives": args.negatives, "timed_batches": args.steps,
                      "warmup_batches": args.warmup, "attributes": dict(ATTRIBUTES), "id_dropout": 0.5,
                      "sampler_popularity": "Zipf(1) counts; batch articles uniform", **tt.PAPER_SIZES},
         "machine": {"torch": torch.__version__, "threads": args.threads, "cpu": tt.cpu_name(),
-                    "cpu_count": os.cpu_count()},
+                    "cpu_count": os.cpu_count(),
+                    "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"},
         "note": args.note,
         "projection": {"outfits": HM_OUTFITS, "epochs": EPOCHS, "h100_bf16_dense_flops": H100_BF16_DENSE},
     })  # fmt: skip
@@ -209,14 +221,14 @@ def main() -> None:
         started = time.perf_counter()
         proc = subprocess.run([sys.executable, __file__, "--one", f"{model_name}:{n_articles}:{softmax}",
                                "--threads", str(args.threads), "--negatives", str(args.negatives),
-                               "--steps", str(args.steps), "--warmup", str(args.warmup)],
+                               "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device],
                               capture_output=True, text=True)  # fmt: skip
         if proc.returncode != 0:
             print(f"{model_name} {n_articles} {softmax}: failed\n{proc.stderr[-2000:]}", flush=True)
             continue
         row = json.loads(proc.stdout.strip().splitlines()[-1])
         row["load_average_before"] = [round(x, 2) for x in load]
-        row["projection_hm_full"] = projection(row)
+        row["projection_hm_full"] = projection(row, device.type)
         row["wall_seconds"] = round(time.perf_counter() - started, 1)
         report["results"].setdefault(str(n_articles), {}).setdefault(model_name, {})[softmax] = row
         args.out.parent.mkdir(parents=True, exist_ok=True)
