@@ -11,6 +11,9 @@ folders) and trains + evaluates each model, one seed, one torch thread, --jobs a
     outbag     model.bag_path: output, the mean of the other articles' (tied) vectors added to the head state
     outbag_wd  outbag with weight decay 0.1 (the old recipe: 0.01): does it fit the training outfits less?
     outbag_wd3, outbag_wd1   the same with weight decay 0.3, 1.0
+    wd3        weight decay 0.3 alone (no bag path, no warm-up)
+    warmup     weight decay 0.3 and train.bag_warmup_epochs 2: the bag state in the head state for the first two
+               epochs (weight 1, 0.5), then the paper's model (params.yaml's recipe since issue 45's third round)
     cooc       train.init_embeddings: cooccurrence (the article ids start at the factorised PPMI)
     bag_cooc, outbag_cooc   a bag path and the co-occurrence start
 
@@ -44,14 +47,20 @@ from contextual_bert.config import uses_attributes  # noqa: E402
 # the hidden-taste planted data: the tastes carried by a hidden style alone (no column says it)
 HIDDEN = {"taste_strength": 0.0, "hidden_taste_strength": 1.3}
 RECIPES = {
-    "old": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "random", "weight_decay": 0.01}},
-    "bag": {"model": {"bag_path": "input"}, "variant": {"init_embeddings": "random"}},
+    "old": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "random", "weight_decay": 0.01,
+                                                         "bag_warmup_epochs": 0}},
+    "bag": {"model": {"bag_path": "input"}, "variant": {"init_embeddings": "random", "bag_warmup_epochs": 0}},
     "outbag": {"model": {"bag_path": "output"}, "variant": {"init_embeddings": "random"}},
     "outbag_wd": {"model": {"bag_path": "output"}, "variant": {"init_embeddings": "random", "weight_decay": 0.1}},
     "outbag_wd3": {"model": {"bag_path": "output"}, "variant": {"init_embeddings": "random", "weight_decay": 0.3}},
     "outbag_wd1": {"model": {"bag_path": "output"}, "variant": {"init_embeddings": "random", "weight_decay": 1.0}},
-    "cooc": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "cooccurrence"}},
-    "bag_cooc": {"model": {"bag_path": "input"}, "variant": {"init_embeddings": "cooccurrence"}},
+    "wd3": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "random", "weight_decay": 0.3,
+                                                         "bag_warmup_epochs": 0}},
+    "warmup": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "random", "weight_decay": 0.3,
+                                                            "bag_warmup_epochs": 2}},
+    "cooc": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "cooccurrence", "bag_warmup_epochs": 0}},
+    "bag_cooc": {"model": {"bag_path": "input"}, "variant": {"init_embeddings": "cooccurrence",
+                                                               "bag_warmup_epochs": 0}},
     "outbag_cooc": {"model": {"bag_path": "output"}, "variant": {"init_embeddings": "cooccurrence"}},
 }
 DATA_DIRS = ("raw_dir", "validated_dir", "quarantine_dir", "features_dir", "source_fingerprint")

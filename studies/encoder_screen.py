@@ -9,6 +9,8 @@ stage, no outfit dependence: a screen to choose what encoder_recipe.py then runs
         --out /tmp/screen/outbag_wd3 --set train.max_epochs=8 model.bag_path=output train.weight_decay=0.3
 
 `--set` takes params keys (project.override); a train.* key also replaces the variant's own `variants:` entry.
+The warm-up from the bag is `--set train.bag_warmup_epochs=N` (the screen's `--bag-fade N` before it was a
+setting, with one difference: the screen validated its warm-up epochs with the bag term, the setting without).
 `--collect DIR...` instead gathers the logs written as DIR/<name>.log into one JSON (stdout).
 """
 
@@ -42,20 +44,6 @@ def geometry(model, items: torch.Tensor) -> dict:
             "top1_share": float(singular[0] / singular.sum()), "top8_share": float(singular[:8].sum() / singular.sum())}
 
 
-def fade_bag_path(held: dict) -> None:
-    """ContextualBert.head_states with its output bag term scaled by held["bag_weight"] (a study's patch)."""
-    from contextual_bert.model import ContextualBert, other_articles_mean
-
-    def head_states(self, items, context, select):
-        states = self.head(self.forward(items, context, select=select))
-        if self.model_cfg.bag_path == "output" and held["bag_weight"] > 0:
-            bag = other_articles_mean(self.article_vectors(self.item_embeddings, items), items)[select]
-            states = states + held["bag_weight"] * bag.to(states.dtype) * self.input_scale
-        return states
-
-    ContextualBert.head_states = head_states
-
-
 def collect(folders: list[Path]) -> dict:
     out = {}
     for folder in folders:
@@ -77,9 +65,6 @@ def main() -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--set", nargs="*", default=[])
-    parser.add_argument("--bag-fade", type=int, default=0, metavar="EPOCHS",
-                        help="with model.bag_path output: the bag term's weight falls linearly from 1 to 0 over the "
-                             "first EPOCHS epochs (a warm-up from the bag; afterwards the paper's model)")
     parser.add_argument("--collect", nargs="*", type=Path)
     args = parser.parse_args()
     if args.collect:
@@ -97,9 +82,7 @@ def main() -> int:
     print("settings " + json.dumps({"variant": args.variant, "seed": args.seed, "model": model_cfg.model_dump(),
                                     "train": train_cfg.model_dump()}), flush=True)
 
-    held, started = {"bag_weight": 1.0}, time.time()
-    if args.bag_fade:
-        fade_bag_path(held)
+    held, started = {}, time.time()
     fit = training.fit
 
     def fit_and_hold(model, train_data, *rest, **kwargs):  # the model and its training outfits, for geometry
@@ -108,9 +91,7 @@ def main() -> int:
 
     def on_epoch_end(epoch: int, row: dict) -> None:
         keep = ("train_loss", "train_cross_entropy", "val_cross_entropy", "seconds")
-        bag_weight = held["bag_weight"]  # the weight this epoch trained and validated with
-        if args.bag_fade:
-            held["bag_weight"] = max(0.0, 1.0 - epoch / args.bag_fade)
+        bag_weight = training.bag_warmup_weight(train_cfg, held["model"], epoch)  # the weight this epoch trained with
         print(json.dumps({"epoch": epoch, "bag_weight": bag_weight, **{k: round(row[k], 4) for k in keep},
                           **geometry(held["model"], held["items"]), "t": round(time.time() - started)}), flush=True)
 

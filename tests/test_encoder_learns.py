@@ -1,7 +1,7 @@
 """The encoder learns from the rest of the outfit (issue 45): on tiny planted data whose masked article is all
 but determined by the other articles of its outfit, [None] (ids only, trained with params.yaml's recipe: its
-bag path, dropout, weight decay and learning rate) comes within a small margin of the Bayes optimum in
-1,520 steps, where popularity stays far from it.
+warm-up from the bag, bag path, dropout, weight decay and learning rate) comes within a small margin of the
+Bayes optimum in 1,520 steps, where popularity stays far from it.
 
 The data: planted.py with the tastes hidden (hidden_taste_strength large, taste_strength 0, no context), 4
 product types of ~8 articles and 4 tastes: under a taste one article of each type takes nearly all its
@@ -52,12 +52,13 @@ def _cross_entropy(model, data) -> tuple[float, dict]:
 
 
 def _default_recipe() -> tuple[dict, dict]:
-    """params.yaml's recipe for [None], not its sizes: the model's bag_path and dropout; the weight decay and
-    learning rate it trains with."""
+    """params.yaml's recipe for [None], not its sizes: the model's bag_path and dropout; the weight decay,
+    learning rate and warm-up from the bag it trains with."""
     cfg = load_config(REPO / "params.yaml")
     model, train = cfg.model_for("none"), cfg.train_for("none")
     return ({"bag_path": model.bag_path, "dropout": model.dropout},
-            {"weight_decay": train.weight_decay, "learning_rate": train.learning_rate})
+            {"weight_decay": train.weight_decay, "learning_rate": train.learning_rate,
+             "bag_warmup_epochs": train.bag_warmup_epochs})
 
 
 @pytest.mark.timeout(120)

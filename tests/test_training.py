@@ -315,6 +315,36 @@ def test_id_dropout_is_read_by_attribute_models_only(tmp_path):
     assert training.run_key(model, dropped, 0, train, val, "cpu")["train"]["id_dropout"] == 0.5
 
 
+def test_the_bag_warmup_falls_from_one_to_zero_for_the_encoders_only():
+    from contextual_bert.model import build_model
+
+    cfg = SHORT.model_copy(update={"bag_warmup_epochs": 2})
+    encoder = new_model("concat")
+    assert [training.bag_warmup_weight(cfg, encoder, epoch) for epoch in (1, 2, 3, 9)] == [1.0, 0.5, 0.0, 0.0]
+    assert training.bag_warmup_weight(SHORT, encoder, 1) == 0.0
+    bag = build_model(TINY, "bag_of_items", N_ITEMS, SPEC)
+    with_path = ContextualBert(TINY.model_copy(update={"bag_path": "output"}), "none", N_ITEMS, SPEC)
+    assert training.bag_warmup_weight(cfg, bag, 1) == 0.0 == training.bag_warmup_weight(cfg, with_path, 1)
+    train, val = planted(60, 0), planted(20, 1)
+    assert "bag_warmup_epochs" not in training.run_key(bag, cfg, 0, train, val, "cpu")["train"]
+    assert training.run_key(encoder, cfg, 0, train, val, "cpu")["train"]["bag_warmup_epochs"] == 2
+    assert "bag_warmup_epochs" not in training.run_key(encoder, SHORT, 0, train, val, "cpu")["train"]
+
+
+def test_the_warmup_loss_at_weight_one_is_the_bag_paths_and_at_zero_the_papers():
+    torch.manual_seed(0)
+    paper = new_model("global_state")
+    with_path = ContextualBert(TINY.model_copy(update={"bag_path": "output"}), "global_state", N_ITEMS, SPEC)
+    with_path.load_state_dict(paper.state_dict())
+    data = planted(64, 3)
+    inputs, predict = mask_items(data.items, N_ITEMS, SHORT, torch.Generator().manual_seed(0))
+    losses = {name: training.masked_item_loss(model, inputs, data.context, predict, data.items, bag_weight=weight)
+              for name, model, weight in (("paper", paper, 0.0), ("warm", paper, 1.0), ("path", with_path, 0.0),
+                                          ("half", paper, 0.5))}  # fmt: skip
+    torch.testing.assert_close(losses["warm"], losses["path"])
+    assert len({round(v.item(), 6) for v in losses.values()}) == 3  # the paper's, the half and the full bag
+
+
 def test_early_stopping_keeps_the_best_epoch(tmp_path, monkeypatch):
     curve = iter([3.0, 2.5, 2.6, 2.7, 2.4, 2.3])
     calls = itertools.count()

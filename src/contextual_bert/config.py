@@ -40,10 +40,11 @@ BASELINE_MODELS = ("bag_of_items", "bag_of_items_context")  # learned baselines,
 # directories, reports and MLflow runs never mix them with the paper's rows.
 ATTRIBUTES_SUFFIX = "_attrs"
 ATTRIBUTE_SETTINGS = ("id_dropout", "attribute_overlap")  # train settings only the "_attrs" models read
+ENCODER_SETTINGS = ("bag_warmup_epochs",)  # train settings only the paper's encoders read, never the bags
 InitEmbeddings = Literal["random", "cooccurrence"]  # how the article-id embeddings start (cooccurrence.py)
 # train settings added after runs were recorded, at the value those runs had: a run at it keeps its old key
 LATER_SETTINGS = {"init_embeddings": "random", "attribute_overlap": False, "softmax": "full", "negatives": 1024,
-                  "history_dropout": 0.0}
+                  "history_dropout": 0.0, "bag_warmup_epochs": 0}
 Softmax = Literal["full", "sampled"]  # the training loss's output layer (training.NegativeSampler)
 ATTRIBUTE_MODELS = tuple(m + ATTRIBUTES_SUFFIX for m in VARIANTS + BASELINE_MODELS)
 MODELS = VARIANTS + BASELINE_MODELS + ATTRIBUTE_MODELS
@@ -274,6 +275,12 @@ class TrainConfig(Section):
     # that a history is read as tastes, not as a fingerprint of the customer whose training outfits the model
     # could then learn by heart (docs/history.md); without a history feature it draws nothing
     history_dropout: float = Field(0.0, ge=0, lt=1)
+    # The paper's encoders only (ENCODER_SETTINGS): a warm-up from the bag of items. For the first N epochs the
+    # training loss's head state also gets w * the mean of the outfit's other articles' vectors
+    # (ContextualBert.bag_state), w = 1 in epoch 1 falling linearly to 0 at epoch N + 1; from then on, and in
+    # every evaluation, the model is the paper's. On weak-signal data the encoder otherwise stays at popularity
+    # (docs/encoder_recipe.md).
+    bag_warmup_epochs: int = Field(0, ge=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # torch threads a training computes with: a recorded setting (a DVC param, part of the run's key), never the
     # machine's default, since the split of a reduction over threads changes its rounding (docs/reproducibility.md)
@@ -287,9 +294,10 @@ class TrainConfig(Section):
 
     def read_by(self, model: str, exclude: set[str] = frozenset()) -> dict:
         """The settings `model` trains with, as a dict: without ATTRIBUTE_SETTINGS for a model without
-        attributes, which never reads them, and without a LATER_SETTINGS entry at its earlier value, so a run's key
+        attributes, which never reads them, without ENCODER_SETTINGS for a bag, and without a LATER_SETTINGS entry at its earlier value, so a run's key
         and logged params are what they were before the setting existed."""
         skip = set(exclude) | (set() if uses_attributes(model) else set(ATTRIBUTE_SETTINGS))
+        skip |= set(ENCODER_SETTINGS) if base_model(model) in BASELINE_MODELS else set()
         skip |= {name for name, default in LATER_SETTINGS.items() if getattr(self, name) == default}
         if self.softmax == "full":  # the negatives are drawn by the sampled softmax only
             skip.add("negatives")
@@ -309,6 +317,7 @@ class VariantOverrides(Section):
     init_embeddings: InitEmbeddings | None = None
     softmax: Softmax | None = None
     negatives: int | None = Field(None, ge=1)
+    bag_warmup_epochs: int | None = Field(None, ge=0)  # the encoders only (TrainConfig.bag_warmup_epochs)
 
 
 SweepKey = Literal["learning_rate", "dropout", "weight_decay", "batch_size", "init_embeddings"]

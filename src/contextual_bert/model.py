@@ -645,14 +645,17 @@ class ContextualBert(ArticleScores, nn.Module):
         return F.gelu(self.head_transform(hidden))
 
     def head_states(self, items: torch.Tensor, context: dict | None, select: torch.Tensor) -> torch.Tensor:
-        """GELU(W h) at the `select` positions; with model.bag_path "output", plus the mean of the outfit's
-        other articles' output vectors (tied: their article vectors), so that h_a . e_a starts as a tied bag
-        of items' score and the blocks add what a bag cannot."""
+        """GELU(W h) at the `select` positions; with model.bag_path "output", plus the bag state, so that
+        h_a . e_a starts as a tied bag of items' score and the blocks add what a bag cannot."""
         states = self.head(self.forward(items, context, select=select))
         if self.model_cfg.bag_path == "output":
-            bag = other_articles_mean(self.article_vectors(self.item_embeddings, items), items)[select]
-            states = states + bag.to(states.dtype) * self.input_scale
+            states = states + self.bag_state(items, select).to(states.dtype)
         return states
+
+    def bag_state(self, items: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
+        """(M, d) the mean of the outfit's other articles' (tied) output vectors at the `select` positions, at
+        the input's scale: the bag path's term (model.bag_path "output", train.bag_warmup_epochs)."""
+        return other_articles_mean(self.article_vectors(self.item_embeddings, items), items)[select] * self.input_scale
 
     def output_layer(self, articles: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(weight (n_items, d), bias (n_items,)) of the output layer: tied to the article vectors; only the

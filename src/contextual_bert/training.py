@@ -44,6 +44,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import random
 import time
 from pathlib import Path
@@ -225,11 +226,14 @@ def sampled_item_loss(model, head_states: torch.Tensor, targets: torch.Tensor, i
 
 def masked_item_loss(
     model: ContextualBert, inputs: torch.Tensor, context: dict, predict: torch.Tensor, items: torch.Tensor,
-    sampler: NegativeSampler | None = None,
+    sampler: NegativeSampler | None = None, bag_weight: float = 0.0,
 ) -> torch.Tensor:
     """Cross-entropy over the real articles at the positions to predict: the full softmax, or with a
-    `sampler` (train.softmax: sampled) the sampled one, in training (with gradients) only."""
+    `sampler` (train.softmax: sampled) the sampled one, in training (with gradients) only. `bag_weight`: the
+    warm-up's share of the bag state in the head states (`bag_warmup_weight`)."""
     head_states = model.head_states(inputs, context, predict)
+    if bag_weight > 0:
+        head_states = head_states + bag_weight * model.bag_state(inputs, predict).to(head_states.dtype)
     targets = items[predict]
     if len(targets) == 0:  # a batch of unknown articles only: nothing to learn from
         return head_states.sum() * 0.0
@@ -256,12 +260,13 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devic
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, fused=True)  # one kernel; 3-4x faster on the CPU
 
 
-def train_step(model, optimizer, scheduler, items, context, cfg: TrainConfig, generator, sampler=None):
+def train_step(model, optimizer, scheduler, items, context, cfg: TrainConfig, generator, sampler=None,
+               bag_weight: float = 0.0):
     """One optimisation step on a batch of outfits; returns the loss and the positions predicted. `sampler`:
-    the sampled softmax's (`negative_sampler`), None for the full softmax."""
+    the sampled softmax's (`negative_sampler`), None for the full softmax; `bag_weight`: `bag_warmup_weight`."""
     inputs, predict = mask_items(items, model.n_items, cfg, generator)
     with autocast(items.device):
-        loss = masked_item_loss(model, inputs, context, predict, items, sampler)
+        loss = masked_item_loss(model, inputs, context, predict, items, sampler, bag_weight)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if cfg.grad_clip > 0:
@@ -269,6 +274,14 @@ def train_step(model, optimizer, scheduler, items, context, cfg: TrainConfig, ge
     optimizer.step()
     scheduler.step()
     return loss.detach(), predict
+
+
+def bag_warmup_weight(cfg: TrainConfig, model, epoch: int) -> float:
+    """The bag state's weight in epoch `epoch` (1-based) of train.bag_warmup_epochs = N: 1 - (epoch - 1) / N,
+    then 0. Read by the paper's encoders only, and not by one whose bag path is already on (model.bag_path)."""
+    if cfg.bag_warmup_epochs == 0 or not hasattr(model, "bag_state") or model.model_cfg.bag_path == "output":
+        return 0.0
+    return max(0.0, 1.0 - (epoch - 1) / cfg.bag_warmup_epochs)
 
 
 def drop_history(history: torch.Tensor, rate: float, generator: torch.Generator) -> torch.Tensor:
@@ -391,6 +404,8 @@ def pin_threads_and_algorithms(train_cfg: TrainConfig) -> None:
     """Compute with train.num_threads threads (a recorded setting, never the machine's default) and torch's
     deterministic algorithms (docs/reproducibility.md: what they cost)."""
     torch.set_num_threads(train_cfg.num_threads)
+    # cuBLAS is deterministic only with a fixed workspace, set before its first call (harmless on the CPU)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
@@ -556,7 +571,8 @@ def fit(
             if train_cfg.history_dropout > 0 and HISTORY_FEATURE in context:
                 context[HISTORY_FEATURE] = drop_history(context[HISTORY_FEATURE], train_cfg.history_dropout, generator)
             learning_rate = scheduler.get_last_lr()[0]  # the rate this step uses
-            loss, predict = train_step(model, optimizer, scheduler, items, context, train_cfg, generator, sampler)
+            loss, predict = train_step(model, optimizer, scheduler, items, context, train_cfg, generator, sampler,
+                                       bag_warmup_weight(train_cfg, model, epoch))
             count = int(predict.sum()) if device.type == "cpu" else predict.sum()
             loss_sum += loss.detach().double() * count
             n_targets += count
