@@ -65,7 +65,7 @@ def test_evaluation_on_cuda_matches_the_cpu():
 
 def test_a_killed_cuda_run_resumes_where_an_uninterrupted_one_ends(tmp_path):
     train, val = planted(300, 0), planted(60, 1)
-    cfg = SHORT.model_copy(update={"device": "cuda"})
+    cfg = SHORT.model_copy(update={"device": "cuda", "bag_warmup_epochs": 2})  # resumed inside the warm-up
     whole = new_model("global_state_update", cfg=DROPOUT)
     fit(whole, train, val, cfg, tmp_path / "whole", seed=7)
 
