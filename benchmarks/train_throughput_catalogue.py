@@ -194,7 +194,8 @@ def main() -> None:
         for models in report["results"].values():
             for runs in models.values():
                 for row in runs.values():
-                    row["projection_hm_full"] = projection(row, "cpu" if report["machine"].get("device", "cpu") == "cpu" else "cuda")
+                    device_type = "cpu" if report["machine"].get("device", "cpu") == "cpu" else "cuda"
+                    row["projection_hm_full"] = projection(row, device_type)
         args.out.write_text(json.dumps(report, indent=2) + "\n")
         return
     report.update({
