@@ -316,7 +316,7 @@ def test_id_dropout_is_read_by_attribute_models_only(tmp_path):
     assert training.run_key(model, dropped, 0, train, val, "cpu")["train"]["id_dropout"] == 0.5
 
 
-def test_the_bag_warmup_falls_from_one_to_zero_for_the_encoders_only():
+def test_the_bag_warmup_falls_from_one_to_zero_for_the_encoders_only(tmp_path):
     from contextual_bert.model import build_model
 
     cfg = SHORT.model_copy(update={"bag_warmup_epochs": 2})
@@ -330,6 +330,12 @@ def test_the_bag_warmup_falls_from_one_to_zero_for_the_encoders_only():
     assert "bag_warmup_epochs" not in training.run_key(bag, cfg, 0, train, val, "cpu")["train"]
     assert training.run_key(encoder, cfg, 0, train, val, "cpu")["train"]["bag_warmup_epochs"] == 2
     assert "bag_warmup_epochs" not in training.run_key(encoder, SHORT, 0, train, val, "cpu")["train"]
+    trained = {}  # and fit trains with it: one epoch at weight 1 ends elsewhere than one without
+    for name, train_cfg in (("off", SHORT), ("on", cfg)):
+        model = new_model("concat")
+        fit(model, train, val, train_cfg.model_copy(update={"max_epochs": 1}), tmp_path / name, seed=0)
+        trained[name] = model.state_dict()["item_embeddings.weight"]
+    assert not torch.equal(trained["off"], trained["on"])
 
 
 def test_the_warmup_loss_at_weight_one_is_the_bag_paths_and_at_zero_the_papers():
