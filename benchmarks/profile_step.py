@@ -24,7 +24,7 @@ import train_throughput as tt  # noqa: E402  (the paper-size batches, spec and m
 
 from contextual_bert.devices import keep_freed_memory, select_device  # noqa: E402
 from contextual_bert.model import ContextualBert  # noqa: E402
-from contextual_bert.training import NegativeSampler, lr_factor, make_optimizer, train_step  # noqa: E402
+from contextual_bert.training import train_step  # noqa: E402
 
 
 def main() -> None:
@@ -40,15 +40,11 @@ def main() -> None:
     device = select_device(args.device)
     torch.set_num_threads(args.threads)
     keep_freed_memory()
-    batches = [(items.to(device), {k: v.to(device) for k, v in context.items()})
-               for items, context in tt.make_batches(5 + args.steps)]  # fmt: skip
+    batches = tt.make_batches(5 + args.steps, device=device)
     torch.manual_seed(0)
     model = ContextualBert(tt.MODEL, args.variant, tt.N_ITEMS, tt.SPEC).to(device).train()
-    optimizer = make_optimizer(model, tt.TRAIN, device)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(tt.TRAIN, len(batches)))
-    generator = torch.Generator(device=device).manual_seed(0)
-    sampler = (NegativeSampler(tt.popularity_counts(tt.N_ITEMS), tt.TrainConfig().negatives, generator)
-               if args.softmax == "sampled" else None)  # fmt: skip
+    negatives = tt.TrainConfig().negatives if args.softmax == "sampled" else None
+    optimizer, scheduler, generator, sampler = tt.step_state(model, len(batches), negatives)
     for items, context in batches[:5]:
         train_step(model, optimizer, scheduler, items, context, tt.TRAIN, generator, sampler)
     tt.synchronize(device)

@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import time
 import warnings
@@ -69,8 +70,10 @@ def popularity_counts(n_items: int) -> torch.Tensor:
     return counts
 
 
-def make_batches(n: int, seed: int = 0, n_items: int = N_ITEMS) -> list[tuple[torch.Tensor, dict]]:
-    """Outfits of 4-8 distinct-enough random articles (of n_items), padded to 8, with random customer contexts."""
+def make_batches(n: int, seed: int = 0, n_items: int = N_ITEMS,
+                 device: torch.device | str = "cpu") -> list[tuple[torch.Tensor, dict]]:
+    """Outfits of 4-8 distinct-enough random articles (of n_items), padded to 8, with random customer contexts,
+    on `device` (drawn on the CPU, so every device times the same batches)."""
     g = torch.Generator().manual_seed(seed)
     batches = []
     for _ in range(n):
@@ -81,8 +84,27 @@ def make_batches(n: int, seed: int = 0, n_items: int = N_ITEMS) -> list[tuple[to
         for f in SPEC.features:
             shape = (BATCH, f.max_values) if f.kind == "multi_categorical" else (BATCH,)
             context[f.name] = torch.randint(0 if f.kind == "multi_categorical" else 1, f.cardinality, shape, generator=g)
-        batches.append((items, context))
+        batches.append((items.to(device), {name: values.to(device) for name, values in context.items()}))
     return batches
+
+
+def step_state(model, n_steps: int, negatives: int | None = None, n_items: int = N_ITEMS):
+    """What `training.train_step` needs beside the model (on its device): (optimizer, scheduler, generator,
+    sampler); sampler None for the full softmax, else `negatives` draws per step from popularity_counts."""
+    device = next(model.parameters()).device
+    optimizer = make_optimizer(model, TRAIN, device)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(TRAIN, n_steps))
+    generator = torch.Generator(device=device).manual_seed(0)
+    sampler = None if negatives is None else NegativeSampler(popularity_counts(n_items), negatives, generator)
+    return optimizer, scheduler, generator, sampler
+
+
+def peak_memory(device: torch.device) -> dict:
+    """This process's peak resident memory, and on a GPU the peak of its tensors there."""
+    out = {"peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    if device.type == "cuda":
+        out["peak_gpu_memory_mib"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    return out
 
 
 def with_one_mask(items: torch.Tensor) -> torch.Tensor:
@@ -127,10 +149,7 @@ def bench_variant(variant: str, batches, warmup: int, negatives: int | None = No
     device = batches[0][0].device
     torch.manual_seed(0)
     model = ContextualBert(MODEL, variant, N_ITEMS, SPEC).to(device)
-    optimizer = make_optimizer(model, TRAIN, device)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(TRAIN, len(batches)))
-    generator = torch.Generator(device=device).manual_seed(0)
-    sampler = None if negatives is None else NegativeSampler(popularity_counts(N_ITEMS), negatives, generator)
+    optimizer, scheduler, generator, sampler = step_state(model, len(batches), negatives)
     masked_per_batch = []
 
     def step(items, context):
@@ -239,8 +258,7 @@ def main() -> None:
     keep_freed_memory()  # as training does
     load_before = os.getloadavg()
     started = time.perf_counter()
-    batches = [(items.to(device), {k: v.to(device) for k, v in context.items()})
-               for items, context in make_batches(args.warmup + args.steps)]  # fmt: skip
+    batches = make_batches(args.warmup + args.steps, device=device)
     results, sampled = {}, {}
     for variant in args.variants:
         if "full" in args.softmax:
@@ -268,8 +286,7 @@ def main() -> None:
             "cpu": cpu_name(),
             "cpu_count": os.cpu_count(),
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "peak_gpu_memory_mib": (round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
-                                    if device.type == "cuda" else None),
+            "peak_gpu_memory_mib": peak_memory(device).get("peak_gpu_memory_mib"),
             "load_average_before": [round(x, 2) for x in load_before],
             "load_average_after": [round(x, 2) for x in os.getloadavg()],
         },

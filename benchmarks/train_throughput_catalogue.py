@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -38,7 +37,7 @@ from contextual_bert.config import VARIANTS  # noqa: E402
 from contextual_bert.devices import keep_freed_memory, select_device  # noqa: E402
 from contextual_bert.feature_spec import N_SPECIAL, ContextSpec, FeatureSpec  # noqa: E402
 from contextual_bert.model import build_model, count_paper_parameters  # noqa: E402
-from contextual_bert.training import NegativeSampler, lr_factor, make_optimizer, mask_items, train_step  # noqa: E402
+from contextual_bert.training import mask_items, train_step  # noqa: E402
 
 OUT = tt.OUT_DIR / "throughput_catalogue.json"
 ATTRIBUTES = [("product_type", 130), ("colour", 50), ("appearance", 30), ("section", 60), ("index_group", 10),
@@ -77,19 +76,16 @@ def encoder_only_step(model, optimizer, items, context, generator, probe):
 def run_one(model_name: str, n_articles: int, softmax: str, negatives: int, steps: int, warmup: int,
             device: torch.device) -> dict:
     n_items = N_SPECIAL + n_articles
-    batches = [(items.to(device), {k: v.to(device) for k, v in context.items()})
-               for items, context in tt.make_batches(warmup + steps + 1, n_items=n_items)]  # fmt: skip
+    batches = tt.make_batches(warmup + steps + 1, n_items=n_items, device=device)
     if model_name == "reference":
         cpu_started = time.process_time()
         result = tt.bench_reference(batches[: warmup + steps], warmup)  # training and inference, timed
         result = {k: v for k, v in result.items() if k.startswith("train") or k == "parameters_total"}
         result["cpu_seconds_all_calls"] = round(time.process_time() - cpu_started, 1)
-        return {**result, **peak_memory(device)}
+        return {**result, **tt.peak_memory(device)}
     model = build(model_name, n_items).to(device)
-    optimizer = make_optimizer(model, tt.TRAIN, device)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(tt.TRAIN, len(batches)))
-    generator = torch.Generator(device=device).manual_seed(0)
-    sampler = NegativeSampler(tt.popularity_counts(n_items), negatives, generator) if softmax == "sampled" else None
+    optimizer, scheduler, generator, sampler = tt.step_state(model, len(batches),
+                                                             negatives if softmax == "sampled" else None, n_items)
     probe = torch.randn(tt.MODEL.d_model, device=device)
     masked, candidates = [], []
     if sampler is not None:  # count the candidates a step scores
@@ -132,16 +128,8 @@ def run_one(model_name: str, n_articles: int, softmax: str, negatives: int, step
         "masked_positions_per_batch": round(sum(masked) / len(masked), 1),
         "candidates_per_batch": round(sum(candidates) / len(candidates), 1) if candidates else None,
         "flops_per_sample": round(flops / tt.BATCH) if flops else None,
-        **peak_memory(device),
+        **tt.peak_memory(device),
     }
-
-
-def peak_memory(device: torch.device) -> dict:
-    """This process's peak resident memory, and on a GPU the peak of its tensors there."""
-    out = {"peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
-    if device.type == "cuda":
-        out["peak_gpu_memory_mib"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
-    return out
 
 
 def projection(row: dict, device_type: str = "cpu") -> dict:
