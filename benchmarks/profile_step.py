@@ -40,7 +40,7 @@ def main() -> None:
     device = select_device(args.device)
     torch.set_num_threads(args.threads)
     keep_freed_memory()
-    batches = tt.make_batches(5 + args.steps, device=device)
+    batches = tt.make_batches(args.steps, warmup=5, device=device)
     torch.manual_seed(0)
     model = ContextualBert(tt.MODEL, args.variant, tt.N_ITEMS, tt.SPEC).to(device).train()
     negatives = tt.TrainConfig().negatives if args.softmax == "sampled" else None

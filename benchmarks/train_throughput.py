@@ -40,7 +40,8 @@ from contextual_bert.config import VARIANTS, ModelConfig, TrainConfig
 from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, ContextSpec, FeatureSpec
 from contextual_bert.model import PAPER_SIZES, ContextualBert, count_paper_parameters
 from contextual_bert.devices import autocast, keep_freed_memory, select_device
-from contextual_bert.training import NegativeSampler, lr_factor, make_optimizer, mask_items, train_step
+from contextual_bert.training import (BUCKET_BATCHES, NegativeSampler, length_batches, lr_factor, make_optimizer,
+                                     mask_items, train_step)
 
 REPO = Path(__file__).resolve().parents[1]
 OUT_DIR = REPO / "reports" / "benchmarks"
@@ -70,22 +71,38 @@ def popularity_counts(n_items: int) -> torch.Tensor:
     return counts
 
 
-def make_batches(n: int, seed: int = 0, n_items: int = N_ITEMS,
-                 device: torch.device | str = "cpu") -> list[tuple[torch.Tensor, dict]]:
-    """Outfits of 4-8 distinct-enough random articles (of n_items), padded to 8, with random customer contexts,
-    on `device` (drawn on the CPU, so every device times the same batches)."""
+def make_batches(n: int, seed: int = 0, n_items: int = N_ITEMS, device: torch.device | str = "cpu",
+                 warmup: int = 0) -> list[tuple[torch.Tensor, dict]]:
+    """`warmup` batches, then `n` more, of outfits of 4-8 random articles (of n_items) with random customer
+    contexts, batched as training batches them (`training.length_batches`: outfits of similar length together,
+    each batch trimmed to its longest). Each group is picked from one window of training's batches, spread
+    evenly over their widths, so that a few timed batches have training's mean width (a random handful would
+    not). Drawn on the CPU, so every device times the same batches."""
+    return _length_batches(warmup, seed + 1, n_items, device) + _length_batches(n, seed, n_items, device)
+
+
+def _length_batches(n: int, seed: int, n_items: int, device) -> list[tuple[torch.Tensor, dict]]:
+    if n == 0:
+        return []
     g = torch.Generator().manual_seed(seed)
-    batches = []
-    for _ in range(n):
-        items = torch.randint(N_SPECIAL, n_items, (BATCH, MAX_SET), generator=g)
-        sizes = torch.randint(4, MAX_SET + 1, (BATCH, 1), generator=g)
-        items[torch.arange(MAX_SET) >= sizes] = PAD_INDEX
-        context = {}
-        for f in SPEC.features:
-            shape = (BATCH, f.max_values) if f.kind == "multi_categorical" else (BATCH,)
-            context[f.name] = torch.randint(0 if f.kind == "multi_categorical" else 1, f.cardinality, shape, generator=g)
-        batches.append((items.to(device), {name: values.to(device) for name, values in context.items()}))
-    return batches
+    size = max(n, BUCKET_BATCHES) * BATCH  # at least one window of length_batches
+    items = torch.randint(N_SPECIAL, n_items, (size, MAX_SET), generator=g)
+    lengths = torch.randint(4, MAX_SET + 1, (size,), generator=g)
+    items[torch.arange(MAX_SET) >= lengths[:, None]] = PAD_INDEX
+    context = {}
+    for f in SPEC.features:
+        shape = (size, f.max_values) if f.kind == "multi_categorical" else (size,)
+        context[f.name] = torch.randint(0 if f.kind == "multi_categorical" else 1, f.cardinality, shape, generator=g)
+    batches = length_batches(torch.randperm(size, generator=g), lengths, BATCH, g)
+    by_width = sorted(batches, key=lambda index: int(lengths[index].max()))
+    picked = [by_width[(2 * i + 1) * len(by_width) // (2 * n)] for i in torch.randperm(n, generator=g).tolist()]
+    return [(items[index, : int(lengths[index].max())].to(device),
+             {name: values[index].to(device) for name, values in context.items()}) for index in picked]
+
+
+def mean_width(batches) -> float:
+    """The timed batches' mean padded length (training's: the mean outfit length, ~6 here)."""
+    return round(sum(items.shape[1] for items, _ in batches) / len(batches), 2)
 
 
 def step_state(model, n_steps: int, negatives: int | None = None, n_items: int = N_ITEMS):
@@ -258,7 +275,7 @@ def main() -> None:
     keep_freed_memory()  # as training does
     load_before = os.getloadavg()
     started = time.perf_counter()
-    batches = make_batches(args.warmup + args.steps, device=device)
+    batches = make_batches(args.steps, warmup=args.warmup, device=device)
     results, sampled = {}, {}
     for variant in args.variants:
         if "full" in args.softmax:
@@ -269,13 +286,14 @@ def main() -> None:
             print(variant, "sampled", json.dumps(sampled[variant]), flush=True)
     reference = None
     if not args.no_reference:
-        reference = bench_reference(batches[: 1 + args.reference_steps], warmup=1)
+        reference = bench_reference(batches[max(args.warmup - 1, 0) : args.warmup + args.reference_steps], warmup=1)
         print("reference", json.dumps(reference), flush=True)
 
     report = {
         "what": "training and inference samples/s at the paper's sizes, "
                 + ("CPU, fp32" if device.type == "cpu" else f"{device.type}, bf16 autocast (as training and serving)"),
-        "settings": {"n_articles": N_ARTICLES, "batch_size": BATCH, "outfit_sizes": "uniform 4..8",
+        "settings": {"n_articles": N_ARTICLES, "batch_size": BATCH, "outfit_sizes": "uniform 4..8, batched as training batches them",
+                     "mean_width": mean_width(batches[args.warmup:]),
                      **PAPER_SIZES, "dropout": MODEL.dropout, "mask_prob": TRAIN.mask_prob,
                      "grad_clip": TRAIN.grad_clip, "timed_batches": args.steps, "warmup_batches": args.warmup,
                      "reference_timed_batches": args.reference_steps, "softmax": args.softmax,

@@ -76,10 +76,10 @@ def encoder_only_step(model, optimizer, items, context, generator, probe):
 def run_one(model_name: str, n_articles: int, softmax: str, negatives: int, steps: int, warmup: int,
             device: torch.device) -> dict:
     n_items = N_SPECIAL + n_articles
-    batches = tt.make_batches(warmup + steps + 1, n_items=n_items, device=device)
+    batches = tt.make_batches(steps, warmup=warmup, n_items=n_items, device=device)
     if model_name == "reference":
         cpu_started = time.process_time()
-        result = tt.bench_reference(batches[: warmup + steps], warmup)  # training and inference, timed
+        result = tt.bench_reference(batches, warmup)  # training and inference, timed
         result = {k: v for k, v in result.items() if k.startswith("train") or k == "parameters_total"}
         result["cpu_seconds_all_calls"] = round(time.process_time() - cpu_started, 1)
         return {**result, **tt.peak_memory(device)}
@@ -116,7 +116,7 @@ def run_one(model_name: str, n_articles: int, softmax: str, negatives: int, step
 
         counter = FlopCounterMode(display=False)
         with counter:
-            step(*batches[-1])
+            step(*batches[warmup])  # a timed batch, once more
         flops = counter.get_total_flops()
     except Exception as exc:  # noqa: BLE001 - a benchmark: report what could not be counted
         print(f"flop count failed: {exc}", file=sys.stderr)
@@ -126,6 +126,7 @@ def run_one(model_name: str, n_articles: int, softmax: str, negatives: int, step
         # CPU time of this process: on a loaded machine, what its threads got; one thread: a quiet core's rate
         "train_samples_per_cpu_s": round(tt.BATCH / (sum(cpu_seconds) / len(cpu_seconds)), 1),
         "masked_positions_per_batch": round(sum(masked) / len(masked), 1),
+        "mean_width": tt.mean_width(batches[warmup:]),
         "candidates_per_batch": round(sum(candidates) / len(candidates), 1) if candidates else None,
         "flops_per_sample": round(flops / tt.BATCH) if flops else None,
         **tt.peak_memory(device),

@@ -57,7 +57,7 @@ def hide_mask_keys(model) -> None:
         items = seen["items"]
         hidden = items == MASK_INDEX
         hidden &= ((items != MASK_INDEX) & (items != PAD_INDEX)).any(dim=1, keepdim=True)
-        if h.shape[1] == items.shape[1] + 1:  # [NP]: the context position comes first
+        if h.shape[0] == items.shape[1] + 1:  # [NP]: the context position comes first (h is (L, B, d))
             hidden = F.pad(hidden, (1, 0), value=False)
         key_bias = key_bias.masked_fill(hidden[:, None, None, :], float("-inf"))
         return attention_forward(self, h, key_bias, select)
@@ -71,7 +71,7 @@ def pre_norm(model) -> None:
     from contextual_bert.model import Block
 
     def forward(self, h, key_bias, global_state=None, select=None):
-        residual = h if select is None else h[select]
+        residual = h if select is None else h.transpose(0, 1)[select]  # h: (L, B, d)
         h = residual + self.dropout(self.attention(self.attention_norm(h), key_bias, select))
         return h + self.dropout(self.feed_forward(self.feed_forward_norm(h)))
 

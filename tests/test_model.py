@@ -17,6 +17,7 @@ from contextual_bert.model import (
     load_checkpoint,
     other_articles_mean,
     save_checkpoint,
+    scaled_keep_mask,
 )
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: a second thread only adds synchronisation
@@ -249,13 +250,28 @@ def test_gsu_starts_out_as_gs_and_its_blocks_read_a_state_of_one_scale():
     assert count_paper_parameters(gsu) - count_paper_parameters(gs) == 3 * (128 * 256 + 256 + 256 * 128 + 128 + 256)
 
 
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_the_dropout_mask_keeps_one_minus_p_and_the_expectation(p):
+    torch.manual_seed(0)
+    mask = scaled_keep_mask(torch.ones(7, 1001, 33), p)  # an odd size: the last int64's draws half used
+    assert mask.shape == (7, 1001, 33)
+    assert mask.unique().tolist() == [0.0, pytest.approx(1 / (1 - p), rel=1e-3)]
+    assert float((mask > 0).float().mean()) == pytest.approx(1 - p, abs=0.005)
+    assert float(mask.mean()) == pytest.approx(1.0, abs=0.01)
+    assert not torch.equal(mask[0], mask[1])  # every draw its own
+    torch.manual_seed(0)
+    assert torch.equal(scaled_keep_mask(torch.ones(7, 1001, 33), p), mask)  # torch's seed decides it
+
+
 def test_gs_dropout_draws_a_mask_per_position():
     layer = ContextualBert(SMALL, "global_state", N_ITEMS, SPEC).blocks[0].global_state_attention.train()
     layer.dropout.p = 0.5
-    a_hat = torch.zeros(2, 6, SMALL.d_model)
-    out = layer(a_hat, torch.randn(2, SMALL.d_model))
-    dropped = out == out.min(dim=-1, keepdim=True).values  # zeroed units sit at the normalised minimum
-    assert not torch.equal(dropped[:, 0], dropped[:, 1])
+    seen = []
+    layer.dropout.register_forward_hook(lambda module, args, out: seen.append(out))
+    layer(torch.zeros(6, 2, SMALL.d_model), torch.randn(2, SMALL.d_model))  # (L, B, d): 6 positions of 2 outfits
+    dropped = seen[0] == 0
+    assert 0 < float(dropped.float().mean()) < 1
+    assert not torch.equal(dropped[0], dropped[1])
 
 
 # --- the bag-of-items baseline ------------------------------------------------------------------------
@@ -576,7 +592,7 @@ def test_input_bag_path_gives_each_position_the_mean_of_the_other_articles():
 
     def keep(name):
         def hook(module, args):
-            seen[name] = args[0]  # the first block's input (embedding dropout is off in eval mode)
+            seen[name] = args[0].transpose(0, 1)  # the first block's input, (L, B, d); no dropout in eval mode
         return hook
 
     plain.blocks[0].register_forward_pre_hook(keep("plain"))

@@ -2,6 +2,8 @@
 a customer context vector c in one of five ways.
 
 An outfit is a set, so there is no positional encoding; padding is hidden from attention by a key mask.
+Inside the blocks the hidden states are laid out position-first, (L, B, d): a head's (L, d_head) slices are
+then strided views that the batched matrix products read in place (batch-first, every head would be copied).
 Names follow the paper: c is the context vector (per-feature embeddings, concatenated), c~ the global state,
 V^V the per-block value projection of the global state, A^ the normalised self-attention output.
 
@@ -53,10 +55,25 @@ PAPER_PARAMETERS = {
 GLOBAL_STATE_VARIANTS = ("global_state", "global_state_update")
 
 
+DRAW_BITS = 15  # dropout's draws on the CPU: integers uniform on [0, 2^15)
+
+
+def scaled_keep_mask(x: torch.Tensor, p: float) -> torch.Tensor:
+    """Dropout's mask for x: 0 where dropped, 1 / (1 - p) where kept. Drawn as 15-bit integers, four from
+    each random int64: a mask from torch.rand's floats takes 1.8 times as long on the CPU, and those draws
+    were a tenth of a training step. p is rounded to a multiple of 2^-15 (0.1 -> 0.100006) and the scale
+    uses the rounded p, so the expectation stays x."""
+    n = x.numel()
+    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_()  # 63 random bits each
+    draws = words.view(torch.int16)[:n].view(x.shape).bitwise_and_(2**DRAW_BITS - 1)
+    dropped = round(p * 2**DRAW_BITS)
+    return (draws >= dropped).to(x.dtype).mul_(2**DRAW_BITS / (2**DRAW_BITS - dropped))
+
+
 class _DropoutFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, p: float):
-        scaled_keep = torch.rand_like(x).ge_(p).mul_(1.0 / (1.0 - p))
+        scaled_keep = scaled_keep_mask(x, p)
         ctx.save_for_backward(scaled_keep)
         return x * scaled_keep
 
@@ -67,8 +84,8 @@ class _DropoutFunction(torch.autograd.Function):
 
 
 class Dropout(nn.Dropout):
-    """nn.Dropout whose mask on the CPU comes from torch.rand: bernoulli_ there costs twice as much, and
-    dropout is a tenth of a training step. Same distribution; on CUDA the fused kernel."""
+    """nn.Dropout whose mask on the CPU is `scaled_keep_mask`'s (bernoulli_'s takes 3.5 times as long there).
+    On CUDA the fused kernel."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0 or x.is_cuda:
@@ -139,7 +156,7 @@ class MultiHeadSelfAttention(nn.Module):
 
     Written out rather than F.scaled_dot_product_attention: over at most 9 positions the softmax is the
     costly part, and taken over a leading axis (keys first) it vectorises; on the CPU the whole sublayer
-    runs in about half the time.
+    runs in about half the time. H is position-first, (L, B, d), so the heads are views, not copies.
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float):
@@ -154,18 +171,20 @@ class MultiHeadSelfAttention(nn.Module):
         self.dropout = Dropout(dropout)
 
     def forward(self, h: torch.Tensor, key_bias: torch.Tensor, select: torch.Tensor | None = None) -> torch.Tensor:
-        """h: (B, L, d); key_bias: (B, 1, 1, L), 0 for real keys and -inf for padding. Returns (B, L, d),
-        or (M, d) at the positions where `select` (bool, (B, L)) is true."""
-        batch, length, d_model = h.shape
+        """h: (L, B, d); key_bias: (B, 1, 1, L), 0 for real keys and -inf for padding. Returns (L, B, d), or
+        (M, d) at the positions where `select` (bool, (B, L)) is true, in row-major (B, L) order."""
+        length, batch, d_model = h.shape
 
-        def heads(x):  # (B, L, d) -> (B, heads, L, d_head)
-            return x.view(batch, length, self.n_heads, self.d_head).transpose(1, 2)
+        def heads(x):  # (L, B, d) -> (B * heads, L, d_head), a view
+            return x.view(length, batch * self.n_heads, self.d_head).transpose(0, 1)
 
         q, k, v = heads(self.query(h)), heads(self.key(h)), heads(self.value(h))
-        scores = torch.matmul(q, k.transpose(-1, -2)).mul_(self.d_head**-0.5).add_(key_bias)
-        probs = torch.softmax(scores.permute(3, 0, 1, 2), dim=0).permute(1, 2, 3, 0)  # over the keys
-        a = torch.matmul(self.dropout(probs), v).transpose(1, 2).reshape(batch, length, d_model)
-        return self.output(a if select is None else a[select])
+        scores = torch.bmm(q, k.transpose(1, 2)).mul_(self.d_head**-0.5)
+        scores.view(batch, self.n_heads, length, length).add_(key_bias)
+        probs = torch.softmax(scores.permute(2, 0, 1), dim=0).permute(1, 2, 0)  # over the keys
+        a = torch.bmm(self.dropout(probs), v).view(batch, self.n_heads, length, self.d_head)
+        a = a.permute(2, 0, 1, 3).reshape(length, batch, d_model)
+        return self.output(a if select is None else a.transpose(0, 1)[select])
 
 
 class FeedForward(nn.Module):
@@ -194,9 +213,9 @@ class GlobalStateAttention(nn.Module):
         self.norm = nn.LayerNorm(d_model, elementwise_affine=False)
 
     def forward(self, a_hat: torch.Tensor, global_state: torch.Tensor, rows: torch.Tensor | None = None):
-        """a_hat: (B, L, d), or (M, d) for positions in outfits `rows`; global_state: (B, d)."""
+        """a_hat: (L, B, d), or (M, d) for positions in outfits `rows`; global_state: (B, d)."""
         b = self.value(global_state)  # one per outfit, the same for all its positions
-        b = b.unsqueeze(1).expand_as(a_hat) if rows is None else b[rows]
+        b = b.unsqueeze(0).expand_as(a_hat) if rows is None else b[rows]
         # Dropout after broadcasting: each position gets its own mask, as dropout on any other sublayer
         # output does (one mask per outfit would silence the same units of c~ at all its positions).
         return self.norm(self.dropout(b) + a_hat)
@@ -215,9 +234,9 @@ class Block(nn.Module):
         self.dropout = Dropout(cfg.dropout)
 
     def forward(self, h, key_bias, global_state=None, select=None):
-        """(B, L, d) -> (B, L, d); with `select` (bool, (B, L)) only those positions come out, (M, d), and
-        everything after attention is computed for them alone."""
-        residual, rows = (h, None) if select is None else (h[select], select.nonzero()[:, 0])
+        """(L, B, d) -> (L, B, d); with `select` (bool, (B, L)) only those positions come out, (M, d) in
+        row-major (B, L) order, and everything after attention is computed for them alone."""
+        residual, rows = (h, None) if select is None else (h.transpose(0, 1)[select], select.nonzero()[:, 0])
         a_hat = self.attention_norm(self.dropout(self.attention(h, key_bias, select)) + residual)
         if self.global_state_attention is not None:
             a_hat = self.global_state_attention(a_hat, global_state, rows)
@@ -537,8 +556,10 @@ class ArticleScores:
         logits = F.linear(head_states, weight[N_SPECIAL:].to(head_states.dtype), bias[N_SPECIAL:].to(head_states.dtype))
         return logits if offsets is None else logits + offsets[:, N_SPECIAL:].to(logits.dtype)
 
-    def head_states(self, items: torch.Tensor, context: dict | None, select: torch.Tensor) -> torch.Tensor:
-        """(M, d) the states the output layer scores at the `select` positions (bool, (B, L))."""
+    def head_states(self, items: torch.Tensor, context: dict | None, select: torch.Tensor,
+                    bag_weight: float = 0.0) -> torch.Tensor:
+        """(M, d) the states the output layer scores at the `select` positions (bool, (B, L)). `bag_weight`:
+        ContextualBert's (training.bag_warmup_weight)."""
         return self.head(self.forward(items, context, select=select))
 
     def masked_logits(self, items: torch.Tensor, context: dict[str, torch.Tensor] | None) -> torch.Tensor:
@@ -614,8 +635,9 @@ class ContextualBert(ArticleScores, nn.Module):
         is_padding = items == PAD_INDEX
         if self.concat_input is not None:
             x = self.concat_input(x, c)
-        elif self.context_position is not None:
-            x = torch.cat([self.context_position(c).unsqueeze(1), x], dim=1)
+        x = x.transpose(0, 1).contiguous()  # position-first for the blocks (MultiHeadSelfAttention)
+        if self.context_position is not None:
+            x = torch.cat([self.context_position(c).unsqueeze(0), x], dim=0)
             is_padding = F.pad(is_padding, (1, 0), value=False)  # every position may attend to c
             select = None if select is None else F.pad(select, (1, 0), value=False)
         key_bias = torch.zeros(is_padding.shape, dtype=x.dtype, device=x.device)
@@ -630,7 +652,7 @@ class ContextualBert(ArticleScores, nn.Module):
             h = block(h, key_bias, global_state, select if i == last else None)
         if select is not None:
             return h
-        return h[:, 1:] if self.context_position is not None else h
+        return (h[1:] if self.context_position is not None else h).transpose(0, 1)
 
     def context(self, context: dict[str, torch.Tensor] | None) -> torch.Tensor | None:
         """c, or None for [None]; a history is read through the article vectors at the input's scale."""
@@ -644,12 +666,15 @@ class ContextualBert(ArticleScores, nn.Module):
         """The head transform before the output layer: GELU(W h)."""
         return F.gelu(self.head_transform(hidden))
 
-    def head_states(self, items: torch.Tensor, context: dict | None, select: torch.Tensor) -> torch.Tensor:
-        """GELU(W h) at the `select` positions; with model.bag_path "output", plus the bag state, so that
-        h_a . e_a starts as a tied bag of items' score and the blocks add what a bag cannot."""
+    def head_states(self, items: torch.Tensor, context: dict | None, select: torch.Tensor,
+                    bag_weight: float = 0.0) -> torch.Tensor:
+        """GELU(W h) at the `select` positions, plus the bag state: with weight 1 under model.bag_path
+        "output", so that h_a . e_a starts as a tied bag of items' score and the blocks add what a bag
+        cannot; else with `bag_weight`, the warm-up's (train.bag_warmup_epochs), 0 after it."""
         states = self.head(self.forward(items, context, select=select))
-        if self.model_cfg.bag_path == "output":
-            states = states + self.bag_state(items, select).to(states.dtype)
+        weight = 1.0 if self.model_cfg.bag_path == "output" else bag_weight
+        if weight > 0:
+            states = states + weight * self.bag_state(items, select).to(states.dtype)
         return states
 
     def bag_state(self, items: torch.Tensor, select: torch.Tensor) -> torch.Tensor:

@@ -231,9 +231,7 @@ def masked_item_loss(
     """Cross-entropy over the real articles at the positions to predict: the full softmax, or with a
     `sampler` (train.softmax: sampled) the sampled one, in training (with gradients) only. `bag_weight`: the
     warm-up's share of the bag state in the head states (`bag_warmup_weight`)."""
-    head_states = model.head_states(inputs, context, predict)
-    if bag_weight > 0:
-        head_states = head_states + bag_weight * model.bag_state(inputs, predict).to(head_states.dtype)
+    head_states = model.head_states(inputs, context, predict, bag_weight)
     targets = items[predict]
     if len(targets) == 0:  # a batch of unknown articles only: nothing to learn from
         return head_states.sum() * 0.0
