@@ -15,6 +15,10 @@ version, the threads and the load average around the run: other work on the mach
 training.NegativeSampler over Zipf(1) sightings; rows under "variants" are the full softmax's, under
 "variants_sampled" the sampled one's).
 
+Batches are formed as training forms them (`make_batches`; `--padded`: padded to 8, as this benchmark timed them
+before); `--repeats N` times each variant N times and reports every run's rate and their mean (run to run, a
+rate moves by up to 10% on the 2-core machine).
+
 `--device cuda` runs the same steps on the GPU as the pipeline runs them there (training under bf16 autocast,
 `devices.autocast`; inference as serving does, also under it) and writes reports/benchmarks/throughput_cuda.json;
 each timed call ends with a CUDA synchronize, so the time is the kernels', not their launch.
@@ -72,13 +76,20 @@ def popularity_counts(n_items: int) -> torch.Tensor:
 
 
 def make_batches(n: int, seed: int = 0, n_items: int = N_ITEMS, device: torch.device | str = "cpu",
-                 warmup: int = 0) -> list[tuple[torch.Tensor, dict]]:
+                 warmup: int = 0, padded: bool = False) -> list[tuple[torch.Tensor, dict]]:
     """`warmup` batches, then `n` more, of outfits of 4-8 random articles (of n_items) with random customer
     contexts, batched as training batches them (`training.length_batches`: outfits of similar length together,
     each batch trimmed to its longest). Each group is picked from one window of training's batches, spread
     evenly over their widths, so that a few timed batches have training's mean width (a random handful would
-    not). Drawn on the CPU, so every device times the same batches."""
-    return _length_batches(warmup, seed + 1, n_items, device) + _length_batches(n, seed, n_items, device)
+    not). `padded`: random batches padded to 8 instead (what this benchmark timed before). Drawn on the CPU, so
+    every device times the same batches."""
+    draw = _padded_batches if padded else _length_batches
+    return draw(warmup, seed + 1, n_items, device) + draw(n, seed, n_items, device)
+
+
+def _padded_batches(n: int, seed: int, n_items: int, device) -> list[tuple[torch.Tensor, dict]]:
+    batches = _length_batches(n, seed, n_items, device)
+    return [(F.pad(items, (0, MAX_SET - items.shape[1]), value=PAD_INDEX), context) for items, context in batches]
 
 
 def _length_batches(n: int, seed: int, n_items: int, device) -> list[tuple[torch.Tensor, dict]]:
@@ -190,6 +201,15 @@ def bench_variant(variant: str, batches, warmup: int, negatives: int | None = No
     }
 
 
+def repeated(variant: str, batches, warmup: int, repeats: int, negatives: int | None = None) -> dict:
+    """bench_variant `repeats` times; the first run's row, with every run's training rate and their mean."""
+    runs = [bench_variant(variant, batches, warmup, negatives) for _ in range(repeats)]
+    if repeats == 1:
+        return runs[0]
+    rates_ = [run["train_samples_per_s"] for run in runs]
+    return {**runs[0], "train_samples_per_s": round(sum(rates_) / repeats, 1), "train_samples_per_s_runs": rates_}
+
+
 class ReferenceEncoder(nn.Module):
     """The common implementation: nn.TransformerEncoder, output layer applied at every position."""
 
@@ -267,6 +287,9 @@ def main() -> None:
     parser.add_argument("--negatives", type=int, default=TrainConfig().negatives)
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (as train.device)")
     parser.add_argument("--out", type=Path, help="default: reports/benchmarks/throughput[_cuda].json")
+    parser.add_argument("--repeats", type=int, default=1, help="time each variant this many times (fresh models); "
+                        "the rows then give every run's train_samples_per_s and their mean")
+    parser.add_argument("--padded", action="store_true", help="batches padded to 8 (not as training forms them)")
     args = parser.parse_args()
 
     device = select_device(args.device)
@@ -275,14 +298,14 @@ def main() -> None:
     keep_freed_memory()  # as training does
     load_before = os.getloadavg()
     started = time.perf_counter()
-    batches = make_batches(args.steps, warmup=args.warmup, device=device)
+    batches = make_batches(args.steps, warmup=args.warmup, device=device, padded=args.padded)
     results, sampled = {}, {}
     for variant in args.variants:
         if "full" in args.softmax:
-            results[variant] = bench_variant(variant, batches, args.warmup)
+            results[variant] = repeated(variant, batches, args.warmup, args.repeats)
             print(variant, "full", json.dumps(results[variant]), flush=True)
         if "sampled" in args.softmax:
-            sampled[variant] = bench_variant(variant, batches, args.warmup, args.negatives)
+            sampled[variant] = repeated(variant, batches, args.warmup, args.repeats, args.negatives)
             print(variant, "sampled", json.dumps(sampled[variant]), flush=True)
     reference = None
     if not args.no_reference:
@@ -292,11 +315,11 @@ def main() -> None:
     report = {
         "what": "training and inference samples/s at the paper's sizes, "
                 + ("CPU, fp32" if device.type == "cpu" else f"{device.type}, bf16 autocast (as training and serving)"),
-        "settings": {"n_articles": N_ARTICLES, "batch_size": BATCH, "outfit_sizes": "uniform 4..8, batched as training batches them",
+        "settings": {"n_articles": N_ARTICLES, "batch_size": BATCH, "outfit_sizes": "uniform 4..8, " + ("padded to 8" if args.padded else "batched as training batches them"),
                      "mean_width": mean_width(batches[args.warmup:]),
                      **PAPER_SIZES, "dropout": MODEL.dropout, "mask_prob": TRAIN.mask_prob,
                      "grad_clip": TRAIN.grad_clip, "timed_batches": args.steps, "warmup_batches": args.warmup,
-                     "reference_timed_batches": args.reference_steps, "softmax": args.softmax,
+                     "reference_timed_batches": args.reference_steps, "repeats": args.repeats, "softmax": args.softmax,
                      "negatives": args.negatives if "sampled" in args.softmax else None},  # fmt: skip
         "machine": {
             "torch": torch.__version__,
