@@ -81,7 +81,7 @@ def make_batches(n: int, seed: int = 0, n_items: int = N_ITEMS, device: torch.de
     contexts, batched as training batches them (`training.length_batches`: outfits of similar length together,
     each batch trimmed to its longest). Each group is picked from one window of training's batches, spread
     evenly over their widths, so that a few timed batches have training's mean width (a random handful would
-    not). `padded`: random batches padded to 8 instead (what this benchmark timed before). Drawn on the CPU, so
+    not). `padded`: the same outfits padded to 8 (what this benchmark timed before). Drawn on the CPU, so
     every device times the same batches."""
     draw = _padded_batches if padded else _length_batches
     return draw(warmup, seed + 1, n_items, device) + draw(n, seed, n_items, device)
@@ -315,7 +315,8 @@ def main() -> None:
     report = {
         "what": "training and inference samples/s at the paper's sizes, "
                 + ("CPU, fp32" if device.type == "cpu" else f"{device.type}, bf16 autocast (as training and serving)"),
-        "settings": {"n_articles": N_ARTICLES, "batch_size": BATCH, "outfit_sizes": "uniform 4..8, " + ("padded to 8" if args.padded else "batched as training batches them"),
+        "settings": {"n_articles": N_ARTICLES, "batch_size": BATCH,
+                     "outfit_sizes": "uniform 4..8, " + ("padded to 8" if args.padded else "batched as training does"),
                      "mean_width": mean_width(batches[args.warmup:]),
                      **PAPER_SIZES, "dropout": MODEL.dropout, "mask_prob": TRAIN.mask_prob,
                      "grad_clip": TRAIN.grad_clip, "timed_batches": args.steps, "warmup_batches": args.warmup,
