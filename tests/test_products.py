@@ -167,4 +167,9 @@ def test_attribute_models_train_and_rank_unseen_targets_on_the_retailers_outfits
     unseen = result["test_unseen"]
     assert unseen["n_cases"] > 0 and np.isfinite(unseen["cross_entropy"])
     assert result["ranked"] == "catalogue" and result["test"]["n_unknown_targets"] == 0
+    # the known targets' per-outfit record, to pair with a model of ids only: its sums give the known metrics
+    known, written = result["test_known_outfits"], json.loads(cfg.eval_path("none_attrs-s0").read_text())
+    assert sum(known["cases"]) == result["test_known"]["n_cases"] and written["test_known_outfits"] == known
+    assert sum(known["sums"]["cross_entropy"]) / sum(known["cases"]) == pytest.approx(
+        result["test_known"]["cross_entropy"], abs=1e-6)
     assert result["fitb"]["hard"]["attribute"] == "product_type" and 0 <= result["test"]["fitb_hard"] <= 1

@@ -342,3 +342,34 @@ def test_outfit_dependence_column_flags_a_run_that_does_not_read_the_outfit(tmp_
     assert "Outfit dependence |" in table and "| Popularity |" in table
     metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
     assert metrics["global_state"]["test"]["outfit_dependence"]["mean"] == pytest.approx(0.30)
+
+
+def test_history_section_pairs_an_attribute_model_with_the_yardstick_on_its_known_targets(tmp_path):
+    """An "_attrs" model ranks every test target, popularity + own history only those with an id: paired on all
+    targets the cases differ (undetermined); its record of the known targets pairs with the yardstick's."""
+    cfg = write_fake_runs(tmp_path, seeds=(0,), variants=("none", "global_state"), with_outfits=True)
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"variants": [
+        "none", "global_state", "global_state_attrs"]})})
+    evals = tmp_path / "reports" / "eval"
+    reference = _metrics(5.0, 0.05, 0.2)
+    (evals / "popularity_history.json").write_text(json.dumps(
+        {"name": "popularity_history", "weight": 0.2, "test": reference, "val": reference,
+         "test_outfits": fake_outfits(reference), "recall_curve": _curve(0.05, 0.2)}))
+    known = _metrics(4.5, 0.1, 0.3)
+    test = _metrics(4.8, 0.1, 0.3) | {"n_cases": 700}  # the unseen targets are cases of their own
+    result = {"name": "global_state_attrs-s0", "variant": "global_state_attrs", "seed": 0, "parameters": 546_432,
+              "test": test, "val": test, "test_known": known, "test_unseen": _metrics(7.0, 0.0, 0.01),
+              "test_outfits": fake_outfits(test), "recall_curve": _curve(0.1, 0.3)}
+    (evals / "global_state_attrs-s0.json").write_text(json.dumps(result | {"test_known_outfits": fake_outfits(known)}))
+    run = tmp_path / "models" / "global_state_attrs-s0"
+    run.mkdir(parents=True)
+    (run / "history.json").write_text(json.dumps([{"epoch": 1, "train_loss": 5.0, "val_cross_entropy": 4.9}]))
+    build_report(cfg)
+    section = (tmp_path / "reports" / "table1.md").read_text().split("## Does history help?")[1]
+    assert "  - [GS] + attributes (known targets): cross-entropy better by +0.50 (paired bootstrap" in section
+    assert "recall@5 better by +10.00 pts (paired bootstrap 95% CI +" in section
+    # an evaluation from before the known record: the verdict says why it cannot pair
+    (evals / "global_state_attrs-s0.json").write_text(json.dumps(result))
+    build_report(cfg)
+    section = (tmp_path / "reports" / "table1.md").read_text().split("## Does history help?")[1]
+    assert "[GS] + attributes (known targets): cross-entropy better by +0.50: undetermined (n=1" in section

@@ -44,7 +44,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from contextual_bert.bootstrap import DEPENDENCE_METRIC, OUTFITS_KEY, bootstrap_ci, case_values, outfit_record
+from contextual_bert.bootstrap import (DEPENDENCE_METRIC, KNOWN_OUTFITS_KEY, OUTFITS_KEY, bootstrap_ci, case_values,
+                                       outfit_record)
 from contextual_bert.config import EvaluateConfig, ModelConfig, uses_attributes
 from contextual_bert.devices import evaluation_device, keep_freed_memory
 from contextual_bert.errors import ContextualBertError
@@ -271,6 +272,9 @@ def evaluate_model(model, name, variant, seed, parameters, features_dir, max_set
         for part, keep in (("known", known), ("unseen", ~known)):
             result[f"test_{part}"], result[f"test_{part}_bootstrap"] = _subset_metrics(
                 test_cases, keep, len(test_data), cfg)
+        # the known targets are the cases a model of ids only ranks: this record pairs with that model's
+        result[KNOWN_OUTFITS_KEY] = outfit_record(test_cases["outfit"][known], {
+            m: v[known] for m, v in test_values.items()}, _outfit_ids(test_data))
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(result_json(result))
@@ -283,11 +287,8 @@ def _outfit_ids(data: EncodedOutfits) -> list:
 
 
 def result_json(result: dict) -> str:
-    """An evaluation result as indented JSON, but the per-outfit record's lists on one line each: indented,
+    """An evaluation result as indented JSON, but the per-outfit records' lists on one line each: indented,
     they would be a line per test outfit and the bulk of the file."""
-    record = result.get(OUTFITS_KEY)
-    if record is None:
-        return json.dumps(result, indent=2)
     lists = {}
 
     def placeholder(values: list) -> str:
@@ -295,9 +296,10 @@ def result_json(result: dict) -> str:
         lists[json.dumps(key)] = json.dumps(values)
         return key
 
-    short = {"outfit_id": placeholder(record["outfit_id"]), "cases": placeholder(record["cases"]),
-             "sums": {m: placeholder(v) for m, v in record["sums"].items()}}
-    text = json.dumps(result | {OUTFITS_KEY: short}, indent=2)
+    short = {key: {"outfit_id": placeholder(record["outfit_id"]), "cases": placeholder(record["cases"]),
+                   "sums": {m: placeholder(v) for m, v in record["sums"].items()}}
+             for key in (OUTFITS_KEY, KNOWN_OUTFITS_KEY) if (record := result.get(key)) is not None}
+    text = json.dumps(result | short, indent=2)
     for key, values in lists.items():
         text = text.replace(key, values, 1)
     return text

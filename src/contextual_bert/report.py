@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from contextual_bert.bootstrap import (CI_METRICS, DEPENDENCE_METRIC, LEVEL, OUTFITS_KEY, mean_record,
-                                      paired_difference, pooled_interval)
+from contextual_bert.bootstrap import (CI_METRICS, DEPENDENCE_METRIC, KNOWN_OUTFITS_KEY, LEVEL, OUTFITS_KEY,
+                                       mean_record, paired_difference, pooled_interval)
 from contextual_bert.config import (ATTRIBUTES_SUFFIX, BASELINE_MODELS, VARIANTS, Config, base_model,
                                      uses_attributes)
 from contextual_bert.errors import ContextualBertError, DataError
@@ -182,6 +182,7 @@ def summarize_runs(evals: list[dict]) -> dict:
         "n_seeds": len(evals),
         "seeds": [e.get("seed") for e in evals],
         OUTFITS_KEY: mean_record([e.get(OUTFITS_KEY) for e in evals]),
+        KNOWN_OUTFITS_KEY: mean_record([e.get(KNOWN_OUTFITS_KEY) for e in evals]),
         "test_bootstrap": {m: pooled_interval([(e.get("test_bootstrap") or {}).get(m) for e in evals])
                            for m in CI_METRICS},
         FITB_KEY: {m: pooled_interval([fitb_interval(e, m) for e in evals]) for m in FITB_METRICS},
@@ -224,8 +225,12 @@ def history_lines(summary: dict, references: dict) -> list[str]:
     for v in summary:
         if base_model(v) in ("none", "bag_of_items"):
             continue
-        per_metric = {m: compare_models(summary[v], ref_row, m, higher) for m, higher in VERDICT_METRICS}
-        lines.append(f"  - {LABELS.get(v, v)}: {_comparison_text(per_metric)}")
+        row, on = summary[v], ""
+        if uses_attributes(v) and "test_known" in row:
+            # it ranks every test target, the yardstick only those with an id: paired on those
+            row, on = {"test": row["test_known"]["test"], OUTFITS_KEY: row.get(KNOWN_OUTFITS_KEY)}, " (known targets)"
+        per_metric = {m: compare_models(row, ref_row, m, higher) for m, higher in VERDICT_METRICS}
+        lines.append(f"  - {LABELS.get(v, v)}{on}: {_comparison_text(per_metric)}")
     return lines
 
 
