@@ -17,6 +17,7 @@ from contextual_bert.model import (
     load_checkpoint,
     other_articles_mean,
     save_checkpoint,
+    Dropout,
     scaled_keep_mask,
 )
 
@@ -261,6 +262,27 @@ def test_the_dropout_mask_keeps_one_minus_p_and_the_expectation(p):
     assert not torch.equal(mask[0], mask[1])  # every draw its own
     torch.manual_seed(0)
     assert torch.equal(scaled_keep_mask(torch.ones(7, 1001, 33), p), mask)  # torch's seed decides it
+
+
+def test_dropout_with_a_residual_is_dropout_plus_the_residual_bit_for_bit():
+    """Dropout(x, residual), the blocks' fused form, against Dropout(x) + residual under the same seed: the
+    same output and gradients; an x that broadcasts gets a mask per element of the residual's shape."""
+    dropout = Dropout(0.1).train()
+    for x_shape in ((5, 3, 16), (1, 3, 16)):
+        x, residual = torch.randn(x_shape, requires_grad=True), torch.randn(5, 3, 16, requires_grad=True)
+        torch.manual_seed(0)
+        fused = dropout(x, residual)
+        fused.pow(2).sum().backward()
+        grads = x.grad.clone(), residual.grad.clone()
+        x.grad = residual.grad = None
+        torch.manual_seed(0)
+        apart = dropout(x.expand_as(residual)) + residual
+        apart.pow(2).sum().backward()
+        assert torch.equal(fused, apart)
+        assert torch.equal(grads[0], x.grad) and torch.equal(grads[1], residual.grad)
+    dropped = fused == residual
+    assert 0 < float(dropped.float().mean()) < 0.3 and not torch.equal(dropped[0], dropped[1])
+    assert torch.equal(dropout.eval()(x, residual), x + residual)
 
 
 def test_gs_dropout_draws_a_mask_per_position():

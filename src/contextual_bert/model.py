@@ -58,39 +58,54 @@ GLOBAL_STATE_VARIANTS = ("global_state", "global_state_update")
 DRAW_BITS = 15  # dropout's draws on the CPU: integers uniform on [0, 2^15)
 
 
-def scaled_keep_mask(x: torch.Tensor, p: float) -> torch.Tensor:
-    """Dropout's mask for x: 0 where dropped, 1 / (1 - p) where kept. Drawn as 15-bit integers, four from
-    each random int64: a mask from torch.rand's floats takes 1.8 times as long on the CPU, and those draws
-    were a tenth of a training step. p is rounded to a multiple of 2^-15 (0.1 -> 0.100006) and the scale
-    uses the rounded p, so the expectation stays x."""
+def keep_mask(x: torch.Tensor, p: float) -> tuple[torch.Tensor, float]:
+    """Dropout's mask for x on the CPU: (bool, true where kept; the scale 1 / (1 - p) of the kept). Drawn as
+    15-bit integers, four from each random int64: a mask from torch.rand's floats takes 1.8 times as long on
+    the CPU, and those draws were a tenth of a training step. p is rounded to a multiple of 2^-15 (0.1 ->
+    0.100006) and the scale uses the rounded p, so the expectation stays x."""
     n = x.numel()
     words = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_()  # 63 random bits each
     draws = words.view(torch.int16)[:n].view(x.shape).bitwise_and_(2**DRAW_BITS - 1)
     dropped = round(p * 2**DRAW_BITS)
-    return (draws >= dropped).to(x.dtype).mul_(2**DRAW_BITS / (2**DRAW_BITS - dropped))
+    return draws >= dropped, 2**DRAW_BITS / (2**DRAW_BITS - dropped)
+
+
+def scaled_keep_mask(x: torch.Tensor, p: float) -> torch.Tensor:
+    """keep_mask as one float tensor: 0 where dropped, 1 / (1 - p) where kept."""
+    keep, scale = keep_mask(x, p)
+    return keep.to(x.dtype).mul_(scale)
 
 
 class _DropoutFunction(torch.autograd.Function):
+    """Dropout(x) (+ residual): x * scale * keep, the mask kept as bools (a quarter of a float mask's bytes
+    to read back), the residual added in place. Bit for bit x * (keep * scale) (+ residual)."""
+
     @staticmethod
-    def forward(ctx, x, p: float):
-        scaled_keep = scaled_keep_mask(x, p)
-        ctx.save_for_backward(scaled_keep)
-        return x * scaled_keep
+    def forward(ctx, x, residual, p: float):
+        keep, scale = keep_mask(x if residual is None else residual, p)
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        out = x.mul(scale).mul_(keep)
+        return out if residual is None else out.add_(residual)
 
     @staticmethod
     def backward(ctx, grad):
-        (scaled_keep,) = ctx.saved_tensors
-        return grad * scaled_keep, None
+        (keep,) = ctx.saved_tensors
+        return grad.mul(ctx.scale).mul_(keep), grad if ctx.needs_input_grad[1] else None, None
 
 
 class Dropout(nn.Dropout):
-    """nn.Dropout whose mask on the CPU is `scaled_keep_mask`'s (bernoulli_'s takes 3.5 times as long there).
-    On CUDA the fused kernel."""
+    """nn.Dropout whose mask on the CPU is `keep_mask`'s (bernoulli_'s takes 3.5 times as long there). On
+    CUDA the fused kernel. `dropout(x, residual)` is Dropout(x) + residual, in one pass less on the CPU (x
+    may broadcast to the residual's shape: each element then gets its own mask)."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if not self.training or self.p == 0 or x.is_cuda:
-            return F.dropout(x, self.p, self.training)
-        return _DropoutFunction.apply(x, self.p)
+            out = F.dropout(x, self.p, self.training)
+            return out if residual is None else out + residual
+        if residual is not None and x.shape != residual.shape:
+            x = x.expand_as(residual)
+        return _DropoutFunction.apply(x, residual, self.p)
 
 
 class HistoryPooling(nn.Module):
@@ -215,10 +230,10 @@ class GlobalStateAttention(nn.Module):
     def forward(self, a_hat: torch.Tensor, global_state: torch.Tensor, rows: torch.Tensor | None = None):
         """a_hat: (L, B, d), or (M, d) for positions in outfits `rows`; global_state: (B, d)."""
         b = self.value(global_state)  # one per outfit, the same for all its positions
-        b = b.unsqueeze(0).expand_as(a_hat) if rows is None else b[rows]
+        b = b.unsqueeze(0) if rows is None else b[rows]
         # Dropout after broadcasting: each position gets its own mask, as dropout on any other sublayer
         # output does (one mask per outfit would silence the same units of c~ at all its positions).
-        return self.norm(self.dropout(b) + a_hat)
+        return self.norm(self.dropout(b, a_hat))
 
 
 class Block(nn.Module):
@@ -237,10 +252,10 @@ class Block(nn.Module):
         """(L, B, d) -> (L, B, d); with `select` (bool, (B, L)) only those positions come out, (M, d) in
         row-major (B, L) order, and everything after attention is computed for them alone."""
         residual, rows = (h, None) if select is None else (h.transpose(0, 1)[select], select.nonzero()[:, 0])
-        a_hat = self.attention_norm(self.dropout(self.attention(h, key_bias, select)) + residual)
+        a_hat = self.attention_norm(self.dropout(self.attention(h, key_bias, select), residual))
         if self.global_state_attention is not None:
             a_hat = self.global_state_attention(a_hat, global_state, rows)
-        return self.feed_forward_norm(self.dropout(self.feed_forward(a_hat)) + a_hat)
+        return self.feed_forward_norm(self.dropout(self.feed_forward(a_hat), a_hat))
 
 
 class GlobalState(nn.Module):
@@ -275,7 +290,7 @@ class GlobalStateUpdate(nn.Module):
         nn.init.zeros_(self.norm.weight)
 
     def forward(self, global_state: torch.Tensor) -> torch.Tensor:
-        return global_state + self.dropout(self.norm(self.feed_forward(global_state)))
+        return self.dropout(self.norm(self.feed_forward(global_state)), global_state)
 
 
 class ConcatInput(nn.Module):
