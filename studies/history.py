@@ -31,11 +31,12 @@ REPO = Path(__file__).resolve().parents[1]
 METRICS = (("cross_entropy", False), ("recall@5", True))
 
 
-def run_project(root: Path, params: dict, runs: list[tuple[str, int]], jobs: int, threads: int) -> Project:
+def run_project(root: Path, params: dict, runs: list[tuple[str, int]], jobs: int, threads: int,
+                reuse: bool = False) -> Project:
     project = Project(root, relocated(params, root), threads)
     for stage in ("ingest", "validate", "features", "baseline", "optimum"):
         project.stage(stage)
-    project.train_and_evaluate(runs, jobs)
+    project.train_and_evaluate(runs, jobs, reuse)
     project.stage("report")
     return project
 
@@ -146,6 +147,8 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2, help="trainings at a time")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per training")
     parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--reuse", action="store_true", help="keep the models an earlier call with the same settings "
+                        "trained in --workdir (evaluated again); train only the runs it lacks")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--curve", type=Path, nargs="+", help="no training: the curve over these points' --out")
     parser.add_argument("--ablate", type=Path, help="no training: ablation() of this trained history project's "
@@ -173,9 +176,9 @@ def main() -> int:
     off_params["train"]["variants"], off_params["train"]["seeds"] = args.compare, args.seeds
 
     on = run_project(args.workdir / "history", on_params, [(v, s) for v in args.variants for s in args.seeds],
-                     args.jobs, args.threads)
+                     args.jobs, args.threads, args.reuse)
     off = run_project(args.workdir / "no_history", off_params, [(v, s) for v in args.compare for s in args.seeds],
-                      args.jobs, args.threads)
+                      args.jobs, args.threads, args.reuse)
 
     args.out.mkdir(parents=True, exist_ok=True)
     for name in ("table1.md", "metrics.json"):

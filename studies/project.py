@@ -47,6 +47,9 @@ class Project:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.params_path = self.root / "params.yaml"
+        # what an earlier run of this project was set to: train_and_evaluate(reuse=True) keeps its models only
+        # when it was this
+        self.previous_params = yaml.safe_load(self.params_path.read_text()) if self.params_path.exists() else None
         self.write_params(params)
         self.env = {**os.environ, "MLFLOW_TRACKING_URI": params["mlflow"]["tracking_uri"],
                     "OMP_NUM_THREADS": str(threads or 1)}  # fmt: skip
@@ -73,9 +76,13 @@ class Project:
                 raise SystemExit(f"{self.root}: `contextual-bert {' '.join(args)}` failed (see {log})")
         self.timings[" ".join(args)] = round(time.perf_counter() - started, 1)
 
-    def train_and_evaluate(self, runs: list[tuple[str, int]], jobs: int) -> None:
+    def train_and_evaluate(self, runs: list[tuple[str, int]], jobs: int, reuse: bool = False) -> None:
         """Train and evaluate every (model, seed), `jobs` at a time (one torch thread each: on a 2-core CPU
-        two one-thread trainings run at nearly twice the throughput of one two-thread training)."""
+        two one-thread trainings run at nearly twice the throughput of one two-thread training). reuse: a run
+        an earlier call trained (its checkpoint there) is evaluated again, not trained again; only when that
+        call's settings were these, but for the runs' list and threads."""
+        if reuse and self.previous_params is not None and _setting(self.previous_params) != _setting(self.params):
+            raise SystemExit(f"{self.params_path}: --reuse, but this project was trained with other settings")
         from mlflow import MlflowClient
 
         from contextual_bert.tracking import experiment_id
@@ -85,8 +92,15 @@ class Project:
 
         def one(run: tuple[str, int]) -> None:
             model, seed = run
-            self.stage("train", "--variant", model, "--seed", str(seed))
+            if not (reuse and (self.path("models_dir") / f"{model}-s{seed}" / "checkpoint.pt").exists()):
+                self.stage("train", "--variant", model, "--seed", str(seed))
             self.stage("evaluate", "--variant", model, "--seed", str(seed))
 
         with ThreadPoolExecutor(max_workers=jobs) as pool:  # threads that wait on processes
             list(pool.map(one, runs))
+
+
+def _setting(params: dict) -> dict:
+    """params without what says which runs and on how many threads, not how they are trained."""
+    train = {k: v for k, v in params["train"].items() if k not in ("variants", "seeds", "num_threads")}
+    return params | {"train": train}
