@@ -206,9 +206,11 @@ def sampled_cross_entropy(logits: torch.Tensor, log_inclusion: torch.Tensor, tar
                           reduction: str = "mean") -> torch.Tensor:
     """Cross-entropy over the candidates' logits (M, C) with the log-Q correction: every column but the row's
     own target lowered by its log inclusion probability (NegativeSampler)."""
-    correction = log_inclusion.to(logits.dtype).expand_as(logits).clone()
-    correction.scatter_(1, target_columns[:, None], 0.0)  # a row's own target is always scored: pi = 1
-    return F.cross_entropy(logits.float() - correction.float(), target_columns, reduction=reduction)
+    logits = logits.float()
+    corrected = logits - log_inclusion.float()
+    rows = torch.arange(len(target_columns), device=logits.device)
+    corrected[rows, target_columns] = logits[rows, target_columns]  # a row's own target is always scored: pi = 1
+    return F.cross_entropy(corrected, target_columns, reduction=reduction)
 
 
 def sampled_item_loss(model, head_states: torch.Tensor, targets: torch.Tensor, inputs: torch.Tensor,
