@@ -136,6 +136,14 @@ def ablation(project_root: Path, models: list[str], out: Path, lengths=(0, 5, 10
     print(json.dumps(result, indent=2))
 
 
+def kept_timings(before: dict, seconds: dict) -> None:
+    """--reuse: the trainings' seconds of the call that trained them, into this call's `seconds`."""
+    for project, timings in seconds.items():
+        for stage, took in before.get(project, {}).items():
+            if stage.startswith("train ") and stage not in timings:
+                timings[stage] = took
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a params override")
@@ -188,8 +196,11 @@ def main() -> int:
                   ("popularity", "popularity_history", "optimum_history", "optimum_context", "optimum_no_context")
                   if (on.path("reports_dir") / "eval" / f"{name}.json").exists()
                   and eval_of(on, name).get("known") is not False}
+    seconds = {"history": on.timings, "no_history": off.timings}
+    if args.reuse and (args.out / "comparison.json").exists():
+        kept_timings(json.loads((args.out / "comparison.json").read_text())["seconds"], seconds)
     result = {"set": args.set, "seeds": args.seeds, "compared": comparison, "references_cross_entropy": references,
-              "seconds": {"history": on.timings, "no_history": off.timings}}
+              "seconds": seconds}
     (args.out / "comparison.json").write_text(json.dumps(result, indent=2))
     lines = [f"# With and without history ({', '.join(args.set) or 'params.yaml'}; time split; seeds {args.seeds})", "",
              "| Model | CE with history | CE without | better by [95% paired CI] | recall@5 % with | without | "
