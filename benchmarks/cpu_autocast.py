@@ -1,0 +1,70 @@
+"""fp32 against bf16 autocast for the CPU training step: [GSU] (or --variant) at the paper's sizes, sampled
+softmax, the two models stepped in turns on the same batches, so that the machine's drift and load reach both
+alike. Writes reports/benchmarks/cpu_bf16_autocast.json. The pipeline trains in fp32 on the CPU
+(`devices.autocast`); this says what bf16 would buy there.
+
+    .venv/bin/python benchmarks/cpu_autocast.py [--variant global_state_update] [--steps 16] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import train_throughput as tt  # noqa: E402  (the paper-size batches, spec and model settings)
+
+import contextual_bert.training as training  # noqa: E402
+from contextual_bert.devices import keep_freed_memory  # noqa: E402
+from contextual_bert.model import ContextualBert  # noqa: E402
+
+OUT = Path(__file__).resolve().parents[1] / "reports" / "benchmarks" / "cpu_bf16_autocast.json"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", default="global_state_update")
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--warmup", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--note", default="")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    keep_freed_memory()
+    batches = tt.make_batches(args.steps, warmup=args.warmup, device=torch.device("cpu"))
+    fp32 = torch.autocast("cpu", enabled=False)
+    modes = {"fp32": lambda device: fp32, "bf16": lambda device: torch.autocast("cpu", dtype=torch.bfloat16)}
+    states = {}
+    for name in modes:
+        torch.manual_seed(0)
+        model = ContextualBert(tt.MODEL, args.variant, tt.N_ITEMS, tt.SPEC).train()
+        states[name] = (model, *tt.step_state(model, len(batches), tt.TrainConfig().negatives))
+    seconds, samples, load_before = dict.fromkeys(modes, 0.0), dict.fromkeys(modes, 0), os.getloadavg()
+    original = training.autocast
+    try:
+        for i, (items, context) in enumerate(batches):
+            for name, (model, optimizer, scheduler, generator, sampler) in states.items():
+                training.autocast = modes[name]  # train_step reads it at each call
+                started = time.perf_counter()
+                training.train_step(model, optimizer, scheduler, items, context, tt.TRAIN, generator, sampler)
+                if i >= args.warmup:
+                    seconds[name] += time.perf_counter() - started
+                    samples[name] += items.shape[0]
+    finally:
+        training.autocast = original
+    result = {"what": f"{args.variant} training step at the paper's sizes, sampled softmax, fp32 against bf16 "
+                      f"autocast, stepped in turns on the same {args.steps} batches", "note": args.note,
+              "threads": args.threads, "torch": torch.__version__, "load_average": [load_before, os.getloadavg()],
+              "train_samples_per_s": {name: round(samples[name] / seconds[name], 1) for name in modes}}
+    OUT.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
