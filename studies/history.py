@@ -35,6 +35,8 @@ METRICS = (("cross_entropy", False), ("recall@5", True))
 def run_project(root: Path, params: dict, runs: list[tuple[str, int]], jobs: int, threads: int,
                 reuse: bool = False) -> Project:
     project = Project(root, relocated(params, root), threads)
+    if reuse:
+        project.check_reusable()  # before the stages rebuild its data
     for stage in ("ingest", "validate", "features", "baseline", "optimum"):
         project.stage(stage)
     project.train_and_evaluate(runs, jobs, reuse)

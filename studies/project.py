@@ -76,13 +76,18 @@ class Project:
                 raise SystemExit(f"{self.root}: `contextual-bert {' '.join(args)}` failed (see {log})")
         self.timings[" ".join(args)] = round(time.perf_counter() - started, 1)
 
+    def check_reusable(self) -> None:
+        """Refuse to reuse the models of an earlier call whose settings were other than these."""
+        if self.previous_params is not None and _setting(self.previous_params) != _setting(self.params):
+            raise SystemExit(f"{self.params_path}: --reuse, but this project was trained with other settings")
+
     def train_and_evaluate(self, runs: list[tuple[str, int]], jobs: int, reuse: bool = False) -> None:
         """Train and evaluate every (model, seed), `jobs` at a time (one torch thread each: on a 2-core CPU
         two one-thread trainings run at nearly twice the throughput of one two-thread training). reuse: a run
         an earlier call trained (its checkpoint there) is evaluated again, not trained again; only when that
         call's settings were these, but for the runs' list and threads."""
-        if reuse and self.previous_params is not None and _setting(self.previous_params) != _setting(self.params):
-            raise SystemExit(f"{self.params_path}: --reuse, but this project was trained with other settings")
+        if reuse:
+            self.check_reusable()
         from mlflow import MlflowClient
 
         from contextual_bert.tracking import experiment_id
