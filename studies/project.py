@@ -79,6 +79,7 @@ class Project:
     def check_reusable(self) -> None:
         """Refuse to reuse the models of an earlier call whose settings were other than these."""
         if self.previous_params is not None and _setting(self.previous_params) != _setting(self.params):
+            self.write_params(self.previous_params)  # the models' settings stay on record
             raise SystemExit(f"{self.params_path}: --reuse, but this project was trained with other settings")
 
     def train_and_evaluate(self, runs: list[tuple[str, int]], jobs: int, reuse: bool = False) -> None:
