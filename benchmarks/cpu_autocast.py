@@ -38,15 +38,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     keep_freed_memory()
     batches = tt.make_batches(args.steps, warmup=args.warmup, device=torch.device("cpu"))
-    fp32 = torch.autocast("cpu", enabled=False)
-    modes = {"fp32": lambda device: fp32, "bf16": lambda device: torch.autocast("cpu", dtype=torch.bfloat16)}
+    # fp32: the pipeline's own CPU autocast (devices.autocast, off there)
+    modes = {"fp32": training.autocast, "bf16": lambda device: torch.autocast("cpu", dtype=torch.bfloat16)}
     states = {}
     for name in modes:
         torch.manual_seed(0)
         model = ContextualBert(tt.MODEL, args.variant, tt.N_ITEMS, tt.SPEC).train()
         states[name] = (model, *tt.step_state(model, len(batches), tt.TrainConfig().negatives))
     seconds, samples, load_before = dict.fromkeys(modes, 0.0), dict.fromkeys(modes, 0), os.getloadavg()
-    original = training.autocast
     try:
         for i, (items, context) in enumerate(batches):
             for name, (model, optimizer, scheduler, generator, sampler) in states.items():
@@ -57,7 +56,7 @@ def main() -> None:
                     seconds[name] += time.perf_counter() - started
                     samples[name] += items.shape[0]
     finally:
-        training.autocast = original
+        training.autocast = modes["fp32"]
     result = {"what": f"{args.variant} training step at the paper's sizes, sampled softmax, fp32 against bf16 "
                       f"autocast, stepped in turns on the same {args.steps} batches", "note": args.note,
               "threads": args.threads, "torch": torch.__version__, "load_average": [load_before, os.getloadavg()],

@@ -91,14 +91,17 @@ class Project:
             self.check_reusable()
         from mlflow import MlflowClient
 
+        from contextual_bert.config import Config
         from contextual_bert.tracking import experiment_id
 
         # the store's tables and the experiment exist before trainings log at once (SQLite migrations race)
         experiment_id(MlflowClient(self.env["MLFLOW_TRACKING_URI"]), self.params["mlflow"]["experiment"])
 
+        config = Config.model_validate(self.params)
+
         def one(run: tuple[str, int]) -> None:
             model, seed = run
-            if not (reuse and (self.path("models_dir") / f"{model}-s{seed}" / "checkpoint.pt").exists()):
+            if not (reuse and (config.run_dir(model, seed) / "checkpoint.pt").exists()):
                 self.stage("train", "--variant", model, "--seed", str(seed))
             self.stage("evaluate", "--variant", model, "--seed", str(seed))
 
