@@ -112,4 +112,7 @@ class Project:
 def _setting(params: dict) -> dict:
     """params without what says which runs and on how many threads, not how they are trained."""
     train = {k: v for k, v in params["train"].items() if k not in ("variants", "seeds", "num_threads")}
-    return params | {"train": train}
+    model = params["model"]
+    if not params["features"]["history"]["enabled"]:  # how a model would read a history it does not get
+        model = {k: v for k, v in model.items() if k != "history_pooling"}
+    return params | {"train": train, "model": model}

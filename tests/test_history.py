@@ -15,7 +15,7 @@ from contextual_bert.feature_store import OUTFITS_FILE, ArticleVocab, OutfitEnco
     load_split
 from contextual_bert.features import assign_time_splits, build_features
 from contextual_bert.history import earlier_outfits, history_items
-from contextual_bert.model import build_model
+from contextual_bert.model import HistoryAttentionPooling, HistoryPooling, build_model
 from feature_data import paper_cfg, paper_tables, write_validated
 
 MAX_ITEMS = 12
@@ -102,18 +102,24 @@ def test_history_off_writes_exactly_the_features_of_before(tmp_path):
             assert path.read_bytes() == (tmp_path / "f2" / path.name).read_bytes(), path.name
 
 
-def _model_and_split(features, variant):
+def _model_and_split(features, variant, pooling="mean"):
     spec = load_spec(features)
     vocab_rows = pq.read_metadata(features / "article_vocab.parquet").num_rows
     torch.manual_seed(0)
-    model = build_model(ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32), variant, vocab_rows, spec).eval()
+    cfg = ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32, history_pooling=pooling)
+    model = build_model(cfg, variant, vocab_rows, spec).eval()
+    if pooling == "attention":  # a query that tells articles apart (it starts at zero: the mean, scaled)
+        for module in model.modules():
+            if isinstance(module, HistoryAttentionPooling):
+                torch.nn.init.normal_(module.query, std=3.0)
     return model, load_split(features, "test", 8)
 
 
-@pytest.mark.parametrize("variant", ["global_state", "bag_of_items_context"])
-def test_mean_pooling_is_blind_to_the_order_of_the_history_and_the_history_changes_the_prediction(dated, variant):
+@pytest.mark.parametrize("variant, pooling", [("global_state", "mean"), ("bag_of_items_context", "mean"),
+                                              ("global_state", "attention"), ("bag_of_items_context", "attention")])
+def test_pooling_is_blind_to_the_order_of_the_history_and_the_history_changes_the_prediction(dated, variant, pooling):
     features, _ = dated
-    model, test = _model_and_split(features, variant)
+    model, test = _model_and_split(features, variant, pooling)
     items = test.items.clone()
     last = (items != PAD_INDEX).sum(dim=1) - 1
     items[torch.arange(len(items)), last] = 1  # [MASK] the last item
@@ -147,3 +153,26 @@ def test_a_request_with_history_is_encoded_and_one_without_reports_it_missing(da
         logits = model.masked_logits(encoded.outfits.items, encoded.outfits.context)
     assert not torch.allclose(logits[0], logits[1])
     torch.testing.assert_close(logits[1], logits[2])
+
+
+def test_attention_pooling_weighs_the_history_by_its_evidence_and_gives_the_bias_for_none():
+    """The null slot: with a query that matches an article, its weight (and so its share of c) grows with how
+    often the history holds such articles, where a mean gives one article and five alike the same vector."""
+    torch.manual_seed(0)
+    table = torch.nn.Embedding(10, 4)
+    pool = HistoryAttentionPooling(4, 3, n_heads=1)
+    mean = HistoryPooling(4, 3)
+    with torch.no_grad():
+        pool.query.copy_(table.weight[5] * 4)
+        pool.null_logit.fill_(float(pool.query[0] @ table.weight[5]) / 2)  # one such article: half the weight
+        pool.projection.weight.copy_(torch.eye(3, 4))
+        pool.projection.bias.zero_()
+        mean.projection.load_state_dict(pool.projection.state_dict())
+    once = torch.tensor([[5, PAD_INDEX, PAD_INDEX, PAD_INDEX, PAD_INDEX]])
+    five = torch.tensor([[5, 5, 5, 5, 5]])
+    none = torch.full((1, 5), PAD_INDEX)
+    with torch.no_grad():
+        torch.testing.assert_close(mean(once, table), mean(five, table))
+        a, b = pool(once, table), pool(five, table)
+        assert (b.abs() > a.abs() * 1.2).all() and (torch.sign(a) == torch.sign(b)).all()
+        torch.testing.assert_close(pool(none, table), pool.projection.bias.unsqueeze(0))

@@ -226,6 +226,10 @@ class ModelConfig(Section):
     # the mean of the other articles' (tied) output vectors, so the logits start as a tied bag of items' and
     # the encoder learns what a bag cannot. "none" in checkpoints from before it existed.
     bag_path: Literal["none", "input", "output"] = "none"
+    # How a model reads features.history (model.HistoryPooling, model.HistoryAttentionPooling): "mean" of the
+    # history's article vectors, or "attention" with a learned query per head and a null slot, whose weight
+    # on the history grows with the evidence in it. Without features.history it changes nothing.
+    history_pooling: Literal["mean", "attention"] = "mean"
 
     @field_validator("bag_path", mode="before")
     @classmethod
