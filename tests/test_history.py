@@ -176,3 +176,37 @@ def test_attention_pooling_weighs_the_history_by_its_evidence_and_gives_the_bias
         a, b = pool(once, table), pool(five, table)
         assert (b.abs() > a.abs() * 1.2).all() and (torch.sign(a) == torch.sign(b)).all()
         torch.testing.assert_close(pool(none, table), pool.projection.bias.unsqueeze(0))
+
+
+@pytest.mark.parametrize("variant", ["global_state", "bag_of_items_context"])
+def test_the_repeat_offset_raises_exactly_the_history_articles_and_the_sampled_columns_are_the_full_ones(dated, variant):
+    features, _ = dated
+    model, test = _model_and_split(features, variant)
+    spec, n = load_spec(features), pq.read_metadata(features / "article_vocab.parquet").num_rows
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32, history_repeat=True)
+    repeating = build_model(cfg, variant, n, spec).eval()
+    assert repeating.load_state_dict(model.state_dict(), strict=False).missing_keys == ["repeat.weight"]
+    with torch.no_grad():
+        repeating.repeat.weight.copy_(torch.tensor([0.2, -0.03]))
+    items = test.items.clone()
+    last = (items != PAD_INDEX).sum(dim=1) - 1
+    items[torch.arange(len(items)), last] = 1  # [MASK] the last item
+    history = test.context[HISTORY_FEATURE]
+    with torch.no_grad():
+        gained = repeating.masked_logits(items, test.context) - model.masked_logits(items, test.context)
+    held = torch.zeros_like(gained, dtype=torch.bool).scatter_(1, history, True)
+    held[:, :3] = False  # specials: -inf in both
+    size = (history >= 3).sum(dim=1, keepdim=True).clamp_min(1).float()
+    expected = (0.2 - 0.03 * size.log()) * 10.0  # AttributeOverlap.SCALE
+    rows = held.any(dim=1)
+    assert rows.sum() > 10
+    torch.testing.assert_close(gained[:, 3:][~held[:, 3:]], torch.zeros(int((~held[:, 3:]).sum())), atol=1e-5, rtol=0)
+    torch.testing.assert_close(gained[held], expected.expand_as(gained)[held], atol=1e-5, rtol=1e-5)
+    select = items == 1
+    candidates = torch.tensor([5, 3, int(history[rows][0, 0]), n - 1])
+    with torch.no_grad():
+        full = repeating.outfit_offsets(items, select, context=test.context)
+        sampled = repeating.outfit_offsets(items, select, candidates, context=test.context)
+    torch.testing.assert_close(sampled, full[:, candidates])
+    assert repeating.outfit_offsets(items, select) is None and model.outfit_offsets(items, select, context=test.context) is None

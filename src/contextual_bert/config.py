@@ -230,6 +230,9 @@ class ModelConfig(Section):
     # history's article vectors, or "attention" with a learned query per head and a null slot, whose weight
     # on the history grows with the evidence in it. Without features.history it changes nothing.
     history_pooling: Literal["mean", "attention"] = "mean"
+    # With features.history: a learned logit offset for a candidate the customer's history holds
+    # (model.HistoryRepeat), the model's own "this article again". Without features.history it changes nothing.
+    history_repeat: bool = False
 
     @field_validator("bag_path", mode="before")
     @classmethod

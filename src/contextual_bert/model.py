@@ -40,7 +40,8 @@ from torch import nn
 
 from contextual_bert.config import BASELINE_MODELS, VARIANTS, ModelConfig, base_model, uses_attributes
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec, FeatureSpec
+from contextual_bert.feature_spec import (HISTORY_FEATURE, MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec,
+                                          FeatureSpec)
 
 # The paper's sizes (Table 1 setting) and the parameter counts it reports for them, counted without the
 # article embeddings, the output layer and the customer-feature embeddings.
@@ -178,6 +179,10 @@ class ContextEmbedding(nn.Module):
     @property
     def d_context(self) -> int:
         return self.spec.d_context
+
+    @property
+    def names(self) -> set[str]:
+        return {f.name for f in self.spec.features}
 
     def forward(self, context: dict[str, torch.Tensor], article_vectors=None) -> torch.Tensor:
         parts = []
@@ -518,6 +523,34 @@ class AttributeOverlap(nn.Module):
         return total
 
 
+class HistoryRepeat(nn.Module):
+    """A logit offset for a candidate the customer's history holds (model.history_repeat): r = w_0 + w_1 log n,
+    for a history of n articles. Why: the history's share of c, a pooled vector, cannot say "this very article
+    again" among thousands, where counting the customer's own articles can (the popularity + own history
+    yardstick); and the shorter a history, the larger a share of it each article is (w_1). w starts at 0, so a
+    model starts as without it, and is stored divided by AttributeOverlap.SCALE for the same reason."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(2))
+
+    def forward(self, history: torch.Tensor, rows: torch.Tensor, n_items: int,
+                articles: torch.Tensor | None = None) -> torch.Tensor:
+        """(M, n_items) offsets for the rows `rows` (M,) of `history` (B, max_items; article indices, each
+        article once), or (M, C) for the article indices `articles` (C,) only."""
+        history = history[rows]
+        held = history >= N_SPECIAL  # padding and [UNK] are no article
+        n = held.sum(dim=-1, keepdim=True).clamp_min(1).to(self.weight.dtype)
+        gain = held.to(self.weight.dtype) * ((self.weight[0] + self.weight[1] * n.log()) * AttributeOverlap.SCALE)
+        if articles is None:
+            return gain.new_zeros(history.shape[0], n_items).scatter_(1, history, gain)
+        # a candidate's column, or C (a column then dropped) for an article that is none
+        column = torch.full((n_items,), len(articles), dtype=torch.long, device=articles.device)
+        column[articles] = torch.arange(len(articles), device=articles.device)
+        out = gain.new_zeros(history.shape[0], len(articles) + 1).scatter_(1, column[history], gain)
+        return out[:, :-1]
+
+
 class ArticleScores:
     """The output side shared by the models: logits over the real articles from head states, and the
     logits at the one [MASK] of every row. Needs `forward`, `head` and `output_layer`.
@@ -532,6 +565,8 @@ class ArticleScores:
         `overlap`, the offsets for attribute values already in the outfit)."""
         self.n_ids = n_items
         self.attributes = self.overlap = None  # (no class attributes: they would hide the submodules)
+        reads_history = self.context_encoder is not None and HISTORY_FEATURE in self.context_encoder.names
+        self.repeat = HistoryRepeat() if self.model_cfg.history_repeat and reads_history else None
         if overlap and attributes is None:
             raise ContextualBertError(f"model '{variant}' reads article ids only; it has no attribute overlap")
         if uses_attributes(variant) != (attributes is not None and len(attributes.features) > 0):
@@ -581,13 +616,18 @@ class ArticleScores:
         ids = attributes.ids(articles)
         return attributes(table, articles, ids=ids), self.output_bias[ids]
 
-    def outfit_offsets(self, items: torch.Tensor, select: torch.Tensor,
-                       articles: torch.Tensor | None = None) -> torch.Tensor | None:
-        """(M, n_items) logit offsets at the `select` positions from the rest of their outfit (AttributeOverlap),
-        or (M, C) for the catalogue indices `articles` only; None for a model without them."""
-        if self.overlap is None:
-            return None
-        return self.overlap(self.attributes.catalogue(), items, select, articles)
+    def outfit_offsets(self, items: torch.Tensor, select: torch.Tensor, articles: torch.Tensor | None = None,
+                       context: dict[str, torch.Tensor] | None = None) -> torch.Tensor | None:
+        """(M, n_items) logit offsets at the `select` positions from the rest of their outfit (AttributeOverlap)
+        and, given the `context`, from the customer's history (HistoryRepeat); or (M, C) for the catalogue
+        indices `articles` only; None for a model without them."""
+        parts = []
+        if self.overlap is not None:
+            parts.append(self.overlap(self.attributes.catalogue(), items, select, articles))
+        if self.repeat is not None and context is not None:
+            rows = select.nonzero(as_tuple=True)[0]
+            parts.append(self.repeat(context[HISTORY_FEATURE], rows, self.n_items, articles))
+        return sum(parts[1:], parts[0]) if parts else None
 
     def article_logits(self, head_states: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
         """(M, n_items - N_SPECIAL) logits over the real articles (specials are never predicted); `offsets`
@@ -610,7 +650,7 @@ class ArticleScores:
         head_states = self.head_states(items, context, is_mask)
         weight, bias = self.output_layer()
         logits = F.linear(head_states, weight.to(head_states.dtype), bias.to(head_states.dtype))
-        offsets = self.outfit_offsets(items, is_mask)
+        offsets = self.outfit_offsets(items, is_mask, context=context)
         if offsets is not None:
             logits = logits + offsets.to(logits.dtype)
         return logits.index_fill_(1, torch.arange(N_SPECIAL, device=logits.device), float("-inf"))

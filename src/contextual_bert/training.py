@@ -214,13 +214,13 @@ def sampled_cross_entropy(logits: torch.Tensor, log_inclusion: torch.Tensor, tar
 
 
 def sampled_item_loss(model, head_states: torch.Tensor, targets: torch.Tensor, inputs: torch.Tensor,
-                      predict: torch.Tensor, sampler: NegativeSampler) -> torch.Tensor:
-    """The sampled softmax's loss: the output layer (and, for the `_attrs` models, the attribute vectors and
-    the outfit offsets) computed for the candidates only."""
+                      predict: torch.Tensor, sampler: NegativeSampler, context: dict | None = None) -> torch.Tensor:
+    """The sampled softmax's loss: the output layer (and, for the `_attrs` models, the attribute vectors; the
+    outfit offsets) computed for the candidates only."""
     candidates, log_inclusion, target_columns = sampler.draw(targets)
     weight, bias = model.output_layer(candidates)
     logits = F.linear(head_states, weight.to(head_states.dtype), bias.to(head_states.dtype))
-    offsets = model.outfit_offsets(inputs, predict, candidates)
+    offsets = model.outfit_offsets(inputs, predict, candidates, context)
     if offsets is not None:
         logits = logits + offsets.to(logits.dtype)
     return sampled_cross_entropy(logits, log_inclusion, target_columns)
@@ -238,8 +238,8 @@ def masked_item_loss(
     if len(targets) == 0:  # a batch of unknown articles only: nothing to learn from
         return head_states.sum() * 0.0
     if sampler is not None and torch.is_grad_enabled():
-        return sampled_item_loss(model, head_states, targets, inputs, predict, sampler)
-    offsets = model.outfit_offsets(inputs, predict)  # from what the model sees: the inputs, not the answers
+        return sampled_item_loss(model, head_states, targets, inputs, predict, sampler, context)
+    offsets = model.outfit_offsets(inputs, predict, context=context)  # from what the model sees, not the answers
     if (offsets is None and head_states.device.type == "cpu" and head_states.dtype == torch.float32
             and torch.is_grad_enabled()):
         weight, bias = model.output_layer()  # specials included
