@@ -210,3 +210,34 @@ def test_the_repeat_offset_raises_exactly_the_history_articles_and_the_sampled_c
         sampled = repeating.outfit_offsets(items, select, candidates, context=test.context)
     torch.testing.assert_close(sampled, full[:, candidates])
     assert repeating.outfit_offsets(items, select) is None and model.outfit_offsets(items, select, context=test.context) is None
+
+
+def test_the_served_trace_of_a_history_model_equals_the_model_with_and_without_history(dated):
+    """Serving traces masked_logits on an example without history: attention pooling and the repeat offset
+    still give the model's own logits for requests whose histories differ in length."""
+    from contextual_bert.serving import OutfitCompleterCore
+
+    features, (_, _, outfits) = dated
+    spec, n = load_spec(features), pq.read_metadata(features / "article_vocab.parquet").num_rows
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32, history_pooling="attention", history_repeat=True)
+    model = build_model(cfg, "global_state", n, spec).eval()
+    with torch.no_grad():
+        model.repeat.weight.copy_(torch.tensor([0.3, -0.05]))
+        for module in model.modules():
+            if isinstance(module, HistoryAttentionPooling):
+                torch.nn.init.normal_(module.query, std=3.0)
+    core = OutfitCompleterCore(model, OutfitEncoder.load(features, 8), torch.device("cpu"))
+    assert core.masked_logits != model.masked_logits  # the trace, not the module
+    ids = [a for row in outfits["article_ids"].iloc[:6] for a in row]
+    rows = pd.DataFrame({"article_ids": [ids[:2], ids[2:5], ids[5:6], ids[:3]],
+                         HISTORY_COLUMN: [ids[6:20], None, ids[8:9], ids[3:30]]})
+    encoded = core.encode(rows)
+    items, context = encoded.outfits.items, encoded.outfits.context
+    with torch.no_grad():
+        traced, plain = core.masked_logits(items, context), model.masked_logits(items, context)
+    torch.testing.assert_close(traced, plain, rtol=0, atol=0)
+    first = {k: v[:1] for k, v in context.items()}
+    with torch.no_grad():
+        without = core.masked_logits(items[:1], {**first, HISTORY_FEATURE: torch.zeros_like(first[HISTORY_FEATURE])})
+    assert not torch.allclose(plain[0, 3:], without[0, 3:])
