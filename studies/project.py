@@ -114,5 +114,5 @@ def _setting(params: dict) -> dict:
     train = {k: v for k, v in params["train"].items() if k not in ("variants", "seeds", "num_threads")}
     model = params["model"]
     if not params["features"]["history"]["enabled"]:  # how a model would read a history it does not get
-        model = {k: v for k, v in model.items() if k not in ("history_pooling", "history_repeat")}
+        model = {k: v for k, v in model.items() if not k.startswith("history_")}
     return params | {"train": train, "model": model}

@@ -241,3 +241,26 @@ def test_the_served_trace_of_a_history_model_equals_the_model_with_and_without_h
     with torch.no_grad():
         without = core.masked_logits(items[:1], {**first, HISTORY_FEATURE: torch.zeros_like(first[HISTORY_FEATURE])})
     assert not torch.allclose(plain[0, 3:], without[0, 3:])
+
+
+def test_the_history_bag_adds_the_gated_mean_of_the_historys_output_vectors_to_the_head_state(dated):
+    features, _ = dated
+    model, test = _model_and_split(features, "global_state")
+    spec, n = load_spec(features), pq.read_metadata(features / "article_vocab.parquet").num_rows
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32, history_bag=True)
+    bagged = build_model(cfg, "global_state", n, spec).eval()
+    assert bagged.load_state_dict(model.state_dict(), strict=False).missing_keys == ["history_gate"]
+    items = test.items.clone()
+    last = (items != PAD_INDEX).sum(dim=1) - 1
+    items[torch.arange(len(items)), last] = 1
+    history = test.context[HISTORY_FEATURE]
+    with torch.no_grad():
+        torch.testing.assert_close(bagged.masked_logits(items, test.context), model.masked_logits(items, test.context))
+        bagged.history_gate.fill_(0.5)
+        gained = bagged.masked_logits(items, test.context) - model.masked_logits(items, test.context)
+        seen = (history != PAD_INDEX).unsqueeze(-1).float()
+        mean = (model.item_embeddings(history) * seen).sum(1) / seen.sum(1).clamp_min(1) * model.input_scale
+        expected = 0.5 * mean @ model.item_embeddings.weight.t()  # tied output vectors
+    torch.testing.assert_close(gained[:, 3:], expected[:, 3:], atol=1e-4, rtol=1e-4)
+    assert (history != PAD_INDEX).any(dim=1).sum() > 10 and expected[:, 3:].abs().amax() > 1e-2

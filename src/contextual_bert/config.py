@@ -233,6 +233,10 @@ class ModelConfig(Section):
     # With features.history: a learned logit offset for a candidate the customer's history holds
     # (model.HistoryRepeat), the model's own "this article again". Without features.history it changes nothing.
     history_repeat: bool = False
+    # With features.history, ContextualBert only: the head state at a masked position also gets g times the
+    # mean of the history's (tied) output vectors (model.ContextualBert.history_state), g learned from 0: the
+    # history read as the bag of items reads the outfit, beside its share of c.
+    history_bag: bool = False
 
     @field_validator("bag_path", mode="before")
     @classmethod

@@ -120,10 +120,15 @@ class HistoryPooling(nn.Module):
         self.projection = nn.Linear(d_model, dim)
 
     def forward(self, history: torch.Tensor, article_vectors) -> torch.Tensor:
-        seen = (history != PAD_INDEX).unsqueeze(-1)
-        vectors = article_vectors(history) * seen
-        pooled = vectors.sum(dim=-2) / seen.sum(dim=-2).clamp_min(1).to(vectors.dtype)
-        return self.projection(pooled)
+        return self.projection(history_mean(history, article_vectors))
+
+
+def history_mean(history: torch.Tensor, article_vectors) -> torch.Tensor:
+    """(..., d) the mean of a 0-padded history's article vectors (`article_vectors`: indices -> (..., d));
+    zeros for an empty one."""
+    seen = (history != PAD_INDEX).unsqueeze(-1)
+    vectors = article_vectors(history) * seen
+    return vectors.sum(dim=-2) / seen.sum(dim=-2).clamp_min(1).to(vectors.dtype)
 
 
 class HistoryAttentionPooling(HistoryPooling):
@@ -699,6 +704,9 @@ class ContextualBert(ArticleScores, nn.Module):
             self.item_embeddings.weight[PAD_INDEX].zero_()
         self.input_scale = d**0.5
         self._init_articles(variant, n_items, attributes, combine, overlap)  # last: the paper's models draw as before
+        # the history bag (model.history_bag): g starts at 0, so a model starts as without it
+        reads_history = self.context_encoder is not None and HISTORY_FEATURE in self.context_encoder.names
+        self.history_gate = nn.Parameter(torch.zeros(())) if model_cfg.history_bag and reads_history else None
 
     # --- the encoder ---------------------------------------------------------------------------------
 
@@ -755,7 +763,17 @@ class ContextualBert(ArticleScores, nn.Module):
         weight = 1.0 if self.model_cfg.bag_path == "output" else bag_weight
         if weight > 0:
             states = states + weight * self.bag_state(items, select).to(states.dtype)
+        if self.history_gate is not None:
+            states = states + self.history_gate * self.history_state(context, select).to(states.dtype)
         return states
+
+    def history_state(self, context: dict[str, torch.Tensor], select: torch.Tensor) -> torch.Tensor:
+        """(M, d) the mean of the customer's history's (tied) output vectors at the `select` positions, at the
+        input's scale (model.history_bag): scored against a candidate's vector, how like the customer's
+        earlier articles it is, the way the bag of items scores it against the outfit's."""
+        rows = select.nonzero(as_tuple=True)[0]
+        vectors = lambda a: self.article_vectors(self.item_embeddings, a)  # noqa: E731
+        return history_mean(context[HISTORY_FEATURE][rows], vectors) * self.input_scale
 
     def bag_state(self, items: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
         """(M, d) the mean of the outfit's other articles' (tied) output vectors at the `select` positions, at
