@@ -11,6 +11,8 @@ difference of their seed means (bootstrap.paired_difference). Written to --out: 
     python studies/history.py --out reports/history/default --workdir /tmp/history-default
     python studies/history.py --set ingest.source=planted --set planted.customer_taste_strength=4 \\
         --set planted.n_outfits=24000 --set planted.n_customers=6000 --out reports/history/planted_4 --workdir /tmp/history-planted-4
+    python studies/history.py --pair /tmp/history-planted-8-attrs-attention /tmp/history-planted-8-attrs \\
+        --compare global_state_attrs --seeds 0 --out reports/history/pooling/planted_8_attention.json
     python studies/history.py --curve reports/history/planted_2_attrs reports/history/planted_4_attrs_seed0 \\
         reports/history/planted_8_attrs --compare global_state_attrs --out reports/history/planted_curve_attrs
 """
@@ -65,6 +67,27 @@ def compare(on: Project, off: Project, model: str, seeds: list[int]) -> dict:
     out["converged"] = [json.loads((on.path("models_dir") / f"{model}-s{s}" / "metrics.json").read_text()).get("converged")
                         for s in seeds]
     return out
+
+
+def pair_settings(candidate: Path, base: Path, out: Path, model: str, seeds: list[int]) -> None:
+    """No training: `model` with history trained by two studies under other settings (their --workdir, e.g.
+    model.history_pooling attention against mean), paired on the same test outfits; written to out (.json)."""
+    def project(root: Path) -> Project:
+        return Project(root / "history", yaml.safe_load((root / "history" / "params.yaml").read_text()), 1)
+
+    a, b = project(candidate), project(base)
+    result = {"candidate": str(candidate), "base": str(base), "model": model, "seeds": seeds}
+    for metric, higher in METRICS:
+        runs = [[eval_of(p, f"{model}-s{s}") for s in seeds] for p in (a, b)]
+        means = [sum(e["test"][metric] for e in r) / len(r) for r in runs]
+        paired = paired_difference(*(mean_record([e[OUTFITS_KEY] for e in r]) for r in runs), metric)
+        sign = 1.0 if higher else -1.0
+        interval = None if paired["interval"] is None else sorted(sign * x for x in paired["interval"])
+        result[metric] = {"candidate": means[0], "base": means[1], "improvement": sign * (means[0] - means[1]),
+                          "ci": interval}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
 
 
 def curve(points: list[Path], out: Path, model: str = "global_state") -> None:
@@ -162,11 +185,16 @@ def main() -> int:
                         "trained in --workdir (evaluated again); train only the runs it lacks")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--curve", type=Path, nargs="+", help="no training: the curve over these points' --out")
+    parser.add_argument("--pair", type=Path, nargs=2, metavar=("CANDIDATE", "BASE"),
+                        help="no training: the --compare model with history in two studies' --workdir, paired, to --out (.json)")
     parser.add_argument("--ablate", type=Path, help="no training: ablation() of this trained history project's "
                                                     "--compare models, to --out (a .json file)")
     args = parser.parse_args()
     if args.curve:
         curve(args.curve, args.out, args.compare[0])
+        return 0
+    if args.pair:
+        pair_settings(*args.pair, args.out, args.compare[0], args.seeds)
         return 0
     if args.ablate:
         ablation(args.ablate, [f"{m}-s{s}" for m in args.compare for s in args.seeds[:1]], args.out)
