@@ -12,7 +12,7 @@ difference of their seed means (bootstrap.paired_difference). Written to --out: 
     python studies/history.py --set ingest.source=planted --set planted.customer_taste_strength=4 \\
         --set planted.n_outfits=24000 --set planted.n_customers=6000 --out reports/history/planted_4 --workdir /tmp/history-planted-4
     python studies/history.py --pair /tmp/history-planted-8-attrs-attention /tmp/history-planted-8-attrs \\
-        --compare global_state_attrs --seeds 0 --out reports/history/pooling/planted_8_attention.json
+        --compare global_state_attrs --seeds 0 --out reports/history/readers/pairs/planted_8_attention.json
     python studies/history.py --curve reports/history/planted_2_attrs reports/history/planted_4_attrs_seed0 \\
         reports/history/planted_8_attrs --compare global_state_attrs --out reports/history/planted_curve_attrs
 """

@@ -102,11 +102,14 @@ def test_history_off_writes_exactly_the_features_of_before(tmp_path):
             assert path.read_bytes() == (tmp_path / "f2" / path.name).read_bytes(), path.name
 
 
-def _model_and_split(features, variant, pooling="mean"):
+def _model_and_split(features, variant, pooling="mean", **readers):
+    """A tiny model that reads the history through its share of c only, unless `readers` (history_repeat,
+    history_bag) say otherwise."""
     spec = load_spec(features)
     vocab_rows = pq.read_metadata(features / "article_vocab.parquet").num_rows
     torch.manual_seed(0)
-    cfg = ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32, history_pooling=pooling)
+    cfg = ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32, history_pooling=pooling,
+                      **({"history_repeat": False, "history_bag": False} | readers))
     model = build_model(cfg, variant, vocab_rows, spec).eval()
     if pooling == "attention":  # a query that tells articles apart (it starts at zero: the mean, scaled)
         for module in model.modules():
@@ -184,7 +187,7 @@ def test_the_repeat_offset_raises_exactly_the_history_articles_and_the_sampled_c
     model, test = _model_and_split(features, variant)
     spec, n = load_spec(features), pq.read_metadata(features / "article_vocab.parquet").num_rows
     torch.manual_seed(0)
-    cfg = ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32, history_repeat=True)
+    cfg = ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32, history_repeat=True, history_bag=False)
     repeating = build_model(cfg, variant, n, spec).eval()
     assert repeating.load_state_dict(model.state_dict(), strict=False).missing_keys == ["repeat.weight"]
     with torch.no_grad():
@@ -248,7 +251,7 @@ def test_the_history_bag_adds_the_gated_mean_of_the_historys_output_vectors_to_t
     model, test = _model_and_split(features, "global_state")
     spec, n = load_spec(features), pq.read_metadata(features / "article_vocab.parquet").num_rows
     torch.manual_seed(0)
-    cfg = ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32, history_bag=True)
+    cfg = ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32, history_repeat=False, history_bag=True)
     bagged = build_model(cfg, "global_state", n, spec).eval()
     assert bagged.load_state_dict(model.state_dict(), strict=False).missing_keys == ["history_gate"]
     items = test.items.clone()
@@ -264,3 +267,21 @@ def test_the_history_bag_adds_the_gated_mean_of_the_historys_output_vectors_to_t
         expected = 0.5 * mean @ model.item_embeddings.weight.t()  # tied output vectors
     torch.testing.assert_close(gained[:, 3:], expected[:, 3:], atol=1e-4, rtol=1e-4)
     assert (history != PAD_INDEX).any(dim=1).sum() > 10 and expected[:, 3:].abs().amax() > 1e-2
+
+
+def test_the_defaults_read_the_history_three_ways_and_a_checkpoint_from_before_loads_as_it_was_trained(dated, tmp_path):
+    from contextual_bert.model import load_checkpoint, model_payload
+
+    features, _ = dated
+    spec, n = load_spec(features), pq.read_metadata(features / "article_vocab.parquet").num_rows
+    default = build_model(ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32), "global_state", n, spec)
+    assert default.repeat is not None and default.history_gate is not None
+    assert build_model(ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32), "bag_of_items_context", n,
+                       spec).repeat is not None  # the bag of items reads its history through c: no gate
+    before, _ = _model_and_split(features, "global_state")
+    payload = model_payload(before)
+    for key in ("history_repeat", "history_bag"):
+        payload["model_config"].pop(key)  # as a checkpoint written before the settings existed
+    torch.save({**payload, "meta": {}}, tmp_path / "checkpoint.pt")
+    loaded, _ = load_checkpoint(tmp_path / "checkpoint.pt")
+    assert loaded.repeat is None and loaded.history_gate is None

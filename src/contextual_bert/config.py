@@ -226,17 +226,16 @@ class ModelConfig(Section):
     # the mean of the other articles' (tied) output vectors, so the logits start as a tied bag of items' and
     # the encoder learns what a bag cannot. "none" in checkpoints from before it existed.
     bag_path: Literal["none", "input", "output"] = "none"
-    # How a model reads features.history (model.HistoryPooling, model.HistoryAttentionPooling): "mean" of the
-    # history's article vectors, or "attention" with a learned query per head and a null slot, whose weight
-    # on the history grows with the evidence in it. Without features.history it changes nothing.
+    # How a model reads features.history; nothing without it (docs/history.md, "How a model reads it", for the
+    # measurements behind the defaults). history_pooling: its share of c, the "mean" of the history's article
+    # vectors (model.HistoryPooling) or "attention" with a learned query per head and a null slot
+    # (model.HistoryAttentionPooling: no better, measured). history_repeat: a learned logit offset for a
+    # candidate the history holds (model.HistoryRepeat). history_bag, ContextualBert only: the head state at a
+    # masked position also gets g times the mean of the history's (tied) output vectors, g learned from 0
+    # (ContextualBert.history_state): the history read as the bag of items reads the outfit.
     history_pooling: Literal["mean", "attention"] = "mean"
-    # With features.history: a learned logit offset for a candidate the customer's history holds
-    # (model.HistoryRepeat), the model's own "this article again". Without features.history it changes nothing.
-    history_repeat: bool = False
-    # With features.history, ContextualBert only: the head state at a masked position also gets g times the
-    # mean of the history's (tied) output vectors (model.ContextualBert.history_state), g learned from 0: the
-    # history read as the bag of items reads the outfit, beside its share of c.
-    history_bag: bool = False
+    history_repeat: bool = True
+    history_bag: bool = True
 
     @field_validator("bag_path", mode="before")
     @classmethod

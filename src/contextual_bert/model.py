@@ -938,10 +938,14 @@ def model_payload(model: nn.Module) -> dict:
     return payload
 
 
+# what a checkpoint from before a model setting existed was trained with
+CHECKPOINT_BEFORE = {"history_repeat": False, "history_bag": False}
+
+
 def model_from_payload(payload: dict) -> nn.Module:
     attributes = payload.get("attributes")
     model = build_model(
-        ModelConfig(**payload["model_config"]),
+        ModelConfig(**(CHECKPOINT_BEFORE | payload["model_config"])),
         payload["variant"],
         payload["n_items"],
         ContextSpec.from_json(payload["spec"]),
