@@ -40,8 +40,15 @@ from torch import nn
 
 from contextual_bert.config import BASELINE_MODELS, VARIANTS, ModelConfig, base_model, uses_attributes
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.feature_spec import (HISTORY_FEATURE, MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec,
-                                          FeatureSpec)
+from contextual_bert.feature_spec import (
+    HISTORY_FEATURE,
+    MASK_INDEX,
+    N_SPECIAL,
+    PAD_INDEX,
+    UNKNOWN_INDEX,
+    ContextSpec,
+    FeatureSpec,
+)
 
 # The paper's sizes (Table 1 setting) and the parameter counts it reports for them, counted without the
 # article embeddings, the output layer and the customer-feature embeddings.
@@ -772,8 +779,8 @@ class ContextualBert(ArticleScores, nn.Module):
         input's scale (model.history_bag): scored against a candidate's vector, how like the customer's
         earlier articles it is, the way the bag of items scores it against the outfit's."""
         rows = select.nonzero(as_tuple=True)[0]
-        vectors = lambda a: self.article_vectors(self.item_embeddings, a)  # noqa: E731
-        return history_mean(context[HISTORY_FEATURE][rows], vectors) * self.input_scale
+        return history_mean(context[HISTORY_FEATURE][rows],
+                            lambda a: self.article_vectors(self.item_embeddings, a)) * self.input_scale
 
     def bag_state(self, items: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
         """(M, d) the mean of the outfit's other articles' (tied) output vectors at the `select` positions, at
