@@ -102,7 +102,9 @@ def curve(points: list[Path], out: Path, model: str = "global_state") -> None:
         rows.append({"outfits_per_customer": per_customer, "point": str(point), model: c, "references": refs,
                      "gap_with_history": c["with_history"] - refs["optimum_history"],
                      "gap_without_history": c["without"] - refs["optimum_context"],
-                     "history_in_the_optimum": refs["optimum_context"] - refs["optimum_history"]})
+                     "history_in_the_optimum": refs["optimum_context"] - refs["optimum_history"],
+                     # the gap with history = the gap without it + what of the history's worth the model misses
+                     "history_missed": refs["optimum_context"] - refs["optimum_history"] - c["improvement"]})
     rows.sort(key=lambda r: r["outfits_per_customer"])
     gaps = [r["gap_with_history"] for r in rows]
     summary = {"model": model, "points": rows, "gap_shrinks": all(b < a for a, b in zip(gaps, gaps[1:]))}
@@ -111,14 +113,15 @@ def curve(points: list[Path], out: Path, model: str = "global_state") -> None:
     label = LABELS.get(model, model)
     lines = [f"# {label} with history on planted data, over outfits per customer", "",
              f"| outfits per customer | {label} + history | without | better by [95% paired CI] | popularity + own "
-             "history | optimum with context | with context and history | gap to it (with history) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "history | optimum with context | with context and history | gap to it (with history) | gap without "
+             "history | history's worth missed |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         c, refs = r[model], r["references"]
         lines.append(f"| {r['outfits_per_customer']:g} | {c['with_history']:.3f} | {c['without']:.3f} | "
                      f"{c['improvement']:+.3f} [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}] | "
                      f"{refs['popularity_history']:.3f} | {refs['optimum_context']:.3f} | "
-                     f"{refs['optimum_history']:.3f} | {r['gap_with_history']:+.3f} |")
+                     f"{refs['optimum_history']:.3f} | {r['gap_with_history']:+.3f} | {r['gap_without_history']:+.3f} | "
+                     f"{r['history_missed']:.3f} of {r['history_in_the_optimum']:.3f} |")
     lines += ["", f"Gap to the optimum with history shrinks as outfits per customer grow: "
                   f"**{'yes' if summary['gap_shrinks'] else 'no'}**."]
     (out / "curve.md").write_text("\n".join(lines) + "\n")
