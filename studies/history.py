@@ -50,20 +50,25 @@ def eval_of(project: Project, name: str) -> dict:
     return json.loads((project.path("reports_dir") / "eval" / f"{name}.json").read_text())
 
 
+def paired(a: Project, b: Project, model: str, seeds: list[int], names=("with_history", "without")) -> dict:
+    """Per metric: the seed means of `model` in projects a and b (under `names`), a's improvement over b and
+    the paired bootstrap's interval of it (positive: a better)."""
+    runs = [[eval_of(p, f"{model}-s{s}") for s in seeds] for p in (a, b)]
+    out = {}
+    for metric, higher in METRICS:
+        means = [sum(e["test"][metric] for e in r) / len(r) for r in runs]
+        difference = paired_difference(*(mean_record([e[OUTFITS_KEY] for e in r]) for r in runs), metric)
+        sign = 1.0 if higher else -1.0
+        interval = None if difference["interval"] is None else sorted(sign * x for x in difference["interval"])
+        out[metric] = {names[0]: means[0], names[1]: means[1], "improvement": sign * (means[0] - means[1]),
+                       "ci": interval, "beats": None if interval is None else bool(interval[0] > 0)}
+    return out
+
+
 def compare(on: Project, off: Project, model: str, seeds: list[int]) -> dict:
     """The model with history against itself without: seed means and the paired bootstrap of their difference
     (positive: history better)."""
-    with_h = [eval_of(on, f"{model}-s{s}") for s in seeds]
-    without = [eval_of(off, f"{model}-s{s}") for s in seeds]
-    out = {}
-    for metric, higher in METRICS:
-        a, b = (sum(e["test"][metric] for e in runs) / len(runs) for runs in (with_h, without))
-        paired = paired_difference(mean_record([e[OUTFITS_KEY] for e in with_h]),
-                                   mean_record([e[OUTFITS_KEY] for e in without]), metric)
-        sign = 1.0 if higher else -1.0
-        interval = None if paired["interval"] is None else sorted(sign * x for x in paired["interval"])
-        out[metric] = {"with_history": a, "without": b, "improvement": sign * (a - b), "ci": interval,
-                       "beats": None if interval is None else bool(interval[0] > 0)}
+    out = paired(on, off, model, seeds)
     out["converged"] = [json.loads((on.path("models_dir") / f"{model}-s{s}" / "metrics.json").read_text()).get("converged")
                         for s in seeds]
     return out
@@ -75,16 +80,8 @@ def pair_settings(candidate: Path, base: Path, out: Path, model: str, seeds: lis
     def project(root: Path) -> Project:
         return Project(root / "history", yaml.safe_load((root / "history" / "params.yaml").read_text()), 1)
 
-    a, b = project(candidate), project(base)
-    result = {"candidate": str(candidate), "base": str(base), "model": model, "seeds": seeds}
-    for metric, higher in METRICS:
-        runs = [[eval_of(p, f"{model}-s{s}") for s in seeds] for p in (a, b)]
-        means = [sum(e["test"][metric] for e in r) / len(r) for r in runs]
-        paired = paired_difference(*(mean_record([e[OUTFITS_KEY] for e in r]) for r in runs), metric)
-        sign = 1.0 if higher else -1.0
-        interval = None if paired["interval"] is None else sorted(sign * x for x in paired["interval"])
-        result[metric] = {"candidate": means[0], "base": means[1], "improvement": sign * (means[0] - means[1]),
-                          "ci": interval}
+    result = {"candidate": str(candidate), "base": str(base), "model": model, "seeds": seeds,
+              **paired(project(candidate), project(base), model, seeds, names=("candidate", "base"))}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
@@ -112,9 +109,9 @@ def curve(points: list[Path], out: Path, model: str = "global_state") -> None:
     (out / "curve.json").write_text(json.dumps(summary, indent=2))
     label = LABELS.get(model, model)
     lines = [f"# {label} with history on planted data, over outfits per customer", "",
-             f"| outfits per customer | {label} + history | without | better by [95% paired CI] | popularity + own "
-             "history | optimum with context | with context and history | gap to it (with history) | gap without "
-             "history | history's worth missed |", "|---|---|---|---|---|---|---|---|---|---|"]
+             (f"| outfits per customer | {label} + history | without | better by [95% paired CI] | popularity + own "
+              "history | optimum with context | with context and history | gap to it (with history) | gap without "
+              "history | history's worth missed |"), "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         c, refs = r[model], r["references"]
         lines.append(f"| {r['outfits_per_customer']:g} | {c['with_history']:.3f} | {c['without']:.3f} | "
