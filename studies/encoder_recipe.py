@@ -13,7 +13,9 @@ folders) and trains + evaluates each model, one seed, one torch thread, --jobs a
     outbag_wd3, outbag_wd1   the same with weight decay 0.3, 1.0
     wd3        weight decay 0.3 alone (no bag path, no warm-up)
     warmup     weight decay 0.3 and train.bag_warmup_epochs 2: the bag state in the head state for the first two
-               epochs (weight 1, 0.5), then the paper's model (params.yaml's recipe since issue 45's third round)
+               epochs (weight 1, 0.5), then the paper's model
+    checked    the warm-up only for an encoder still stuck after 400 steps (train.bag_warmup_check_steps: the
+               outfit dependence on validation under ranking.STUCK_BELOW), from the next epoch on
     cooc       train.init_embeddings: cooccurrence (the article ids start at the factorised PPMI)
     bag_cooc, outbag_cooc   a bag path and the co-occurrence start
 
@@ -58,6 +60,8 @@ RECIPES = {
                                                          "bag_warmup_epochs": 0}},
     "warmup": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "random", "weight_decay": 0.3,
                                                             "bag_warmup_epochs": 2}},
+    "checked": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "random", "weight_decay": 0.3,
+                                                             "bag_warmup_epochs": 2, "bag_warmup_check_steps": 400}},
     "cooc": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "cooccurrence", "bag_warmup_epochs": 0}},
     "bag_cooc": {"model": {"bag_path": "input"}, "variant": {"init_embeddings": "cooccurrence",
                                                                "bag_warmup_epochs": 0}},

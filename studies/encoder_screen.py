@@ -11,6 +11,10 @@ stage, no outfit dependence: a screen to choose what encoder_recipe.py then runs
 `--set` takes params keys (project.override); a train.* key also replaces the variant's own `variants:` entry.
 The warm-up from the bag is `--set train.bag_warmup_epochs=N` (the screen's `--bag-fade N` before it was a
 setting, with one difference: the screen validated its warm-up epochs with the bag term, the setting without).
+`--bag-aux W` (a candidate, not a setting): the training loss gains W x the cross-entropy of the bag of the
+outfit's other articles scored through the model's own tied article vectors (`ContextualBert.bag_state`, the
+same softmax, full or sampled), so the article table learns what co-occurs from the first step while the head
+states stay the paper's encoder's; `--bag-aux-epochs N` fades W linearly to 0 over N epochs (0: kept).
 `--collect DIR...` instead gathers the logs written as DIR/<name>.log into one JSON (stdout).
 """
 
@@ -58,6 +62,30 @@ def collect(folders: list[Path]) -> dict:
     return out
 
 
+def aux_weight(weight: float, epochs: int, epoch: int) -> float:
+    """--bag-aux's weight in epoch `epoch` (1-based): `weight`, or with `epochs` > 0 falling from it to 0."""
+    return weight if epochs == 0 else weight * max(0.0, 1.0 - (epoch - 1) / epochs)
+
+
+def with_bag_auxiliary(loss_fn, weight: float, epochs: int, held: dict):
+    """training.masked_item_loss plus the bag of items' loss through the model's tied vectors (training only)."""
+
+    def loss(model, inputs, context, predict, items, sampler=None, bag_weight=0.0):
+        main = loss_fn(model, inputs, context, predict, items, sampler, bag_weight)
+        w = aux_weight(weight, epochs, held["epoch"])
+        if w == 0 or not torch.is_grad_enabled() or not predict.any():
+            return main
+        states = model.bag_state(inputs, predict)
+        targets = items[predict]
+        if sampler is not None:
+            bag = training.sampled_item_loss(model, states, targets, inputs, predict, sampler, context)
+        else:
+            bag = torch.nn.functional.cross_entropy(model.article_logits(states, None).float(), targets - N_SPECIAL)
+        return main + w * bag
+
+    return loss
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path)
@@ -66,6 +94,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--set", nargs="*", default=[])
     parser.add_argument("--collect", nargs="*", type=Path)
+    parser.add_argument("--bag-aux", type=float, default=0.0)
+    parser.add_argument("--bag-aux-epochs", type=int, default=0)
     args = parser.parse_args()
     if args.collect:
         print(json.dumps(collect(args.collect), indent=1))
@@ -80,9 +110,13 @@ def main() -> int:
     cfg = Config.model_validate(params)
     train_cfg, model_cfg = cfg.train_for(args.variant), cfg.model_for(args.variant)
     print("settings " + json.dumps({"variant": args.variant, "seed": args.seed, "model": model_cfg.model_dump(),
-                                    "train": train_cfg.model_dump()}), flush=True)
+                                    "train": train_cfg.model_dump(), "bag_aux": args.bag_aux,
+                                    "bag_aux_epochs": args.bag_aux_epochs}), flush=True)
 
-    held, started = {}, time.time()
+    held, started = {"epoch": 1}, time.time()
+    if args.bag_aux > 0:
+        training.masked_item_loss = with_bag_auxiliary(training.masked_item_loss, args.bag_aux, args.bag_aux_epochs,
+                                                       held)
     fit = training.fit
 
     def fit_and_hold(model, train_data, *rest, **kwargs):  # the model and its training outfits, for geometry
@@ -91,8 +125,12 @@ def main() -> int:
 
     def on_epoch_end(epoch: int, row: dict) -> None:
         keep = ("train_loss", "train_cross_entropy", "val_cross_entropy", "seconds")
-        bag_weight = training.bag_warmup_weight(train_cfg, held["model"], epoch)  # the weight this epoch trained with
-        print(json.dumps({"epoch": epoch, "bag_weight": bag_weight, **{k: round(row[k], 4) for k in keep},
+        bag_weight = row.get("bag_weight", 0.0)  # the weight this epoch trained with
+        held["epoch"] = epoch + 1
+        checked = {"outfit_dependence": round(row["outfit_dependence"], 4)} if "outfit_dependence" in row else {}
+        print(json.dumps({"epoch": epoch, "bag_weight": bag_weight,
+                          "bag_aux": aux_weight(args.bag_aux, args.bag_aux_epochs, epoch),
+                          **{k: round(row[k], 4) for k in keep}, **checked,
                           **geometry(held["model"], held["items"]), "t": round(time.time() - started)}), flush=True)
 
     training.fit = fit_and_hold

@@ -338,6 +338,42 @@ def test_the_bag_warmup_falls_from_one_to_zero_for_the_encoders_only(tmp_path):
     assert not torch.equal(trained["off"], trained["on"])
 
 
+def test_the_stuck_check_starts_the_warmup_only_for_an_encoder_that_does_not_read_the_outfit(tmp_path, monkeypatch):
+    import contextual_bert.ranking as ranking
+
+    train, val = planted(300, 0), planted(60, 1)  # 10 steps an epoch: checked at the end of epoch 2
+    checked = SHORT.model_copy(update={"max_epochs": 5, "patience": 9, "bag_warmup_epochs": 2,
+                                       "bag_warmup_check_steps": 15})  # fmt: skip
+    runs = {}
+    for name, threshold in (("reads", -math.inf), ("stuck", math.inf)):  # whatever its measured dependence
+        monkeypatch.setattr(ranking, "STUCK_BELOW", threshold)
+        model = new_model("global_state", cfg=DROPOUT)
+        metrics = fit(model, train, val, checked, tmp_path / name, seed=3)
+        history = json.loads((tmp_path / name / "history.json").read_text())
+        runs[name] = (model.state_dict(), metrics, history)
+    plain = new_model("global_state", cfg=DROPOUT)
+    fit(plain, train, val, SHORT.model_copy(update={"max_epochs": 5, "patience": 9}), tmp_path / "plain", seed=3)
+
+    for name in ("reads", "stuck"):
+        state, metrics, history = runs[name]
+        assert [("outfit_dependence" in row) for row in history] == [False, True, False, False, False]
+        assert metrics["bag_warmup"]["checked_at_epoch"] == 2
+        assert metrics["bag_warmup"]["outfit_dependence"] == history[1]["outfit_dependence"]
+    assert [row["bag_weight"] for row in runs["stuck"][2]] == [0.0, 0.0, 1.0, 0.5, 0.0]
+    assert runs["stuck"][1]["bag_warmup"]["from"] == 3
+    assert [row["bag_weight"] for row in runs["reads"][2]] == [0.0] * 5
+    assert runs["reads"][1]["bag_warmup"]["from"] is None
+    # the check draws nothing from the training's random streams: a run it lets be is the run without it, bit for bit
+    for name, value in plain.state_dict().items():
+        assert torch.equal(value, runs["reads"][0][name]), name
+    assert not torch.equal(plain.state_dict()["item_embeddings.weight"], runs["stuck"][0]["item_embeddings.weight"])
+    # without check steps the warm-up runs from epoch 1, as before the check existed
+    assert training.bag_warmup_plan(checked.model_copy(update={"bag_warmup_check_steps": None}), plain) == {"from": 1}
+    assert training.bag_warmup_plan(checked, plain) is None
+    assert training.bag_warmup_plan(SHORT, plain) == {"from": None}
+    assert [training.bag_warmup_weight(checked, plain, epoch, 3) for epoch in (1, 2, 3, 4, 5)] == [0, 0, 1, 0.5, 0]
+
+
 def test_the_warmup_loss_at_weight_one_is_the_bag_paths_and_at_zero_the_papers():
     torch.manual_seed(0)
     paper = new_model("global_state")

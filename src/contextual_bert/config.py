@@ -40,11 +40,11 @@ BASELINE_MODELS = ("bag_of_items", "bag_of_items_context")  # learned baselines,
 # directories, reports and MLflow runs never mix them with the paper's rows.
 ATTRIBUTES_SUFFIX = "_attrs"
 ATTRIBUTE_SETTINGS = ("id_dropout", "attribute_overlap")  # train settings only the "_attrs" models read
-ENCODER_SETTINGS = ("bag_warmup_epochs",)  # train settings only the paper's encoders read, never the bags
+ENCODER_SETTINGS = ("bag_warmup_epochs", "bag_warmup_check_steps")  # train settings only the paper's encoders read
 InitEmbeddings = Literal["random", "cooccurrence"]  # how the article-id embeddings start (cooccurrence.py)
 # train settings added after runs were recorded, at the value those runs had: a run at it keeps its old key
 LATER_SETTINGS = {"init_embeddings": "random", "attribute_overlap": False, "softmax": "full", "negatives": 1024,
-                  "history_dropout": 0.0, "bag_warmup_epochs": 0}
+                  "history_dropout": 0.0, "bag_warmup_epochs": 0, "bag_warmup_check_steps": None}
 Softmax = Literal["full", "sampled"]  # the training loss's output layer (training.NegativeSampler)
 ATTRIBUTE_MODELS = tuple(m + ATTRIBUTES_SUFFIX for m in VARIANTS + BASELINE_MODELS)
 MODELS = VARIANTS + BASELINE_MODELS + ATTRIBUTE_MODELS
@@ -291,6 +291,11 @@ class TrainConfig(Section):
     # every evaluation, the model is the paper's. On weak-signal data the encoder otherwise stays at popularity
     # (docs/encoder_recipe.md).
     bag_warmup_epochs: int = Field(0, ge=0)
+    # With a number S the warm-up runs only for an encoder that is stuck: at the end of the first epoch with at
+    # least S steps, the outfit dependence on validation (ranking.STUCK_BELOW, Table 1's **stuck**) decides; a
+    # stuck encoder gets the warm-up's N epochs from the next epoch on, any other trains on as the paper's
+    # model, its training unchanged to the bit. None: the warm-up always runs, from epoch 1.
+    bag_warmup_check_steps: int | None = Field(None, ge=1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # torch threads a training computes with: a recorded setting (a DVC param, part of the run's key), never the
     # machine's default, since the split of a reduction over threads changes its rounding (docs/reproducibility.md)
@@ -328,6 +333,7 @@ class VariantOverrides(Section):
     softmax: Softmax | None = None
     negatives: int | None = Field(None, ge=1)
     bag_warmup_epochs: int | None = Field(None, ge=0)  # the encoders only (TrainConfig.bag_warmup_epochs)
+    bag_warmup_check_steps: int | None = Field(None, ge=1)  # the encoders only (TrainConfig.bag_warmup_check_steps)
 
 
 SweepKey = Literal["learning_rate", "dropout", "weight_decay", "batch_size", "init_embeddings"]

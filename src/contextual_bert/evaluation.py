@@ -53,7 +53,7 @@ from contextual_bert.feature_spec import HISTORY_FEATURE, N_SPECIAL, EncodedOutf
 from contextual_bert.fitb import RESULT_KEY as FITB_KEY
 from contextual_bert.fitb import fitb_result, split_questions
 from contextual_bert.model import count_paper_parameters, load_checkpoint
-from contextual_bert.ranking import case_ranks, measures_dependence
+from contextual_bert.ranking import case_ranks, measures_dependence, outfit_dependence
 
 RECALL_CURVE_MAX_K = 250
 
@@ -205,13 +205,6 @@ def evaluate_split(model, data: EncodedOutfits, cfg: EvaluateConfig, device) -> 
     if "log_prob_shuffled" in cases:
         metrics[DEPENDENCE_METRIC] = outfit_dependence(cases["log_prob"], cases["log_prob_shuffled"])
     return metrics, cases
-
-
-def outfit_dependence(log_prob, log_prob_shuffled) -> float | None:
-    """The cross-entropy with the encoder reading other outfits minus the real one (nats; module docstring)."""
-    if len(log_prob) == 0:
-        return None
-    return float(np.mean(np.asarray(log_prob, dtype=np.float64) - np.asarray(log_prob_shuffled, dtype=np.float64)))
 
 
 def _subset_metrics(cases: dict, keep: np.ndarray, n_outfits: int, cfg: EvaluateConfig) -> tuple[dict, dict]:

@@ -196,6 +196,10 @@ class ContextEmbedding(nn.Module):
     def names(self) -> set[str]:
         return {f.name for f in self.spec.features}
 
+    @property
+    def reads_history(self) -> bool:
+        return HISTORY_FEATURE in self.names
+
     def forward(self, context: dict[str, torch.Tensor], article_vectors=None) -> torch.Tensor:
         parts = []
         for feature, embedding in zip(self.spec.features, self.embeddings):
@@ -577,8 +581,7 @@ class ArticleScores:
         `overlap`, the offsets for attribute values already in the outfit)."""
         self.n_ids = n_items
         self.attributes = self.overlap = None  # (no class attributes: they would hide the submodules)
-        reads_history = self.context_encoder is not None and HISTORY_FEATURE in self.context_encoder.names
-        self.repeat = HistoryRepeat() if self.model_cfg.history_repeat and reads_history else None
+        self.repeat = HistoryRepeat() if self.model_cfg.history_repeat and self.reads_history else None
         if overlap and attributes is None:
             raise ContextualBertError(f"model '{variant}' reads article ids only; it has no attribute overlap")
         if uses_attributes(variant) != (attributes is not None and len(attributes.features) > 0):
@@ -588,6 +591,11 @@ class ArticleScores:
         if attributes is not None:
             self.attributes = ArticleAttributes(attributes, n_items, self.model_cfg.d_model, combine)
             self.overlap = AttributeOverlap(attributes) if overlap and overlap_spec(attributes).features else None
+
+    @property
+    def reads_history(self) -> bool:
+        """Whether c holds the customer's history (features.history), which the history readers need."""
+        return self.context_encoder is not None and self.context_encoder.reads_history
 
     @property
     def n_items(self) -> int:
@@ -712,8 +720,7 @@ class ContextualBert(ArticleScores, nn.Module):
         self.input_scale = d**0.5
         self._init_articles(variant, n_items, attributes, combine, overlap)  # last: the paper's models draw as before
         # the history bag (model.history_bag): g starts at 0, so a model starts as without it
-        reads_history = self.context_encoder is not None and HISTORY_FEATURE in self.context_encoder.names
-        self.history_gate = nn.Parameter(torch.zeros(())) if model_cfg.history_bag and reads_history else None
+        self.history_gate = nn.Parameter(torch.zeros(())) if model_cfg.history_bag and self.reads_history else None
 
     # --- the encoder ---------------------------------------------------------------------------------
 

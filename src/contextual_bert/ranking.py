@@ -13,6 +13,10 @@ import torch
 from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, EncodedOutfits
 
 DEPENDENCE_SEED = 0  # the pairing of each test outfit with another of its length (outfit dependence)
+# The outfit dependence (nats) below which a trained model predicts without its encoder reading the outfit's
+# articles (a popularity table, with the attribute rule for the "_attrs" models), whatever its loss: Table 1's
+# **stuck**, and training's check before the warm-up from the bag (train.bag_warmup_check_steps)
+STUCK_BELOW = 0.02
 
 
 def donor_outfits(items: torch.Tensor, seed: int = DEPENDENCE_SEED) -> torch.Tensor:
@@ -35,6 +39,13 @@ def _shuffled_logits(model, masked: torch.Tensor, donor_masked: torch.Tensor, co
     if real is not None:
         logits = logits - model.outfit_offsets(donor_masked, donor_masked == MASK_INDEX).float() + real.float()
     return logits
+
+
+def outfit_dependence(log_prob, log_prob_shuffled) -> float | None:
+    """The cross-entropy with the encoder reading other outfits minus the real one (nats; evaluation.py)."""
+    if len(log_prob) == 0:
+        return None
+    return float(np.mean(np.asarray(log_prob, dtype=np.float64) - np.asarray(log_prob_shuffled, dtype=np.float64)))
 
 
 def measures_dependence(model) -> bool:

@@ -28,6 +28,7 @@ from contextual_bert.errors import ContextualBertError, DataError
 from contextual_bert.feature_store import MANIFEST_FILE
 from contextual_bert.fitb import METRICS as FITB_METRICS
 from contextual_bert.fitb import RESULT_KEY as FITB_KEY
+from contextual_bert.ranking import STUCK_BELOW
 
 LABELS = {
     "popularity": "Popularity",
@@ -63,9 +64,6 @@ REFERENCES = ("optimum_history", "optimum_context", "optimum_no_context", "popul
               "popularity_attribute")
 TARGET_PARTS = ("test_known", "test_unseen")  # the catalogue rankers' targets with and without an id
 CONVERGENCE_LABELS = {"early_stopping": "early stop", "plateau": "plateau"}
-# evaluation.py's outfit dependence (nats): below this a trained model predicts without its encoder reading the
-# outfit's articles (a popularity table, with the attribute rule for the "_attrs" models), whatever its loss
-STUCK_BELOW = 0.02
 
 
 # --- reading ---------------------------------------------------------------------------------------------

@@ -276,12 +276,38 @@ def train_step(model, optimizer, scheduler, items, context, cfg: TrainConfig, ge
     return loss.detach(), predict
 
 
-def bag_warmup_weight(cfg: TrainConfig, model, epoch: int) -> float:
-    """The bag state's weight in epoch `epoch` (1-based) of train.bag_warmup_epochs = N: 1 - (epoch - 1) / N,
-    then 0. Read by the paper's encoders only, and not by one whose bag path is already on (model.bag_path)."""
-    if cfg.bag_warmup_epochs == 0 or not hasattr(model, "bag_state") or model.model_cfg.bag_path == "output":
+def reads_bag_warmup(cfg: TrainConfig, model) -> bool:
+    """Does train.bag_warmup_epochs apply to `model`? The paper's encoders only, and not one whose bag path is
+    already on (model.bag_path)."""
+    return cfg.bag_warmup_epochs > 0 and hasattr(model, "bag_state") and model.model_cfg.bag_path != "output"
+
+
+def bag_warmup_weight(cfg: TrainConfig, model, epoch: int, start: int | None = 1) -> float:
+    """The bag state's weight in epoch `epoch` (1-based) of train.bag_warmup_epochs = N starting at epoch
+    `start`: 1 - (epoch - start) / N, then 0; 0 before `start`, and throughout when `start` is None (the
+    stuck check, train.bag_warmup_check_steps, has not asked for it)."""
+    if start is None or epoch < start or not reads_bag_warmup(cfg, model):
         return 0.0
-    return max(0.0, 1.0 - (epoch - 1) / cfg.bag_warmup_epochs)
+    return max(0.0, 1.0 - (epoch - start) / cfg.bag_warmup_epochs)
+
+
+def bag_warmup_plan(cfg: TrainConfig, model) -> dict | None:
+    """A run's warm-up before any check: {"from": first epoch or None}; None while the stuck check is due."""
+    if not reads_bag_warmup(cfg, model):
+        return {"from": None}
+    return {"from": 1} if cfg.bag_warmup_check_steps is None else None
+
+
+def stuck_check(model, val_data: EncodedOutfits, batch_size: int, device, epoch: int) -> dict:
+    """train.bag_warmup_check_steps: the outfit dependence on validation at the end of `epoch`; under
+    ranking.STUCK_BELOW the encoder predicts without reading the outfit, and the warm-up starts next epoch.
+    Draws nothing from the training's random streams (the pairing of outfits has its own seed)."""
+    from contextual_bert.ranking import STUCK_BELOW, case_ranks, outfit_dependence
+
+    cases = case_ranks(model, val_data, batch_size, device, with_ranks=False, dependence=True)
+    dependence = outfit_dependence(cases["log_prob"], cases["log_prob_shuffled"])
+    stuck = dependence is not None and dependence < STUCK_BELOW
+    return {"checked_at_epoch": epoch, "outfit_dependence": dependence, "from": epoch + 1 if stuck else None}
 
 
 def drop_history(history: torch.Tensor, rate: float, generator: torch.Generator) -> torch.Tensor:
@@ -530,7 +556,7 @@ def fit(
     generator = seeded_random_states(seed, device)
     sampler = negative_sampler(train_cfg, model, train_data, generator)  # draws from the generator: resumable
     state = {"epoch": 0, "history": [], "best_val": math.inf, "best_epoch": 0, "bad_epochs": 0,
-             "stopped": False, "seconds": 0.0}  # fmt: skip
+             "stopped": False, "seconds": 0.0, "bag_warmup": bag_warmup_plan(train_cfg, model)}  # fmt: skip
 
     last_path = out_dir / "last.pt"
     resumed = load_resume_state(last_path, key, model, optimizer, scheduler, generator, device)
@@ -540,6 +566,7 @@ def fit(
         # patience may differ: it only decides when a run stops, so a run the old patience stopped goes
         # on under a larger one, exactly as if it had had that patience from the start
         state["stopped"] = state["bad_epochs"] >= train_cfg.patience
+        state.setdefault("bag_warmup", bag_warmup_plan(train_cfg, model))  # a run saved before the stuck check
 
     n_params = count_paper_parameters(model)
     for epoch in range(state["epoch"] + 1, train_cfg.max_epochs + 1):
@@ -561,6 +588,7 @@ def fit(
             started -= position["seconds"]
             restore_random_states(mid_epoch_random, generator, device)
             position = None
+        bag_weight = bag_warmup_weight(train_cfg, model, epoch, (state["bag_warmup"] or {}).get("from"))
         bar = tqdm(total=n_train, desc=f"{model.variant} epoch {epoch}", unit="outfit", leave=False,
                    mininterval=1.0, dynamic_ncols=True)  # fmt: skip
         for step, (index, width) in enumerate(zip(batches, widths)):
@@ -572,7 +600,7 @@ def fit(
                 context[HISTORY_FEATURE] = drop_history(context[HISTORY_FEATURE], train_cfg.history_dropout, generator)
             learning_rate = scheduler.get_last_lr()[0]  # the rate this step uses
             loss, predict = train_step(model, optimizer, scheduler, items, context, train_cfg, generator, sampler,
-                                       bag_warmup_weight(train_cfg, model, epoch))
+                                       bag_weight)
             count = int(predict.sum()) if device.type == "cpu" else predict.sum()
             loss_sum += loss.detach().double() * count
             n_targets += count
@@ -606,6 +634,11 @@ def fit(
             "samples_per_s": n_train / train_seconds,
             "seconds": time.perf_counter() - started,
         }
+        if reads_bag_warmup(train_cfg, model):
+            row["bag_weight"] = bag_weight
+            if state["bag_warmup"] is None and epoch * steps_per_epoch >= train_cfg.bag_warmup_check_steps:
+                state["bag_warmup"] = stuck_check(model, val_data, 4 * train_cfg.batch_size, device, epoch)
+                row["outfit_dependence"] = state["bag_warmup"]["outfit_dependence"]
         state["history"].append(row)
         state["epoch"] = epoch
         state["seconds"] += row["seconds"]
@@ -636,6 +669,7 @@ def fit(
         "device": device.type,
         "threads": train_cfg.num_threads,
         "cpu_kernels": cpu_kernels.in_effect() if device.type == "cpu" else None,
+        **({"bag_warmup": state["bag_warmup"]} if reads_bag_warmup(train_cfg, model) else {}),
     }
     _write_json(out_dir / "metrics.json", metrics)
     return metrics
