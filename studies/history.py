@@ -89,14 +89,17 @@ def pair_settings(candidate: Path, base: Path, out: Path, model: str, seeds: lis
 
 def curve(points: list[Path], out: Path, model: str = "global_state") -> None:
     """The gap to the optimum with history over outfits per customer: one comparison.json per point (its
-    planted.n_outfits / planted.n_customers read from its settings), written to out (.json and .md)."""
+    planted.n_outfits / planted.n_customers read from its settings), written to out (.json and .md). The points
+    may hold the outfits fixed (fewer customers) or the customers (more outfits): the table says which."""
     rows = []
     for point in points:
         result = json.loads((point / "comparison.json").read_text())
         settings = dict(a.split("=", 1) for a in result["set"])
         per_customer = int(settings["planted.n_outfits"]) / int(settings["planted.n_customers"])
         refs, c = result["references_cross_entropy"], result["compared"][model]["cross_entropy"]
-        rows.append({"outfits_per_customer": per_customer, "point": str(point), model: c, "references": refs,
+        rows.append({"outfits_per_customer": per_customer, "outfits": int(settings["planted.n_outfits"]),
+                     "customers": int(settings["planted.n_customers"]), "point": str(point), model: c,
+                     "references": refs,
                      "gap_with_history": c["with_history"] - refs["optimum_history"],
                      "gap_without_history": c["without"] - refs["optimum_context"],
                      "history_in_the_optimum": refs["optimum_context"] - refs["optimum_history"],
@@ -109,12 +112,13 @@ def curve(points: list[Path], out: Path, model: str = "global_state") -> None:
     (out / "curve.json").write_text(json.dumps(summary, indent=2))
     label = LABELS.get(model, model)
     lines = [f"# {label} with history on planted data, over outfits per customer", "",
-             (f"| outfits per customer | {label} + history | without | better by [95% paired CI] | popularity + own "
-              "history | optimum with context | with context and history | gap to it (with history) | gap without "
-              "history | history's worth missed |"), "|---|---|---|---|---|---|---|---|---|---|"]
+             (f"| outfits per customer | outfits | customers | {label} + history | without | better by [95% paired CI] | "
+              "popularity + own history | optimum with context | with context and history | gap to it (with history) | gap without "
+              "history | history's worth missed |"), "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         c, refs = r[model], r["references"]
-        lines.append(f"| {r['outfits_per_customer']:g} | {c['with_history']:.3f} | {c['without']:.3f} | "
+        lines.append(f"| {r['outfits_per_customer']:g} | {r['outfits']:,} | {r['customers']:,} | "
+                     f"{c['with_history']:.3f} | {c['without']:.3f} | "
                      f"{c['improvement']:+.3f} [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}] | "
                      f"{refs['popularity_history']:.3f} | {refs['optimum_context']:.3f} | "
                      f"{refs['optimum_history']:.3f} | {r['gap_with_history']:+.3f} | {r['gap_without_history']:+.3f} | "
