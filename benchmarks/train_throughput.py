@@ -19,6 +19,10 @@ Batches are formed as training forms them (`make_batches`; `--padded`: padded to
 before); `--repeats N` times each variant N times and reports every run's rate and their mean (run to run, a
 rate moves by up to 10% on the 2-core machine).
 
+`--compile none static dynamic` also times each row with the encoder's blocks (and [GSU]'s state updates) under
+torch.compile, static or dynamic shapes, the modes in turn on the same batches; a compiled row first takes one
+untimed step per batch width (its `compile_seconds`) and goes under "variants[_sampled]_compile_<mode>".
+
 `--device cuda` runs the same steps on the GPU as the pipeline runs them there (training under bf16 autocast,
 `devices.autocast`; inference as serving does, also under it) and writes reports/benchmarks/throughput_cuda.json;
 each timed call ends with a CUDA synchronize, so the time is the kernels', not their launch.
@@ -172,8 +176,21 @@ def rates(prefix: str, seconds: list[float]) -> dict:
     }
 
 
-def bench_variant(variant: str, batches, warmup: int, negatives: int | None = None) -> dict:
-    """negatives: None for the full softmax, else the sampled one's popularity draws per step."""
+def compile_blocks(model: ContextualBert, mode: str) -> None:
+    """torch.compile (inductor) the encoder's blocks and [GSU]'s state updates in place, shapes `mode`
+    ("static": one graph per batch width; "dynamic")."""
+    for module in [*model.blocks, *(model.global_state_updates or [])]:
+        module.compile(dynamic=mode == "dynamic")
+
+
+def one_per_width(batches) -> list:
+    """A batch of every width among `batches`: the steps that compile a static graph for each."""
+    return list({items.shape[1]: (items, context) for items, context in batches}.values())
+
+
+def bench_variant(variant: str, batches, warmup: int, negatives: int | None = None, compile_mode: str = "none") -> dict:
+    """negatives: None for the full softmax, else the sampled one's popularity draws per step. compile_mode
+    other than "none": compile_blocks first, then one untimed step per width (its seconds are reported)."""
     device = batches[0][0].device
     torch.manual_seed(0)
     model = ContextualBert(MODEL, variant, N_ITEMS, SPEC).to(device)
@@ -185,6 +202,14 @@ def bench_variant(variant: str, batches, warmup: int, negatives: int | None = No
         masked_per_batch.append(int(predict.sum()))
 
     model.train()
+    compiled = {}
+    if compile_mode != "none":
+        compile_blocks(model, compile_mode)
+        started = time.perf_counter()
+        for items, context in one_per_width(batches):
+            step(items, context)
+        compiled = {"compile": compile_mode, "compile_seconds": round(time.perf_counter() - started, 1)}
+        masked_per_batch.clear()
     train_s = timed(step, batches, warmup)
     model.eval()
 
@@ -198,12 +223,14 @@ def bench_variant(variant: str, batches, warmup: int, negatives: int | None = No
         **rates("train", train_s),
         **rates("inference", infer_s),
         "masked_positions_per_batch": round(sum(masked_per_batch) / len(masked_per_batch), 1),
+        **compiled,
     }
 
 
-def repeated(variant: str, batches, warmup: int, repeats: int, negatives: int | None = None) -> dict:
+def repeated(variant: str, batches, warmup: int, repeats: int, negatives: int | None = None,
+             compile_mode: str = "none") -> dict:
     """bench_variant `repeats` times; the first run's row, with every run's training rate and their mean."""
-    runs = [bench_variant(variant, batches, warmup, negatives) for _ in range(repeats)]
+    runs = [bench_variant(variant, batches, warmup, negatives, compile_mode) for _ in range(repeats)]
     if repeats == 1:
         return runs[0]
     rates_ = [run["train_samples_per_s"] for run in runs]
@@ -290,6 +317,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="time each variant this many times (fresh models); "
                         "the rows then give every run's train_samples_per_s and their mean")
     parser.add_argument("--padded", action="store_true", help="batches padded to 8 (not as training forms them)")
+    parser.add_argument("--compile", nargs="+", choices=["none", "static", "dynamic"], default=["none"],
+                        help="time each row under these torch.compile modes (compile_blocks); rows other than "
+                             "none go under variants[_sampled]_compile_<mode>")
     args = parser.parse_args()
 
     device = select_device(args.device)
@@ -299,14 +329,17 @@ def main() -> None:
     load_before = os.getloadavg()
     started = time.perf_counter()
     batches = make_batches(args.steps, warmup=args.warmup, device=device, padded=args.padded)
-    results, sampled = {}, {}
+    rows = {}  # "variants", "variants_sampled", and with --compile "variants[_sampled]_compile_<mode>"
     for variant in args.variants:
-        if "full" in args.softmax:
-            results[variant] = repeated(variant, batches, args.warmup, args.repeats)
-            print(variant, "full", json.dumps(results[variant]), flush=True)
-        if "sampled" in args.softmax:
-            sampled[variant] = repeated(variant, batches, args.warmup, args.repeats, args.negatives)
-            print(variant, "sampled", json.dumps(sampled[variant]), flush=True)
+        for softmax in args.softmax:
+            for mode in args.compile:  # the modes in turn, so that each is timed in the same period
+                key = ("variants" + ("_sampled" if softmax == "sampled" else "")
+                       + (f"_compile_{mode}" if mode != "none" else ""))
+                negatives = args.negatives if softmax == "sampled" else None
+                row = repeated(variant, batches, args.warmup, args.repeats, negatives, mode)
+                rows.setdefault(key, {})[variant] = row
+                print(variant, softmax, mode, json.dumps(row), flush=True)
+    results, sampled = rows.pop("variants", {}), rows.pop("variants_sampled", {})
     reference = None
     if not args.no_reference:
         reference = bench_reference(batches[max(args.warmup - 1, 0) : args.warmup + args.reference_steps], warmup=1)
@@ -321,7 +354,8 @@ def main() -> None:
                      **PAPER_SIZES, "dropout": MODEL.dropout, "mask_prob": TRAIN.mask_prob,
                      "grad_clip": TRAIN.grad_clip, "timed_batches": args.steps, "warmup_batches": args.warmup,
                      "reference_timed_batches": args.reference_steps, "repeats": args.repeats, "softmax": args.softmax,
-                     "negatives": args.negatives if "sampled" in args.softmax else None},  # fmt: skip
+                     "negatives": args.negatives if "sampled" in args.softmax else None,
+                     "compile": args.compile},  # fmt: skip
         "machine": {
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
@@ -335,6 +369,7 @@ def main() -> None:
         "note": args.note,
         "variants": results,
         **({"variants_sampled": sampled} if sampled else {}),
+        **rows,
         "reference": reference,
         "seconds": round(time.perf_counter() - started, 1),
     }
