@@ -108,9 +108,9 @@ def paired_ce(b: dict, a: dict) -> dict:
     return {"why": "no per-outfit record"} if None in records else paired_difference(*records, "cross_entropy")
 
 
-def row(project: Project, model: str) -> dict:
-    result = json.loads((project.path("reports_dir") / "eval" / f"{model}-s0.json").read_text())
-    trained = json.loads((project.path("models_dir") / f"{model}-s0" / "metrics.json").read_text())
+def row(project: Project, model: str, seed: int = 0) -> dict:
+    result = json.loads((project.path("reports_dir") / "eval" / f"{model}-s{seed}.json").read_text())
+    trained = json.loads((project.path("models_dir") / f"{model}-s{seed}" / "metrics.json").read_text())
     keep = ("cross_entropy", "recall@1", "recall@5", "outfit_dependence")
     return {"val": {k: result["val"].get(k) for k in keep}, "test": {k: result["test"].get(k) for k in keep},
             "converged": trained.get("converged"), "best_epoch": trained.get("best_epoch"),
@@ -128,6 +128,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/encoder_recipe"))
+    parser.add_argument("--seed", type=int, default=0, help="the recipes' models' seed (the yardsticks: seed 0)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
@@ -150,6 +151,7 @@ def main() -> int:
     jobs = []
     for model in args.yardsticks:  # at params.yaml's train.max_epochs, whatever --max-epochs says
         jobs.append(("old", model, args.workdir / name / "yardsticks", None))
+    yardsticks = {("old", model) for model in args.yardsticks}
     budget = f"e{args.max_epochs or base['train']['max_epochs']}"
     for recipe in args.recipes:
         for model in args.models:
@@ -158,19 +160,21 @@ def main() -> int:
     for recipe, model, root, max_epochs in jobs:
         project = Project(root, recipe_params(base, data.params, root, recipe, [model], max_epochs), args.threads)
         runs[(recipe, model)] = project
-        if not (project.path("reports_dir") / "eval" / f"{model}-s0.json").exists():
-            projects.append((project, model))
+        seed = 0 if (recipe, model) in yardsticks else args.seed
+        if not (project.path("reports_dir") / "eval" / f"{model}-s{seed}.json").exists():
+            projects.append((project, model, seed))
 
     from concurrent.futures import ThreadPoolExecutor
 
     def one(item):
-        project, model = item
-        project.train_and_evaluate([(model, 0)], jobs=1)
+        project, model, seed = item
+        project.train_and_evaluate([(model, seed)], jobs=1)
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(one, projects))
 
-    rows = {f"{recipe}/{model}": row(project, model) for (recipe, model), project in runs.items()}
+    rows = {f"{recipe}/{model}": row(project, model, 0 if (recipe, model) in yardsticks else args.seed)
+            for (recipe, model), project in runs.items()}
     for key, r in rows.items():
         model = key.split("/")[1]
         if uses_attributes(model) and "popularity_attribute" in references:
@@ -182,6 +186,7 @@ def main() -> int:
         "planted_hidden": HIDDEN if args.kind == "planted_hidden" else None,
         "rows_features": json.loads((data.path("features_dir") / "manifest.json").read_text()).get("rows"),
         "max_epochs": args.max_epochs or base["train"]["max_epochs"], "threads": args.threads, "jobs": args.jobs,
+        "seed": args.seed,
         "references": {k: {"val": {m: v["val"].get(m) for m in ("cross_entropy", "recall@5")},
                            "test": {m: v["test"].get(m) for m in ("cross_entropy", "recall@5")}}
                        for k, v in references.items()},
