@@ -1,5 +1,5 @@
 """Issue 45: how soon does an encoder that can read the outfit show it? The outfit dependence on validation
-(ranking.outfit_dependence, Table 1's stuck measure) after each of a run's first epochs, then the run stops:
+(training.stuck_check, the measure behind Table 1's **stuck**) after each of a run's first epochs, then the run stops:
 what train.bag_warmup_check_steps was chosen from (docs/encoder_recipe.md).
 
 One model trained in process on a data project's features (as studies/encoder_screen.py), with params.yaml's
@@ -23,7 +23,6 @@ from project import override
 
 from contextual_bert import training
 from contextual_bert.config import Config
-from contextual_bert.ranking import case_ranks, outfit_dependence
 
 
 class Enough(Exception):
@@ -54,12 +53,10 @@ def main() -> int:
 
     def on_epoch_end(epoch: int, row: dict) -> None:
         model = held["model"]
-        cases = case_ranks(model, held["val"], 1024, next(model.parameters()).device, with_ranks=False,
-                           dependence=True)  # fmt: skip
+        check = training.stuck_check(model, held["val"], 1024, next(model.parameters()).device, epoch)
         print(json.dumps({"variant": args.variant, "seed": args.seed, "epoch": epoch, "steps": epoch * held["steps"],
                           "val_cross_entropy": round(row["val_cross_entropy"], 4),
-                          "dependence": round(outfit_dependence(cases["log_prob"], cases["log_prob_shuffled"]), 4)}),
-              flush=True)  # fmt: skip
+                          "dependence": round(check["outfit_dependence"], 4)}), flush=True)  # fmt: skip
         if epoch >= args.epochs:
             raise Enough
 
