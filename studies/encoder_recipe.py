@@ -16,6 +16,7 @@ folders) and trains + evaluates each model, one seed, one torch thread, --jobs a
                epochs (weight 1, 0.5), then the paper's model
     checked    the warm-up only for an encoder still stuck after 400 steps (train.bag_warmup_check_steps: the
                outfit dependence on validation under ranking.STUCK_BELOW), from the next epoch on
+    checked_ids  checked, with no id dropout (`_attrs` models only: variants.<model>_attrs.id_dropout 0)
     cooc       train.init_embeddings: cooccurrence (the article ids start at the factorised PPMI)
     bag_cooc, outbag_cooc   a bag path and the co-occurrence start
 
@@ -62,6 +63,9 @@ RECIPES = {
                                                             "bag_warmup_epochs": 2}},
     "checked": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "random", "weight_decay": 0.3,
                                                              "bag_warmup_epochs": 2, "bag_warmup_check_steps": 400}},
+    "checked_ids": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "random", "weight_decay": 0.3,
+                                                                 "bag_warmup_epochs": 2, "bag_warmup_check_steps": 400,
+                                                                 "id_dropout": 0.0}},
     "cooc": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "cooccurrence", "bag_warmup_epochs": 0}},
     "bag_cooc": {"model": {"bag_path": "input"}, "variant": {"init_embeddings": "cooccurrence",
                                                                "bag_warmup_epochs": 0}},
