@@ -36,8 +36,8 @@ from contextual_bert.feature_spec import N_SPECIAL
 
 
 def geometry(model, items: torch.Tensor) -> dict:
-    table = model.item_embeddings.weight.detach()[N_SPECIAL:].double()
-    seen = items.flatten()
+    table = model.item_embeddings.weight.detach()[N_SPECIAL:].double().cpu()  # (the training's device may be CUDA)
+    seen = items.flatten().cpu()
     seen = seen[seen >= N_SPECIAL] - N_SPECIAL
     weight = torch.bincount(seen, minlength=len(table)).double()
     weight = weight / weight.sum()
