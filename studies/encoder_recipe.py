@@ -17,6 +17,7 @@ folders) and trains + evaluates each model, one seed, one torch thread, --jobs a
     checked    the warm-up only for an encoder still stuck after 400 steps (train.bag_warmup_check_steps: the
                outfit dependence on validation under ranking.STUCK_BELOW), from the next epoch on
     checked_ids  checked, with no id dropout (`_attrs` models only: variants.<model>_attrs.id_dropout 0)
+    checked_ids05  checked, with id dropout 0.05 (`_attrs` models only)
     cooc       train.init_embeddings: cooccurrence (the article ids start at the factorised PPMI)
     bag_cooc, outbag_cooc   a bag path and the co-occurrence start
 
@@ -66,6 +67,9 @@ RECIPES = {
     "checked_ids": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "random", "weight_decay": 0.3,
                                                                  "bag_warmup_epochs": 2, "bag_warmup_check_steps": 400,
                                                                  "id_dropout": 0.0}},
+    "checked_ids05": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "random", "weight_decay": 0.3,
+                                                                   "bag_warmup_epochs": 2, "bag_warmup_check_steps": 400,
+                                                                   "id_dropout": 0.05}},
     "cooc": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "cooccurrence", "bag_warmup_epochs": 0}},
     "bag_cooc": {"model": {"bag_path": "input"}, "variant": {"init_embeddings": "cooccurrence",
                                                                "bag_warmup_epochs": 0}},
