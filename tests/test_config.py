@@ -136,3 +136,7 @@ def test_id_dropout_is_set_per_attribute_model_only():
         Config.model_validate({"train": {"id_dropout": 0.5}})
     with pytest.raises(ValueError, match="variants.none.id_dropout"):
         Config.model_validate({"variants": {"none": {"id_dropout": 0.5}}})
+    assert Config.model_validate({"variants": {"none_attrs": {"id_dropout": "auto"}}}).train_for("none_attrs").id_dropout == "auto"
+    for bad in ("often", 1.0, -0.1):
+        with pytest.raises(ValueError, match="id_dropout"):
+            Config.model_validate({"variants": {"none_attrs": {"id_dropout": bad}}})

@@ -316,6 +316,32 @@ def test_id_dropout_is_read_by_attribute_models_only(tmp_path):
     assert training.run_key(model, dropped, 0, train, val, "cpu")["train"]["id_dropout"] == 0.5
 
 
+def test_auto_id_dropout_is_the_validation_articles_share_without_an_id(tmp_path):
+    """id_dropout "auto": the share of the validation outfits' articles whose catalogue index has no id embedding
+    (>= n_ids), at least ID_DROPOUT_FLOOR; the rate trained with is in metrics.json."""
+    from contextual_bert.model import build_model
+
+    attributes = ContextSpec((FeatureSpec("product_type", "categorical", "article", N_SPECIAL + 5, 8),))
+    n_catalogue = N_ITEMS + 10  # 10 articles without an id embedding (unseen in training)
+    catalogue = {"product_type": torch.cat([torch.zeros(N_SPECIAL, dtype=torch.long),
+                                            N_SPECIAL + torch.arange(n_catalogue - N_SPECIAL) % 5])}  # fmt: skip
+    model = build_model(TINY, "none_attrs", N_ITEMS, SPEC, attributes)
+    model.set_catalogue(catalogue)
+    val = planted(40, 1)
+    real = int((val.items >= N_SPECIAL).sum())
+    assert training.id_dropout_rate(0.3, model, val) == 0.3
+    assert training.id_dropout_rate("auto", model, val) == training.ID_DROPOUT_FLOOR  # every article has an id
+    items = val.items.clone()
+    first = (items >= N_SPECIAL).nonzero()[: real // 4]  # a quarter of the articles become unseen ones
+    items[first[:, 0], first[:, 1]] = N_ITEMS + first[:, 0] % 10
+    unseen = EncodedOutfits(items, val.context)
+    assert training.id_dropout_rate("auto", model, unseen) == pytest.approx((real // 4) / real)
+
+    cfg = SHORT.model_copy(update={"max_epochs": 1, "id_dropout": "auto"})
+    metrics = fit(model, planted(200, 0), unseen, cfg, tmp_path / "auto", seed=0)
+    assert metrics["id_dropout"] == pytest.approx((real // 4) / real) == model.attributes.id_dropout
+
+
 def test_the_bag_warmup_falls_from_one_to_zero_for_the_encoders_only(tmp_path):
     from contextual_bert.model import build_model
 

@@ -42,6 +42,8 @@ ATTRIBUTES_SUFFIX = "_attrs"
 ATTRIBUTE_SETTINGS = ("id_dropout", "attribute_overlap")  # train settings only the "_attrs" models read
 ENCODER_SETTINGS = ("bag_warmup_epochs", "bag_warmup_check_steps")  # train settings only the paper's encoders read
 InitEmbeddings = Literal["random", "cooccurrence"]  # how the article-id embeddings start (cooccurrence.py)
+# an "_attrs" model's id dropout: a rate, or "auto", the validation articles' share without an id (training.id_dropout_rate)
+IdDropout = Annotated[float, Field(ge=0, lt=1)] | Literal["auto"]
 # train settings added after runs were recorded, at the value those runs had: a run at it keeps its old key
 LATER_SETTINGS = {"init_embeddings": "random", "attribute_overlap": False, "softmax": "full", "negatives": 1024,
                   "history_dropout": 0.0, "bag_warmup_epochs": 0, "bag_warmup_check_steps": None}
@@ -268,7 +270,9 @@ class TrainConfig(Section):
     # "_attrs" models only: the share of real articles whose id embedding a training step replaces by the
     # [UNK] row, at the input positions and the output rows (model.ArticleAttributes.ids). Set per model in
     # params.yaml (variants.<model>_attrs.id_dropout), never here: DVC then tracks it for those models alone.
-    id_dropout: float = Field(0.0, ge=0, lt=1)
+    # "auto": the share of the validation outfits' articles that have no id (unseen in training), at least
+    # training.ID_DROPOUT_FLOOR, so training meets [UNK] as often as evaluation does (docs/encoder_recipe.md).
+    id_dropout: IdDropout = 0.0
     # "_attrs" models only (off per model: variants.<model>_attrs.attribute_overlap: false): a learned logit
     # offset per attribute value for a candidate whose value another article of the outfit already has
     # (model.AttributeOverlap). On by default, by measurement (reports/experiments/article_features/).
@@ -327,7 +331,7 @@ class VariantOverrides(Section):
     max_epochs: int | None = None
     weight_decay: float | None = None
     dropout: float | None = None
-    id_dropout: float | None = Field(None, ge=0, lt=1)  # "_attrs" models only (TrainConfig.id_dropout)
+    id_dropout: IdDropout | None = None  # "_attrs" models only (TrainConfig.id_dropout)
     attribute_overlap: bool | None = None  # "_attrs" models only (TrainConfig.attribute_overlap)
     init_embeddings: InitEmbeddings | None = None
     softmax: Softmax | None = None

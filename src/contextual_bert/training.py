@@ -514,6 +514,22 @@ def _write_json(path: Path, obj) -> None:
     atomic_save(json.dumps(obj, indent=2), path, write=lambda text, tmp: Path(tmp).write_text(text))
 
 
+ID_DROPOUT_FLOOR = 0.05  # "auto"'s least rate: [UNK] is trained as input and target (articles added after training)
+
+
+def id_dropout_rate(setting: float | str, model: ContextualBert, val_data: EncodedOutfits) -> float:
+    """The id dropout an "_attrs" model trains with: `setting` (variants.<model>_attrs.id_dropout), or for "auto"
+    the share of the validation outfits' articles that have no id embedding (catalogue index >= n_ids: unseen in
+    training), at least ID_DROPOUT_FLOOR. Why: id dropout is there so that training meets [UNK] + attributes as
+    evaluation does; where it meets none, dropping ids only hides what the ids carry (on planted data with
+    hidden tastes, everything the attributes do not say; docs/encoder_recipe.md)."""
+    if setting != "auto":
+        return float(setting)
+    real = val_data.items >= N_SPECIAL
+    unseen = real & (val_data.items >= model.n_ids)
+    return max(ID_DROPOUT_FLOOR, int(unseen.sum()) / max(1, int(real.sum())))
+
+
 def fit(
     model: ContextualBert,
     train_data: EncodedOutfits,
@@ -541,8 +557,10 @@ def fit(
         keep_freed_memory()
 
     key = run_key(model, train_cfg, seed, train_data, val_data, device)
+    id_dropout = None
     if uses_attributes(model.variant):  # read by "_attrs" models only: the paper's models train as before
-        model.set_id_dropout(train_cfg.id_dropout)
+        id_dropout = id_dropout_rate(train_cfg.id_dropout, model, val_data)
+        model.set_id_dropout(id_dropout)
     model.to(device)
     train_data, val_data = train_data.to(device), val_data.to(device)
     optimizer = make_optimizer(model, train_cfg, device)
@@ -566,7 +584,6 @@ def fit(
         # patience may differ: it only decides when a run stops, so a run the old patience stopped goes
         # on under a larger one, exactly as if it had had that patience from the start
         state["stopped"] = state["bad_epochs"] >= train_cfg.patience
-        state.setdefault("bag_warmup", bag_warmup_plan(train_cfg, model))  # a run saved before the stuck check
 
     n_params = count_paper_parameters(model)
     for epoch in range(state["epoch"] + 1, train_cfg.max_epochs + 1):
@@ -670,6 +687,7 @@ def fit(
         "threads": train_cfg.num_threads,
         "cpu_kernels": cpu_kernels.in_effect() if device.type == "cpu" else None,
         **({"bag_warmup": state["bag_warmup"]} if reads_bag_warmup(train_cfg, model) else {}),
+        **({"id_dropout": id_dropout} if id_dropout is not None else {}),
     }
     _write_json(out_dir / "metrics.json", metrics)
     return metrics
