@@ -187,6 +187,11 @@ def main() -> int:
         model = key.split("/")[1]
         if uses_attributes(model) and "popularity_attribute" in references:
             r["test_vs_popularity_attribute"] = paired_ce(references["popularity_attribute"], r["_result"])
+            if "optimum_no_context" in references:  # the share of the way from that popularity to the optimum
+                r["share_to_optimum_no_context"] = {
+                    split: (references["popularity_attribute"][split]["cross_entropy"] - r[split]["cross_entropy"])
+                    / (references["popularity_attribute"][split]["cross_entropy"]
+                       - references["optimum_no_context"][split]["cross_entropy"]) for split in ("val", "test")}
         elif not model.startswith("bag_of_items") and "old/bag_of_items" in rows:
             r["test_vs_bag_of_items"] = paired_ce(rows["old/bag_of_items"]["_result"], r["_result"])
     out = {
