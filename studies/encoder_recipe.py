@@ -64,17 +64,14 @@ RECIPES = {
                                                             "bag_warmup_epochs": 2}},
     "checked": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "random", "weight_decay": 0.3,
                                                              "bag_warmup_epochs": 2, "bag_warmup_check_steps": 400}},
-    "checked_ids": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "random", "weight_decay": 0.3,
-                                                                 "bag_warmup_epochs": 2, "bag_warmup_check_steps": 400,
-                                                                 "id_dropout": 0.0}},
-    "checked_ids05": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "random", "weight_decay": 0.3,
-                                                                   "bag_warmup_epochs": 2, "bag_warmup_check_steps": 400,
-                                                                   "id_dropout": 0.05}},
     "cooc": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "cooccurrence", "bag_warmup_epochs": 0}},
     "bag_cooc": {"model": {"bag_path": "input"}, "variant": {"init_embeddings": "cooccurrence",
                                                                "bag_warmup_epochs": 0}},
     "outbag_cooc": {"model": {"bag_path": "output"}, "variant": {"init_embeddings": "cooccurrence"}},
 }
+# the checked recipe with a fixed id dropout (the `_attrs` models only)
+for name, rate in (("checked_ids", 0.0), ("checked_ids05", 0.05)):
+    RECIPES[name] = {"model": RECIPES["checked"]["model"], "variant": {**RECIPES["checked"]["variant"], "id_dropout": rate}}
 DATA_DIRS = ("raw_dir", "validated_dir", "quarantine_dir", "features_dir", "source_fingerprint")
 
 
