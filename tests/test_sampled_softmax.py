@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from contextual_bert.config import Config, TrainConfig
 from contextual_bert.feature_spec import N_SPECIAL, ContextSpec, FeatureSpec
 from contextual_bert.model import build_model
-from contextual_bert.training import NegativeSampler, fit, mask_items, masked_item_loss, sampled_cross_entropy
+from contextual_bert.training import (LinearCrossEntropy, NegativeSampler, fit, mask_items, masked_item_loss,
+                                     sampled_cross_entropy)
 from test_training import DROPOUT, PLANTED_TRAIN, N_ITEMS, SPEC, TINY, new_model, planted
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -57,6 +58,9 @@ def test_the_sampled_loss_with_every_article_as_a_negative_equals_the_full_loss(
     assert full_grads.keys() == sampled_grads.keys()
     for name in full_grads:
         torch.testing.assert_close(sampled_grads[name], full_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    if not variant.endswith("_attrs"):  # both the fused CPU loss (LinearCrossEntropy): the same bits
+        assert torch.equal(sampled, full)
+        assert all(torch.equal(sampled_grads[name], full_grads[name]) for name in full_grads)
 
 
 def test_fewer_negatives_score_fewer_articles_and_differ_from_the_full_loss():
@@ -131,6 +135,33 @@ def test_the_log_q_correction_makes_the_partition_estimate_unbiased():
     assert float(corrected_normaliser / full_normaliser) == pytest.approx(1.0, abs=0.05)
     assert float(uncorrected_normaliser / full_normaliser) < 0.5
 
+
+
+def test_the_fused_sampled_loss_equals_the_plain_corrected_one_with_gradients():
+    """The CPU's sampled loss (LinearCrossEntropy with the log-Q shift) against sampled_cross_entropy over
+    F.linear: one sampler's draw, two rows sharing a target (each one's target a negative of the others),
+    chunks smaller than the rows."""
+    sampler = skewed_sampler(200, 40)
+    g = torch.Generator().manual_seed(3)
+    targets = torch.randint(N_SPECIAL, N_SPECIAL + 200, (37,), generator=g)
+    targets[1] = targets[0]
+    candidates, log_inclusion, columns = sampler.draw(targets)
+    assert log_inclusion.min() < -1.0  # a real correction: some candidates are far from certain
+    weight = torch.randn(len(candidates), 16, generator=g).requires_grad_()
+    bias = torch.randn(len(candidates), generator=g).requires_grad_()
+    h = torch.randn(len(targets), 16, generator=g).requires_grad_()
+
+    def with_grads(loss):
+        grads = torch.autograd.grad(loss, (h, weight, bias))
+        return loss.detach(), grads
+
+    fused = with_grads(LinearCrossEntropy.apply(h, weight, bias, columns, 0, 8, -log_inclusion))
+    plain = with_grads(sampled_cross_entropy(F.linear(h, weight, bias), log_inclusion, columns))
+    torch.testing.assert_close(fused[0], plain[0])
+    for a, b in zip(fused[1], plain[1]):
+        torch.testing.assert_close(a, b)
+    uncorrected = LinearCrossEntropy.apply(h, weight, bias, columns, 0, 8, None)
+    assert float(uncorrected) < float(fused[0]) - 0.5  # the shift is applied, not dropped
 
 def test_every_article_as_a_negative_is_the_full_softmax_without_a_draw():
     sampler = skewed_sampler(10, 10)

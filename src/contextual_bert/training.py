@@ -101,20 +101,23 @@ def mask_items(
 
 class LinearCrossEntropy(torch.autograd.Function):
     """mean_i CE(softmax(h_i W^T + b), t_i) over the rows `first..` of the output layer (W, b), computed in
-    chunks of rows of h, with the gradients in the same pass.
+    chunks of rows of h, with the gradients in the same pass. `shift` (n_cols,) or None: added to every
+    column's logit but the row's own target's (the sampled softmax's log-Q correction, -log pi).
 
-    The (M, n_articles) logits are the largest tensor of a step (160 MB at the paper's sizes); in chunks
-    they stay in cache and are never stored. With E = exp(z - max z) and s its row sum, the gradients are
+    The (M, n_articles) logits are the largest tensor of a step (160 MB at the paper's sizes; the sampled
+    softmax's (M, C), over 30 MB, each pass on them paid in page faults); in chunks they stay in cache and
+    are never stored. The shift is a constant: it rides in the bias column and leaves every gradient's form. With E = exp(z - max z) and s its row sum, the gradients are
     d/dh = E W / s - W[t], d/dW = E^T (h / s) - onehot(t)^T h and d/db = E^T (1 / s) - counts(t), so E
     is never normalised in place. The bias rides in the matmul as a column of W against a column of ones.
     Used on the CPU; the plain `F.cross_entropy(F.linear(...))` computes the same (tests check it).
     """
 
     @staticmethod
-    def forward(ctx, h, full_weight, full_bias, targets, first: int, chunk_rows: int):
+    def forward(ctx, h, full_weight, full_bias, targets, first: int, chunk_rows: int, shift=None):
         n = h.shape[0]
         weight = full_weight[first:]
-        weight_and_bias = torch.cat([weight, full_bias[first:, None]], dim=1)
+        bias = full_bias[first:] if shift is None else full_bias[first:] + shift
+        weight_and_bias = torch.cat([weight, bias[:, None]], dim=1)
         h_and_one = F.pad(h, (0, 1), value=1.0)
         grad_h = torch.empty_like(h)
         grad_full_weight, grad_full_bias = torch.zeros_like(full_weight), torch.zeros_like(full_bias)
@@ -122,8 +125,11 @@ class LinearCrossEntropy(torch.autograd.Function):
         loss = torch.zeros((), dtype=torch.float64)
         for start in range(0, n, chunk_rows):
             rows = slice(start, start + chunk_rows)
+            columns = targets[rows, None] - first
             exp = torch.mm(h_and_one[rows], weight_and_bias.t())  # the logits z, then E in place
-            target_logit = exp.gather(1, targets[rows, None] - first)
+            target_logit = exp.gather(1, columns)
+            if shift is not None:  # a row's own target unshifted
+                exp.scatter_(1, columns, target_logit.sub_(shift[columns]))
             row_max = exp.amax(dim=1, keepdim=True)
             exp.sub_(row_max).exp_()
             row_sum = exp.sum(dim=1, keepdim=True)
@@ -144,7 +150,15 @@ class LinearCrossEntropy(torch.autograd.Function):
         grads = ctx.saved_tensors
         if float(grad_loss) != 1.0:  # as from loss.backward(): no pass over the gradients
             grads = tuple(g * grad_loss for g in grads)
-        return *grads, None, None, None
+        return *grads, None, None, None, None
+
+
+LOSS_CHUNK_ROWS = 128  # LinearCrossEntropy's rows per chunk: (128, C) logits stay in a core's cache
+
+
+def fused_loss_applies(head_states: torch.Tensor) -> bool:
+    """LinearCrossEntropy is the CPU's fp32 training loss (autocast's bf16 on CUDA goes the plain way)."""
+    return head_states.device.type == "cpu" and head_states.dtype == torch.float32 and torch.is_grad_enabled()
 
 
 class NegativeSampler:
@@ -216,11 +230,13 @@ def sampled_cross_entropy(logits: torch.Tensor, log_inclusion: torch.Tensor, tar
 def sampled_item_loss(model, head_states: torch.Tensor, targets: torch.Tensor, inputs: torch.Tensor,
                       predict: torch.Tensor, sampler: NegativeSampler, context: dict | None = None) -> torch.Tensor:
     """The sampled softmax's loss: the output layer (and, for the `_attrs` models, the attribute vectors; the
-    outfit offsets) computed for the candidates only."""
+    outfit offsets) computed for the candidates only; without offsets on the CPU, fused (LinearCrossEntropy)."""
     candidates, log_inclusion, target_columns = sampler.draw(targets)
     weight, bias = model.output_layer(candidates)
-    logits = F.linear(head_states, weight.to(head_states.dtype), bias.to(head_states.dtype))
     offsets = model.outfit_offsets(inputs, predict, candidates, context)
+    if offsets is None and fused_loss_applies(head_states):
+        return LinearCrossEntropy.apply(head_states, weight, bias, target_columns, 0, LOSS_CHUNK_ROWS, -log_inclusion)
+    logits = F.linear(head_states, weight.to(head_states.dtype), bias.to(head_states.dtype))
     if offsets is not None:
         logits = logits + offsets.to(logits.dtype)
     return sampled_cross_entropy(logits, log_inclusion, target_columns)
@@ -240,10 +256,9 @@ def masked_item_loss(
     if sampler is not None and torch.is_grad_enabled():
         return sampled_item_loss(model, head_states, targets, inputs, predict, sampler, context)
     offsets = model.outfit_offsets(inputs, predict, context=context)  # from what the model sees, not the answers
-    if (offsets is None and head_states.device.type == "cpu" and head_states.dtype == torch.float32
-            and torch.is_grad_enabled()):
+    if offsets is None and fused_loss_applies(head_states):
         weight, bias = model.output_layer()  # specials included
-        return LinearCrossEntropy.apply(head_states, weight, bias, targets, N_SPECIAL, 128)
+        return LinearCrossEntropy.apply(head_states, weight, bias, targets, N_SPECIAL, LOSS_CHUNK_ROWS, None)
     return F.cross_entropy(model.article_logits(head_states, offsets).float(), targets - N_SPECIAL)
 
 
