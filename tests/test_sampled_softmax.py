@@ -138,9 +138,9 @@ def test_the_log_q_correction_makes_the_partition_estimate_unbiased():
 
 
 def test_the_fused_sampled_loss_equals_the_plain_corrected_one_with_gradients():
-    """The CPU's sampled loss (LinearCrossEntropy with the log-Q shift) against sampled_cross_entropy over
-    F.linear: one sampler's draw, two rows sharing a target (each one's target a negative of the others),
-    chunks smaller than the rows."""
+    """The CPU's sampled loss (LinearCrossEntropy with the log-Q shift, with and without per-row offsets)
+    against sampled_cross_entropy over F.linear (+ the offsets): one sampler's draw, two rows sharing a target
+    (each one's target a negative of the others), chunks smaller than the rows."""
     sampler = skewed_sampler(200, 40)
     g = torch.Generator().manual_seed(3)
     targets = torch.randint(N_SPECIAL, N_SPECIAL + 200, (37,), generator=g)
@@ -150,18 +150,21 @@ def test_the_fused_sampled_loss_equals_the_plain_corrected_one_with_gradients():
     weight = torch.randn(len(candidates), 16, generator=g).requires_grad_()
     bias = torch.randn(len(candidates), generator=g).requires_grad_()
     h = torch.randn(len(targets), 16, generator=g).requires_grad_()
+    offsets = torch.randn(len(targets), len(candidates), generator=g).requires_grad_()  # as outfit_offsets'
 
-    def with_grads(loss):
-        grads = torch.autograd.grad(loss, (h, weight, bias))
-        return loss.detach(), grads
+    def with_grads(loss, *inputs):
+        return loss.detach(), torch.autograd.grad(loss, (h, weight, bias, *inputs))
 
-    fused = with_grads(LinearCrossEntropy.apply(h, weight, bias, columns, 0, 8, -log_inclusion))
-    plain = with_grads(sampled_cross_entropy(F.linear(h, weight, bias), log_inclusion, columns))
-    torch.testing.assert_close(fused[0], plain[0])
-    for a, b in zip(fused[1], plain[1]):
-        torch.testing.assert_close(a, b)
+    for extra in ((), (offsets,)):
+        fused = with_grads(LinearCrossEntropy.apply(h, weight, bias, columns, 0, 8, -log_inclusion, *extra), *extra)
+        logits = F.linear(h, weight, bias) + (extra[0] if extra else 0)
+        plain = with_grads(sampled_cross_entropy(logits, log_inclusion, columns), *extra)
+        torch.testing.assert_close(fused[0], plain[0])
+        for a, b in zip(fused[1], plain[1], strict=True):
+            torch.testing.assert_close(a, b)
     uncorrected = LinearCrossEntropy.apply(h, weight, bias, columns, 0, 8, None)
-    assert float(uncorrected) < float(fused[0]) - 0.5  # the shift is applied, not dropped
+    assert float(uncorrected) < float(with_grads(LinearCrossEntropy.apply(h, weight, bias, columns, 0, 8,
+                                                                          -log_inclusion))[0]) - 0.5  # applied
 
 def test_every_article_as_a_negative_is_the_full_softmax_without_a_draw():
     sampler = skewed_sampler(10, 10)

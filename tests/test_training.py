@@ -111,17 +111,23 @@ def test_fused_cross_entropy_equals_the_plain_one_with_gradients():
         assert fused_grads[1][:N_SPECIAL].abs().sum() == 0  # the special rows are never an output
 
 
-def test_the_cpu_loss_of_an_attribute_model_equals_the_plain_one_with_gradients():
-    """The output layer of a "_attrs" model is computed from its attribute embeddings: the fused CPU loss
-    must pass its gradient back through them exactly as autograd does."""
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_cpu_loss_of_an_attribute_model_equals_the_plain_one_with_gradients(overlap):
+    """The output layer of a "_attrs" model is computed from its attribute embeddings, and with the outfit
+    offsets (AttributeOverlap) its logits get an offset per row: the fused CPU loss must pass its gradient
+    back through both exactly as autograd does."""
     from contextual_bert.model import build_model
 
     attributes = ContextSpec((FeatureSpec("product_type", "categorical", "article", N_SPECIAL + 5, 8),))
     torch.manual_seed(0)
-    model = build_model(TINY, "none_attrs", N_ITEMS, SPEC, attributes)
+    model = build_model(TINY, "none_attrs", N_ITEMS, SPEC, attributes, overlap=overlap)
     n = N_ITEMS + 6  # six articles without an id: targets too
     model.set_catalogue({"product_type": torch.cat([torch.zeros(N_SPECIAL, dtype=torch.long),
                                                     torch.randint(1, N_SPECIAL + 5, (n - N_SPECIAL,))])})
+    if overlap:
+        with torch.no_grad():  # offsets away from their zero start, so that they count
+            for offset in model.overlap.offsets:
+                offset.normal_(0, 0.5)
     data = planted(32, 0)
     data.items[:4, 4] = N_ITEMS + torch.arange(4)
     inputs, predict = mask_items(data.items, model.n_items, TrainConfig(mask_prob=0.5), torch.Generator().manual_seed(0))
@@ -133,12 +139,14 @@ def test_the_cpu_loss_of_an_attribute_model_equals_the_plain_one_with_gradients(
                 loss = training.masked_item_loss(model, inputs, data.context, predict, data.items)
             else:
                 head = model.head(model(inputs, data.context, select=predict))
-                loss = F.cross_entropy(model.article_logits(head), data.items[predict] - N_SPECIAL)
+                offsets = model.outfit_offsets(inputs, predict, context=data.context)
+                loss = F.cross_entropy(model.article_logits(head, offsets), data.items[predict] - N_SPECIAL)
         loss.backward()
         losses.append(loss.detach())
         grads.append({k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None})
     torch.testing.assert_close(losses[0], losses[1])
     assert grads[0].keys() == grads[1].keys() and any("attributes" in k for k in grads[0])
+    assert overlap == any("overlap" in k for k in grads[0])
     for k in grads[0]:
         torch.testing.assert_close(grads[0][k], grads[1][k], rtol=1e-4, atol=1e-6)
 

@@ -100,20 +100,23 @@ def mask_items(
 
 
 class LinearCrossEntropy(torch.autograd.Function):
-    """mean_i CE(softmax(h_i W^T + b), t_i) over the rows `first..` of the output layer (W, b), computed in
-    chunks of rows of h, with the gradients in the same pass. `shift` (n_cols,) or None: added to every
-    column's logit but the row's own target's (the sampled softmax's log-Q correction, -log pi).
+    """mean_i CE(softmax(z_i), t_i), z_i = h_i W^T + b (+ offsets_i), over the rows `first..` of the output
+    layer (W, b), computed in chunks of rows of h, with the gradients in the same pass. `shift` (n_cols,) or
+    None: added to every column's logit but the row's own target's (the sampled softmax's log-Q correction,
+    -log pi). `offsets` (M, n_cols + first) or None: per-row logit offsets (`outfit_offsets`), with gradient.
 
     The (M, n_articles) logits are the largest tensor of a step (160 MB at the paper's sizes; the sampled
-    softmax's (M, C), over 30 MB, each pass on them paid in page faults); in chunks they stay in cache and
-    are never stored. The shift is a constant: it rides in the bias column and leaves every gradient's form. With E = exp(z - max z) and s its row sum, the gradients are
-    d/dh = E W / s - W[t], d/dW = E^T (h / s) - onehot(t)^T h and d/db = E^T (1 / s) - counts(t), so E
-    is never normalised in place. The bias rides in the matmul as a column of W against a column of ones.
-    Used on the CPU; the plain `F.cross_entropy(F.linear(...))` computes the same (tests check it).
+    softmax's (M, C) over 30 MB, and every pass over a fresh one pays its page faults); in chunks they stay in
+    cache and are never stored. With E = exp(z - max z) and s its row sum, the gradients are d/dh = E W / s -
+    W[t], d/dW = E^T (h / s) - onehot(t)^T h, d/db = E^T (1 / s) - counts(t) and d/d offsets = E / s -
+    onehot(t) (the one (M, n_cols) tensor written, and only with offsets), so E is never normalised in place.
+    The bias rides in the matmul as a column of W against a column of ones, the shift (a constant) in that
+    column. Used on the CPU; `F.cross_entropy` over the same logits computes the same (tests check it).
     """
 
     @staticmethod
-    def forward(ctx, h, full_weight, full_bias, targets, first: int, chunk_rows: int, shift=None):
+    def forward(ctx, h, full_weight, full_bias, targets, first: int, chunk_rows: int, shift=None,
+                full_offsets=None):
         n = h.shape[0]
         weight = full_weight[first:]
         bias = full_bias[first:] if shift is None else full_bias[first:] + shift
@@ -122,11 +125,18 @@ class LinearCrossEntropy(torch.autograd.Function):
         grad_h = torch.empty_like(h)
         grad_full_weight, grad_full_bias = torch.zeros_like(full_weight), torch.zeros_like(full_bias)
         grad_weight, grad_bias = grad_full_weight[first:], grad_full_bias[first:]
+        offsets = grad_offsets = grad_full_offsets = None
+        if full_offsets is not None:
+            offsets, grad_full_offsets = full_offsets[:, first:], torch.empty_like(full_offsets)
+            grad_full_offsets[:, :first] = 0
+            grad_offsets = grad_full_offsets[:, first:]
         loss = torch.zeros((), dtype=torch.float64)
         for start in range(0, n, chunk_rows):
             rows = slice(start, start + chunk_rows)
             columns = targets[rows, None] - first
             exp = torch.mm(h_and_one[rows], weight_and_bias.t())  # the logits z, then E in place
+            if offsets is not None:
+                exp.add_(offsets[rows])
             target_logit = exp.gather(1, columns)
             if shift is not None:  # a row's own target unshifted
                 exp.scatter_(1, columns, target_logit.sub_(shift[columns]))
@@ -139,18 +149,23 @@ class LinearCrossEntropy(torch.autograd.Function):
             grad_h[rows].mul_(inv_sum)
             grad_weight.addmm_(exp.t(), h[rows] * inv_sum)
             grad_bias.addmv_(exp.t(), inv_sum.squeeze(1))
+            if offsets is not None:
+                torch.mul(exp, inv_sum, out=grad_offsets[rows])
         grad_h.sub_(full_weight[targets], alpha=1.0 / n)
         grad_full_weight.index_add_(0, targets, h, alpha=-1.0 / n)
         grad_full_bias.sub_(torch.bincount(targets, minlength=len(full_bias)).to(full_bias.dtype), alpha=1.0 / n)
-        ctx.save_for_backward(grad_h, grad_full_weight, grad_full_bias)
+        if offsets is not None:
+            grad_offsets[torch.arange(n, device=h.device), targets - first] -= 1.0 / n
+        ctx.save_for_backward(grad_h, grad_full_weight, grad_full_bias, grad_full_offsets)
         return (loss / n).to(h.dtype)
 
     @staticmethod
     def backward(ctx, grad_loss):
         grads = ctx.saved_tensors
         if float(grad_loss) != 1.0:  # as from loss.backward(): no pass over the gradients
-            grads = tuple(g * grad_loss for g in grads)
-        return *grads, None, None, None, None
+            grads = tuple(None if g is None else g * grad_loss for g in grads)
+        grad_h, grad_weight, grad_bias, grad_offsets = grads
+        return grad_h, grad_weight, grad_bias, None, None, None, None, grad_offsets
 
 
 LOSS_CHUNK_ROWS = 128  # LinearCrossEntropy's rows per chunk: (128, C) logits stay in a core's cache
@@ -230,12 +245,13 @@ def sampled_cross_entropy(logits: torch.Tensor, log_inclusion: torch.Tensor, tar
 def sampled_item_loss(model, head_states: torch.Tensor, targets: torch.Tensor, inputs: torch.Tensor,
                       predict: torch.Tensor, sampler: NegativeSampler, context: dict | None = None) -> torch.Tensor:
     """The sampled softmax's loss: the output layer (and, for the `_attrs` models, the attribute vectors; the
-    outfit offsets) computed for the candidates only; without offsets on the CPU, fused (LinearCrossEntropy)."""
+    outfit offsets) computed for the candidates only; on the CPU, fused (LinearCrossEntropy)."""
     candidates, log_inclusion, target_columns = sampler.draw(targets)
     weight, bias = model.output_layer(candidates)
     offsets = model.outfit_offsets(inputs, predict, candidates, context)
-    if offsets is None and fused_loss_applies(head_states):
-        return LinearCrossEntropy.apply(head_states, weight, bias, target_columns, 0, LOSS_CHUNK_ROWS, -log_inclusion)
+    if fused_loss_applies(head_states):
+        return LinearCrossEntropy.apply(head_states, weight, bias, target_columns, 0, LOSS_CHUNK_ROWS,
+                                        -log_inclusion, offsets)
     logits = F.linear(head_states, weight.to(head_states.dtype), bias.to(head_states.dtype))
     if offsets is not None:
         logits = logits + offsets.to(logits.dtype)
@@ -256,9 +272,9 @@ def masked_item_loss(
     if sampler is not None and torch.is_grad_enabled():
         return sampled_item_loss(model, head_states, targets, inputs, predict, sampler, context)
     offsets = model.outfit_offsets(inputs, predict, context=context)  # from what the model sees, not the answers
-    if offsets is None and fused_loss_applies(head_states):
+    if fused_loss_applies(head_states):
         weight, bias = model.output_layer()  # specials included
-        return LinearCrossEntropy.apply(head_states, weight, bias, targets, N_SPECIAL, LOSS_CHUNK_ROWS, None)
+        return LinearCrossEntropy.apply(head_states, weight, bias, targets, N_SPECIAL, LOSS_CHUNK_ROWS, None, offsets)
     return F.cross_entropy(model.article_logits(head_states, offsets).float(), targets - N_SPECIAL)
 
 
