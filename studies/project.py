@@ -2,8 +2,8 @@
 its own (paths inside the folder, its own MLflow store), each stage a process, as `dvc repro` runs them.
 
 Used by the benchmarks that need the whole pipeline on other data or settings than params.yaml's
-(learning_curve.py: planted data at several sizes; table1_on.py: Table 1 on another data set) without
-touching the repository's data/, models/ or reports/.
+(learning_curve/learning_curve.py: planted data at several sizes; table1_on/table1_on.py: Table 1 on
+another data set) without touching the repository's data/, models/ or reports/.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class Project:
         from mlflow import MlflowClient
 
         from contextual_bert.config import Config
-        from contextual_bert.tracking import experiment_id
+        from contextual_bert.registry.tracking import experiment_id
 
         # the store's tables and the experiment exist before trainings log at once (SQLite migrations race)
         experiment_id(MlflowClient(self.env["MLFLOW_TRACKING_URI"]), self.params["mlflow"]["experiment"])

@@ -1,0 +1,76 @@
+"""Issue 45: how soon does an encoder that can read the outfit show it? The outfit dependence on validation
+(training.stuck_check, the measure behind Table 1's **stuck**) after each of a run's first epochs, then the run stops:
+what train.bag_warmup_check_steps was chosen from (docs/encoder_recipe.md).
+
+One model trained in process on a data project's features (as studies/encoder_recipe/encoder_screen.py), with params.yaml's
+32-epoch schedule and `--set` overrides; one JSON line per epoch on stdout (epoch, steps so far, validation
+cross-entropy, outfit dependence).
+
+    python studies/encoder_recipe/stuck_check.py --data /tmp/encoder_recipe/planted_hidden_20000/data --variant none \
+        --epochs 4 --out /tmp/stuck/p20 --set train.num_threads=1 train.bag_warmup_epochs=0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scripts, not an installed package
+from studies.project import override  # noqa: E402
+
+from contextual_bert import training  # noqa: E402
+from contextual_bert.config import Config  # noqa: E402
+
+
+class Enough(Exception):
+    """Raised after --epochs epochs: the run's later epochs are not needed."""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, required=True, help="a data project (its params.yaml)")
+    parser.add_argument("--variant", default="none")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--out", type=Path, required=True, help="the run's folder")
+    parser.add_argument("--set", nargs="*", default=[])
+    args = parser.parse_args()
+
+    params = yaml.safe_load((args.data / "params.yaml").read_text())
+    for assignment in args.set:
+        override(params, assignment)
+    cfg = Config.model_validate(params)
+    train_cfg, model_cfg = cfg.train_for(args.variant), cfg.model_for(args.variant)
+    held = {}
+    fit = training.fit
+
+    def fit_and_hold(model, train_data, val_data, *rest, **kwargs):
+        held.update(model=model, val=val_data, steps=math.ceil(len(train_data) / train_cfg.batch_size))
+        return fit(model, train_data, val_data, *rest, **kwargs)
+
+    def on_epoch_end(epoch: int, row: dict) -> None:
+        model = held["model"]
+        check = training.stuck_check(model, held["val"], 1024, next(model.parameters()).device, epoch)
+        print(json.dumps({"variant": args.variant, "seed": args.seed, "epoch": epoch, "steps": epoch * held["steps"],
+                          "val_cross_entropy": round(row["val_cross_entropy"], 4),
+                          "dependence": round(check["outfit_dependence"], 4)}), flush=True)  # fmt: skip
+        if epoch >= args.epochs:
+            raise Enough
+
+    training.fit = fit_and_hold
+    try:
+        training.train(Path(params["paths"]["features_dir"]), args.out, args.variant, args.seed, model_cfg, train_cfg,
+                       on_epoch_end)  # fmt: skip
+    except Enough:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Table 1 on other data or settings than params.yaml's, without touching the repository's data or reports.
+
+A project of its own under --workdir (studies/project.py) runs the pipeline's stages with params.yaml's
+settings and the --set overrides: ingest -> validate -> features -> baseline -> optimum -> train + evaluate
+(every train.variants model x train.seeds seed, --jobs at a time) -> report. Its Table 1 and the report's
+metrics are copied to --out.
+
+    python studies/table1_on/table1_on.py --set ingest.source=hm --out studies/table1_on/hm_sample --workdir /tmp/table1-hm
+
+(`import_hm.source` in params.yaml names the H&M files: ../shared/data/hm_sample by default.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scripts, not an installed package
+from studies.project import Project, override, relocated  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a params override")
+    parser.add_argument("--params", type=Path, default=REPO / "params.yaml")
+    parser.add_argument("--jobs", type=int, default=2, help="trainings at a time")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per training")
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+
+    base = yaml.safe_load(args.params.read_text())
+    for assignment in args.set:
+        override(base, assignment)
+    base["train"]["num_threads"] = args.threads
+    project = Project(args.workdir, relocated(base, args.workdir), args.threads)
+    for stage in ("ingest", "validate", "features", "baseline", "optimum"):
+        project.stage(stage)
+    train = project.params["train"]
+    project.train_and_evaluate([(v, s) for v in train["variants"] for s in train["seeds"]], args.jobs)
+    project.stage("report")
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    reports = project.path("reports_dir")
+    shutil.copyfile(reports / "table1.md", args.out / "table1.md")
+    shutil.copyfile(reports / "metrics.json", args.out / "metrics.json")
+    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+    commit = git.stdout.strip()
+    settings = {"commit": commit or None, "set": args.set, "seconds": project.timings}
+    (args.out / "settings.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
+    print((args.out / "table1.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
