@@ -23,9 +23,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from contextual_bert.config import load_config
-from contextual_bert.contract import PAPER_SCHEMA
-from contextual_bert.feature_store import load_split
-from contextual_bert.features import build_features
+from contextual_bert.data.contract import PAPER_SCHEMA
+from contextual_bert.data.feature_store import load_split
+from contextual_bert.data.features import build_features
 
 REPO = Path(__file__).resolve().parents[1]
 

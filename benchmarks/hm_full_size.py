@@ -256,7 +256,7 @@ def run_step(step: str, scratch: Path) -> dict:
     work = scratch / "pipeline"
     started, cpu_started = time.perf_counter(), time.process_time()
     if step in IMPORTS:
-        from contextual_bert.importers import import_hm
+        from contextual_bert.data.importers import import_hm
 
         phases: dict = {}
         copy = IMPORTS[step]
@@ -267,13 +267,13 @@ def run_step(step: str, scratch: Path) -> dict:
                                        "outfits_without_customer_row", "rows")}  # fmt: skip
         rows["phase_wall_s"] = phases
     elif step == "validate":
-        from contextual_bert.validation import validate
+        from contextual_bert.data.validation import validate
 
         summary = validate(work / "raw", work / "validated", work / "quarantine", work / "reports",
                            ValidateConfig(max_quarantine_share=1.0))  # fmt: skip
         rows = {name: {k: t[k] for k in ("rows_in", "valid", "quarantined")} for name, t in summary["tables"].items()}
     else:
-        from contextual_bert.features import build_features
+        from contextual_bert.data.features import build_features
 
         manifest = build_features(work / "validated", work / "features", FeaturesConfig(),
                                   max_set_size=ModelConfig().max_set_size)  # fmt: skip

@@ -162,7 +162,7 @@ def main() -> None:
 
     from contextual_bert.config import load_config
     from contextual_bert.model import ContextualBert, load_checkpoint, save_checkpoint
-    from contextual_bert.promotion import CHAMPION, _alias_version, move_champion
+    from contextual_bert.registry.promotion import CHAMPION, _alias_version, move_champion
 
     cfg = load_config(REPO / "params.yaml")
     size = args.size or cfg.generate.size

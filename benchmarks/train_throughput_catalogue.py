@@ -35,7 +35,7 @@ import train_throughput as tt  # noqa: E402  (the paper-size batches, spec, mode
 
 from contextual_bert.config import VARIANTS  # noqa: E402
 from contextual_bert.devices import keep_freed_memory, select_device  # noqa: E402
-from contextual_bert.feature_spec import N_SPECIAL, ContextSpec, FeatureSpec  # noqa: E402
+from contextual_bert.data.feature_spec import N_SPECIAL, ContextSpec, FeatureSpec  # noqa: E402
 from contextual_bert.model import build_model, count_paper_parameters  # noqa: E402
 from contextual_bert.training import mask_items, train_step  # noqa: E402
 
@@ -52,7 +52,7 @@ H100_BF16_DENSE = 989e12  # FLOP/s, SXM, dense bf16 (NVIDIA's datasheet)
 def build(model_name: str, n_items: int):
     torch.manual_seed(0)
     attributes = ATTRIBUTE_SPEC if model_name.endswith("_attrs") else None
-    model = build_model(tt.MODEL, model_name, n_items, tt.SPEC, attributes, overlap=attributes is not None)
+    model = build_model(tt.MODEL, model_name, n_items, tt.SPEC, attributes)  # with the overlap (ModelConfig default)
     if attributes is not None:
         g = torch.Generator().manual_seed(1)
         model.set_catalogue({f.name: torch.randint(N_SPECIAL, f.cardinality, (n_items,), generator=g)

@@ -45,7 +45,7 @@ from prefect.deployments import run_deployment
 from prefect.futures import as_completed
 
 from contextual_bert.config import load_config
-from contextual_bert.sources import SOURCES
+from contextual_bert.data.sources import SOURCES
 from flows import one_line_errors
 from flows.infra import dvc_stages, remote
 from flows.infra.params_file import pipeline_overrides
@@ -399,7 +399,7 @@ def _register_and_promote(p: dvc_stages.Plan, workdir: Path, promote: bool) -> l
 @flow(name="pipeline", log_prints=True)
 def pipeline(
     size: Literal["tiny", "default", "paper"] | None = None,
-    source: str | None = None,  # a name in contextual_bert.sources.SOURCES (config checks it)
+    source: str | None = None,  # a name in contextual_bert.data.sources.SOURCES (config checks it)
     params: dict[str, Any] | None = None,
     workdir: str = ".",
     fan_out: Literal["auto", "deployments", "local", "remote"] = "auto",

@@ -49,7 +49,7 @@ def mlflow_server_over(uri: str, experiment: str, log: Path):
         return
     from mlflow.tracking import MlflowClient
 
-    from contextual_bert.tracking import experiment_id
+    from contextual_bert.registry.tracking import experiment_id
 
     experiment_id(MlflowClient(uri), experiment)  # created with its artifact location, before the server
     port = free_port()

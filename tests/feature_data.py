@@ -4,8 +4,8 @@ import numpy as np
 import pandas as pd
 
 from contextual_bert.config import FeaturesConfig, load_config
-from contextual_bert.contract import PAPER_SCHEMA, DataSchema
-from contextual_bert.features import build_features
+from contextual_bert.data.contract import PAPER_SCHEMA, DataSchema
+from contextual_bert.data.features import build_features
 
 PAPER_DIMS = load_config("params.yaml").features.embedding_dims
 BRANDS = [f"brand_{i}" for i in range(12)]

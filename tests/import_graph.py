@@ -1,6 +1,9 @@
 """The static import graph of src/contextual_bert, read with ast (module-level and function-local imports).
 
-Shared by the tests on the package's layout (no cycles) and on dvc.yaml's stage deps.
+A module is named by its dotted path inside the package ("cli", "model.encoder"); a package by its own name
+("model"), standing for its __init__.py, which every import of one of its modules runs too. The package's root
+__init__.py (a docstring and the version) is left out. Shared by the tests on the package's layout (no cycles)
+and on dvc.yaml's stage deps.
 """
 
 from __future__ import annotations
@@ -14,23 +17,32 @@ SRC = Path(__file__).resolve().parents[1] / "src" / PACKAGE
 
 
 def module_path(module: str) -> Path:
-    return SRC / f"{module.removeprefix(PACKAGE + '.').replace('.', '/')}.py"
+    """The file of a module or package, named with or without the package's prefix."""
+    relative = SRC / module.removeprefix(PACKAGE + ".").replace(".", "/")
+    return relative / "__init__.py" if relative.is_dir() else relative.with_suffix(".py")
+
+
+def with_packages(module: str) -> set[str]:
+    """`module` and the packages an import of it runs: "model.encoder" -> {"model", "model.encoder"}."""
+    parts = module.split(".")
+    return {".".join(parts[: i + 1]) for i in range(len(parts))}
 
 
 def imported_modules(node: ast.AST) -> set[str]:
-    """`contextual_bert.<name>` modules imported anywhere inside `node` (relative imports are not used here)."""
+    """The package's modules imported anywhere inside `node`, with their packages (relative imports are not
+    used here)."""
     found = set()
     for child in ast.walk(node):
         if isinstance(child, ast.Import):
             names = [alias.name for alias in child.names]
         elif isinstance(child, ast.ImportFrom) and child.module:
-            # `from contextual_bert import features` imports the module features
+            # `from contextual_bert.data import features` imports the module data.features
             names = [child.module] + [f"{child.module}.{alias.name}" for alias in child.names]
         else:
             continue
         for name in names:
             if name.startswith(PACKAGE + ".") and module_path(name).exists():
-                found.add(name.split(".")[1])
+                found |= with_packages(name.removeprefix(PACKAGE + "."))
     return found
 
 
@@ -45,7 +57,13 @@ def direct_imports(module: str) -> frozenset[str]:
 
 
 def modules() -> list[str]:
-    return sorted(p.stem for p in SRC.glob("*.py") if p.stem != "__init__")
+    names = []
+    for path in SRC.rglob("*.py"):
+        parts = path.relative_to(SRC).with_suffix("").parts
+        if parts == ("__init__",):
+            continue
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return sorted(names)
 
 
 def closure(start: set[str]) -> set[str]:
@@ -60,14 +78,15 @@ def closure(start: set[str]) -> set[str]:
 
 
 def find_cycle() -> list[str] | None:
-    """One import cycle as a list of modules (first == last), or None."""
+    """One import cycle as a list of modules (first == last), or None. A package's __init__ importing its own
+    modules is no cycle (they run it first, and it them): edges from a module to its own packages are left out."""
     state: dict[str, int] = {}  # 1 = on the current path, 2 = done
     path: list[str] = []
 
     def visit(module: str) -> list[str] | None:
         state[module] = 1
         path.append(module)
-        for other in sorted(direct_imports(module)):
+        for other in sorted(direct_imports(module) - with_packages(module)):
             if state.get(other) == 1:
                 return path[path.index(other):] + [other]
             if other not in state and (cycle := visit(other)):

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from contextual_bert.bootstrap import (
+from contextual_bert.evaluation.bootstrap import (
     bootstrap_ci,
     case_values,
     mean_record,

@@ -3,10 +3,10 @@ import math
 import pytest
 import torch
 
-import contextual_bert.cooccurrence as cooccurrence
+import contextual_bert.training.cooccurrence as cooccurrence
 from contextual_bert.config import ModelConfig, TrainConfig
-from contextual_bert.feature_spec import N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec
-from contextual_bert.feature_store import load_spec
+from contextual_bert.data.feature_spec import N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec
+from contextual_bert.data.feature_store import load_spec
 from contextual_bert.model import build_model
 
 A, B, C, D = (N_SPECIAL + i for i in range(4))
@@ -91,7 +91,7 @@ def test_train_starts_from_cooccurrence_only_when_asked(tmp_path, monkeypatch):
 
     features_dir, _, _ = build_paper_features(tmp_path)
     started = []
-    monkeypatch.setattr(training, "fit", lambda model, *args, **kwargs: started.append(
+    monkeypatch.setattr(training.loop, "fit", lambda model, *args, **kwargs: started.append(
         model.item_embeddings.weight.detach().clone()) or {})
     model_cfg = ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32, max_set_size=8)
     for name in ("random", "cooccurrence"):

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from contextual_bert.model import load_checkpoint
-from contextual_bert.ranking import case_ranks
+from contextual_bert.evaluation.ranking import case_ranks
 from contextual_bert.training import fit
 from contextual_bert.devices import autocast
-from contextual_bert.feature_spec import MASK_INDEX
+from contextual_bert.data.feature_spec import MASK_INDEX
 from test_training import DROPOUT, PLANTED_TRAIN, SHORT, new_model, planted
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

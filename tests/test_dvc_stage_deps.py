@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
 # Values for a matrix stage's ${item.*}: the command's code does not depend on them.
 ITEM = {"${item.variant}": VARIANTS[0], "${item.seed}": "0"}
-LOGGED_CODE = re.compile(r'PACKAGE_DIR / "(\w+)\.py"')
+LOGGED_CODE = re.compile(r'PACKAGE_DIR((?: / "\w+")*) / "(\w+)\.py"')
 
 
 def command_args(cmd: str) -> list[str]:
@@ -50,7 +50,7 @@ def cli_functions(name: str) -> list[ast.FunctionDef]:
 def source_modules(functions: list[ast.FunctionDef]) -> set[str]:
     """Sources run by name through the one table (sources.SOURCES, importlib): `SOURCES["hm"]` in a handler
     runs that entry's module, `ingest(cfg)` any of them."""
-    from contextual_bert.sources import SOURCES
+    from contextual_bert.data.sources import SOURCES
 
     found = set()
     for function in functions:
@@ -61,7 +61,7 @@ def source_modules(functions: list[ast.FunctionDef]) -> set[str]:
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in (
                     "ingest", "write_fingerprint"):  # each runs the chosen source's module: any of them
                 found |= {source.module for source in SOURCES.values()}
-    return {module.split(".")[1] for module in found}
+    return set().union(*(import_graph.with_packages(m.removeprefix(import_graph.PACKAGE + ".")) for m in found))
 
 
 def modules_run_by(cmd: str) -> set[str]:
@@ -77,8 +77,16 @@ def modules_run_by(cmd: str) -> set[str]:
     in_handler = set().union(*(import_graph.imported_modules(f) for f in functions)) | source_modules(functions)
     # cli itself, not through direct_imports("cli"): that holds every handler's imports
     run = {"cli"} | import_graph.closure(module_level | in_handler)
-    # a module's file that a run module logs as code (serving.PYFUNC_CODE: `PACKAGE_DIR / "pyfunc_model.py"`)
-    return run | {m for r in sorted(run) for m in LOGGED_CODE.findall((import_graph.SRC / f"{r}.py").read_text())}
+    # a module's file that a run module logs as code (serving.completer.PYFUNC_CODE:
+    # `PACKAGE_DIR / "serving" / "pyfunc_model.py"`)
+    logged = {".".join([*(part.strip(' /"') for part in folders.split(" / ") if part.strip(' /"')), name])
+              for r in sorted(run) for folders, name in LOGGED_CODE.findall(import_graph.module_path(r).read_text())}
+    return run | logged
+
+
+def code_path(module: str) -> str:
+    """A module's file as dvc.yaml names it."""
+    return import_graph.module_path(module).relative_to(REPO).as_posix()
 
 
 def covered(path: str, deps: list[str]) -> bool:
@@ -93,7 +101,7 @@ def dep_paths(stage: dict) -> list[str]:
 def test_stage_deps_list_exactly_the_modules_its_command_runs(name):
     stage = STAGES[name]
     deps = dep_paths(stage)
-    needed = {f"src/contextual_bert/{m}.py" for m in modules_run_by(stage["cmd"])}
+    needed = {code_path(m) for m in modules_run_by(stage["cmd"])}
     missing = sorted(p for p in needed if not covered(p, deps))
     assert not missing, f"dvc.yaml stage '{name}' runs {missing} but does not list them in deps"
     # and no more: a module listed but not run makes DVC re-run the stage for a change it cannot see
@@ -111,7 +119,8 @@ def test_the_derivation_follows_handlers_and_function_local_imports():
     # evaluate's handler imports evaluation and tracking inside the function; evaluation imports
     # feature_store inside functions and model at module level.
     run = modules_run_by("contextual-bert evaluate --variant ${item.variant} --seed ${item.seed}")
-    assert {"cli", "config", "errors", "evaluation", "tracking", "feature_store", "model", "devices"} <= run
-    assert "registry" not in run and "generator" not in run
+    assert {"cli", "config", "errors", "evaluation.evaluate", "registry.tracking", "data.feature_store", "model",
+            "model.encoder", "devices"} <= run
+    assert "registry.models" not in run and "data.generator" not in run
     # ingest dispatches to the generate and import-hm handlers: both are run by it.
-    assert {"generator", "importers", "contract"} <= modules_run_by("contextual-bert ingest")
+    assert {"data.generator", "data.importers", "data.contract"} <= modules_run_by("contextual-bert ingest")

@@ -17,12 +17,12 @@ import pytest
 import torch
 
 from contextual_bert.config import ModelConfig, PlantedConfig, TrainConfig, load_config
-from contextual_bert.evaluation import PopularityModel, outfit_dependence
-from contextual_bert.ranking import case_ranks
-from contextual_bert.feature_spec import N_SPECIAL, PAD_INDEX, ContextSpec, EncodedOutfits
+from contextual_bert.evaluation.evaluate import PopularityModel, outfit_dependence
+from contextual_bert.evaluation.ranking import case_ranks
+from contextual_bert.data.feature_spec import N_SPECIAL, PAD_INDEX, ContextSpec, EncodedOutfits
 from contextual_bert.model import ContextualBert
-from contextual_bert.optimum import build_optimum
-from contextual_bert.planted import generate_planted, load_truth
+from contextual_bert.evaluation.optimum import build_optimum
+from contextual_bert.data.planted import generate_planted, load_truth
 from contextual_bert.training import fit
 
 from helpers import REPO

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from contextual_bert.bootstrap import paired_difference
+from contextual_bert.evaluation.bootstrap import paired_difference
 from contextual_bert.config import EvaluateConfig, ModelConfig
-from contextual_bert.feature_spec import (MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec, EncodedOutfits,
+from contextual_bert.data.feature_spec import (MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec, EncodedOutfits,
                                           FeatureSpec)
-from contextual_bert.evaluation import (
+from contextual_bert.evaluation.evaluate import (
     PopularityModel,
     evaluate_popularity,
     evaluate_run,
@@ -18,7 +18,7 @@ from contextual_bert.evaluation import (
     recall_curve,
 )
 from contextual_bert.model import ContextualBert, count_paper_parameters, save_checkpoint
-from contextual_bert.ranking import case_ranks, donor_outfits, measures_dependence
+from contextual_bert.evaluation.ranking import case_ranks, donor_outfits, measures_dependence
 
 # Articles 3..8 with fixed scores; the special indices get the highest scores and must still never be ranked.
 SCORES = torch.tensor([9.0, 9.0, 9.0, 0.5, 2.0, 1.0, 3.0, 1.0, -1.0])
@@ -110,7 +110,7 @@ def test_popularity_ranks_by_count_ties_by_index_and_smooths_the_probability():
 
 
 def test_evaluation_json_of_a_run_and_of_the_baseline(tmp_path, monkeypatch):
-    import contextual_bert.feature_store as features
+    import contextual_bert.data.feature_store as features
 
     spec = ContextSpec((FeatureSpec("gender", "categorical", "customer", N_SPECIAL + 2, 4),))
     splits = {
@@ -187,7 +187,7 @@ def test_a_run_trained_without_a_checkpoint_points_at_the_validation_split(tmp_p
 
 
 def _attribute_popularity(r: float):
-    from contextual_bert.evaluation import AttributePopularityModel
+    from contextual_bert.evaluation.evaluate import AttributePopularityModel
 
     # articles 3..8 have ids (train counts), 9..10 none; attribute values 3 ("top") and 4 ("shoes")
     values = np.array([0, 0, 0, 3, 3, 3, 4, 4, 4, 3, 4])
@@ -211,7 +211,7 @@ def test_attribute_popularity_is_a_distribution_that_prefers_values_not_in_the_o
 
 
 def test_in_outfit_share_counts_cases_whose_value_another_item_has():
-    from contextual_bert.evaluation import in_outfit_share
+    from contextual_bert.evaluation.evaluate import in_outfit_share
 
     values = np.array([0, 0, 0, 3, 3, 4, 4])
     items = torch.tensor([[3, 4, 5, 0], [3, 5, 0, 0]])  # 3 and 4 share a value: 2 of 5 cases

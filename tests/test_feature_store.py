@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from contextual_bert.errors import ContextualBertError, DataError
-from contextual_bert.feature_spec import MASK_INDEX, MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec
-from contextual_bert.feature_store import (
+from contextual_bert.data.feature_spec import MASK_INDEX, MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec
+from contextual_bert.data.feature_store import (
     SMALL_FRAME_ROWS,
     ArticleVocab,
     ContextIndexer,

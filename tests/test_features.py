@@ -6,11 +6,11 @@ import pandas as pd
 import pytest
 
 from contextual_bert.config import FeaturesConfig
-from contextual_bert.contract import HM_SCHEMA, PAPER_SCHEMA
+from contextual_bert.data.contract import HM_SCHEMA, PAPER_SCHEMA
 from contextual_bert.errors import ContextualBertError, DataError
-from contextual_bert.feature_spec import MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
-from contextual_bert.feature_store import MANIFEST_FILE, load_article_vocab, load_spec, load_split
-from contextual_bert.features import assign_splits, build_features
+from contextual_bert.data.feature_spec import MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
+from contextual_bert.data.feature_store import MANIFEST_FILE, load_article_vocab, load_spec, load_split
+from contextual_bert.data.features import assign_splits, build_features
 from feature_data import PAPER_DIMS, build_paper_features, paper_cfg, paper_tables, write_validated
 
 
@@ -217,7 +217,7 @@ ATTRIBUTES = {"synthetic": {"product_type": "categorical", "color": "categorical
 
 
 def _catalogue_features(root, **overrides):
-    from contextual_bert.contract import DataSchema
+    from contextual_bert.data.contract import DataSchema
 
     articles, customers, outfits = paper_tables()
     articles.loc[3, "product_type"] = None  # a missing value: the article stays, its value is missing
@@ -232,7 +232,7 @@ def _catalogue_features(root, **overrides):
 
 
 def test_the_catalogue_holds_every_article_with_its_attributes(tmp_path):
-    from contextual_bert.feature_store import load_catalogue
+    from contextual_bert.data.feature_store import load_catalogue
 
     manifest, articles, outfits = _catalogue_features(tmp_path)
     features_dir = tmp_path / "features"

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from contextual_bert.config import FitbConfig
-from contextual_bert.feature_spec import MISSING_INDEX, N_SPECIAL, PAD_INDEX, EncodedOutfits
-from contextual_bert.fitb import Questions, fitb_result, make_questions, write_questions
+from contextual_bert.data.feature_spec import MISSING_INDEX, N_SPECIAL, PAD_INDEX, EncodedOutfits
+from contextual_bert.evaluation.fitb import Questions, fitb_result, make_questions, write_questions
 
 N_ARTICLES = 200  # catalogue rows, specials included
 N_TYPES = 6
@@ -157,7 +157,7 @@ def test_a_candidate_outside_an_ids_only_models_vocabulary_scores_as_unknown():
 def test_table1_has_fitb_easy_and_hard_for_every_row_popularity_included(tmp_path):
     import json
 
-    from contextual_bert.report import build_report
+    from contextual_bert.evaluation.report import build_report
     from test_report import write_fake_runs
 
     cfg = write_fake_runs(tmp_path, seeds=(0, 1), variants=("none", "global_state"))

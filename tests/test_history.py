@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from contextual_bert.config import HistoryConfig, ModelConfig
-from contextual_bert.contract import DATE_COLUMN, PAPER_SCHEMA
+from contextual_bert.data.contract import DATE_COLUMN, PAPER_SCHEMA
 from contextual_bert.errors import DataError
-from contextual_bert.feature_spec import HISTORY_COLUMN, HISTORY_FEATURE, PAD_INDEX
-from contextual_bert.feature_store import OUTFITS_FILE, ArticleVocab, OutfitEncoder, ContextIndexer, load_spec, \
+from contextual_bert.data.feature_spec import HISTORY_COLUMN, HISTORY_FEATURE, PAD_INDEX
+from contextual_bert.data.feature_store import OUTFITS_FILE, ArticleVocab, OutfitEncoder, ContextIndexer, load_spec, \
     load_split
-from contextual_bert.features import assign_time_splits, build_features
-from contextual_bert.history import earlier_outfits, history_items
-from contextual_bert.model import HistoryAttentionPooling, HistoryPooling, build_model
+from contextual_bert.data.features import assign_time_splits, build_features
+from contextual_bert.data.history import earlier_outfits, history_items
+from contextual_bert.model import HistoryAttentionPooling, HistoryBag, HistoryPooling, HistoryRepeat, build_model
 from feature_data import paper_cfg, paper_tables, write_validated
 
 MAX_ITEMS = 12
@@ -189,9 +189,9 @@ def test_the_repeat_offset_raises_exactly_the_history_articles_and_the_sampled_c
     torch.manual_seed(0)
     cfg = ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32, history_repeat=True, history_bag=False)
     repeating = build_model(cfg, variant, n, spec).eval()
-    assert repeating.load_state_dict(model.state_dict(), strict=False).missing_keys == ["repeat.weight"]
+    assert repeating.load_state_dict(model.state_dict(), strict=False).missing_keys == ["logit_offsets.0.weight"]
     with torch.no_grad():
-        repeating.repeat.weight.copy_(torch.tensor([0.2, -0.03]))
+        repeating.reader(HistoryRepeat).weight.copy_(torch.tensor([0.2, -0.03]))
     items = test.items.clone()
     last = (items != PAD_INDEX).sum(dim=1) - 1
     items[torch.arange(len(items)), last] = 1  # [MASK] the last item
@@ -218,7 +218,7 @@ def test_the_repeat_offset_raises_exactly_the_history_articles_and_the_sampled_c
 def test_the_served_trace_of_a_history_model_equals_the_model_with_and_without_history(dated):
     """Serving traces masked_logits on an example without history: attention pooling and the repeat offset
     still give the model's own logits for requests whose histories differ in length."""
-    from contextual_bert.serving import OutfitCompleterCore
+    from contextual_bert.serving.completer import OutfitCompleterCore
 
     features, (_, _, outfits) = dated
     spec, n = load_spec(features), pq.read_metadata(features / "article_vocab.parquet").num_rows
@@ -226,7 +226,7 @@ def test_the_served_trace_of_a_history_model_equals_the_model_with_and_without_h
     cfg = ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32, history_pooling="attention", history_repeat=True)
     model = build_model(cfg, "global_state", n, spec).eval()
     with torch.no_grad():
-        model.repeat.weight.copy_(torch.tensor([0.3, -0.05]))
+        model.reader(HistoryRepeat).weight.copy_(torch.tensor([0.3, -0.05]))
         for module in model.modules():
             if isinstance(module, HistoryAttentionPooling):
                 torch.nn.init.normal_(module.query, std=3.0)
@@ -253,14 +253,14 @@ def test_the_history_bag_adds_the_gated_mean_of_the_historys_output_vectors_to_t
     torch.manual_seed(0)
     cfg = ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32, history_repeat=False, history_bag=True)
     bagged = build_model(cfg, "global_state", n, spec).eval()
-    assert bagged.load_state_dict(model.state_dict(), strict=False).missing_keys == ["history_gate"]
+    assert bagged.load_state_dict(model.state_dict(), strict=False).missing_keys == ["head_terms.1.gate"]
     items = test.items.clone()
     last = (items != PAD_INDEX).sum(dim=1) - 1
     items[torch.arange(len(items)), last] = 1
     history = test.context[HISTORY_FEATURE]
     with torch.no_grad():
         torch.testing.assert_close(bagged.masked_logits(items, test.context), model.masked_logits(items, test.context))
-        bagged.history_gate.fill_(0.5)
+        bagged.reader(HistoryBag).gate.fill_(0.5)
         gained = bagged.masked_logits(items, test.context) - model.masked_logits(items, test.context)
         seen = (history != PAD_INDEX).unsqueeze(-1).float()
         mean = (model.item_embeddings(history) * seen).sum(1) / seen.sum(1).clamp_min(1) * model.input_scale
@@ -275,13 +275,13 @@ def test_the_defaults_read_the_history_three_ways_and_a_checkpoint_from_before_l
     features, _ = dated
     spec, n = load_spec(features), pq.read_metadata(features / "article_vocab.parquet").num_rows
     default = build_model(ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32), "global_state", n, spec)
-    assert default.repeat is not None and default.history_gate is not None
+    assert default.reader(HistoryRepeat) is not None and default.reader(HistoryBag) is not None
     assert build_model(ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32), "bag_of_items_context", n,
-                       spec).repeat is not None  # the bag of items reads its history through c: no gate
+                       spec).reader(HistoryRepeat) is not None  # the bag of items reads its history through c: no gate
     before, _ = _model_and_split(features, "global_state")
     payload = model_payload(before)
     for key in ("history_repeat", "history_bag"):
         payload["model_config"].pop(key)  # as a checkpoint written before the settings existed
     torch.save({**payload, "meta": {}}, tmp_path / "checkpoint.pt")
     loaded, _ = load_checkpoint(tmp_path / "checkpoint.pt")
-    assert loaded.repeat is None and loaded.history_gate is None
+    assert loaded.reader(HistoryRepeat) is None and loaded.reader(HistoryBag) is None

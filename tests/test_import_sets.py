@@ -16,12 +16,12 @@ import yaml
 
 from contextual_bert.cli import main
 from contextual_bert.config import FeaturesConfig, ImportSetsConfig, ValidateConfig
-from contextual_bert.contract import DATE_COLUMN, DATE_TYPE, IMPORT_QUARANTINE, DataSchema
+from contextual_bert.data.contract import DATE_COLUMN, DATE_TYPE, IMPORT_QUARANTINE, DataSchema
 from contextual_bert.errors import DataError
-from contextual_bert.feature_store import load_split
-from contextual_bert.features import build_features
-from contextual_bert.import_sets import import_sets
-from contextual_bert.validation import validate
+from contextual_bert.data.feature_store import load_split
+from contextual_bert.data.features import build_features
+from contextual_bert.data.import_sets import import_sets
+from contextual_bert.data.validation import validate
 from helpers import TINY_MODEL, dvc_project
 
 

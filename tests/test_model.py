@@ -6,8 +6,9 @@ import torch
 from contextual_bert.cli import main
 from contextual_bert.config import VARIANTS, ModelConfig
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec, FeatureSpec
+from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec, FeatureSpec
 from contextual_bert.model import (
+    AttributeOverlap,
     PAPER_PARAMETERS,
     build_model,
     ContextEmbedding,
@@ -24,7 +25,7 @@ from contextual_bert.model import (
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: a second thread only adds synchronisation
 
 CONTEXT_VARIANTS = [v for v in VARIANTS if v != "none"]
-SMALL = ModelConfig(d_model=16, n_blocks=2, n_heads=4, d_ff=32, dropout=0.1, max_set_size=8)
+SMALL = ModelConfig(d_model=16, n_blocks=2, n_heads=4, d_ff=32, dropout=0.1, max_set_size=8, attribute_overlap=False)
 N_ITEMS = N_SPECIAL + 30
 SPEC = ContextSpec(
     (
@@ -446,7 +447,7 @@ def test_attributes_are_refused_where_they_do_not_belong():
 
 def overlap_model(variant: str, seed: int = 0):
     torch.manual_seed(seed)
-    bert = build_model(SMALL, variant + "_attrs", N_ITEMS, SPEC, ATTRIBUTES, overlap=True)
+    bert = build_model(SMALL.model_copy(update={"attribute_overlap": True}), variant + "_attrs", N_ITEMS, SPEC, ATTRIBUTES)
     bert.set_catalogue(catalogue())
     return bert.eval()
 
@@ -457,7 +458,7 @@ def test_attribute_overlap_starts_at_zero_and_round_trips(variant, tmp_path):
     items, ctx = outfits_with_one_mask(4, size=5, length=8), context(4)
     with torch.no_grad():  # the same draws and, with zero offsets, the same scores as without them
         torch.testing.assert_close(with_overlap.masked_logits(items, ctx), plain.masked_logits(items, ctx))
-        for offset in with_overlap.overlap.offsets:
+        for offset in with_overlap.reader(AttributeOverlap).offsets:
             offset.normal_()
         logits = with_overlap.masked_logits(items, ctx)
     assert not torch.allclose(logits, plain.masked_logits(items, ctx))
@@ -467,7 +468,8 @@ def test_attribute_overlap_starts_at_zero_and_round_trips(variant, tmp_path):
         torch.testing.assert_close(loaded.masked_logits(items, ctx), logits)
     paper = ModelConfig(d_model=128, n_blocks=4, n_heads=8, d_ff=256)
     if variant in VARIANTS:  # the offsets belong to the article side: the paper's count is unchanged
-        counted = build_model(paper, variant + "_attrs", N_SPECIAL + 50, paper_spec(), ATTRIBUTES, overlap=True)
+        counted = build_model(paper, variant + "_attrs", N_SPECIAL + 50, paper_spec(), ATTRIBUTES)
+        assert counted.reader(AttributeOverlap) is not None
         assert count_paper_parameters(counted) == PAPER_PARAMETERS[variant]
 
 
@@ -475,9 +477,9 @@ def test_attribute_overlap_offsets_a_candidate_by_the_values_the_rest_of_the_out
     bert = overlap_model("none")
     tables = catalogue()
     bert.set_catalogue(tables)
-    scale = bert.overlap.SCALE
+    scale = AttributeOverlap.SCALE
     with torch.no_grad():
-        product_type, colours, _ = (offset.detach() for offset in bert.overlap.offsets)
+        product_type, colours, _ = (offset.detach() for offset in bert.reader(AttributeOverlap).offsets)
         product_type.copy_(torch.arange(len(product_type), dtype=torch.float) / 10)
         colours.copy_(-torch.arange(len(colours), dtype=torch.float) / 100)
     a, b = N_SPECIAL, N_SPECIAL + 1
@@ -516,7 +518,7 @@ def test_training_loss_with_attribute_overlap_trains_the_offsets():
     targets[predict] = N_SPECIAL + 7
     loss = masked_item_loss(bert, items, {}, predict, targets)
     loss.backward()
-    assert torch.isfinite(loss) and bert.overlap.offsets[0].grad.abs().sum() > 0
+    assert torch.isfinite(loss) and bert.reader(AttributeOverlap).offsets[0].grad.abs().sum() > 0
 
 
 # --- id dropout (train.id_dropout) -----------------------------------------------------------------------

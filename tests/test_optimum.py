@@ -12,8 +12,8 @@ import yaml
 
 from contextual_bert.cli import main
 from contextual_bert.config import EvaluateConfig
-from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
-from contextual_bert.optimum import (
+from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
+from contextual_bert.evaluation.optimum import (
     HISTORY_RESULT,
     OUTFIT_ROW,
     RESULTS,
@@ -24,7 +24,7 @@ from contextual_bert.optimum import (
     history_optimum_data,
     optimum_from_features,
 )
-from contextual_bert.planted import PlantedTruth
+from contextual_bert.data.planted import PlantedTruth
 
 # The hand-computed case: 3 types (a0 a1 | a2 a3 | a4 a5), 2 tastes, 2 customers.
 W = np.array([[1, 3], [3, 1], [2, 1], [2, 3], [1, 4], [1, 1]], dtype=float)  # w[a, z]
@@ -138,7 +138,7 @@ def test_the_optimum_stage_beats_popularity_and_context_helps(planted_project):
 
 
 def test_the_optimum_sums_to_one_over_the_vocabulary(planted_project):
-    from contextual_bert.feature_store import load_split
+    from contextual_bert.data.feature_store import load_split
 
     root, _ = planted_project
     test = load_split(root / "data/features", "test", 8)
@@ -192,10 +192,10 @@ def test_without_history_the_optimum_with_history_is_the_one_with_context(histor
     import pandas as pd
     import pyarrow.parquet as pq
 
-    from contextual_bert.contract import DATE_COLUMN
-    from contextual_bert.feature_store import load_split
-    from contextual_bert.history import earlier_outfits
-    from contextual_bert.planted import load_truth
+    from contextual_bert.data.contract import DATE_COLUMN
+    from contextual_bert.data.feature_store import load_split
+    from contextual_bert.data.history import earlier_outfits
+    from contextual_bert.data.planted import load_truth
 
     raw, features = history_project / "data/raw", history_project / "data/features"
     model, rows, _ = history_optimum_data(raw, features)

@@ -24,12 +24,12 @@ def test_function_local_imports_count(tmp_path):
 
 def benchmark_imports() -> list[tuple[str, str, str]]:
     """(script, module, name) for every `from contextual_bert.<module> import <name>` in benchmarks/*.py and
-    studies/*.py."""
+    studies/**/*.py."""
     import ast
 
     found = []
     repo = import_graph.SRC.parents[1]
-    for script in sorted([*(repo / "benchmarks").glob("*.py"), *(repo / "studies").glob("*.py")]):
+    for script in sorted([*(repo / "benchmarks").glob("*.py"), *(repo / "studies").rglob("*.py")]):
         for node in ast.walk(ast.parse(script.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(import_graph.PACKAGE + "."):
                 found += [(f"{script.parent.name}/{script.name}", node.module, alias.name) for alias in node.names]

@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from contextual_bert.config import PlantedConfig
-from contextual_bert.contract import DATE_COLUMN, TABLES, DataSchema
+from contextual_bert.data.contract import DATE_COLUMN, TABLES, DataSchema
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.planted import (
+from contextual_bert.data.planted import (
     CONTEXT_COLUMNS,
     TRUTH_JSON,
     _catalogue,

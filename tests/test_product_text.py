@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from contextual_bert.config import FeaturesConfig
-from contextual_bert.feature_spec import MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec
-from contextual_bert.feature_store import ContextIndexer, text_words
-from contextual_bert.features import _fit_feature
+from contextual_bert.data.feature_spec import MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec
+from contextual_bert.data.feature_store import ContextIndexer, text_words
+from contextual_bert.data.features import _fit_feature
 from contextual_bert.model import ArticleAttributes, TextEmbedding
 
 
@@ -75,14 +75,15 @@ def test_an_articles_text_vector_is_the_mean_of_its_words_embeddings():
 
 def test_the_outfit_offsets_leave_text_attributes_out():
     from contextual_bert.config import ModelConfig
-    from contextual_bert.feature_spec import FeatureSpec
-    from contextual_bert.model import build_model
+    from contextual_bert.data.feature_spec import FeatureSpec
+    from contextual_bert.model import AttributeOverlap, build_model
 
     text, _ = fitted(["black jeans", "black dress"], min_text_count=1)
     spec = ContextSpec((FeatureSpec("product_type", "categorical", "article", N_SPECIAL + 2, 8), text))
     model = build_model(ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=16), "none_attrs", 10, ContextSpec(()),
-                        spec, overlap=True)
-    assert [f.name for f in model.overlap.spec.features] == ["product_type"] and len(model.overlap.offsets) == 1
+                        spec)
+    overlap = model.reader(AttributeOverlap)
+    assert [f.name for f in overlap.spec.features] == ["product_type"] and len(overlap.offsets) == 1
     only_text = build_model(ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=16), "none_attrs", 10,
-                            ContextSpec(()), ContextSpec((text,)), overlap=True)
-    assert only_text.overlap is None
+                            ContextSpec(()), ContextSpec((text,)))
+    assert only_text.reader(AttributeOverlap) is None

@@ -16,9 +16,9 @@ import yaml
 
 from contextual_bert.cli import main
 from contextual_bert.config import ImportSetsConfig, load_config
-from contextual_bert.contract import IMPORT_QUARANTINE
+from contextual_bert.data.contract import IMPORT_QUARANTINE
 from contextual_bert.errors import DataError
-from contextual_bert.import_sets import article_name, import_sets
+from contextual_bert.data.import_sets import article_name, import_sets
 from helpers import TINY_MODEL
 
 RETAILER = Path(__file__).parent / "fixtures" / "retailer"
@@ -158,7 +158,7 @@ def test_attribute_models_train_and_rank_unseen_targets_on_the_retailers_outfits
     assert spec["description"]["kind"] == "text" and spec["description"]["cardinality"] > 10
     assert manifest["catalogue"]["articles"] == 205  # every product and the item without a product row
     assert manifest["catalogue"]["missing"]["product_type"] == 1  # that item
-    from contextual_bert.evaluation import evaluate_run
+    from contextual_bert.evaluation.evaluate import evaluate_run
     from contextual_bert.training import train
 
     run_dir = cfg.run_dir("none_attrs", 0)

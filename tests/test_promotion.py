@@ -9,8 +9,8 @@ import torch
 from helpers import STRONG, WEAK, with_registry_settings as _with
 from contextual_bert.cli import main
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.feature_store import load_split
-from contextual_bert.promotion import (
+from contextual_bert.data.feature_store import load_split
+from contextual_bert.registry.promotion import (
     CHAMPION,
     PREVIOUS,
     aligned_hits,
@@ -19,8 +19,8 @@ from contextual_bert.promotion import (
     recall_k,
     validation_cases,
 )
-from contextual_bert.registry import register_all
-from contextual_bert.tracking import client
+from contextual_bert.registry.models import register_all
+from contextual_bert.registry.tracking import client
 
 
 def _alias(mlflow_client, name, alias):
@@ -145,7 +145,7 @@ def test_promote_without_registered_versions_is_a_clear_error(tiny_project):
 
 def test_validation_cases_reencoded_from_validated_data_equal_the_stored_ones(tiny_trained_runs):
     """The path for a champion trained on other features reads the same cases the same way."""
-    from contextual_bert.serving import OutfitCompleterCore
+    from contextual_bert.serving.completer import OutfitCompleterCore
 
     cfg = tiny_trained_runs.cfg
     core = OutfitCompleterCore.load(cfg.paths.models_dir / "global_state-s0" / "checkpoint.pt",

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from helpers import STRONG, WEAK, with_registry_settings as _with
-from contextual_bert.registry import register_all
-from contextual_bert.tracking import client, directory_sha256, read_run_file
+from contextual_bert.registry.models import register_all
+from contextual_bert.registry.tracking import client, directory_sha256, read_run_file
 
 
 # --- register --------------------------------------------------------------------------------------------
@@ -92,7 +92,7 @@ def test_a_run_trained_on_other_features_is_not_registered(tiny_trained_runs, tm
     """Its pyfunc would bundle today's vocabularies with weights fit to others."""
     import shutil
 
-    from contextual_bert.tracking import experiment_id, write_run_file
+    from contextual_bert.registry.tracking import experiment_id, write_run_file
 
     cfg = tiny_trained_runs.cfg
     models = tmp_path / "models"

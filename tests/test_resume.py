@@ -27,7 +27,7 @@ TIMINGS = ("seconds", "samples_per_s")
 
 def planted_data():
     """Outfits whose style article only the context tells (a learnable signal; test_training's planted data)."""
-    from contextual_bert.feature_spec import N_SPECIAL, PAD_INDEX, ContextSpec, EncodedOutfits, FeatureSpec
+    from contextual_bert.data.feature_spec import N_SPECIAL, PAD_INDEX, ContextSpec, EncodedOutfits, FeatureSpec
 
     spec = ContextSpec((FeatureSpec("style", "categorical", "customer", N_SPECIAL + 8, 8),
                         FeatureSpec("brands", "multi_categorical", "customer", N_SPECIAL + 6, 4, max_values=3)))
@@ -67,8 +67,8 @@ def child(out: Path, kill: str, checkpoint_every_s: float) -> None:
             return function(*args, **kwargs)
         return wrapped
 
-    training.train_step = die_at("step", training.train_step)
-    training.validation_cross_entropy = die_at("validation", training.validation_cross_entropy)
+    training.loop.train_step = die_at("step", training.loop.train_step)
+    training.loop.validation_cross_entropy = die_at("validation", training.loop.validation_cross_entropy)
     on_epoch_end = None
     if what == "epoch_end":
         def on_epoch_end(epoch, row):

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from contextual_bert.config import Config, TrainConfig
-from contextual_bert.feature_spec import N_SPECIAL, ContextSpec, FeatureSpec
-from contextual_bert.model import build_model
+from contextual_bert.data.feature_spec import N_SPECIAL, ContextSpec, FeatureSpec
+from contextual_bert.model import AttributeOverlap, build_model
 from contextual_bert.training import (LinearCrossEntropy, NegativeSampler, fit, mask_items, masked_item_loss,
                                      sampled_cross_entropy)
 from test_training import DROPOUT, PLANTED_TRAIN, N_ITEMS, SPEC, TINY, new_model, planted
@@ -22,13 +22,13 @@ ATTRIBUTES = ContextSpec((FeatureSpec("product_type", "categorical", "article", 
 
 def attribute_model(variant: str):
     torch.manual_seed(0)
-    model = build_model(TINY, variant, N_ITEMS, SPEC, ATTRIBUTES, overlap=True)
+    model = build_model(TINY.model_copy(update={"attribute_overlap": True}), variant, N_ITEMS, SPEC, ATTRIBUTES)
     n = N_ITEMS + 6  # six articles without an id
     g = torch.Generator().manual_seed(1)
     model.set_catalogue({"product_type": torch.randint(1, N_SPECIAL + 5, (n,), generator=g),
                          "colour": torch.randint(0, N_SPECIAL + 4, (n, 2), generator=g)})
     with torch.no_grad():  # offsets away from their zero start, so that they count
-        for offset in model.overlap.offsets:
+        for offset in model.reader(AttributeOverlap).offsets:
             offset.normal_(0, 0.1, generator=g)
     return model
 
@@ -237,7 +237,7 @@ def test_a_sampled_step_builds_attribute_vectors_and_offsets_for_the_candidates_
 
         def spy(self, *args, _original=original, _name=cls.__name__, **kwargs):
             articles = kwargs.get("articles", args[1] if _name == "ArticleAttributes" and len(args) > 1 else
-                                  args[3] if _name == "AttributeOverlap" and len(args) > 3 else None)
+                                  args[4] if _name == "AttributeOverlap" and len(args) > 4 else None)
             calls.append((_name, None if articles is None else articles.numel()))
             return _original(self, *args, **kwargs)
 

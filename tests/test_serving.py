@@ -15,9 +15,9 @@ from mlflow.exceptions import MlflowException
 
 from helpers import STRONG, free_port, stop_process_group, wait_for_http
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.feature_spec import N_SPECIAL
-from contextual_bert.feature_store import load_spec
-from contextual_bert.serving import (
+from contextual_bert.data.feature_spec import N_SPECIAL
+from contextual_bert.data.feature_store import load_spec
+from contextual_bert.serving.completer import (
     MAX_TOP_K,
     OUTPUT_COLUMNS,
     OutfitCompleterCore,
@@ -25,7 +25,7 @@ from contextual_bert.serving import (
     log_pyfunc_model,
     signature,
 )
-from contextual_bert.tracking import client, experiment_id
+from contextual_bert.registry.tracking import client, experiment_id
 
 
 @pytest.fixture(scope="session")
@@ -82,7 +82,7 @@ def test_the_traced_forward_pass_equals_the_models_at_any_batch_and_width(tiny_p
     sizes and outfit widths, gives exactly the model's own logits."""
     import torch
 
-    from contextual_bert.feature_store import OutfitEncoder, load_article_vocab
+    from contextual_bert.data.feature_store import OutfitEncoder, load_article_vocab
     from contextual_bert.model import build_model
 
     cfg = tiny_project.cfg
@@ -180,7 +180,7 @@ def test_no_request_row_needs_a_column_but_article_ids(core):
 def test_requests_run_on_the_serving_threads_and_give_the_callers_back(monkeypatch):
     import torch
 
-    from contextual_bert.serving import PARALLEL_ROWS, cpu_threads, serving_threads
+    from contextual_bert.serving.completer import PARALLEL_ROWS, cpu_threads, serving_threads
 
     monkeypatch.delenv("CONTEXTUAL_BERT_SERVING_THREADS", raising=False)
     assert serving_threads(1) == 1 and serving_threads(PARALLEL_ROWS - 1) == 1  # small requests: one thread
@@ -274,8 +274,8 @@ def _post(url: str, payload) -> tuple[int, dict]:
 
 @pytest.mark.slow
 def test_mlflow_models_serve_answers_the_champion(tiny_trained_runs, requests, tmp_path):
-    from contextual_bert.promotion import promote
-    from contextual_bert.registry import register_all
+    from contextual_bert.registry.promotion import promote
+    from contextual_bert.registry.models import register_all
 
     cfg = tiny_trained_runs.cfg
     cfg = cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"model_name": "serving-champion"}),
@@ -330,10 +330,10 @@ def attribute_model(tmp_path_factory):
     import torch
 
     from contextual_bert.config import ModelConfig
-    from contextual_bert.contract import PAPER_SCHEMA, DataSchema
-    from contextual_bert.feature_store import load_article_vocab, load_catalogue
-    from contextual_bert.features import build_features
-    from contextual_bert.model import build_model, save_checkpoint
+    from contextual_bert.data.contract import PAPER_SCHEMA, DataSchema
+    from contextual_bert.data.feature_store import load_article_vocab, load_catalogue
+    from contextual_bert.data.features import build_features
+    from contextual_bert.model import AttributeOverlap, build_model, save_checkpoint
     from feature_data import paper_cfg, paper_tables, write_validated
 
     root = tmp_path_factory.mktemp("attributes")
@@ -346,11 +346,10 @@ def attribute_model(tmp_path_factory):
     catalogue = load_catalogue(root / "features")
     torch.manual_seed(0)
     model = build_model(ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=16), "none_attrs",
-                        len(load_article_vocab(root / "features")), load_spec(root / "features"), catalogue.spec,
-                        overlap=True)
+                        len(load_article_vocab(root / "features")), load_spec(root / "features"), catalogue.spec)
     model.set_catalogue(catalogue.tensors())
     with torch.no_grad():
-        for offset in model.overlap.offsets:
+        for offset in model.reader(AttributeOverlap).offsets:
             offset.normal_()
     save_checkpoint(root / "checkpoint.pt", model, {})
     return root / "checkpoint.pt", root / "features", articles

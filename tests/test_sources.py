@@ -11,8 +11,8 @@ import yaml
 
 from contextual_bert.config import Config
 from contextual_bert.errors import DataError
-from contextual_bert.importers import TRANSACTIONS
-from contextual_bert.sources import SOURCES, fingerprint, hash_cache_path, write_fingerprint
+from contextual_bert.data.importers import TRANSACTIONS
+from contextual_bert.data.sources import SOURCES, fingerprint, hash_cache_path, write_fingerprint
 from helpers import dvc_project, hm_fixture
 
 

@@ -10,7 +10,7 @@ import yaml
 
 from helpers import STRONG, WEAK, free_port, stop_process_group, wait_for_http
 from contextual_bert.config import Config, MlflowConfig
-from contextual_bert.tracking import (
+from contextual_bert.registry.tracking import (
     RUN_FILE,
     artifact_location,
     client,

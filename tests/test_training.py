@@ -8,10 +8,10 @@ import torch.nn.functional as F
 
 import contextual_bert.training as training
 from contextual_bert.config import ModelConfig, TrainConfig
-from contextual_bert.evaluation import PopularityModel, metrics_from_ranks
-from contextual_bert.ranking import case_ranks
-from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec, EncodedOutfits, FeatureSpec
-from contextual_bert.model import ContextualBert, load_checkpoint
+from contextual_bert.evaluation.evaluate import PopularityModel, metrics_from_ranks
+from contextual_bert.evaluation.ranking import case_ranks
+from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec, EncodedOutfits, FeatureSpec
+from contextual_bert.model import AttributeOverlap, ContextualBert, load_checkpoint
 from contextual_bert.training import LinearCrossEntropy, fit, length_batches, mask_items
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: a second thread only adds synchronisation
@@ -120,13 +120,13 @@ def test_the_cpu_loss_of_an_attribute_model_equals_the_plain_one_with_gradients(
 
     attributes = ContextSpec((FeatureSpec("product_type", "categorical", "article", N_SPECIAL + 5, 8),))
     torch.manual_seed(0)
-    model = build_model(TINY, "none_attrs", N_ITEMS, SPEC, attributes, overlap=overlap)
+    model = build_model(TINY.model_copy(update={"attribute_overlap": overlap}), "none_attrs", N_ITEMS, SPEC, attributes)
     n = N_ITEMS + 6  # six articles without an id: targets too
     model.set_catalogue({"product_type": torch.cat([torch.zeros(N_SPECIAL, dtype=torch.long),
                                                     torch.randint(1, N_SPECIAL + 5, (n - N_SPECIAL,))])})
     if overlap:
         with torch.no_grad():  # offsets away from their zero start, so that they count
-            for offset in model.overlap.offsets:
+            for offset in model.reader(AttributeOverlap).offsets:
                 offset.normal_(0, 0.5)
     data = planted(32, 0)
     data.items[:4, 4] = N_ITEMS + torch.arange(4)
@@ -146,7 +146,7 @@ def test_the_cpu_loss_of_an_attribute_model_equals_the_plain_one_with_gradients(
         grads.append({k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None})
     torch.testing.assert_close(losses[0], losses[1])
     assert grads[0].keys() == grads[1].keys() and any("attributes" in k for k in grads[0])
-    assert overlap == any("overlap" in k for k in grads[0])
+    assert overlap == any("logit_offsets" in k for k in grads[0])
     for k in grads[0]:
         torch.testing.assert_close(grads[0][k], grads[1][k], rtol=1e-4, atol=1e-6)
 
@@ -245,7 +245,7 @@ def test_more_patience_resumes_a_run_that_stopped_early(tmp_path, monkeypatch):
     """Patience only decides when a run stops: a run stopped by a smaller patience goes on under a larger one
     and ends exactly where a run with the larger patience from the start ends."""
     calls = itertools.count()
-    monkeypatch.setattr(training, "validation_cross_entropy", lambda *a, **k: float(next(calls)))  # always worse
+    monkeypatch.setattr(training.loop, "validation_cross_entropy", lambda *a, **k: float(next(calls)))  # always worse
     train, val = planted(120, 0), planted(30, 1)
     cfg = SHORT.model_copy(update={"max_epochs": 4})
     stopped = fit(new_model("none"), train, val, cfg.model_copy(update={"patience": 1}), tmp_path / "run", seed=0)
@@ -285,7 +285,7 @@ def test_a_finished_run_of_other_code_is_trained_again(tmp_path, monkeypatch):
     """DVC re-runs a training when code it runs changed: last.pt of the old code must not pass for it."""
     train, val = planted(200, 0), planted(40, 1)
     fit(new_model("new_position"), train, val, SHORT, tmp_path, seed=0)
-    monkeypatch.setattr(training, "code_digest", lambda: "other code")
+    monkeypatch.setattr(training.resume, "code_digest", lambda: "other code")
     calls = []
     fit(new_model("new_position"), train, val, SHORT, tmp_path, seed=0, on_epoch_end=lambda e, r: calls.append(e))
     assert calls == [1, 2, 3]
@@ -373,7 +373,7 @@ def test_the_bag_warmup_falls_from_one_to_zero_for_the_encoders_only(tmp_path):
 
 
 def test_the_stuck_check_starts_the_warmup_only_for_an_encoder_that_does_not_read_the_outfit(tmp_path, monkeypatch):
-    import contextual_bert.ranking as ranking
+    import contextual_bert.evaluation.ranking as ranking
 
     train, val = planted(300, 0), planted(60, 1)  # 10 steps an epoch: checked at the end of epoch 2
     checked = SHORT.model_copy(update={"max_epochs": 5, "patience": 9, "bag_warmup_epochs": 2,
@@ -415,7 +415,12 @@ def test_the_warmup_loss_at_weight_one_is_the_bag_paths_and_at_zero_the_papers()
     with_path.load_state_dict(paper.state_dict())
     data = planted(64, 3)
     inputs, predict = mask_items(data.items, N_ITEMS, SHORT, torch.Generator().manual_seed(0))
-    losses = {name: training.masked_item_loss(model, inputs, data.context, predict, data.items, bag_weight=weight)
+
+    def loss(model, weight):
+        training.set_bag_weight(model, weight)  # the warm-up is a training mode: the model reads it in training
+        return training.masked_item_loss(model, inputs, data.context, predict, data.items)
+
+    losses = {name: loss(model, weight)
               for name, model, weight in (("paper", paper, 0.0), ("warm", paper, 1.0), ("path", with_path, 0.0),
                                           ("half", paper, 0.5))}  # fmt: skip
     torch.testing.assert_close(losses["warm"], losses["path"])
@@ -426,7 +431,7 @@ def test_early_stopping_keeps_the_best_epoch(tmp_path, monkeypatch):
     curve = iter([3.0, 2.5, 2.6, 2.7, 2.4, 2.3])
     calls = itertools.count()
     # Each epoch measures the validation split, then the training sample: the first follows the curve.
-    monkeypatch.setattr(training, "validation_cross_entropy",
+    monkeypatch.setattr(training.loop, "validation_cross_entropy",
                         lambda *args: next(curve) if next(calls) % 2 == 0 else 9.0)  # fmt: skip
     train, val = planted(100, 0), planted(20, 1)
     cfg = SHORT.model_copy(update={"max_epochs": 6, "patience": 2})
@@ -494,7 +499,7 @@ def test_a_non_finite_validation_loss_is_an_error_never_a_result(tmp_path, monke
     """The issue's case: every validation target unknown gave best_val_cross_entropy Infinity and exit 0."""
     from contextual_bert.errors import ContextualBertError
 
-    monkeypatch.setattr(training, "validation_cross_entropy", lambda *args: loss)
+    monkeypatch.setattr(training.loop, "validation_cross_entropy", lambda *args: loss)
     train, val = planted(100, 0), planted(20, 1)
     with pytest.raises(ContextualBertError, match=rf"validation cross-entropy is {loss} at epoch 1.*min_known_targets"):
         fit(new_model("none"), train, val, SHORT, tmp_path, seed=0)
@@ -504,7 +509,7 @@ def test_a_non_finite_validation_loss_is_an_error_never_a_result(tmp_path, monke
 def test_a_later_non_finite_epoch_keeps_the_finite_best(tmp_path, monkeypatch):
     curve, calls = iter([3.0, float("nan"), float("nan")]), itertools.count()
     # Each epoch measures the validation split, then the training sample: the first follows the curve.
-    monkeypatch.setattr(training, "validation_cross_entropy",
+    monkeypatch.setattr(training.loop, "validation_cross_entropy",
                         lambda *args: next(curve) if next(calls) % 2 == 0 else 9.0)  # fmt: skip
     train, val = planted(100, 0), planted(20, 1)
     metrics = fit(new_model("none"), train, val, SHORT.model_copy(update={"patience": 2}), tmp_path, seed=0)

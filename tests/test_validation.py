@@ -17,11 +17,11 @@ import yaml
 
 from contextual_bert.cli import main
 from contextual_bert.config import GeneratorSize, ImportHMConfig, ValidateConfig
-from contextual_bert.contract import DATE_COLUMN, DATE_TYPE, TABLES
+from contextual_bert.data.contract import DATE_COLUMN, DATE_TYPE, TABLES
 from contextual_bert.errors import ContextualBertError, DataError
-from contextual_bert.generator import generate
-from contextual_bert.importers import import_hm
-from contextual_bert.validation import FAILED_COLUMN, validate
+from contextual_bert.data.generator import generate
+from contextual_bert.data.importers import import_hm
+from contextual_bert.data.validation import FAILED_COLUMN, validate
 from helpers import hm_fixture
 
 SMALL = GeneratorSize(n_outfits=400, n_articles=200, n_customers=60)

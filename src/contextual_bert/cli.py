@@ -28,20 +28,20 @@ def _without_curve(report: dict) -> dict:
 
 
 def _cmd_ingest(cfg: Config, args) -> None:
-    from contextual_bert.sources import ingest
+    from contextual_bert.data.sources import ingest
 
     source = getattr(args, "source", None)
     _print_json(ingest(cfg, Path(source) if source else None, name=args.source_name))
 
 
 def _cmd_source(cfg: Config, args) -> None:
-    from contextual_bert.sources import write_fingerprint
+    from contextual_bert.data.sources import write_fingerprint
 
     _print_json(write_fingerprint(cfg))
 
 
 def _cmd_validate(cfg: Config, args) -> None:
-    from contextual_bert.validation import validate
+    from contextual_bert.data.validation import validate
 
     _print_json(
         validate(
@@ -57,7 +57,7 @@ def _cmd_validate(cfg: Config, args) -> None:
 
 
 def _cmd_features(cfg: Config, args) -> None:
-    from contextual_bert.features import build_features
+    from contextual_bert.data.features import build_features
 
     manifest = build_features(
         cfg.paths.validated_dir, cfg.paths.features_dir, cfg.features, max_set_size=cfg.model.max_set_size
@@ -69,7 +69,7 @@ def _cmd_train(cfg: Config, args) -> None:
     from contextual_bert import cpu_kernels
 
     cpu_kernels.pin(cfg.train_for(args.variant).cpu_kernels)  # before torch is imported: the libraries read it once
-    from contextual_bert.tracking import track_training
+    from contextual_bert.registry.tracking import track_training
     from contextual_bert.training import train
 
     # Every training is an MLflow run (tracking.py): per-epoch metrics as it goes, the rest at the end.
@@ -92,8 +92,8 @@ def _cmd_train(cfg: Config, args) -> None:
 
 
 def _cmd_evaluate(cfg: Config, args) -> None:
-    from contextual_bert.evaluation import evaluate_run
-    from contextual_bert.tracking import log_evaluation
+    from contextual_bert.evaluation.evaluate import evaluate_run
+    from contextual_bert.registry.tracking import log_evaluation
 
     report = evaluate_run(
         features_dir=cfg.paths.features_dir,
@@ -107,7 +107,7 @@ def _cmd_evaluate(cfg: Config, args) -> None:
 
 
 def _cmd_baseline(cfg: Config, args) -> None:
-    from contextual_bert.evaluation import (evaluate_attribute_popularity, evaluate_history_popularity,
+    from contextual_bert.evaluation.evaluate import (evaluate_attribute_popularity, evaluate_history_popularity,
                                             evaluate_popularity)
 
     report = evaluate_popularity(
@@ -126,7 +126,7 @@ def _cmd_baseline(cfg: Config, args) -> None:
                                           cfg.model.max_set_size)
     _print_json(_without_curve(history))
     if cfg.evaluate.fitb.enabled:  # the FITB questions every evaluation answers, for any other model to answer
-        from contextual_bert.fitb import split_questions, write_questions
+        from contextual_bert.evaluation.fitb import split_questions, write_questions
 
         questions, outfit_ids, article_ids = split_questions(cfg.paths.features_dir, cfg.model.max_set_size,
                                                              cfg.evaluate.fitb)
@@ -134,7 +134,7 @@ def _cmd_baseline(cfg: Config, args) -> None:
 
 
 def _cmd_optimum(cfg: Config, args) -> None:
-    from contextual_bert.optimum import HISTORY_RESULT, RESULTS, evaluate_history_optimum, evaluate_optimum
+    from contextual_bert.evaluation.optimum import HISTORY_RESULT, RESULTS, evaluate_history_optimum, evaluate_optimum
 
     results = evaluate_optimum(
         raw_dir=cfg.paths.raw_dir,
@@ -151,19 +151,19 @@ def _cmd_optimum(cfg: Config, args) -> None:
 
 
 def _cmd_report(cfg: Config, args) -> None:
-    from contextual_bert.report import build_report
+    from contextual_bert.evaluation.report import build_report
 
     _print_json(build_report(cfg))
 
 
 def _cmd_register(cfg: Config, args) -> None:
-    from contextual_bert.registry import register_all
+    from contextual_bert.registry.models import register_all
 
     _print_json(register_all(cfg))
 
 
 def _cmd_promote(cfg: Config, args) -> None:
-    from contextual_bert.promotion import promote, rollback
+    from contextual_bert.registry.promotion import promote, rollback
 
     _print_json(rollback(cfg) if args.rollback else promote(cfg))
 
@@ -171,7 +171,7 @@ def _cmd_promote(cfg: Config, args) -> None:
 def _cmd_describe_model(cfg: Config, args) -> None:
     from contextual_bert.model import describe_variants
 
-    from contextual_bert.feature_store import SPEC_FILE, load_spec
+    from contextual_bert.data.feature_store import SPEC_FILE, load_spec
 
     # The width of c: the features stage's spec when there is one (default_dim included); before the
     # features stage has run, the sum of params' embedding_dims; the paper's when there are none.

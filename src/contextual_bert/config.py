@@ -39,13 +39,13 @@ BASELINE_MODELS = ("bag_of_items", "bag_of_items_context")  # learned baselines,
 # (features.article_attributes) beside the article ids. Named models of their own, so DVC matrix keys, run
 # directories, reports and MLflow runs never mix them with the paper's rows.
 ATTRIBUTES_SUFFIX = "_attrs"
-ATTRIBUTE_SETTINGS = ("id_dropout", "attribute_overlap")  # train settings only the "_attrs" models read
+ATTRIBUTE_SETTINGS = ("id_dropout", "attribute_overlap")  # settings only the "_attrs" models read: set per model
 ENCODER_SETTINGS = ("bag_warmup_epochs", "bag_warmup_check_steps")  # train settings only the paper's encoders read
 InitEmbeddings = Literal["random", "cooccurrence"]  # how the article-id embeddings start (cooccurrence.py)
 # an "_attrs" model's id dropout: a rate, or "auto", the validation articles' share without an id (training.id_dropout_rate)
 IdDropout = Annotated[float, Field(ge=0, lt=1)] | Literal["auto"]
 # train settings added after runs were recorded, at the value those runs had: a run at it keeps its old key
-LATER_SETTINGS = {"init_embeddings": "random", "attribute_overlap": False, "softmax": "full", "negatives": 1024,
+LATER_SETTINGS = {"init_embeddings": "random", "softmax": "full", "negatives": 1024,
                   "history_dropout": 0.0, "bag_warmup_epochs": 0, "bag_warmup_check_steps": None}
 Softmax = Literal["full", "sampled"]  # the training loss's output layer (training.NegativeSampler)
 ATTRIBUTE_MODELS = tuple(m + ATTRIBUTES_SUFFIX for m in VARIANTS + BASELINE_MODELS)
@@ -84,7 +84,7 @@ class GeneratorSize(Section):
 
 
 class IngestConfig(Section):
-    source: str = "synthetic"  # a name in contextual_bert.sources.SOURCES (checked there: sources.chosen)
+    source: str = "synthetic"  # a name in contextual_bert.data.sources.SOURCES (checked there: sources.chosen)
     # The smallest outfit generated, imported or valid (the largest: model.max_set_size). Here, not under
     # `model`: only ingest and validate read it, and the trainings (which list `model`) need not re-run.
     min_set_size: int = Field(4, ge=1)
@@ -238,6 +238,10 @@ class ModelConfig(Section):
     history_pooling: Literal["mean", "attention"] = "mean"
     history_repeat: bool = True
     history_bag: bool = True
+    # "_attrs" models only, set per model (variants.<model>_attrs.attribute_overlap): a learned logit offset per
+    # attribute value for a candidate whose value another article of the outfit already has
+    # (model.readers.AttributeOverlap)
+    attribute_overlap: bool = True
 
     @field_validator("bag_path", mode="before")
     @classmethod
@@ -273,10 +277,6 @@ class TrainConfig(Section):
     # "auto": the share of the validation outfits' articles that have no id (unseen in training), at least
     # training.ID_DROPOUT_FLOOR, so training meets [UNK] as often as evaluation does (docs/encoder_recipe.md).
     id_dropout: IdDropout = 0.0
-    # "_attrs" models only (off per model: variants.<model>_attrs.attribute_overlap: false): a learned logit
-    # offset per attribute value for a candidate whose value another article of the outfit already has
-    # (model.AttributeOverlap). On by default, by measurement (reports/experiments/article_features/).
-    attribute_overlap: bool = True
     # How the article-id embeddings start: random, or the training outfits' co-occurrence (cooccurrence.py;
     # for sparse data, where the encoder otherwise stays at popularity: docs/training.md).
     init_embeddings: InitEmbeddings = "random"
@@ -332,7 +332,7 @@ class VariantOverrides(Section):
     weight_decay: float | None = None
     dropout: float | None = None
     id_dropout: IdDropout | None = None  # "_attrs" models only (TrainConfig.id_dropout)
-    attribute_overlap: bool | None = None  # "_attrs" models only (TrainConfig.attribute_overlap)
+    attribute_overlap: bool | None = None  # "_attrs" models only (ModelConfig.attribute_overlap)
     init_embeddings: InitEmbeddings | None = None
     softmax: Softmax | None = None
     negatives: int | None = Field(None, ge=1)
@@ -414,8 +414,9 @@ class Config(Section):
         # The trainings' DVC params are train's keys plus their own variants.<model>: a setting only the
         # "_attrs" models read lives in their own keys, so changing it never re-runs the paper's models.
         for name in ATTRIBUTE_SETTINGS:
-            if name in self.train.model_fields_set:
-                raise ValueError(f"train.{name}: set it per model, variants.<model>_attrs.{name} (only the "
+            section = "train" if name in TrainConfig.model_fields else "model"
+            if name in getattr(self, section).model_fields_set:
+                raise ValueError(f"{section}.{name}: set it per model, variants.<model>_attrs.{name} (only the "
                                  "models with article attributes read it)")
             for variant, overrides in self.variants.items():
                 if getattr(overrides, name) is not None and not uses_attributes(variant):
@@ -472,12 +473,13 @@ class Config(Section):
     def train_for(self, variant: str) -> TrainConfig:
         """Train settings for one variant, its overrides applied."""
         overrides = self.variants.get(variant, VariantOverrides()).model_dump(exclude_none=True)
-        overrides.pop("dropout", None)
-        return self.train.model_copy(update=overrides)
+        return self.train.model_copy(update={k: v for k, v in overrides.items() if k in TrainConfig.model_fields})
 
     def model_for(self, variant: str) -> ModelConfig:
-        dropout = self.variants.get(variant, VariantOverrides()).dropout
-        return self.model if dropout is None else self.model.model_copy(update={"dropout": dropout})
+        """Model settings for one variant, its overrides applied."""
+        overrides = self.variants.get(variant, VariantOverrides()).model_dump(exclude_none=True)
+        update = {k: v for k, v in overrides.items() if k in ModelConfig.model_fields}
+        return self.model.model_copy(update=update) if update else self.model
 
 
 def load_config(path: str | Path = "params.yaml") -> Config:

@@ -10,7 +10,7 @@ import sys
 
 from mlflow.tracking import MlflowClient
 
-from contextual_bert.tracking import artifact_location
+from contextual_bert.registry.tracking import artifact_location
 from flows.repro import mlflow_server_over
 from flows.infra.net import healthy
 from flows_testkit import REPO

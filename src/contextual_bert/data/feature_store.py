@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 import torch
 
 from contextual_bert.errors import ContextualBertError, DataError
-from contextual_bert.feature_spec import (
+from contextual_bert.data.feature_spec import (
     MASK_INDEX,
     MISSING_INDEX,
     N_SPECIAL,

@@ -27,9 +27,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from contextual_bert.config import FeaturesConfig
-from contextual_bert.contract import DATE_COLUMN, ID_COLUMN, SCHEMA_FILE, TABLES, DataSchema
+from contextual_bert.data.contract import DATE_COLUMN, ID_COLUMN, SCHEMA_FILE, TABLES, DataSchema
 from contextual_bert.errors import ContextualBertError, DataError
-from contextual_bert.feature_spec import (
+from contextual_bert.data.feature_spec import (
     MISSING_INDEX,
     N_SPECIAL,
     PAD_INDEX,
@@ -38,9 +38,9 @@ from contextual_bert.feature_spec import (
     HISTORY_FEATURE,
     FeatureSpec,
 )
-from contextual_bert.history import earlier_outfits, eligible_rows, history_items
-from contextual_bert.split_guards import check_splits, split_counts
-from contextual_bert.feature_store import (
+from contextual_bert.data.history import earlier_outfits, eligible_rows, history_items
+from contextual_bert.data.split_guards import check_splits, split_counts
+from contextual_bert.data.feature_store import (
     ARTICLE_VOCAB_FILE,
     ATTRIBUTES_FILE,
     CATALOGUE_FEATURE_FILES,

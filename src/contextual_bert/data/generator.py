@@ -60,7 +60,7 @@ import pyarrow.parquet as pq
 
 from contextual_bert.config import GenerateConfig, GeneratorSize, IngestConfig, ModelConfig
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.contract import (
+from contextual_bert.data.contract import (
     BOTTOM_SIZES,
     COUNTRIES,
     DATE_COLUMN,

@@ -56,7 +56,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from contextual_bert.config import ImportSetsConfig, IngestConfig, ModelConfig
-from contextual_bert.contract import (
+from contextual_bert.data.contract import (
     DATE_COLUMN,
     DATE_TYPE,
     IMPORT_QUARANTINE,

@@ -59,7 +59,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from contextual_bert.config import ImportHMConfig, IngestConfig, ModelConfig
-from contextual_bert.contract import (
+from contextual_bert.data.contract import (
     DATE_COLUMN,
     DATE_TYPE,
     HM_SCHEMA,

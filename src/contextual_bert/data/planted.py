@@ -84,7 +84,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from contextual_bert.config import IngestConfig, ModelConfig, PlantedConfig
-from contextual_bert.contract import DATE_COLUMN, DATE_TYPE, ContextColumn, DataSchema
+from contextual_bert.data.contract import DATE_COLUMN, DATE_TYPE, ContextColumn, DataSchema
 from contextual_bert.errors import ContextualBertError, DataError
 
 TRUTH_FILE = "planted_truth.npz"

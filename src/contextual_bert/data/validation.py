@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from contextual_bert.config import IngestConfig, ModelConfig, ValidateConfig
-from contextual_bert.contract import (
+from contextual_bert.data.contract import (
     DATE_COLUMN,
     DATE_TYPE,
     ID_COLUMN,

@@ -44,16 +44,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from contextual_bert.bootstrap import (DEPENDENCE_METRIC, KNOWN_OUTFITS_KEY, OUTFITS_KEY, bootstrap_ci, case_values,
+from contextual_bert.evaluation.bootstrap import (DEPENDENCE_METRIC, KNOWN_OUTFITS_KEY, OUTFITS_KEY, bootstrap_ci, case_values,
                                        outfit_record)
 from contextual_bert.config import EvaluateConfig, ModelConfig, uses_attributes
 from contextual_bert.devices import evaluation_device, keep_freed_memory
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.feature_spec import HISTORY_FEATURE, N_SPECIAL, EncodedOutfits
-from contextual_bert.fitb import RESULT_KEY as FITB_KEY
-from contextual_bert.fitb import fitb_result, split_questions
+from contextual_bert.data.feature_spec import HISTORY_FEATURE, N_SPECIAL, EncodedOutfits
+from contextual_bert.evaluation.fitb import RESULT_KEY as FITB_KEY
+from contextual_bert.evaluation.fitb import fitb_result, split_questions
 from contextual_bert.model import count_paper_parameters, load_checkpoint
-from contextual_bert.ranking import case_ranks, measures_dependence, outfit_dependence
+from contextual_bert.evaluation.ranking import case_ranks, measures_dependence, outfit_dependence
 
 RECALL_CURVE_MAX_K = 250
 
@@ -221,7 +221,7 @@ def evaluate_model(model, name, variant, seed, parameters, features_dir, max_set
     """n_ids: the model ranks the catalogue, whose articles below n_ids have an id embedding (known) and the
     others not (unseen); their metrics are reported apart as well. extra_context(split): entries a model needs
     beside the features' context, per row of that split (the optimum with history: each case's outfit)."""
-    from contextual_bert.feature_store import load_split
+    from contextual_bert.data.feature_store import load_split
 
     device = evaluation_device()
     if device.type == "cpu":
@@ -300,7 +300,7 @@ def result_json(result: dict) -> str:
 
 def evaluate_run(features_dir: Path, run_dir: Path, out_path: Path, cfg: EvaluateConfig) -> dict:
     """Evaluate run_dir/checkpoint.pt on the test (and validation) split; write out_path (JSON)."""
-    from contextual_bert.feature_store import load_article_vocab, load_catalogue
+    from contextual_bert.data.feature_store import load_article_vocab, load_catalogue
 
     run_dir = Path(run_dir)
     if not (run_dir / "checkpoint.pt").exists() and (run_dir / "history.json").exists():
@@ -329,7 +329,7 @@ def evaluate_popularity(
     features_dir: Path, out_path: Path, cfg: EvaluateConfig, max_set_size: int = ModelConfig().max_set_size
 ) -> dict:
     """The popularity baseline (training counts) through the same ranking code; write out_path (JSON)."""
-    from contextual_bert.feature_store import load_article_vocab
+    from contextual_bert.data.feature_store import load_article_vocab
 
     counts = np.asarray(load_article_vocab(features_dir).counts)
     if not math.isfinite(float(counts.sum())) or (counts < 0).any():
@@ -342,7 +342,7 @@ def evaluate_history_popularity(features_dir: Path, out_path: Path, cfg: Evaluat
                                 max_set_size: int = ModelConfig().max_set_size) -> dict:
     """HistoryPopularityModel, its weight the one of HISTORY_WEIGHTS with the lowest validation cross-entropy;
     write out_path. Without a history feature (features.history off) {"known": false, "why": ...}."""
-    from contextual_bert.feature_store import load_article_vocab, load_spec, load_split
+    from contextual_bert.data.feature_store import load_article_vocab, load_spec, load_split
 
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -369,7 +369,7 @@ def evaluate_attribute_popularity(features_dir: Path, out_path: Path, cfg: Evalu
 
     Without the catalogue (features.article_features off) or without an attribute set, it writes
     {"known": false, "why": ...}, as the optimum stage does where there is no optimum."""
-    from contextual_bert.feature_store import ATTRIBUTES_FILE, load_catalogue, load_split
+    from contextual_bert.data.feature_store import ATTRIBUTES_FILE, load_catalogue, load_split
 
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -42,10 +42,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from contextual_bert.bootstrap import bootstrap_ci
+from contextual_bert.evaluation.bootstrap import bootstrap_ci
 from contextual_bert.config import FitbConfig
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.feature_spec import MASK_INDEX, MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
+from contextual_bert.data.feature_spec import MASK_INDEX, MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
 
 PROTOCOLS = ("easy", "hard")
 METRICS = tuple(f"fitb_{p}" for p in PROTOCOLS)  # accuracies, in an evaluation's "test" metrics
@@ -163,7 +163,7 @@ def make_questions(items: np.ndarray, n_articles: int, cfg: FitbConfig,
 
 def split_questions(features_dir: Path, max_set_size: int, cfg: FitbConfig, split: str = "test"):
     """(the split's questions, its outfit ids, the catalogue's article ids): from data/features alone."""
-    from contextual_bert.feature_store import ATTRIBUTES_FILE, load_article_vocab, load_catalogue, load_split
+    from contextual_bert.data.feature_store import ATTRIBUTES_FILE, load_article_vocab, load_catalogue, load_split
 
     features_dir = Path(features_dir)
     if (features_dir / ATTRIBUTES_FILE).exists():

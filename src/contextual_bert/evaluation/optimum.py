@@ -50,8 +50,8 @@ from torch import nn
 
 from contextual_bert.config import EvaluateConfig, ModelConfig
 from contextual_bert.errors import ContextualBertError, DataError
-from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
-from contextual_bert.planted import PlantedTruth, load_truth, truth_exists
+from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
+from contextual_bert.data.planted import PlantedTruth, load_truth, truth_exists
 
 RESULTS = {"optimum_context": True, "optimum_no_context": False}  # eval name -> uses the context
 HISTORY_RESULT = "optimum_history"  # the optimum with context and history (module docstring)
@@ -258,7 +258,7 @@ def build_optimum(truth: PlantedTruth, vocab_ids, with_context: bool, customer_d
 
 def optimum_from_features(raw_dir: Path, features_dir: Path, with_context: bool) -> BayesOptimum:
     """The optimum in the index space of `features_dir`, from the truth in `raw_dir`."""
-    from contextual_bert.feature_store import ContextIndexer, load_article_vocab
+    from contextual_bert.data.feature_store import ContextIndexer, load_article_vocab
 
     truth = load_truth(raw_dir)
     vocab = load_article_vocab(features_dir)
@@ -292,7 +292,7 @@ def evaluate_optimum(raw_dir: Path, features_dir: Path, out_paths: dict[str, Pat
 
     `out_paths`: eval name (RESULTS' keys) -> file. Without a truth file (data not made by
     `generate-planted`) each file says {"known": false, "why": ...}, so the stage's outputs always exist."""
-    from contextual_bert.evaluation import evaluate_model, result_json
+    from contextual_bert.evaluation.evaluate import evaluate_model, result_json
 
     results = {}
     for name, with_context in RESULTS.items():
@@ -318,7 +318,7 @@ def evaluate_optimum(raw_dir: Path, features_dir: Path, out_paths: dict[str, Pat
 
 def _history_unknown(raw_dir: Path, truth: PlantedTruth | None) -> str | None:
     """Why the history row cannot be computed here, or None."""
-    from contextual_bert.contract import DATE_COLUMN
+    from contextual_bert.data.contract import DATE_COLUMN
 
     if truth is None:
         return f"{raw_dir} holds no planted truth: the optimum of this data is unknown"
@@ -335,9 +335,9 @@ def history_optimum_data(raw_dir: Path, features_dir: Path, split_rule: str = "h
 
     The outfits are the features stage's (validated, split); their dates and raw articles come from
     raw_dir's outfits table, joined on outfit_id."""
-    from contextual_bert.contract import DATE_COLUMN
-    from contextual_bert.feature_store import OUTFITS_FILE, load_article_vocab
-    from contextual_bert.history import earlier_outfits, eligible_rows
+    from contextual_bert.data.contract import DATE_COLUMN
+    from contextual_bert.data.feature_store import OUTFITS_FILE, load_article_vocab
+    from contextual_bert.data.history import earlier_outfits, eligible_rows
 
     truth = load_truth(raw_dir)
     features = pq.read_table(Path(features_dir) / OUTFITS_FILE, columns=["outfit_id", "customer_id", "split"])
@@ -373,7 +373,7 @@ def evaluate_history_optimum(raw_dir: Path, features_dir: Path, out_path: Path, 
                              max_set_size: int = ModelConfig().max_set_size, split_rule: str = "hash") -> dict:
     """The optimum with context and history, scored as the other rows (evaluation.evaluate_model: test and
     validation metrics, the bootstrap, FITB); {"known": false, "why": ...} where it is absent."""
-    from contextual_bert.evaluation import evaluate_model, result_json
+    from contextual_bert.evaluation.evaluate import evaluate_model, result_json
 
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)

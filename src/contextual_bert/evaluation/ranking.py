@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from contextual_bert.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, EncodedOutfits
+from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, EncodedOutfits
 
 DEPENDENCE_SEED = 0  # the pairing of each test outfit with another of its length (outfit dependence)
 # The outfit dependence (nats) below which a trained model predicts without its encoder reading the outfit's

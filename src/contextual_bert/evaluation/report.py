@@ -20,15 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
-from contextual_bert.bootstrap import (CI_METRICS, DEPENDENCE_METRIC, KNOWN_OUTFITS_KEY, LEVEL, OUTFITS_KEY,
+from contextual_bert.evaluation.bootstrap import (CI_METRICS, DEPENDENCE_METRIC, KNOWN_OUTFITS_KEY, LEVEL, OUTFITS_KEY,
                                        mean_record, paired_difference, pooled_interval)
 from contextual_bert.config import (ATTRIBUTES_SUFFIX, BASELINE_MODELS, VARIANTS, Config, base_model,
                                      uses_attributes)
 from contextual_bert.errors import ContextualBertError, DataError
-from contextual_bert.feature_store import MANIFEST_FILE
-from contextual_bert.fitb import METRICS as FITB_METRICS
-from contextual_bert.fitb import RESULT_KEY as FITB_KEY
-from contextual_bert.ranking import STUCK_BELOW
+from contextual_bert.data.feature_store import MANIFEST_FILE
+from contextual_bert.evaluation.fitb import METRICS as FITB_METRICS
+from contextual_bert.evaluation.fitb import RESULT_KEY as FITB_KEY
+from contextual_bert.evaluation.ranking import STUCK_BELOW
 
 LABELS = {
     "popularity": "Popularity",

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from contextual_bert.config import Config
-from contextual_bert.tracking import (
+from contextual_bert.registry.tracking import (
     client,
     directory_sha256,
     file_sha256,
@@ -46,7 +46,7 @@ def _ensure_registered_model(mlflow_client, name: str) -> None:
 def _training_run(mlflow_client, cfg: Config, variant: str, seed: int, model_dir: Path):
     """The MLflow run of this training: from mlflow_run.json, else the run logged for the same checkpoint,
     else a run logged now from the files (a model trained elsewhere, e.g. pulled from a DVC remote)."""
-    from contextual_bert.tracking import features_lineage, log_epochs, log_params, log_run_artifacts, training_params
+    from contextual_bert.registry.tracking import features_lineage, log_epochs, log_params, log_run_artifacts, training_params
 
     checkpoint_sha = file_sha256(model_dir / "checkpoint.pt")
     run = find_run(mlflow_client, model_dir)
@@ -79,7 +79,7 @@ def _logged_pyfunc(mlflow_client, cfg: Config, run, model_dir: Path):
     import mlflow
     from mlflow.entities import LoggedModelOutput, LoggedModelStatus
 
-    from contextual_bert.serving import example_request, log_pyfunc_model
+    from contextual_bert.serving.completer import example_request, log_pyfunc_model
 
     run_id, exp_id = run.info.run_id, run.info.experiment_id
     existing = mlflow.search_logged_models(

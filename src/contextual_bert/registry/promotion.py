@@ -18,8 +18,8 @@ import numpy as np
 
 from contextual_bert.config import Config, recall_k
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.registry import write_report
-from contextual_bert.tracking import client, directory_sha256, metric_key
+from contextual_bert.registry.models import write_report
+from contextual_bert.registry.tracking import client, directory_sha256, metric_key
 
 CHAMPION, PREVIOUS = "champion", "previous"
 HISTORY_TAG = "champion_history"  # registered-model tag: JSON list of champion versions, oldest first
@@ -95,7 +95,7 @@ def validation_cases(cfg: Config, core, model_features_sha: str, features_sha: s
     vocabularies) gets the same outfits re-encoded from data/validated through its own vocabularies, so
     both sides of the paired test see the same cases.
     """
-    from contextual_bert.feature_store import load_split
+    from contextual_bert.data.feature_store import load_split
 
     max_set_size = core.max_set_size
     if model_features_sha == features_sha:
@@ -106,7 +106,7 @@ def validation_cases(cfg: Config, core, model_features_sha: str, features_sha: s
 def _reencoded_validation(cfg: Config, core):
     import pandas as pd
 
-    from contextual_bert.feature_store import split_outfit_ids
+    from contextual_bert.data.feature_store import split_outfit_ids
 
     for path in (cfg.paths.validated_dir / "outfits.parquet", cfg.paths.validated_dir / "customers.parquet"):
         if not path.exists():
@@ -135,7 +135,7 @@ def version_case_hits(cfg: Config, version, k: int, features_sha: str) -> dict[t
     """
     import mlflow
 
-    from contextual_bert.ranking import case_ranks
+    from contextual_bert.evaluation.ranking import case_ranks
 
     pyfunc = mlflow.pyfunc.load_model(f"models:/{cfg.mlflow.model_name}/{version.version}")
     core = pyfunc.unwrap_python_model().core

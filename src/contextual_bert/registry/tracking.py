@@ -30,7 +30,7 @@ import yaml
 
 from contextual_bert.config import Config, MlflowConfig
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.feature_store import (
+from contextual_bert.data.feature_store import (
     CATALOGUE_FEATURE_FILES,
     CUSTOMERS_FILE,
     MANIFEST_FILE,

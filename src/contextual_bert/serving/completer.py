@@ -38,22 +38,22 @@ import torch
 
 from contextual_bert.devices import autocast, select_device
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.feature_spec import N_SPECIAL, PAD_INDEX
-from contextual_bert.feature_store import (
+from contextual_bert.data.feature_spec import N_SPECIAL, PAD_INDEX
+from contextual_bert.data.feature_store import (
     CATALOGUE_FEATURE_FILES,
     MODEL_FEATURE_FILES,
     EncodedRows,
     OutfitEncoder,
     load_catalogue,
 )
-from contextual_bert.contract import read_table_file
+from contextual_bert.data.contract import read_table_file
 
 MAX_TOP_K = 250
 BATCH_ROWS = 1024  # rows scored per forward pass: bounds memory for large requests
 PARALLEL_ROWS = 64  # requests from this many rows on use several torch threads (serving_threads)
 OUTPUT_COLUMNS = ("article_ids", "scores", "unknown_article_ids", "missing_features", "unknown_features")
-PACKAGE_DIR = Path(__file__).resolve().parent
-PYFUNC_CODE = PACKAGE_DIR / "pyfunc_model.py"
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # src/contextual_bert, shipped with a logged model
+PYFUNC_CODE = PACKAGE_DIR / "serving" / "pyfunc_model.py"
 CATALOGUE_ENV = "CONTEXTUAL_BERT_CATALOGUE"  # an articles table whose new articles the served model adds
 
 
@@ -311,7 +311,7 @@ def log_pyfunc_model(
     With `model_id` the files go into that existing LoggedModel (created with its source run), so the
     training run's status is never touched.
     """
-    from contextual_bert.feature_store import load_spec
+    from contextual_bert.data.feature_store import load_spec
 
     spec = load_spec(features_dir)
     with tempfile.TemporaryDirectory() as tmp:
@@ -342,7 +342,7 @@ def log_pyfunc_model(
 
 def example_request(features_dir: Path, n_rows: int = 2) -> pd.DataFrame:
     """A request built from real articles of the vocabulary, context left to the caller (all optional)."""
-    from contextual_bert.feature_store import load_article_vocab
+    from contextual_bert.data.feature_store import load_article_vocab
 
     vocab = load_article_vocab(features_dir)
     real = vocab.ids[N_SPECIAL:]

@@ -5,6 +5,6 @@ Only `serving.log_pyfunc_model` refers to it; importing it elsewhere would regis
 
 import mlflow.models
 
-from contextual_bert.serving import OutfitCompleter
+from contextual_bert.serving.completer import OutfitCompleter
 
 mlflow.models.set_model(OutfitCompleter())

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from contextual_bert.feature_spec import N_SPECIAL
+from contextual_bert.data.feature_spec import N_SPECIAL
 
 DENSE_SVD_MAX_ITEMS = 4096  # a dense float64 PPMI of this many rows is 128 MiB
 SVD_SEED = 0

@@ -1,0 +1,59 @@
+"""Building a model by name, and its parameters as the paper counts them."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from contextual_bert.config import BASELINE_MODELS, VARIANTS, ModelConfig, base_model
+from contextual_bert.data.feature_spec import N_SPECIAL, ContextSpec, FeatureSpec
+from contextual_bert.model.bag_of_items import BagOfItems
+from contextual_bert.model.encoder import PAPER_PARAMETERS, PAPER_SIZES, ContextualBert
+from contextual_bert.model.readers import AttributeOverlap
+
+
+def build_model(model_cfg: ModelConfig, variant: str, n_items: int, spec: ContextSpec,
+                attributes: ContextSpec | None = None, combine: str = "sum") -> nn.Module:
+    """A paper variant (ContextualBert) or a learned baseline (BagOfItems), by name; a "<model>_attrs" name
+    with the article attributes' spec (n_items: the article ids; the catalogue comes by `set_catalogue`)."""
+    model_class = BagOfItems if base_model(variant) in BASELINE_MODELS else ContextualBert
+    return model_class(model_cfg, variant, n_items, spec, attributes, combine)
+
+
+def count_paper_parameters(model: nn.Module) -> int:
+    """Parameters as the paper counts them: without the article embeddings, the output layer and the
+    customer-feature embeddings."""
+    excluded = {id(model.item_embeddings.weight), id(model.output_bias)}
+    if getattr(model, "output_embeddings", None) is not None:  # the bag of items' untied output layer
+        excluded.add(id(model.output_embeddings.weight))
+    if model.context_encoder is not None:
+        excluded |= {id(p) for p in model.context_encoder.parameters()}
+    for article_side in (model.attributes, getattr(model, "output_attributes", None), model.reader(AttributeOverlap)):
+        if article_side is not None:  # attribute embeddings (and projection) belong to the article embeddings
+            excluded |= {id(p) for p in article_side.parameters()}
+    return sum(p.numel() for p in model.parameters() if id(p) not in excluded)
+
+
+def describe_variants(model_cfg: ModelConfig, paper: bool = False, d_context: int | None = None) -> dict:
+    """Counted parameters of every variant, at the paper's sizes or at `model_cfg`'s (d_context: the
+    width of c, by default the paper's 736)."""
+    if paper:
+        sizes = dict(PAPER_SIZES)
+        model_cfg = model_cfg.model_copy(update={k: v for k, v in sizes.items() if k != "d_context"})
+    else:
+        sizes = {
+            "d_model": model_cfg.d_model,
+            "n_blocks": model_cfg.n_blocks,
+            "n_heads": model_cfg.n_heads,
+            "d_ff": model_cfg.d_ff,
+            "d_context": PAPER_SIZES["d_context"] if d_context is None else d_context,
+        }
+    # The counted parameters do not depend on the context features' split of d_context nor on n_items.
+    spec = ContextSpec((FeatureSpec("c", "categorical", "customer", N_SPECIAL + 1, sizes["d_context"]),))
+    variants = {}
+    for variant in VARIANTS:
+        counted = count_paper_parameters(ContextualBert(model_cfg, variant, N_SPECIAL + 1, spec))
+        row = {"parameters": counted, "paper_parameters": PAPER_PARAMETERS[variant]}
+        if paper:
+            row["matches_paper"] = counted == PAPER_PARAMETERS[variant]
+        variants[variant] = row
+    return {"sizes": sizes, "paper": paper, "variants": variants}

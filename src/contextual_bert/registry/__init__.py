@@ -1,0 +1,1 @@
+"""MLflow: each training's run (tracking.py), the model registry (models.py) and promotion (promotion.py)."""

@@ -1,0 +1,1 @@
+"""Serving: the outfit completer (completer.py) and the MLflow pyfunc model that wraps it."""
