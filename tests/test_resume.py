@@ -56,6 +56,8 @@ def child(out: Path, kill: str, checkpoint_every_s: float) -> None:
     spec, n_items, train, val = planted_data()
     cfg = TrainConfig(batch_size=32, max_epochs=3, learning_rate=3e-3, warmup_steps=5, patience=5, device="cpu",
                       num_threads=1, checkpoint_every_s=checkpoint_every_s)
+    if os.environ.get("WARMUP") == "1":  # the bag warm-up in epochs 1-2, its "before" kept in last.pt
+        cfg = cfg.model_copy(update={"bag_warmup_epochs": 2, "bag_warmup_check_steps": None})
     what, _, at = kill.partition(":")
     calls = {"step": 0, "validation": 0}
 
@@ -156,6 +158,18 @@ def test_a_run_killed_at_any_moment_resumes_bit_for_bit(tmp_path, uninterrupted,
             assert (last["position"]["epoch"], last["position"]["step"]) == (epochs_done, step)
     assert run_child(tmp_path, "none", every_s) == 0
     assert_identical(uninterrupted, outcome(tmp_path), moment)
+
+
+def test_a_run_killed_during_the_bag_warmup_resumes_bit_for_bit(tmp_path):
+    # last.pt then holds what the warm-up may have to give back (training.warmup.begin_warmup)
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert run_child(whole, env={"WARMUP": "1"}) == 0
+    assert run_child(killed, f"step:{STEPS_PER_EPOCH + 6}", 1e-9, env={"WARMUP": "1"}) == -signal.SIGKILL
+    assert "before" in torch.load(killed / "last.pt", weights_only=True)["state"]["bag_warmup"]
+    assert run_child(killed, "none", 1e-9, env={"WARMUP": "1"}) == 0
+    expected = outcome(whole)
+    assert [row["bag_weight"] for row in expected["history"]] == [1.0, 0.5, 0.0]
+    assert_identical(expected, outcome(killed))
 
 
 def test_two_runs_of_one_unit_are_bit_identical_whatever_threads_the_machine_offers(tmp_path, uninterrupted):

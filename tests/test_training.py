@@ -408,6 +408,51 @@ def test_the_stuck_check_starts_the_warmup_only_for_an_encoder_that_does_not_rea
     assert [training.bag_warmup_weight(checked, plain, epoch, 3) for epoch in (1, 2, 3, 4, 5)] == [0, 0, 1, 0.5, 0]
 
 
+@pytest.mark.parametrize("lifts", [False, True])
+def test_a_warmup_that_does_not_lift_validation_gives_back_what_the_run_had_before_it(tmp_path, monkeypatch, lifts):
+    import copy
+
+    import contextual_bert.evaluation.ranking as ranking
+
+    monkeypatch.setattr(ranking, "STUCK_BELOW", math.inf)  # stuck at the check after epoch 2: warm-up in 3-4
+    train, val = planted(300, 0), planted(60, 1)
+    cfg = SHORT.model_copy(update={"max_epochs": 4, "patience": 9, "bag_warmup_epochs": 2,
+                                   "bag_warmup_check_steps": 15})
+    calls = itertools.count(1)
+    real = training.loop.validation_cross_entropy
+
+    def validation(model, data, *args):  # two passes an epoch: validation (odd), the training probe (even)
+        value, call = real(model, data, *args), next(calls)
+        worse = call in ((1, 3) if lifts else (5, 7))  # before the warm-up, or in it
+        return value + 10.0 if worse else value
+
+    monkeypatch.setattr(training.loop, "validation_cross_entropy", validation)
+    before = {}
+
+    def keep(epoch, row):
+        if epoch == 2:
+            before["model"] = copy.deepcopy(model.state_dict())
+            before["optimizer"] = torch.load(tmp_path / "last.pt", weights_only=True)["optimizer"]
+            before["scheduler"] = torch.load(tmp_path / "last.pt", weights_only=True)["scheduler"]
+
+    model = new_model("global_state", cfg=DROPOUT)
+    metrics = fit(model, train, val, cfg, tmp_path, seed=3, on_epoch_end=keep)
+    history = json.loads((tmp_path / "history.json").read_text())
+    last = torch.load(tmp_path / "last.pt", weights_only=True)
+    assert [row["bag_weight"] for row in history] == [0.0, 0.0, 1.0, 0.5]
+    assert metrics["bag_warmup"]["lifted"] is lifts and "before" not in last["state"]["bag_warmup"]
+    assert history[3]["bag_warmup_restored"] is (not lifts)
+    same = [torch.equal(value, before["model"][name]) for name, value in model.state_dict().items()]
+    if lifts:
+        assert not all(same)
+        return
+    assert all(same)  # the warm-up's weights, optimizer and schedule given back: the paper's model goes on
+    assert last["scheduler"] == before["scheduler"]
+    for index, moments in before["optimizer"]["state"].items():
+        for name, value in moments.items():
+            assert torch.equal(last["optimizer"]["state"][index][name], value), (index, name)
+
+
 def test_the_warmup_loss_at_weight_one_is_the_bag_paths_and_at_zero_the_papers():
     torch.manual_seed(0)
     paper = new_model("global_state")

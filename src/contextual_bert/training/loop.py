@@ -37,8 +37,8 @@ from contextual_bert.training.losses import NegativeSampler, mask_items, masked_
 from contextual_bert.training.regularisers import drop_history, id_dropout_rate
 from contextual_bert.training.resume import (load_resume_state, pin_threads_and_algorithms, restore_random_states,
                                              run_key, save_resume_state, seeded_random_states, write_json)
-from contextual_bert.training.warmup import (bag_warmup_plan, bag_warmup_weight, reads_bag_warmup, set_bag_weight,
-                                             stuck_check)
+from contextual_bert.training.warmup import (bag_warmup_plan, bag_warmup_weight, begin_warmup, end_warmup,
+                                             reads_bag_warmup, set_bag_weight, stuck_check, warmup_epochs)
 
 EpochHook = Callable[[int, dict], None]
 CONVERGENCE_EPOCHS, CONVERGENCE_NATS = 3, 0.01
@@ -280,7 +280,11 @@ def end_epoch(run: Run, row: dict, bag_weight: float, n_params: int) -> None:
             "epoch": epoch, "val_cross_entropy": row["val_cross_entropy"], "seed": run.seed, "parameters": n_params})
     else:
         state["bad_epochs"] += 1
-        state["stopped"] = state["bad_epochs"] >= run.cfg.patience
+    plan = state["bag_warmup"]
+    if plan is not None and "before" in plan and epoch == warmup_epochs(run.cfg, run.model, plan)[-1]:
+        row["bag_warmup_restored"] = end_warmup(plan, state, run.model, run.optimizer, run.scheduler)
+    # not within a warm-up: it is judged at its end
+    state["stopped"] = state["bad_epochs"] >= run.cfg.patience and not (plan is not None and "before" in plan)
     run.save()
     write_json(run.out_dir / "history.json", state["history"])
 
@@ -317,7 +321,13 @@ def fit(
     for epoch in range(run.state["epoch"] + 1, train_cfg.max_epochs + 1):
         if run.state["stopped"]:
             break
-        bag_weight = bag_warmup_weight(train_cfg, model, epoch, (run.state["bag_warmup"] or {}).get("from"))
+        plan = run.state["bag_warmup"]
+        bag_weight = bag_warmup_weight(train_cfg, model, epoch, (plan or {}).get("from"))
+        if epoch in warmup_epochs(train_cfg, model, plan) and "before" not in plan and "lifted" not in plan:
+            best = run.state["best_val"]  # a warm-up from epoch 1 is judged against the untrained model
+            begin_warmup(plan, model, run.optimizer, run.scheduler, best if math.isfinite(best) else
+                         validation_cross_entropy(model, run.val_data, 4 * train_cfg.batch_size, run.device),
+                         run.state["bad_epochs"])
         set_bag_weight(model, bag_weight)
         row = train_epoch(run, epoch, position, mid_epoch_random)
         position = None
@@ -347,7 +357,8 @@ def finish_run(run: Run, n_params: int) -> dict:
         "device": run.device.type,
         "threads": run.cfg.num_threads,
         "cpu_kernels": cpu_kernels.in_effect() if run.device.type == "cpu" else None,
-        **({"bag_warmup": state["bag_warmup"]} if reads_bag_warmup(run.cfg, run.model) else {}),
+        **({"bag_warmup": {k: v for k, v in state["bag_warmup"].items() if k != "before"}}
+           if reads_bag_warmup(run.cfg, run.model) and state["bag_warmup"] is not None else {}),
         **({"id_dropout": run.id_dropout} if run.id_dropout is not None else {}),
     }
     write_json(run.out_dir / "metrics.json", metrics)
