@@ -19,6 +19,7 @@ from contextual_bert.evaluation.evaluate import (
 )
 from contextual_bert.model import ContextualBert, count_paper_parameters, save_checkpoint
 from contextual_bert.evaluation.ranking import case_ranks, donor_outfits, measures_dependence
+from contextual_bert.evaluation.yardstick import YARDSTICKS, verdict_of
 
 # Articles 3..8 with fixed scores; the special indices get the highest scores and must still never be ranked.
 SCORES = torch.tensor([9.0, 9.0, 9.0, 0.5, 2.0, 1.0, 3.0, 1.0, -1.0])
@@ -165,6 +166,15 @@ def test_evaluation_json_of_a_run_and_of_the_baseline(tmp_path, monkeypatch):
     text = (tmp_path / "eval" / "global_state-s0.json").read_text()
     assert '"cases": [3, 2, 2]' in text  # a line per list, not a line per outfit
 
+    # with the baseline stage's results, the run's own evaluation says where it stands against its yardstick
+    yardsticks = {name: tmp_path / "eval" / f"{name}.json" for name in YARDSTICKS}
+    judged = evaluate_run(tmp_path, tmp_path / "global_state-s0", tmp_path / "eval" / "judged.json", cfg, yardsticks)
+    verdict = judged["yardstick"]
+    assert verdict["name"] == "popularity" and verdict["rule"] == "paired bootstrap"  # no history in its context
+    assert verdict["difference"] == pytest.approx(paired["difference"]) and verdict["interval"] == paired["interval"]
+    assert verdict["verdict"] in ("better", "level", "worse")
+    assert json.loads((tmp_path / "eval" / "judged.json").read_text())["yardstick"] == verdict
+
     monkeypatch.setattr(features, "load_article_vocab", lambda d: [0] * 12)
     with pytest.raises(Exception, match="features changed"):
         evaluate_run(tmp_path, tmp_path / "global_state-s0", tmp_path / "x.json", cfg)
@@ -272,3 +282,11 @@ def test_outfit_dependence_is_zero_for_a_model_that_ignores_the_outfit_and_large
     assert outfit_dependence(offsets_only["log_prob"], offsets_only["log_prob_shuffled"]) == pytest.approx(
         0.0, abs=1e-6)
     assert measures_dependence(_Copier(n_items, True)) and not measures_dependence(PopularityModel([1] * n_items))
+
+
+def test_the_verdict_against_a_yardstick_is_better_level_or_worse_by_the_se_or_the_interval():
+    # a difference is model minus yardstick cross-entropy: negative is better
+    assert verdict_of(-0.30, margin=0.05) == "better" and verdict_of(0.30, margin=0.05) == "worse"
+    assert verdict_of(0.03, margin=0.05) == "level" == verdict_of(-0.05, margin=0.05)
+    assert verdict_of(0.1, interval=[0.02, 0.2]) == "worse" and verdict_of(-0.1, interval=[-0.2, -0.01]) == "better"
+    assert verdict_of(0.01, interval=[-0.02, 0.05]) == "level"

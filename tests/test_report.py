@@ -337,8 +337,8 @@ def test_outfit_dependence_column_flags_a_run_that_does_not_read_the_outfit(tmp_
     build_report(cfg)
     table = (tmp_path / "reports" / "table1.md").read_text()
     rows = {line.split(" | ")[0]: line for line in table.splitlines() if line.startswith("| [")}
-    assert rows["| [None]"].endswith("| 0.002 ± 0.001 **stuck** |")
-    assert rows["| [GS]"].endswith("| 0.300 ± 0.006 |")
+    assert "| 0.002 ± 0.001 **stuck** |" in rows["| [None]"]
+    assert "| 0.300 ± 0.006 |" in rows["| [GS]"]
     assert "Outfit dependence |" in table and "| Popularity |" in table
     metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
     assert metrics["global_state"]["test"]["outfit_dependence"]["mean"] == pytest.approx(0.30)
@@ -373,3 +373,25 @@ def test_history_section_pairs_an_attribute_model_with_the_yardstick_on_its_know
     build_report(cfg)
     section = (tmp_path / "reports" / "table1.md").read_text().split("## Does history help?")[1]
     assert "[GS] + attributes (known targets): cross-entropy better by +0.50: undetermined (n=1" in section
+
+
+@pytest.mark.parametrize("seeds", [(0, 1, 2), (0,)])
+def test_a_row_worse_than_its_yardstick_is_marked_worse_and_a_better_one_better(tmp_path, seeds):
+    cfg = write_fake_runs(tmp_path, seeds=seeds, variants=("none", "global_state"), with_outfits=True)
+    pop = _metrics(5.0, 0.05, 0.15)  # between [None] (5.20-5.30) and [GS] (4.84-4.86): a count [None] loses to
+    (tmp_path / "reports" / "eval" / "popularity.json").write_text(json.dumps(
+        {"name": "popularity", "variant": "popularity", "seed": None, "parameters": 0, "test": pop, "val": pop,
+         "recall_curve": _curve(0.05, 0.15), "test_outfits": fake_outfits(pop)}))
+    result = build_report(cfg)
+    assert result["vs_yardstick"] == {"none": {"name": "popularity", "verdict": "worse"},
+                                      "global_state": {"name": "popularity", "verdict": "better"}}
+    table = (tmp_path / "reports" / "table1.md").read_text()
+    rows = {line.split(" | ")[0]: line for line in table.splitlines() if line.startswith("| [")}
+    assert rows["| [None]"].endswith("| **WORSE** than popularity (+%.2f) |" % (FAKE["none"]["cross_entropy"][0]
+                                                                             - 5.0 if len(seeds) == 1 else 0.25))
+    assert "| better than popularity (-" in rows["| [GS]"]
+    assert "**1 of 2 learned rows are worse than their yardstick: [None].**" in table
+    rule = "SE" if len(seeds) > 1 else "paired bootstrap 95% CI"
+    assert f"- [None]: " in table and f"({rule}" in table.split("## Against the yardsticks")[1]
+    metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
+    assert metrics["none"]["vs_yardstick"]["verdict"] == -1 and metrics["global_state"]["vs_yardstick"]["verdict"] == 1

@@ -54,6 +54,7 @@ from contextual_bert.evaluation.fitb import RESULT_KEY as FITB_KEY
 from contextual_bert.evaluation.fitb import fitb_result, split_questions
 from contextual_bert.model import count_paper_parameters, load_checkpoint
 from contextual_bert.evaluation.ranking import case_ranks, measures_dependence, outfit_dependence
+from contextual_bert.evaluation.yardstick import VERDICT_KEY, read_yardstick, run_verdict, yardstick_of
 
 RECALL_CURVE_MAX_K = 250
 
@@ -298,8 +299,11 @@ def result_json(result: dict) -> str:
     return text
 
 
-def evaluate_run(features_dir: Path, run_dir: Path, out_path: Path, cfg: EvaluateConfig) -> dict:
-    """Evaluate run_dir/checkpoint.pt on the test (and validation) split; write out_path (JSON)."""
+def evaluate_run(features_dir: Path, run_dir: Path, out_path: Path, cfg: EvaluateConfig,
+                 yardsticks: dict[str, Path] | None = None) -> dict:
+    """Evaluate run_dir/checkpoint.pt on the test (and validation) split; write out_path (JSON). `yardsticks`:
+    the baseline stage's results by name (yardstick.YARDSTICKS): the result then says where the model stands
+    against its own (yardstick.run_verdict)."""
     from contextual_bert.data.feature_store import load_article_vocab, load_catalogue
 
     run_dir = Path(run_dir)
@@ -321,8 +325,13 @@ def evaluate_run(features_dir: Path, run_dir: Path, out_path: Path, cfg: Evaluat
         catalogue = load_catalogue(features_dir)
         model.set_catalogue(catalogue.tensors())
         n_ids = catalogue.n_ids
-    return evaluate_model(model, run_dir.name, model.variant, meta.get("seed"), count_paper_parameters(model),
-                     features_dir, model.model_cfg.max_set_size, out_path, cfg, n_ids)  # fmt: skip
+    result = evaluate_model(model, run_dir.name, model.variant, meta.get("seed"), count_paper_parameters(model),
+                            features_dir, model.model_cfg.max_set_size, out_path, cfg, n_ids)
+    if yardsticks is not None:
+        name = yardstick_of(model.variant, model.reads_history)
+        result[VERDICT_KEY] = run_verdict(result, name, read_yardstick(yardsticks[name]))
+        Path(out_path).write_text(result_json(result))
+    return result
 
 
 def evaluate_popularity(

@@ -29,6 +29,7 @@ from contextual_bert.data.feature_store import MANIFEST_FILE
 from contextual_bert.evaluation.fitb import METRICS as FITB_METRICS
 from contextual_bert.evaluation.fitb import RESULT_KEY as FITB_KEY
 from contextual_bert.evaluation.ranking import STUCK_BELOW
+from contextual_bert.evaluation.yardstick import VERDICT_KEY, summary_verdict, yardstick_of
 
 LABELS = {
     "popularity": "Popularity",
@@ -64,6 +65,7 @@ REFERENCES = ("optimum_history", "optimum_context", "optimum_no_context", "popul
               "popularity_attribute")
 TARGET_PARTS = ("test_known", "test_unseen")  # the catalogue rankers' targets with and without an id
 CONVERGENCE_LABELS = {"early_stopping": "early stop", "plateau": "plateau"}
+VERDICT_NUMBERS = {"better": 1, "level": 0, "worse": -1}  # metrics.json's yardstick verdicts, as numbers
 
 
 # --- reading ---------------------------------------------------------------------------------------------
@@ -411,7 +413,7 @@ def stuck(stat: dict | None) -> bool | None:
 
 
 def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, order: dict,
-                  baseline_verdicts: dict | None = None) -> str:
+                  baseline_verdicts: dict | None = None, yardsticks: dict | None = None) -> str:
     variants = list(summary)
     seeds = cfg.train.seeds
     n = len(seeds)
@@ -450,8 +452,9 @@ def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, 
         "",
         "| Model | Cross-entropy | (paper) | Recall@1 % | (paper) | Recall@5 % | Recall@5 % 95% CI | Recall@250 % | "
         "FITB easy % [95% CI] | FITB hard % [95% CI] | "
-        "Parameters | (paper) | Recall@1 gain vs [None] | (paper) | Converged | Outfit dependence |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "Parameters | (paper) | Recall@1 gain vs [None] | (paper) | Converged | Outfit dependence | "
+        "Against its yardstick (CE) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, result in references.items():
         ref = {k: {"mean": v, "se": None} for k, v in result["test"].items() if isinstance(v, (int, float))}
@@ -460,7 +463,7 @@ def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, 
             f"{_fmt(ref.get('recall@1'), True, 2)} | – | {_fmt(ref.get('recall@5'), True, 2)} | "
             f"{_fmt_ci((result.get('test_bootstrap') or {}).get('recall@5'))} | "
             f"{_fmt(ref.get('recall@250'), True, 2)} | {' | '.join(_fitb_cells(ref, result, pooled=False))} | "
-            "– | – | – | – | – | – |"
+            "– | – | – | – | – | – | – |"
         )
     paper_none = PAPER_TABLE1["none"]["recall@1"]
     for v in variants:
@@ -484,10 +487,12 @@ def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, 
                 "–" if paper_gain is None else f"{paper_gain * 100:+.1f} %",
                 _converged_text(s.get("convergence")),
                 _dependence_text(s["test"].get(DEPENDENCE_METRIC)),
+                _yardstick_cell((yardsticks or {}).get(v)),
             ]) + " |"
         )
 
     lines += seed_se_lines(summary)
+    lines += yardstick_lines(yardsticks or {})
 
     if "optimum_context" in references or "optimum_no_context" in references:
         lines += ["", "## Distance to the optimum", "",
@@ -631,6 +636,56 @@ def write_plots(plots_dir: Path, evals: dict[str, list[dict]], popularity: dict,
 # --- the stage -------------------------------------------------------------------------------------------
 
 
+def yardstick_verdicts(evals: dict[str, list[dict]], summary: dict, references: dict) -> dict[str, dict]:
+    """Every learned model against its yardstick (evaluation/yardstick.py): the one its evaluations name, or
+    for evaluations from before it, the count that knows what the model reads."""
+    out = {}
+    for v, runs in evals.items():
+        names = {(r.get(VERDICT_KEY) or {}).get("name") for r in runs}
+        reads_history = "popularity_history" in references and base_model(v) not in ("none", "bag_of_items")
+        name = names.pop() if len(names) == 1 and None not in names else yardstick_of(v, reads_history)
+        if name not in references:
+            out[v] = {"name": name, "verdict": None, "why": f"no {name} result (run `contextual-bert baseline`)"}
+        else:
+            out[v] = summary_verdict(summary[v]["test"], summary[v].get(OUTFITS_KEY), name, references[name])
+    return out
+
+
+def _yardstick_cell(verdict: dict | None) -> str:
+    """Table 1's cell: the verdict against the row's yardstick, a worse one in bold capitals."""
+    if not verdict:
+        return "–"
+    label = LABELS.get(verdict["name"], verdict["name"]).lower()
+    if verdict["verdict"] is None:
+        return f"unknown ({label})"
+    word = {"better": "better than", "level": "level with", "worse": "**WORSE** than"}[verdict["verdict"]]
+    return f"{word} {label} ({verdict['difference']:+.2f})"
+
+
+def yardstick_lines(verdicts: dict[str, dict]) -> list[str]:
+    """The section that says, for every learned row, where it stands against the count it must beat."""
+    if not verdicts:
+        return []
+    worse = [v for v, c in verdicts.items() if c.get("verdict") == "worse"]
+    lines = ["", "## Against the yardsticks", "",
+             "- Each learned row against the count that knows what it reads: popularity; popularity + own history "
+             "for a model whose context holds the history; the attribute-aware popularity for the models with "
+             "attributes (all targets). Test cross-entropy, model minus yardstick (negative: better); better or "
+             "worse beyond the SE of the difference with two seeds or more, beyond the paired bootstrap's 95% "
+             "interval with one; otherwise level.",
+             f"- **{len(worse)} of {len(verdicts)} learned rows are worse than their yardstick"
+             + (f": {', '.join(LABELS.get(v, v) for v in worse)}.**" if worse else ".**")]
+    for v, c in verdicts.items():
+        if c.get("verdict") is None:
+            lines.append(f"  - {LABELS.get(v, v)}: {c.get('why', 'no verdict')}")
+            continue
+        rule = (f"SE {c['se']:.3f}" if c.get("rule") == "se" else
+                f"paired bootstrap {LEVEL:.0%} CI {c['interval'][0]:+.3f}..{c['interval'][1]:+.3f}")
+        lines.append(f"  - {LABELS.get(v, v)}: {c['model']:.3f} against {LABELS.get(c['name'], c['name']).lower()} "
+                     f"{c['yardstick']:.3f}, {c['difference']:+.3f} ({rule}): **{c['verdict']}**")
+    return lines
+
+
 def against_learned_baselines(summary: dict, context_variants: list[str]) -> dict | None:
     """[None] against the bag of items, and the best context variant (by cross-entropy) against the bag of
     items with c: a transformer that does not beat them has not earned its parameters."""
@@ -720,12 +775,16 @@ def build_report(cfg: Config) -> dict:
         order = {"ours": ours, "paper": paper, "matches_paper": ours == paper, "within_se": within}
 
     baseline_verdicts = against_learned_baselines(summary, context_variants)
+    yardsticks = yardstick_verdicts(evals, summary, references)
 
     reports_dir = cfg.paths.reports_dir
     reports_dir.mkdir(parents=True, exist_ok=True)
     (reports_dir / "table1.md").write_text(
-        render_table1(cfg, summary, references, verdicts, order, baseline_verdicts))
+        render_table1(cfg, summary, references, verdicts, order, baseline_verdicts, yardsticks))
     metrics = _metrics_json(summary, references, verdicts)
+    for v, c in yardsticks.items():
+        if c.get("verdict") is not None:
+            metrics[v]["vs_yardstick"] = {"difference": c["difference"], "verdict": VERDICT_NUMBERS[c["verdict"]]}
     if baseline_verdicts:
         metrics["vs_learned_baselines"] = baseline_verdicts["checks"]
     (reports_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
@@ -738,6 +797,7 @@ def build_report(cfg: Config) -> dict:
                     for v, s in summary.items()},
         "all_beat_none_by_more_than_se": verdicts.get("all_beat_none_by_more_than_se"),
         "vs_learned_baselines": (baseline_verdicts or {}).get("checks"),
+        "vs_yardstick": {v: {"name": c["name"], "verdict": c.get("verdict")} for v, c in yardsticks.items()},
         "order_by_recall@1": order.get("ours"),
         "order_matches_paper": order.get("matches_paper"),
     }

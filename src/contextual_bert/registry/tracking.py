@@ -385,7 +385,7 @@ def log_evaluation(cfg: Config, run_dir: Path, report: dict, report_path: Path |
     record = read_run_file(run_dir)
     if record is None:
         return None
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric, RunTag
     from mlflow.exceptions import MlflowException
 
     mlflow_client = client(cfg.mlflow)
@@ -395,9 +395,12 @@ def log_evaluation(cfg: Config, run_dir: Path, report: dict, report_path: Path |
         values = report.get(split)
         if isinstance(values, dict):
             metrics += [Metric(metric_key(k, split), v, now, 0) for k, v in numeric_items(values).items()]
+    verdict = report.get("yardstick") or {}  # evaluation.yardstick: where the model stands against its count
+    tags = [RunTag("yardstick", str(verdict["name"])), RunTag("yardstick_verdict", str(verdict.get("verdict")))] \
+        if verdict else []
     try:
-        if metrics:
-            mlflow_client.log_batch(record["run_id"], metrics=metrics)
+        if metrics or tags:
+            mlflow_client.log_batch(record["run_id"], metrics=metrics, tags=tags)
         if report_path is not None and Path(report_path).exists():
             mlflow_client.log_artifact(record["run_id"], str(report_path), "eval")
     except MlflowException as exc:
