@@ -70,8 +70,9 @@ def _params(root: Path) -> dict:
             "device": "cpu",
             "num_threads": 1,  # the machine is shared: one thread per training avoids oversubscription
         },
-        # The weak model: a learning rate that leaves it near its random initialisation.
-        "variants": {WEAK[0]: {"learning_rate": 1.0e-7, "max_epochs": 1}},
+        # The weak model: a learning rate that leaves it near its random initialisation. The strong one: epochs
+        # enough to count better than popularity on validation (at 3 it does not: promotion would refuse it).
+        "variants": {WEAK[0]: {"learning_rate": 1.0e-7, "max_epochs": 1}, STRONG[0]: {"max_epochs": 10}},
         "mlflow": {"experiment": "tests", "model_name": "outfit-completion", "top_k": 10},
     }
 

@@ -285,3 +285,26 @@ def test_the_defaults_read_the_history_three_ways_and_a_checkpoint_from_before_l
     torch.save({**payload, "meta": {}}, tmp_path / "checkpoint.pt")
     loaded, _ = load_checkpoint(tmp_path / "checkpoint.pt")
     assert loaded.reader(HistoryRepeat) is None and loaded.reader(HistoryBag) is None
+
+
+def test_a_history_champion_reencoded_from_validated_data_reads_its_history(dated, tmp_path):
+    """Promotion's path for a champion trained on other features (promotion._reencoded_validation): the
+    validation outfits re-encoded through its own vocabularies carry their history, by the one rule."""
+    from contextual_bert.config import Config
+    from contextual_bert.model import save_checkpoint
+    from contextual_bert.registry.promotion import validation_cases
+    from contextual_bert.serving.completer import OutfitCompleterCore
+
+    features, _ = dated
+    model, _ = _model_and_split(features, "global_state", history_repeat=True)
+    assert model.reads_history
+    save_checkpoint(tmp_path / "checkpoint.pt", model, {})
+    core = OutfitCompleterCore.load(tmp_path / "checkpoint.pt", features, device="cpu")
+    features_cfg = paper_cfg(min_article_count=2, split="time", history=HistoryConfig(enabled=True, max_items=MAX_ITEMS))
+    cfg = Config.model_validate({"paths": {"features_dir": str(features), "validated_dir": str(features.parent / "validated")},
+                                 "features": features_cfg.model_dump()})
+    stored = load_split(features, "val", 8)
+    reencoded = validation_cases(cfg, core, "other-features", "current-features")
+    assert reencoded.outfit_ids == stored.outfit_ids and torch.equal(reencoded.items, stored.items)
+    assert (stored.context[HISTORY_FEATURE] != PAD_INDEX).any(dim=1).sum() > 10
+    assert torch.equal(reencoded.context[HISTORY_FEATURE], stored.context[HISTORY_FEATURE])

@@ -14,6 +14,7 @@ from contextual_bert.registry.promotion import (
     CHAMPION,
     PREVIOUS,
     aligned_hits,
+    move_champion,
     paired_test,
     promote,
     recall_k,
@@ -87,16 +88,25 @@ def test_promotion_needs_a_better_model_on_the_same_cases_and_rollback_restores_
     base = tiny_trained_runs.cfg
     mlflow_client = client(base.mlflow)
 
-    # 1. Only the weak model: it becomes champion, there being none.
+    # 1. Only the weak model (near its random start): it counts worse than popularity on validation, so it is
+    #    refused even with no champion, and says so; a champion from before the guard stands in for it below.
     weak_only = _with(base, name, [WEAK[0]])
     weak = register_all(weak_only)["versions"][0]["version"]
     first = promote(weak_only)
-    assert first["promoted"] and first["test"] is None and _alias(mlflow_client, name, CHAMPION) == weak
+    guard = first["yardstick"]
+    assert not first["promoted"] and guard["worse"] and guard["yardstick"] == "popularity"
+    assert guard["candidate_val_cross_entropy"] > guard["yardstick_val_cross_entropy"]
+    assert first["decision"].startswith(f"not promoted: version {weak} (none) counts worse than its yardstick")
+    assert _alias(mlflow_client, name, CHAMPION) is None
+    assert json.loads((base.paths.reports_dir / "promotion.json").read_text())["yardstick"]["worse"]
+    assert json.loads(mlflow_client.get_model_version(name, str(weak)).tags["yardstick_guard"])["worse"]
+    move_champion(mlflow_client, name, weak, None)
 
     # 2. The strong model is registered; a margin it cannot reach keeps the champion, and says why.
     both = _with(base, name, [STRONG[0], WEAK[0]], margin=0.9)
     strong = register_all(both)["versions"][0]["version"]
     refused = promote(both)
+    assert not refused["yardstick"]["worse"], refused["yardstick"]
     assert not refused["promoted"] and refused["candidate"]["version"] == strong
     assert refused["test"]["difference"] > 0 and refused["decision"].startswith("not promoted")
     assert _alias(mlflow_client, name, CHAMPION) == weak
@@ -107,6 +117,7 @@ def test_promotion_needs_a_better_model_on_the_same_cases_and_rollback_restores_
     both = _with(base, name, [STRONG[0], WEAK[0]], margin=0.0)
     promoted = promote(both)
     assert promoted["promoted"] and promoted["test"]["p_value"] < 0.05
+    assert not promoted["yardstick"]["worse"]  # the strong model counts better than popularity
     evaluation = json.loads((base.paths.reports_dir / "eval" / "global_state-s0.json").read_text())
     assert promoted["test"]["candidate_recall"] == pytest.approx(evaluation["val"]["recall@5"])
     assert promoted["test"]["n_cases"] == evaluation["val"]["n_cases"]

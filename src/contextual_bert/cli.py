@@ -167,7 +167,10 @@ def _cmd_register(cfg: Config, args) -> None:
 def _cmd_promote(cfg: Config, args) -> None:
     from contextual_bert.registry.promotion import promote, rollback
 
-    _print_json(rollback(cfg) if args.rollback else promote(cfg))
+    result = rollback(cfg) if args.rollback else promote(cfg)
+    if (result.get("yardstick") or {}).get("worse"):  # never a model that counts worse than a count: said plainly
+        print(f"contextual-bert promote: {result['decision']}", file=sys.stderr)
+    _print_json(result)
 
 
 def _cmd_describe_model(cfg: Config, args) -> None:

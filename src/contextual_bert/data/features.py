@@ -116,13 +116,28 @@ def outfit_dates(outfits: pd.DataFrame, path: Path, why: str) -> pd.Series:
     return dates
 
 
+def outfit_histories(outfits: pd.DataFrame, dates: pd.Series, eligible: np.ndarray, max_items: int) -> list[list[str]]:
+    """Every outfit's history (history.py's rule): its article ids, most recent first, each once."""
+    rows = earlier_outfits(_optional_ids(outfits["customer_id"]).to_numpy(), dates, eligible)
+    items = outfits["article_ids"].map(lambda v: [str(a) for a in v]).tolist()
+    return history_items(rows, items, max_items)
+
+
+def history_article_ids(outfits: pd.DataFrame, splits: dict[str, str], cfg: FeaturesConfig,
+                        path: Path) -> list[list[str]]:
+    """The history every outfit of `outfits` (validated rows, every split) had in the features stage, as article
+    ids: the same rule, the same split (`splits`: outfit id -> train / val / test), for a model to read outfits
+    re-encoded through its own vocabularies (promotion)."""
+    split = outfits["outfit_id"].astype(str).map(splits).fillna("").to_numpy()
+    dates = outfit_dates(outfits, path, "features.history")
+    return outfit_histories(outfits, dates, eligible_rows(split, cfg.split), cfg.history.max_items)
+
+
 def history_column(outfits: pd.DataFrame, dates: pd.Series, eligible: np.ndarray, index_of_article,
                    max_items: int) -> np.ndarray:
     """(N, max_items) PAD-padded article indices of every outfit's history (history.py's rule), most recent
     first; an outfit without history is all PAD."""
-    rows = earlier_outfits(_optional_ids(outfits["customer_id"]).to_numpy(), dates, eligible)
-    items = outfits["article_ids"].map(lambda v: [str(a) for a in v]).tolist()
-    histories = history_items(rows, items, max_items)
+    histories = outfit_histories(outfits, dates, eligible, max_items)
     lengths = np.fromiter((len(h) for h in histories), dtype=np.int64, count=len(histories))
     flat = [a for h in histories for a in h]
     out = np.full((len(histories), max_items), PAD_INDEX, dtype=np.int64)

@@ -112,7 +112,7 @@ class AttributePopularityModel(nn.Module):
         self.register_buffer("log_within", torch.from_numpy(log_within).float())
         self.register_buffer("value_mass", torch.from_numpy(value_mass).float())
         self.r = float(np.clip(in_outfit_share, 1e-6, 1 - 1e-6))
-        self.n_items = n
+        self.n_items, self.n_ids = n, n_ids
 
     def masked_logits(self, items: torch.Tensor, context=None) -> torch.Tensor:
         present = torch.zeros(items.shape[0], len(self.value_mass), dtype=torch.bool, device=items.device)
@@ -360,16 +360,56 @@ def evaluate_history_popularity(features_dir: Path, out_path: Path, cfg: Evaluat
         out_path.write_text(json.dumps(result, indent=2))
         return result
     counts = np.asarray(load_article_vocab(features_dir).counts)
-    val = load_split(features_dir, "val", max_set_size)
-    device = evaluation_device()
-    by_weight = {w: evaluate_split(HistoryPopularityModel(counts, w).to(device), val, cfg, device)[0]["cross_entropy"]
-                 for w in HISTORY_WEIGHTS}
-    weight = min(by_weight, key=by_weight.get)
+    weight, by_weight = history_weight(counts, load_split(features_dir, "val", max_set_size), cfg)
     result = evaluate_model(HistoryPopularityModel(counts, weight), "popularity_history", "popularity_history", None, 0,
                             features_dir, max_set_size, out_path, cfg)
     result |= {"weight": weight, "val_cross_entropy_by_weight": {str(w): ce for w, ce in by_weight.items()}}
     out_path.write_text(result_json(result))
     return result
+
+
+def history_weight(counts, val: EncodedOutfits, cfg: EvaluateConfig) -> tuple[float, dict[float, float]]:
+    """The history popularity's weight: the one of HISTORY_WEIGHTS with the lowest cross-entropy on `val`."""
+    device = evaluation_device()
+    by_weight = {w: evaluate_split(HistoryPopularityModel(counts, w).to(device), val, cfg, device)[0]["cross_entropy"]
+                 for w in HISTORY_WEIGHTS}
+    return min(by_weight, key=by_weight.get), by_weight
+
+
+def attribute_popularity_model(features_dir: Path, cfg: EvaluateConfig, max_set_size: int):
+    """(AttributePopularityModel over the catalogue, its attribute, its in-outfit share), or (None, why, None)
+    where the data has none (features.article_features off, or evaluate.popularity_attribute unset)."""
+    from contextual_bert.data.feature_store import ATTRIBUTES_FILE, load_catalogue, load_split
+
+    attribute = cfg.popularity_attribute
+    if not (Path(features_dir) / ATTRIBUTES_FILE).exists():
+        return None, "features.article_features is off: no catalogue with attributes", None
+    if attribute is None:
+        return None, "evaluate.popularity_attribute is not set", None
+    catalogue = load_catalogue(features_dir)
+    if attribute not in catalogue.attributes or catalogue.attributes[attribute].ndim != 1:
+        categorical = [f.name for f in catalogue.spec.features if not f.is_list]
+        raise ContextualBertError(f"evaluate.popularity_attribute '{attribute}' is not a single-valued article "
+                                  f"attribute of {features_dir} (those are {categorical})")
+    values = catalogue.attributes[attribute]
+    share = in_outfit_share(load_split(features_dir, "train", max_set_size, catalogue=True).items, values)
+    return AttributePopularityModel(values, catalogue.vocab.counts, catalogue.n_ids, share), attribute, share
+
+
+def yardstick_model(name: str, features_dir: Path, cfg: EvaluateConfig, max_set_size: int, val: EncodedOutfits):
+    """The count `name` (yardstick.YARDSTICKS) built from the features as the baseline stage builds it; the
+    history popularity's weight chosen on `val`. Promotion holds a candidate to it."""
+    from contextual_bert.data.feature_store import load_article_vocab
+
+    counts = np.asarray(load_article_vocab(features_dir).counts)
+    if name == "popularity":
+        return PopularityModel(counts)
+    if name == "popularity_history":
+        return HistoryPopularityModel(counts, history_weight(counts, val, cfg)[0])
+    model, why, _ = attribute_popularity_model(features_dir, cfg, max_set_size)
+    if model is None:
+        raise ContextualBertError(f"{features_dir}: no attribute-aware popularity ({why})")
+    return model
 
 
 def evaluate_attribute_popularity(features_dir: Path, out_path: Path, cfg: EvaluateConfig,
@@ -378,29 +418,14 @@ def evaluate_attribute_popularity(features_dir: Path, out_path: Path, cfg: Evalu
 
     Without the catalogue (features.article_features off) or without an attribute set, it writes
     {"known": false, "why": ...}, as the optimum stage does where there is no optimum."""
-    from contextual_bert.data.feature_store import ATTRIBUTES_FILE, load_catalogue, load_split
-
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    attribute = cfg.popularity_attribute
-    why = None
-    if not (Path(features_dir) / ATTRIBUTES_FILE).exists():
-        why = "features.article_features is off: no catalogue with attributes"
-    elif attribute is None:
-        why = "evaluate.popularity_attribute is not set"
-    if why is not None:
-        out_path.write_text(json.dumps({"known": False, "why": why}, indent=2))
-        return {"known": False, "why": why}
-    catalogue = load_catalogue(features_dir)
-    if attribute not in catalogue.attributes or catalogue.attributes[attribute].ndim != 1:
-        categorical = [f.name for f in catalogue.spec.features if not f.is_list]
-        raise ContextualBertError(f"evaluate.popularity_attribute '{attribute}' is not a single-valued article "
-                                  f"attribute of {features_dir} (those are {categorical})")
-    values = catalogue.attributes[attribute]
-    share = in_outfit_share(load_split(features_dir, "train", max_set_size, catalogue=True).items, values)
-    model = AttributePopularityModel(values, catalogue.vocab.counts, catalogue.n_ids, share)
+    model, attribute, share = attribute_popularity_model(features_dir, cfg, max_set_size)
+    if model is None:
+        out_path.write_text(json.dumps({"known": False, "why": attribute}, indent=2))
+        return {"known": False, "why": attribute}
     result = evaluate_model(model, "popularity_attribute", "popularity_attribute", None, 0, features_dir, max_set_size,
-                       out_path, cfg, catalogue.n_ids)
+                            out_path, cfg, model.n_ids)
     result |= {"attribute": attribute, "in_outfit_share": share}
     out_path.write_text(result_json(result))
     return result

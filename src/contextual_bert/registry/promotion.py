@@ -7,6 +7,10 @@ and an exact one-sided McNemar test on the per-case hits (from `ranking.case_ran
 The test and the decision are recorded as tags of the candidate version. The old champion takes alias
 'previous'; `rollback` gives 'champion' back to it and marks the demoted version so promote skips it.
 Aliases, not the deprecated stages.
+
+Never a model that counts worse than a count: a candidate whose validation cross-entropy is above its
+yardstick's on the same cases (evaluation/yardstick.py: popularity, + own history, or the attribute-aware
+popularity) is refused, whatever it would do against the champion, and the champion stays.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from contextual_bert.config import Config, recall_k
+from contextual_bert.data.feature_spec import HISTORY_COLUMN
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.registry.models import write_report
 from contextual_bert.registry.tracking import client, directory_sha256, metric_key
@@ -103,6 +108,13 @@ def validation_cases(cfg: Config, core, model_features_sha: str, features_sha: s
     return _reencoded_validation(cfg, core)
 
 
+def _splits(cfg: Config) -> dict[str, str]:
+    """The current features' split of every outfit id."""
+    from contextual_bert.data.feature_store import split_outfit_ids
+
+    return {o: split for split in ("train", "val", "test") for o in split_outfit_ids(cfg.paths.features_dir, split)}
+
+
 def _reencoded_validation(cfg: Config, core):
     import pandas as pd
 
@@ -117,7 +129,13 @@ def _reencoded_validation(cfg: Config, core):
     val_ids = split_outfit_ids(cfg.paths.features_dir, "val")
     outfits = pd.read_parquet(cfg.paths.validated_dir / "outfits.parquet")
     customers = pd.read_parquet(cfg.paths.validated_dir / "customers.parquet")
-    outfits = outfits.assign(outfit_id=outfits["outfit_id"].astype(str)).set_index("outfit_id").loc[val_ids]
+    outfits = outfits.assign(outfit_id=outfits["outfit_id"].astype(str))
+    if core.model.reads_history:  # each outfit's history by the one rule, as the champion was trained to read it
+        from contextual_bert.data.features import history_article_ids
+
+        outfits[HISTORY_COLUMN] = history_article_ids(outfits, _splits(cfg), cfg.features,
+                                                      cfg.paths.validated_dir / "outfits.parquet")
+    outfits = outfits.set_index("outfit_id").loc[val_ids]
     rows = outfits.reset_index().merge(customers, on="customer_id", how="left", suffixes=("", "_customer"))
     # the champion's own vocabularies, through the one outfit encoder (whole outfits: no [MASK] slot)
     try:
@@ -128,24 +146,57 @@ def _reencoded_validation(cfg: Config, core):
         ) from None
 
 
-def version_case_hits(cfg: Config, version, k: int, features_sha: str) -> dict[tuple[str, int], bool]:
-    """Hit@k of a registered version on every validation case (outfit id, position), from its own pyfunc.
+def keyed_cases(model, data, batch_size: int, device) -> dict[tuple[str, int], tuple[int, float]]:
+    """(rank, log-probability of the target) of every validation case (outfit id, position) `model` ranks.
 
     Cases whose target the model cannot rank (an article it never saw: evaluation skips them) are absent.
     """
-    import mlflow
-
     from contextual_bert.evaluation.ranking import case_ranks
+
+    cases = case_ranks(model, data, batch_size, device)
+    outfit_ids = data.outfit_ids or [str(i) for i in range(len(data))]
+    return {(outfit_ids[o], int(p)): (int(r), float(lp)) for o, p, r, lp in zip(
+        cases["outfit"].tolist(), cases["position"].tolist(), cases["rank"].tolist(), cases["log_prob"].tolist())}
+
+
+def version_cases(cfg: Config, version, features_sha: str):
+    """A registered version's serving core (its own pyfunc), the validation outfits encoded for it, and its
+    keyed_cases on them."""
+    import mlflow
 
     pyfunc = mlflow.pyfunc.load_model(f"models:/{cfg.mlflow.model_name}/{version.version}")
     core = pyfunc.unwrap_python_model().core
     data = validation_cases(cfg, core, version.tags.get("features_sha256", ""), features_sha)
-    cases = case_ranks(core.model, data, cfg.evaluate.batch_size, core.device)
-    outfit_ids = data.outfit_ids or [str(i) for i in range(len(data))]
-    return {
-        (outfit_ids[o], int(p)): bool(r <= k)
-        for o, p, r in zip(cases["outfit"].tolist(), cases["position"].tolist(), cases["rank"].tolist())
-    }
+    return core, data, keyed_cases(core.model, data, cfg.evaluate.batch_size, core.device)
+
+
+def version_case_hits(cfg: Config, version, k: int, features_sha: str) -> dict[tuple[str, int], bool]:
+    """Hit@k of a registered version on every validation case (outfit id, position) it ranks."""
+    _, _, cases = version_cases(cfg, version, features_sha)
+    return hits_at(cases, k)
+
+
+def hits_at(cases: dict, k: int) -> dict[tuple[str, int], bool]:
+    return {key: rank <= k for key, (rank, _) in cases.items()}
+
+
+def yardstick_guard(cfg: Config, core, data, cases: dict) -> dict:
+    """The candidate's validation cross-entropy against its yardstick's on the same cases (the candidate is
+    trained on the current features, so the yardstick is built from them): "worse" when the candidate's is
+    above, by the point estimate."""
+    from contextual_bert.evaluation.evaluate import yardstick_model
+    from contextual_bert.evaluation.yardstick import yardstick_of
+
+    name = yardstick_of(core.model.variant, core.model.reads_history)
+    yardstick = yardstick_model(name, cfg.paths.features_dir, cfg.evaluate, core.max_set_size, data).to(core.device)
+    counted = keyed_cases(yardstick, data, cfg.evaluate.batch_size, core.device)
+    common = sorted(set(cases) & set(counted))
+    if not common:
+        raise ContextualBertError(f"the candidate and its yardstick ({name}) share no validation case")
+    candidate = -float(np.mean([cases[key][1] for key in common]))
+    count = -float(np.mean([counted[key][1] for key in common]))
+    return {"yardstick": name, "n_cases": len(common), "candidate_val_cross_entropy": candidate,
+            "yardstick_val_cross_entropy": count, "worse": candidate > count}
 
 
 def aligned_hits(candidate: dict, champion: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -207,13 +258,21 @@ def promote(cfg: Config) -> dict:
     result = {"model_name": name, "metric": cfg.promote.metric, "candidate": _describe(best, key),
               "champion_before": _describe(champion, key) if champion else None}
 
-    if champion is None:
+    core, data, best_cases = version_cases(cfg, best, features_sha)
+    guard = yardstick_guard(cfg, core, data, best_cases)
+    result["yardstick"] = guard
+    if guard["worse"]:
+        decision, test = (
+            f"not promoted: version {best.version} ({best.tags.get('variant')}) counts worse than its yardstick "
+            f"{guard['yardstick']} on validation, cross-entropy {guard['candidate_val_cross_entropy']:.4f} against "
+            f"{guard['yardstick_val_cross_entropy']:.4f} on {guard['n_cases']} cases", None)
+    elif champion is None:
         decision, test = "promoted: there was no champion", None
     elif champion.version == best.version:
         decision, test = "kept: the best version is already the champion", None
     else:
         candidate_hits, champion_hits = aligned_hits(
-            version_case_hits(cfg, best, k, features_sha), version_case_hits(cfg, champion, k, features_sha)
+            hits_at(best_cases, k), version_case_hits(cfg, champion, k, features_sha)
         )
         test = paired_test(candidate_hits, champion_hits, cfg.promote.margin, cfg.promote.alpha)
         decision = (
@@ -223,8 +282,8 @@ def promote(cfg: Config) -> dict:
             f"p={test.p_value:.3g}, alpha {test.alpha})"
         )
     promoted = decision.startswith("promoted")
-    if test is not None or promoted:
-        tags = {"promotion_decision": decision}
+    if test is not None or promoted or guard["worse"]:
+        tags = {"promotion_decision": decision, "yardstick_guard": json.dumps(guard)}
         if test is not None:
             tags.update(promotion_test=json.dumps(test.as_dict()), promotion_p_value=repr(test.p_value),
                         promotion_against_version=str(champion.version))
