@@ -294,7 +294,7 @@ def test_bad_input_is_a_one_line_error(tmp_path):
     assert json.loads((tmp_path / "raw" / "ingest_report.json").read_text())["sets_kept"] == 0  # why, to read
 
 
-def test_context_variant_on_data_without_context_is_refused(tmp_path):
+def test_a_context_variant_on_data_without_context_is_not_applicable_and_says_why(tmp_path):
     source, _ = write_polyvore(tmp_path / "train.json", n_sets=600)
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump({
@@ -307,43 +307,48 @@ def test_context_variant_on_data_without_context_is_refused(tmp_path):
     for stage in ("ingest", "validate", "features"):
         assert main(["--params", str(params), stage]) == 0, stage
     from contextual_bert.config import load_config
-    from contextual_bert.errors import ContextualBertError
+    from contextual_bert.evaluation.evaluate import evaluate_run
     from contextual_bert.training import train
 
     cfg = load_config(params)
-    with pytest.raises(ContextualBertError, match=r"variant 'global_state' conditions on context.*train.variants: \[none\]"):
-        train(cfg.paths.features_dir, tmp_path / "models" / "gs", "global_state", 0, cfg.model, cfg.train)
+    result = train(cfg.paths.features_dir, tmp_path / "models" / "gs", "global_state", 0, cfg.model, cfg.train)
+    assert "conditions on the customer context" in result["not_applicable"]
+    assert not (tmp_path / "models" / "gs" / "checkpoint.pt").exists()
+    evaluated = evaluate_run(cfg.paths.features_dir, tmp_path / "models" / "gs", tmp_path / "gs.json", cfg.evaluate)
+    assert evaluated["known"] is False and evaluated["why"] == result["not_applicable"]
+    # the models that read no context train on it: the bag of items too
+    bag = train(cfg.paths.features_dir, tmp_path / "models" / "bag", "bag_of_items", 0, cfg.model, cfg.train)
+    assert bag["epochs"] == 1 and (tmp_path / "models" / "bag" / "checkpoint.pt").exists()
 
 
 @pytest.mark.slow
-def test_dvc_repro_on_polyvore_sets_runs_none_and_popularity(tmp_path):
-    """`dvc repro` through Table 1 on curated sets without customers: [None] and popularity only."""
+def test_dvc_repro_of_a_newcomers_outfit_pairs_with_the_defaults(tmp_path):
+    """`dvc repro` through Table 1 on a newcomer's outfits CSV, (outfit, item) pairs only, with only
+    ingest.source and import_sets' source set (and sizes made small for the test's time): the models that read no
+    context train, the context variants say why they cannot, the attribute rows that there are no attributes."""
     project = tmp_path / "project"
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     dvc, env = dvc_project(project, MLFLOW_TRACKING_URI=tracking_uri)
-    source, _ = write_polyvore(project / "data" / "sets.json", n_sets=800, n_items=80)
+    (project / "data").mkdir()
+    write_pairs_csv(project / "data" / "outfits.csv", polyvore_sets(n_sets=800, n_items=80))
     params = yaml.safe_load((project / "params.yaml").read_text())
     params["ingest"]["source"] = "sets"
-    params["import_sets"]["source"] = "data/sets.json"
-    params["model"] = TINY_MODEL
-    # curated sets declare no article attributes (features.article_attributes): the "_attrs" models are off
-    params["features"].update({"default_dim": 8, "embedding_dims": {}, "val_fraction": 0.1, "test_fraction": 0.1,
-                               "article_features": False})
-    params["train"].update({"variants": ["none"], "seeds": [0], "max_epochs": 1, "batch_size": 64,
-                            "device": "cpu", "num_threads": 1})  # fmt: skip
-    params["variants"] = {"none": {}}
+    params["import_sets"]["source"] = "data/outfits.csv"
+    # only to keep the test short: a tiny model, one seed, one epoch
+    params["model"].update(TINY_MODEL)
+    params["train"].update({"seeds": [0], "max_epochs": 1})
     params["mlflow"]["tracking_uri"] = tracking_uri
     (project / "params.yaml").write_text(yaml.safe_dump(params))
     run = subprocess.run([str(dvc), "repro", "report"], cwd=project, capture_output=True, text=True, env=env,
-                         timeout=600)  # fmt: skip
+                         timeout=900)  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     ingest = json.loads((project / "data" / "raw" / "ingest_report.json").read_text())
-    assert ingest["source"] == "sets" and ingest["layout"] == "polyvore" and ingest["sets_kept"] > 300
-    assert (project / "reports" / "eval" / "none-s0.json").exists()
-    assert (project / "reports" / "eval" / "popularity.json").exists()
+    assert ingest["source"] == "sets" and ingest["layout"] == "pairs" and ingest["sets_kept"] > 300
+    assert json.loads((project / "reports" / "eval" / "popularity_attribute.json").read_text())["known"] is False
     table = (project / "reports" / "table1.md").read_text()
-    assert "| [None] |" in table and "| Popularity |" in table and "| [GS] |" not in table
-    assert "No context" in table and "only [None] and the popularity baseline run" in table
+    assert "| [None] |" in table and "| Bag of items |" in table and "| Popularity |" in table
+    assert "| [GS] |" not in table and "- Not trained on this data: [C], [NP], [GS], [GSU], Bag of items + c" in table
+    assert "No context" in table
     none = json.loads((project / "reports" / "eval" / "none-s0.json").read_text())
     low, high = none["test_bootstrap"]["recall@5"]
     assert low <= none["test"]["recall@5"] <= high

@@ -35,6 +35,8 @@ def recall_k(metric: str) -> int:
 
 VARIANTS = ("none", "concat", "new_position", "global_state", "global_state_update")  # the paper's five
 BASELINE_MODELS = ("bag_of_items", "bag_of_items_context")  # learned baselines, trained by the same code
+CONTEXT_FREE = ("none", "bag_of_items")  # the models that read no customer context (and their "_attrs" twins)
+NOT_APPLICABLE = "not_applicable"  # a run's metrics.json key: this data cannot train the model, and why
 # Every model again with article attributes (issue 14): "<model>_attrs" reads the catalogue's attributes
 # (features.article_attributes) beside the article ids. Named models of their own, so DVC matrix keys, run
 # directories, reports and MLflow runs never mix them with the paper's rows.

@@ -366,12 +366,10 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
     counts = split_counts(split, split[exploded.index.to_numpy()], item_idx != UNKNOWN_INDEX, SPLITS)
     check_splits(counts, cfg, outfits_path)
     catalogue = None
-    if cfg.article_features:  # items by catalogue index: the train vocabulary's indices, then the others
-        attributes = cfg.article_attributes.get(schema.source)
-        if not attributes:
-            raise ContextualBertError(
-                f"features.article_features is on but features.article_attributes declares no attributes for "
-                f"the data source '{schema.source}' ({validated_dir / SCHEMA_FILE}); add them or turn it off")
+    # with no attribute declared for the source (e.g. curated pairs without a products table), the models of ids
+    # and popularity as without the setting; the attribute rows say they are unavailable (no catalogue)
+    attributes = cfg.article_attributes.get(schema.source) if cfg.article_features else None
+    if attributes:  # items by catalogue index: the train vocabulary's indices, then the others
         catalogue = build_catalogue(tables["articles"], article_vocab, train_ids.astype(str).value_counts(),
                                     attributes, cfg, validated_dir / "articles.parquet")
         stored_idx, _ = catalogue.vocab.to_indices(exploded.to_numpy())
@@ -436,6 +434,9 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
             # items outside the train vocabulary that the catalogue holds: the attribute models rank them
             "catalogue_items_without_id": {name: int((stored_idx >= catalogue.n_ids)[item_split == name].sum())
                                            for name in SPLITS}}),
+        **({"no_catalogue": f"features.article_attributes declares no attribute for the source '{schema.source}': "
+                            "the models of ids only; the attribute models and popularity are unavailable"}
+           if cfg.article_features and catalogue is None else {}),
         "known_targets": {name: c["known_targets"] for name, c in counts.items()},
         "outfits_without_customer_row": int((customer_pos < 0).sum()),  # their customer context is missing
         "vocab_sizes": {"articles": len(article_vocab), **{f.name: f.cardinality for f in spec.features}},

@@ -46,7 +46,7 @@ from torch import nn
 
 from contextual_bert.evaluation.bootstrap import (DEPENDENCE_METRIC, KNOWN_OUTFITS_KEY, OUTFITS_KEY, bootstrap_ci, case_values,
                                        outfit_record)
-from contextual_bert.config import EvaluateConfig, ModelConfig, uses_attributes
+from contextual_bert.config import NOT_APPLICABLE, EvaluateConfig, ModelConfig, uses_attributes
 from contextual_bert.devices import evaluation_device, keep_freed_memory
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.data.feature_spec import HISTORY_FEATURE, N_SPECIAL, EncodedOutfits
@@ -307,6 +307,12 @@ def evaluate_run(features_dir: Path, run_dir: Path, out_path: Path, cfg: Evaluat
     from contextual_bert.data.feature_store import load_article_vocab, load_catalogue
 
     run_dir = Path(run_dir)
+    trained = json.loads((run_dir / "metrics.json").read_text()) if (run_dir / "metrics.json").exists() else {}
+    if NOT_APPLICABLE in trained:  # a model this data cannot train (training.loop.not_applicable): said, not failed
+        result = {"known": False, "name": run_dir.name, "variant": trained["variant"], "why": trained[NOT_APPLICABLE]}
+        Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(out_path).write_text(json.dumps(result, indent=2))
+        return result
     if not (run_dir / "checkpoint.pt").exists() and (run_dir / "history.json").exists():
         # trained, yet no epoch gave a finite validation cross-entropy: training again will not help
         raise ContextualBertError(
@@ -383,7 +389,8 @@ def attribute_popularity_model(features_dir: Path, cfg: EvaluateConfig, max_set_
 
     attribute = cfg.popularity_attribute
     if not (Path(features_dir) / ATTRIBUTES_FILE).exists():
-        return None, "features.article_features is off: no catalogue with attributes", None
+        return None, ("no catalogue with attributes (features.article_features is off, or "
+                      "features.article_attributes declares none for this source)"), None
     if attribute is None:
         return None, "evaluate.popularity_attribute is not set", None
     catalogue = load_catalogue(features_dir)

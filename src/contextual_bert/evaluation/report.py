@@ -371,8 +371,9 @@ def _data_lines(cfg: Config) -> list[str]:
         if m.get("d_context") == 0:
             lines.append(
                 f"- No context: this data (source **{m.get('source', 'unknown')}**, e.g. curated outfits without "
-                "customers) has no context columns, so only [None] and the popularity baseline run; the context "
-                "variants ([C], [NP], [GS], [GSU]) would have nothing to condition on."
+                "customers) has no context columns, so only the models that read none run ([None], the bag of items) "
+                "beside the popularity; the context variants ([C], [NP], [GS], [GSU], the bag of items + c) would "
+                "have nothing to condition on."
             )
     ingest_path = cfg.paths.raw_dir / "ingest_report.json"
     if ingest_path.exists():
@@ -413,7 +414,8 @@ def stuck(stat: dict | None) -> bool | None:
 
 
 def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, order: dict,
-                  baseline_verdicts: dict | None = None, yardsticks: dict | None = None) -> str:
+                  baseline_verdicts: dict | None = None, yardsticks: dict | None = None,
+                  unavailable: dict | None = None) -> str:
     variants = list(summary)
     seeds = cfg.train.seeds
     n = len(seeds)
@@ -491,6 +493,9 @@ def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, 
             ]) + " |"
         )
 
+    if unavailable:
+        lines += ["", f"- Not trained on this data: {', '.join(LABELS.get(v, v) for v in unavailable)} "
+                      f"({next(iter(unavailable.values()))})."]
     lines += seed_se_lines(summary)
     lines += yardstick_lines(yardsticks or {})
 
@@ -743,7 +748,14 @@ def build_report(cfg: Config) -> dict:
     variants, seeds = list(cfg.train.variants), list(cfg.train.seeds)
     if not variants or not seeds:
         raise ContextualBertError("params.yaml: train.variants and train.seeds must not be empty")
-    evals = {v: [read_eval(cfg.eval_path(f"{v}-s{s}")) for s in seeds] for v in variants}
+    results = {v: [_read_json(cfg.eval_path(f"{v}-s{s}"), "evaluation result (run `contextual-bert evaluate`)")
+                   for s in seeds] for v in variants}
+    # a model this data cannot train (e.g. a context variant on outfits without customers): said, not a row
+    unavailable = {v: runs[0].get("why") for v, runs in results.items() if all(r.get("known") is False for r in runs)}
+    variants = [v for v in variants if v not in unavailable]
+    if not variants:
+        raise ContextualBertError(f"no model of train.variants could be trained on this data: {unavailable}")
+    evals = {v: [checked_eval(r, cfg.eval_path(f"{v}-s{s}")) for r, s in zip(results[v], seeds)] for v in variants}
     references = read_references(cfg)
     popularity = references["popularity"]
     histories = {v: {s: read_history(cfg.run_dir(v, s) / "history.json") for s in seeds} for v in variants}
@@ -780,13 +792,15 @@ def build_report(cfg: Config) -> dict:
     reports_dir = cfg.paths.reports_dir
     reports_dir.mkdir(parents=True, exist_ok=True)
     (reports_dir / "table1.md").write_text(
-        render_table1(cfg, summary, references, verdicts, order, baseline_verdicts, yardsticks))
+        render_table1(cfg, summary, references, verdicts, order, baseline_verdicts, yardsticks, unavailable))
     metrics = _metrics_json(summary, references, verdicts)
     for v, c in yardsticks.items():
         if c.get("verdict") is not None:
             metrics[v]["vs_yardstick"] = {"difference": c["difference"], "verdict": VERDICT_NUMBERS[c["verdict"]]}
     if baseline_verdicts:
         metrics["vs_learned_baselines"] = baseline_verdicts["checks"]
+    if unavailable:
+        metrics["not_trained"] = {v: 1 for v in unavailable}  # numbers only: why is in table1.md
     (reports_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     plots = write_plots(reports_dir / "plots", evals, popularity, histories)
     return {

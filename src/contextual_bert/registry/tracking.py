@@ -28,7 +28,7 @@ from typing import Iterator
 
 import yaml
 
-from contextual_bert.config import Config, MlflowConfig
+from contextual_bert.config import NOT_APPLICABLE, Config, MlflowConfig
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.data.feature_store import (
     CATALOGUE_FEATURE_FILES,
@@ -259,6 +259,8 @@ class TrainingTracker:
         metrics = [Metric(metric_key(k, "final"), v, now, 0) for k, v in values.items()]
         if metrics:
             self.mlflow_client.log_batch(self.run_id, metrics=metrics)
+        if NOT_APPLICABLE in result:  # this data cannot train the model: said in the UI too
+            self.mlflow_client.set_tag(self.run_id, NOT_APPLICABLE, result[NOT_APPLICABLE])
         if "converged" in result:  # how it converged, or "no": a tag to filter runs by in the MLflow UI
             self.mlflow_client.set_tag(self.run_id, "converged", result["converged"] or "no")
         checkpoint = self.run_dir / "checkpoint.pt"

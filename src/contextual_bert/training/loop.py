@@ -28,7 +28,8 @@ import torch
 from tqdm.auto import tqdm
 
 from contextual_bert import cpu_kernels
-from contextual_bert.config import ModelConfig, TrainConfig, base_model, uses_attributes
+from contextual_bert.config import (CONTEXT_FREE, NOT_APPLICABLE, ModelConfig, TrainConfig, base_model,
+                                    uses_attributes)
 from contextual_bert.data.feature_spec import HISTORY_FEATURE, PAD_INDEX, EncodedOutfits
 from contextual_bert.devices import autocast, keep_freed_memory, select_device
 from contextual_bert.errors import ContextualBertError
@@ -365,6 +366,17 @@ def finish_run(run: Run, n_params: int) -> dict:
     return metrics
 
 
+def not_applicable(out_dir: Path, variant: str, seed: int, why: str) -> dict:
+    """metrics.json of a model this data cannot train: no checkpoint; evaluation and the report say why."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("checkpoint.pt", "last.pt", "history.json"):
+        (out_dir / stale).unlink(missing_ok=True)
+    metrics = {"variant": variant, "seed": seed, NOT_APPLICABLE: why}
+    write_json(out_dir / "metrics.json", metrics)
+    return metrics
+
+
 def train(
     features_dir: Path,
     out_dir: Path,
@@ -384,10 +396,9 @@ def train(
     from contextual_bert.data.feature_store import load_article_vocab, load_catalogue, load_spec, load_split
 
     spec = load_spec(features_dir)
-    if base_model(variant) != "none" and not spec.features:
-        raise ContextualBertError(
-            f"{features_dir}: variant '{variant}' conditions on context, but this data has no context columns "
-            "(e.g. curated sets without customers); set train.variants: [none]")
+    if base_model(variant) not in CONTEXT_FREE and not spec.features:
+        return not_applicable(out_dir, variant, seed, f"'{variant}' conditions on the customer context, and this "
+                              "data has no context columns (e.g. curated sets without customers)")
     n_items = len(load_article_vocab(features_dir))
     # "<model>_attrs": the catalogue's articles, known by their attributes (items by catalogue index)
     catalogue = load_catalogue(features_dir) if uses_attributes(variant) else None
