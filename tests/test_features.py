@@ -272,8 +272,10 @@ def test_attributes_off_write_no_catalogue_and_the_same_items(tmp_path):
         assert on.outfit_ids == off.outfit_ids and bool((on.items == off.items).all())
 
 
-def test_undeclared_or_absent_attributes_are_one_line_errors(tmp_path):
+def test_an_absent_attribute_is_a_one_line_error_and_a_source_without_any_has_no_catalogue(tmp_path):
     with pytest.raises(DataError, match="'fabric'.*not a column of the articles table"):
         _catalogue_features(tmp_path / "a", article_attributes={"synthetic": {"fabric": "categorical"}})
-    with pytest.raises(ContextualBertError, match="no attributes for the data source 'synthetic'"):
-        _catalogue_features(tmp_path / "b", article_attributes={"hm": {"product_type": "categorical"}})
+    # none declared for this source (a newcomer's outfits): the models of ids only, and the manifest says why
+    manifest, _, _ = _catalogue_features(tmp_path / "b", article_attributes={"hm": {"product_type": "categorical"}})
+    assert "catalogue" not in manifest and "no attribute for the source 'synthetic'" in manifest["no_catalogue"]
+    assert not (tmp_path / "b" / "features" / "catalogue.parquet").exists()

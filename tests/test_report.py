@@ -272,7 +272,7 @@ def test_bootstrap_interval_column_and_the_no_context_note(tmp_path):
     row = next(line for line in table.splitlines() if line.startswith("| [None] |"))
     assert "| 16.00–27.00 |" in row  # the seeds' bounds averaged
     assert "percentile bootstrap over the test outfits" in table
-    assert "No context" in table and "only [None] and the popularity baseline run" in table
+    assert "No context" in table and "only the models that read none run" in table
 
 
 def test_attribute_models_are_read_against_the_attribute_aware_popularity(tmp_path):

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from contextual_bert.config import FeaturesConfig
 from contextual_bert.data.contract import DATE_COLUMN, ID_COLUMN, SCHEMA_FILE, TABLES, DataSchema
-from contextual_bert.errors import ContextualBertError, DataError
+from contextual_bert.errors import DataError
 from contextual_bert.data.feature_spec import (
     MISSING_INDEX,
     N_SPECIAL,

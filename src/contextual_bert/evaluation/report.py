@@ -13,7 +13,6 @@ baselines, and, where known, the best possible.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from pathlib import Path
@@ -548,96 +547,6 @@ def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, 
     return "\n".join(lines)
 
 
-# --- plots -----------------------------------------------------------------------------------------------
-
-
-def _recall_curves(evals: dict[str, list[dict]], popularity: dict) -> dict[str, tuple[list, list]]:
-    """variant -> (k, mean recall over seeds) for the k every seed has."""
-    curves = {}
-    for name, runs in {**evals, "popularity": [popularity]}.items():
-        per_seed = [dict(zip(r["recall_curve"]["k"], r["recall_curve"]["test"])) for r in runs
-                    if isinstance(r.get("recall_curve"), dict)]
-        if not per_seed:
-            continue
-        ks = sorted(set.intersection(*(set(c) for c in per_seed)))
-        curves[name] = (ks, [float(np.mean([c[k] for c in per_seed])) for k in ks])
-    return curves
-
-
-def _num(value) -> float:
-    return float("nan") if value is None else float(value)
-
-
-def write_plots(plots_dir: Path, evals: dict[str, list[dict]], popularity: dict,
-                histories: dict[str, dict[int, list[dict]]]) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plots_dir.mkdir(parents=True, exist_ok=True)
-    colors = dict(zip(list(LABELS)[1:], plt.get_cmap("tab10").colors))
-    written = []
-
-    curves = _recall_curves(evals, popularity)
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    for name, (ks, recall) in curves.items():
-        style = {"color": "grey", "linestyle": "--"} if name == "popularity" else {"color": colors.get(name)}
-        ax.plot(ks, [r * 100 for r in recall], label=LABELS.get(name, name), linewidth=1.8, **style)
-    ax.set_xscale("log")
-    k_max = max((ks[-1] for ks, _ in curves.values() if ks), default=1)
-    ticks = [k for k in (1, 2, 5, 10, 20, 50, 100, 250, 500, 1000, 2500, 5000) if k <= k_max]
-    ax.set_xticks(ticks, [str(k) for k in ticks])
-    ax.set_xlabel("k (log scale)")
-    ax.set_ylabel("recall@k on the test split (%)")
-    ax.set_title("Recall@k, mean over seeds")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="upper left")
-    fig.tight_layout()
-    fig.savefig(plots_dir / "recall_at_k.png")
-    plt.close(fig)
-    written.append(plots_dir / "recall_at_k.png")
-
-    rows = [{"variant": name, "k": k, "recall": r} for name, (ks, rec) in curves.items() for k, r in zip(ks, rec)]
-    (plots_dir / "recall_at_k.json").write_text(json.dumps(rows, indent=1))
-    all_k = sorted({k for ks, _ in curves.values() for k in ks})
-    with open(plots_dir / "recall_at_k.csv", "w", newline="") as f:  # wide: one column per model, for DVC
-        writer = csv.writer(f)
-        writer.writerow(["k", *curves])
-        for k in all_k:
-            writer.writerow([k, *(dict(zip(*curves[n])).get(k, "") for n in curves)])
-    written += [plots_dir / "recall_at_k.json", plots_dir / "recall_at_k.csv"]
-
-    fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=120)
-    rows = []
-    for variant, per_seed in histories.items():
-        for i, (seed, history) in enumerate(sorted(per_seed.items())):
-            epochs = [h["epoch"] for h in history]
-            label = LABELS.get(variant, variant) if i == 0 else None
-            # The training sample's cross-entropy, measured as validation's (older runs: the objective's loss).
-            train_key = "train_cross_entropy" if all("train_cross_entropy" in h for h in history) else "train_loss"
-            ax_train.plot(epochs, [_num(h.get(train_key)) for h in history], color=colors.get(variant),
-                          label=label, alpha=0.85, marker=".")
-            ax_val.plot(epochs, [_num(h.get("val_cross_entropy")) for h in history], color=colors.get(variant),
-                        label=label, alpha=0.85, marker=".")
-            rows += [{"variant": variant, "seed": seed, "epoch": h["epoch"], "train_loss": h.get("train_loss"),
-                      "train_cross_entropy": h.get("train_cross_entropy"),
-                      "val_cross_entropy": h.get("val_cross_entropy")} for h in history]
-    for ax, title in ((ax_train, "Training cross-entropy (a fixed sample, measured as validation)"),
-                      (ax_val, "Validation cross-entropy")):
-        ax.set_xlabel("epoch")
-        ax.set_title(title)
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-    fig.suptitle("Training curves, one line per seed")
-    fig.tight_layout()
-    fig.savefig(plots_dir / "training_curves.png")
-    plt.close(fig)
-    (plots_dir / "training_curves.json").write_text(json.dumps(rows, indent=1))
-    written += [plots_dir / "training_curves.png", plots_dir / "training_curves.json"]
-    return written
-
-
 # --- the stage -------------------------------------------------------------------------------------------
 
 
@@ -802,7 +711,9 @@ def build_report(cfg: Config) -> dict:
     if unavailable:
         metrics["not_trained"] = {v: 1 for v in unavailable}  # numbers only: why is in table1.md
     (reports_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    plots = write_plots(reports_dir / "plots", evals, popularity, histories)
+    from contextual_bert.evaluation.plots import write_plots
+
+    plots = write_plots(reports_dir / "plots", evals, popularity, histories, LABELS)
     return {
         "table": str(reports_dir / "table1.md"),
         "metrics": str(reports_dir / "metrics.json"),
