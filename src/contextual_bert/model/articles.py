@@ -37,25 +37,15 @@ class ArticleAttributes(nn.Module):
             e_a at the id embeddings' N(0, 1/d) at initialisation.
     concat: e_a = W [E[id(a)]; A_1[x_1(a)]; ...; A_K[x_K(a)]] + b, each A_k of its spec's dim.
 
-    The sum is the default, by measurement: on planted data (6,000 outfits, 3,000 articles, product type
-    as the attribute; [None] + attributes, one seed, 8 epochs; studies/article_features/) the sum
-    reached validation cross-entropy 7.302 (test 7.281, CI 7.20-7.36) and concat + projection 7.360 (test
-    7.328, CI 7.25-7.40), with 15,536 more parameters for concat. The gap is within the test CI: the
-    tie-breakers are that the sum has fewer parameters and keeps an unseen article's vector a plain sum of
-    trained attribute rows and the [UNK] row, where the projection mixes the id part into every article.
+    The sum is the default (docs/decisions.md): fewer parameters, and an unseen article's vector stays a plain
+    sum of trained attribute rows and the [UNK] row, where a projection mixes the id part into every article.
 
-    Id dropout (`ids`, rate variants.<model>_attrs.id_dropout, training mode only). Without it the id embeddings
-    memorise the training outfits before the attribute embeddings learn anything (at ~12 sightings per article the
-    ids alone fit the training set), and the [UNK] id row is never a target, so the model learns that articles
-    without an id are never the answer. With it, each real article at an input position and each catalogue row of
-    the output layer (with its bias) reads [UNK] instead of its id with probability id_dropout: those articles
-    must be recognised and ranked by their attributes, exactly as an unseen one is at test time. Drawn per
-    position at the input and per catalogue row at the output (independently), from the global generator as
-    dropout is, so a resumed run repeats its draws. The rate (training.id_dropout_rate) is by default the share
-    of the validation outfits' articles that have no id, at least 0.05: on H&M's sample, where half the test
-    targets are unseen, the models without id dropout stop after one epoch with recall@5 0; on planted data with
-    hidden tastes, where every article is known and the ids carry the tastes, a fixed 0.5 trailed 0.05 by
-    0.06-0.08 nats of validation at equal epochs at 150k outfits (docs/encoder_recipe.md).
+    Id dropout (`ids`, rate variants.<model>_attrs.id_dropout, training mode only): each real article at an input
+    position and each catalogue row of the output layer (with its bias) reads [UNK] instead of its id with that
+    probability, so those articles must be recognised and ranked by their attributes, as an unseen one is at test
+    time; without it the ids memorise the training outfits before the attributes learn anything, and [UNK] is
+    never a target. Drawn per input position and per output row (independently), from the global generator as
+    dropout is, so a resumed run repeats its draws. The rate: training.regularisers.id_dropout_rate.
 
     The catalogue's encoded attributes are buffers outside the state_dict (`set_catalogue`): the weights do
     not depend on how many articles there are, so a served model takes a larger catalogue without
