@@ -221,7 +221,7 @@ def logged_pyfunc(tiny_trained_runs):
 def test_the_logged_pyfunc_is_code_not_a_pickle_and_answers_like_the_core(logged_pyfunc, core, requests):
     local = Path(mlflow.artifacts.download_artifacts(logged_pyfunc.model_uri))
     assert not list(local.rglob("*.pkl"))  # models from code: no pickled python_model
-    assert (local / "code" / "contextual_bert" / "serving.py").exists()
+    assert (local / "code" / "contextual_bert" / "serving" / "completer.py").exists()
     pyfunc = mlflow.pyfunc.load_model(logged_pyfunc.model_uri)
     out = pyfunc.predict(requests)
     assert out["article_ids"].map(len).tolist() == [4] * len(requests)  # top_k from the model's settings

@@ -93,7 +93,6 @@ def _cmd_train(cfg: Config, args) -> None:
 
 def _cmd_evaluate(cfg: Config, args) -> None:
     from contextual_bert.evaluation.evaluate import evaluate_run
-    from contextual_bert.evaluation.yardstick import YARDSTICKS
     from contextual_bert.registry.tracking import log_evaluation
 
     report = evaluate_run(
@@ -101,7 +100,6 @@ def _cmd_evaluate(cfg: Config, args) -> None:
         run_dir=cfg.run_dir(args.variant, args.seed),
         out_path=cfg.eval_path(f"{args.variant}-s{args.seed}"),
         cfg=cfg.evaluate,
-        yardsticks={name: cfg.eval_path(name) for name in YARDSTICKS},
     )
     # The metrics also go to the training's MLflow run (found through models/<run>/mlflow_run.json).
     log_evaluation(cfg, cfg.run_dir(args.variant, args.seed), report, cfg.eval_path(f"{args.variant}-s{args.seed}"))

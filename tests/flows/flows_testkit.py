@@ -296,7 +296,7 @@ TINY_VARIANTS = ["none", "global_state"]
 TINY_PARAMS = {
     "train.variants": TINY_VARIANTS,
     "train.seeds": [0],
-    "train.max_epochs": 2,
+    "train.max_epochs": 12,  # enough to count better than popularity: promotion refuses a model that does not
     "train.batch_size": 128,
     "train.warmup_steps": 10,
     "model.d_model": 32,

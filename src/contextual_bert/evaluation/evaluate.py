@@ -54,7 +54,7 @@ from contextual_bert.evaluation.fitb import RESULT_KEY as FITB_KEY
 from contextual_bert.evaluation.fitb import fitb_result, split_questions
 from contextual_bert.model import count_paper_parameters, load_checkpoint
 from contextual_bert.evaluation.ranking import case_ranks, measures_dependence, outfit_dependence
-from contextual_bert.evaluation.yardstick import VERDICT_KEY, read_yardstick, run_verdict, yardstick_of
+from contextual_bert.evaluation.yardstick import VERDICT_KEY, run_verdict, yardstick_of
 
 RECALL_CURVE_MAX_K = 250
 
@@ -299,11 +299,9 @@ def result_json(result: dict) -> str:
     return text
 
 
-def evaluate_run(features_dir: Path, run_dir: Path, out_path: Path, cfg: EvaluateConfig,
-                 yardsticks: dict[str, Path] | None = None) -> dict:
-    """Evaluate run_dir/checkpoint.pt on the test (and validation) split; write out_path (JSON). `yardsticks`:
-    the baseline stage's results by name (yardstick.YARDSTICKS): the result then says where the model stands
-    against its own (yardstick.run_verdict)."""
+def evaluate_run(features_dir: Path, run_dir: Path, out_path: Path, cfg: EvaluateConfig) -> dict:
+    """Evaluate run_dir/checkpoint.pt on the test (and validation) split; write out_path (JSON), with where the
+    model stands against its yardstick on the same test cases (yardstick.run_verdict)."""
     from contextual_bert.data.feature_store import load_article_vocab, load_catalogue
 
     run_dir = Path(run_dir)
@@ -333,11 +331,30 @@ def evaluate_run(features_dir: Path, run_dir: Path, out_path: Path, cfg: Evaluat
         n_ids = catalogue.n_ids
     result = evaluate_model(model, run_dir.name, model.variant, meta.get("seed"), count_paper_parameters(model),
                             features_dir, model.model_cfg.max_set_size, out_path, cfg, n_ids)
-    if yardsticks is not None:
-        name = yardstick_of(model.variant, model.reads_history)
-        result[VERDICT_KEY] = run_verdict(result, name, read_yardstick(yardsticks[name]))
-        Path(out_path).write_text(result_json(result))
+    name = yardstick_of(model.variant, model.reads_history)
+    result[VERDICT_KEY] = run_verdict(result, name, yardstick_test_record(name, features_dir, cfg,
+                                                                          model.model_cfg.max_set_size))
+    Path(out_path).write_text(result_json(result))
     return result
+
+
+def yardstick_test_record(name: str, features_dir: Path, cfg: EvaluateConfig, max_set_size: int) -> dict | None:
+    """The yardstick `name` on the test split as the baseline stage computes it: its cross-entropy and per-outfit
+    record, for the paired verdict; None where the data has none. Computed here rather than read from the
+    baseline stage's file, so that an evaluation needs nothing but the features (a training unit on another
+    machine has them)."""
+    from contextual_bert.data.feature_store import load_split
+
+    catalogue = name == "popularity_attribute"
+    try:
+        model = yardstick_model(name, features_dir, cfg, max_set_size, load_split(features_dir, "val", max_set_size))
+    except ContextualBertError:
+        return None
+    test = load_split(features_dir, "test", max_set_size, catalogue=catalogue)
+    device = evaluation_device()
+    metrics, cases = evaluate_split(model.to(device), test, cfg, device)
+    return {"test": metrics, OUTFITS_KEY: outfit_record(cases["outfit"], case_values(cases["rank"], cases["log_prob"]),
+                                                        _outfit_ids(test))}
 
 
 def evaluate_popularity(

@@ -10,13 +10,9 @@ must put the whole 95% interval of the difference on one side of 0. Otherwise th
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from contextual_bert.config import uses_attributes
 from contextual_bert.evaluation.bootstrap import OUTFITS_KEY, paired_difference
 
-YARDSTICKS = ("popularity", "popularity_history", "popularity_attribute")  # the baseline stage's results
 VERDICT_KEY = "yardstick"  # an evaluation JSON's verdict (evaluate.evaluate_run)
 METRIC = "cross_entropy"
 
@@ -37,20 +33,11 @@ def verdict_of(difference: float, margin: float | None = None, interval: list[fl
     return "worse" if difference > margin else "better" if -difference > margin else "level"
 
 
-def read_yardstick(path: Path) -> dict | None:
-    """The baseline stage's result at `path`, None where there is none (not run, or not known for this data)."""
-    path = Path(path)
-    if not path.exists():
-        return None
-    result = json.loads(path.read_text())
-    return None if result.get("known") is False else result
-
-
 def run_verdict(result: dict, name: str, yardstick: dict | None) -> dict:
     """One evaluation (one seed) against its yardstick's result: the paired bootstrap over the test outfits."""
     out = {"name": name, "metric": METRIC, "model": result["test"][METRIC]}
     if yardstick is None:
-        return out | {"verdict": None, "why": f"no {name} result (run `contextual-bert baseline`)"}
+        return out | {"verdict": None, "why": f"this data has no {name}"}
     out["yardstick"] = yardstick["test"][METRIC]
     if yardstick.get(OUTFITS_KEY) is None:
         return out | {"difference": out["model"] - out["yardstick"], "verdict": None,
