@@ -46,6 +46,7 @@ from contextual_bert.evaluation.bootstrap import bootstrap_ci
 from contextual_bert.config import FitbConfig
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.data.feature_spec import MASK_INDEX, MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
+from contextual_bert.evaluation.ranking import progress, scorer_name, scoring_pass
 
 PROTOCOLS = ("easy", "hard")
 METRICS = tuple(f"fitb_{p}" for p in PROTOCOLS)  # accuracies, in an evaluation's "test" metrics
@@ -186,7 +187,8 @@ def answer(model, data, questions: Questions, batch_size: int, device) -> dict[s
     n_items = int(getattr(model, "n_items"))
     out = {p: np.full(len(questions.outfit), np.nan) for p in PROTOCOLS}
     lengths = (items != PAD_INDEX).sum(dim=1)
-    with torch.no_grad():
+    bar = progress(len(questions.outfit), f"{scorer_name(model)} FITB", "question")
+    with torch.no_grad(), scoring_pass(model), bar:  # the output layer built once (ranking.scoring_pass)
         for start in range(0, len(questions.outfit), batch_size):
             rows = slice(start, start + batch_size)
             o = torch.as_tensor(questions.outfit[rows], device=device)
@@ -205,6 +207,7 @@ def answer(model, data, questions: Questions, batch_size: int, device) -> dict[s
                 slot = torch.as_tensor(questions.answer[protocol][rows], device=device)[:, None]
                 correct = top.gather(1, slot).squeeze(1).double() / top.sum(dim=1).double()
                 out[protocol][rows] = correct.cpu().numpy()
+            bar.update(len(o))
     for protocol in PROTOCOLS:
         out[protocol][~questions.asked[protocol]] = np.nan
     return out
