@@ -134,6 +134,18 @@ class PlantedConfig(Section):
     customer_taste_strength: float = Field(0.0, ge=0)
     n_customer_tastes: int = Field(16, ge=1)
     popularity_exponent: float = Field(0.8, ge=0)  # Zipf exponent of the articles' popularity
+    # planted closets (closets.py, another story: no tastes): each customer re-wears articles of a hidden closet
+    # of this many slots (0: off, and the data is today's byte for byte) ...
+    closet_size: int = Field(0, ge=0)
+    # ... an item of a type the closet holds being one of its closet's articles of that type with this chance
+    rewear_probability: float = Field(0.3, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _one_story(self):
+        if self.closet_size and (self.hidden_taste_strength or self.customer_taste_strength):
+            raise ValueError("planted.closet_size > 0 is the closets' story, which has no tastes: set "
+                             "hidden_taste_strength and customer_taste_strength to 0")
+        return self
 
 
 class ImportHMConfig(Section):

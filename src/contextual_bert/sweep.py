@@ -125,7 +125,7 @@ def write_report(rows: list[dict], choice: dict[str, dict], out_dir: Path) -> li
                                                    indent=2))
     keys = sorted({k for row in rows for k in row["setting"]})
     lines = ["# Sweep: validation cross-entropy per variant and setting", "",
-             f"One seed per setting; the lowest best-epoch validation cross-entropy wins (marked **). "
+             "One seed per setting; the lowest best-epoch validation cross-entropy wins (marked **). "
              f"Never chosen on test.", "",
              "| Variant | " + " | ".join(keys) + " | Val cross-entropy | Best epoch / epochs | Converged |",
              "|---|" + "---|" * (len(keys) + 3)]

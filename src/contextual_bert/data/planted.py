@@ -67,6 +67,9 @@ and P(a | O, H, x) is the first formula with P(z | O, H, x) in place of P(z | O,
 customer_taste_table (U, K), s * H: P(z | x_c, u) = softmax(taste_logit[c] + customer_taste_table[u]). `optimum.py` computes this over the features stage's vocabulary (and handles articles the
 vocabulary lacks exactly); this module writes the data and the truth it needs.
 
+Planted closets (planted.closet_size > 0) are another story, with their own truth (closets.py);
+planted_source.py, the `planted` source, picks the story.
+
 Files (the raw contract of `contract.py`, so validate / features / train run unchanged, plus the truth):
 data/raw/{articles,customers,outfits}.parquet, schema.json (source "planted"), ingest_report.json, and
 TRUTH_FILE (numpy arrays) with TRUTH_JSON (the parameters in words and numbers).
@@ -180,11 +183,8 @@ class PlantedTruth:
         (Path(out_dir) / TRUTH_JSON).write_text(json.dumps(about, indent=2))
 
 
-def truth_exists(raw_dir: Path) -> bool:
-    return (Path(raw_dir) / TRUTH_FILE).is_file()
-
-
-def load_truth(raw_dir: Path) -> PlantedTruth:
+def load_truth(raw_dir: Path):
+    """The PlantedTruth in raw_dir (planted_source.load_truth reads either story's)."""
     path = Path(raw_dir) / TRUTH_FILE
     if not path.is_file():
         raise DataError("no planted truth here: the data was not made by `contextual-bert generate-planted`",
@@ -283,8 +283,7 @@ def _outfits(rng: np.random.Generator, cfg: PlantedConfig, cat: dict, cus: dict,
         w = np.exp(cat["log_weight"][pool, z] - cat["log_weight"][pool, z].max())
         article[group] = rng.choice(pool, len(group), p=w / w.sum())
     order = np.lexsort((rng.random(len(draw_outfit)), draw_outfit))  # grouped by outfit, items shuffled
-    date = DATE_START + np.random.default_rng([cfg.seed, DATE_STREAM]).integers(0, DATE_SPAN_DAYS, n).astype(
-        "timedelta64[D]")  # its own generator, as the docstring says
+    date = outfit_dates(cfg.seed, n)
     return dict(customer=customer, taste=taste, size=size, draw_outfit=draw_outfit[order], article=article[order],
                 date=date)  # fmt: skip
 
@@ -314,29 +313,55 @@ def _tables(cfg: PlantedConfig, cat: dict, cus: dict, out: dict) -> dict[str, pa
         "customer_id": pa.array(customer_id, pa.string()),
         **{name: pa.array(_names(name, k)[cus["values"][name]], pa.string()) for name, k, _ in CONTEXT_COLUMNS},
     })  # fmt: skip
-    offsets = np.concatenate([[0], np.cumsum(out["size"])]).astype(np.int32)
-    outfits = pa.table({
-        "outfit_id": pa.array(_names("PO", cfg.n_outfits), pa.string()),
-        "customer_id": pa.array(customer_id[out["customer"]], pa.string()),
-        "article_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(article_id[out["article"]], pa.string())),
-        DATE_COLUMN: pa.array(out["date"], DATE_TYPE),
-    })  # fmt: skip
+    outfits = outfits_table(customer_id[out["customer"]], article_id[out["article"]], out["size"], out["date"])
     return {"articles": articles, "customers": customers, "outfits": outfits}
+
+
+def outfit_dates(seed: int, n: int) -> np.ndarray:
+    """The outfits' dates: uniform over DATE_SPAN_DAYS days from DATE_START, from a generator of their own."""
+    return DATE_START + np.random.default_rng([seed, DATE_STREAM]).integers(0, DATE_SPAN_DAYS, n).astype(
+        "timedelta64[D]")
+
+
+def outfits_table(customer_ids: np.ndarray, article_ids: np.ndarray, sizes: np.ndarray, dates: np.ndarray) -> pa.Table:
+    """The outfits table: outfit i (id PO_i) of customer_ids[i], its sizes[i] articles the next ones of article_ids."""
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    return pa.table({
+        "outfit_id": pa.array(_names("PO", len(sizes)), pa.string()),
+        "customer_id": pa.array(customer_ids, pa.string()),
+        "article_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(article_ids, pa.string())),
+        DATE_COLUMN: pa.array(dates, DATE_TYPE),
+    })  # fmt: skip
+
+
+def write_raw(out_dir: Path, tables: dict[str, pa.Table], schema: DataSchema, truth, about: dict, report: dict) -> None:
+    """The raw contract (the tables, schema.json, ingest_report.json) and the truth (`truth.save`) into out_dir."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, table in tables.items():
+        pq.write_table(table, out_dir / f"{name}.parquet")
+    schema.save(out_dir)
+    truth.save(out_dir, about)
+    (out_dir / "ingest_report.json").write_text(json.dumps(report, indent=2))
 
 
 def _entropy(p: np.ndarray) -> np.ndarray:
     return -(p * np.log(np.where(p > 0, p, 1.0))).sum(axis=-1)
 
 
-def generate_planted(cfg: PlantedConfig, out_dir: Path, max_set_size: int = ModelConfig().max_set_size,
-                     min_set_size: int = IngestConfig().min_set_size) -> dict:
-    """Write the raw contract (tables, schema.json, ingest_report.json) and the truth into out_dir."""
+def check_sizes(cfg: PlantedConfig, max_set_size: int) -> None:
+    """Sizes no story can fill -> a one-line error."""
     if cfg.n_types < max_set_size:
         raise ContextualBertError(f"planted.n_types is {cfg.n_types}; an outfit of {max_set_size} items "
                                   f"(model.max_set_size) needs at least {max_set_size} product types")
     if cfg.n_articles < cfg.n_types:
         raise ContextualBertError(f"planted.n_articles is {cfg.n_articles}; every one of the "
                                   f"{cfg.n_types} product types needs an article")
+
+
+def generate_planted(cfg: PlantedConfig, out_dir: Path, max_set_size: int = ModelConfig().max_set_size,
+                     min_set_size: int = IngestConfig().min_set_size) -> dict:
+    """Write the raw contract (tables, schema.json, ingest_report.json) and the truth into out_dir."""
+    check_sizes(cfg, max_set_size)
     started = time.perf_counter()
     rng = np.random.default_rng(cfg.seed)
     cat = _catalogue(rng, cfg)
@@ -344,11 +369,6 @@ def generate_planted(cfg: PlantedConfig, out_dir: Path, max_set_size: int = Mode
     out = _outfits(rng, cfg, cat, cus, max_set_size, min_set_size)
     tables = _tables(cfg, cat, cus, out)
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name, table in tables.items():
-        pq.write_table(table, out_dir / f"{name}.parquet")
-    planted_schema().save(out_dir)
     truth = PlantedTruth(
         article_ids=tables["articles"].column("article_id").to_numpy(zero_copy_only=False),
         article_type=cat["type"], log_weight=cat["log_weight"],
@@ -364,11 +384,12 @@ def generate_planted(cfg: PlantedConfig, out_dir: Path, max_set_size: int = Mode
         "taste_entropy_given_context": round(float(_entropy(cus["taste_prob"]).mean()), 4),
         "taste_entropy_max": round(float(np.log(cfg.n_tastes)), 4),
     }
-    truth.save(out_dir, {
+    about = {
         "story": "see the docstring of contextual_bert/planted.py",
         # (without a later setting at its "off" value: the truth file of today's data stays byte for byte)
         "params": cfg.model_dump(exclude=(set() if cfg.hidden_taste_strength else {"hidden_taste_strength"}) | (
-            set() if cfg.customer_taste_strength else {"customer_taste_strength", "n_customer_tastes"})),
+            set() if cfg.customer_taste_strength else {"customer_taste_strength", "n_customer_tastes"}) | {
+            "closet_size", "rewear_probability"}),
         "n_styles": N_STYLES, "n_colors": N_COLORS, "color_weight": COLOR_WEIGHT,
         "context_columns": [{"name": n, "n_values": k, "informative": i} for n, k, i in CONTEXT_COLUMNS],
         "context_tables": {name: table.round(6).tolist() for name, table in cus["tables"].items()},
@@ -380,7 +401,7 @@ def generate_planted(cfg: PlantedConfig, out_dir: Path, max_set_size: int = Mode
         "population_prior": prior.round(6).tolist(),
         "signal": signal,
         **({} if cus["hidden"] is None else {"customer_taste": cus["hidden"].tolist()}),
-    })  # fmt: skip
+    }  # fmt: skip
     report = {
         "source": SOURCE,
         "seed": cfg.seed,
@@ -390,22 +411,6 @@ def generate_planted(cfg: PlantedConfig, out_dir: Path, max_set_size: int = Mode
         "articles_never_drawn": int(cfg.n_articles - len(np.unique(out["article"]))),
         "planted_signal": signal,
     }
-    (out_dir / "ingest_report.json").write_text(json.dumps(report, indent=2))
+    write_raw(Path(out_dir), tables, planted_schema(), truth, about, report)
     # the time is returned, not written: data/raw stays byte-identical for the same settings (DVC's hash)
     return {**report, "seconds": round(time.perf_counter() - started, 2)}
-
-
-def ingest(cfg, source=None) -> dict:
-    """The `planted` entry of sources.SOURCES (it reads no files: `source` is unused)."""
-    return generate_planted(cfg.planted, out_dir=cfg.paths.raw_dir, max_set_size=cfg.model.max_set_size,
-                            min_set_size=cfg.ingest.min_set_size)
-
-
-def schema(cfg) -> DataSchema:
-    """The context columns of the `planted` source (sources.SOURCES)."""
-    return planted_schema()
-
-
-def inputs(cfg) -> list:
-    """The files the `planted` source reads (sources.SOURCES): none."""
-    return []

@@ -46,7 +46,7 @@ SOURCES: dict[str, Source] = {
                  "H&M Kaggle transactions, grouped into baskets; customers.csv columns as context"),
     "sets": Source("contextual_bert.data.import_sets", "import_sets",
                    "curated sets (outfit id, item id) or Polyvore Outfits JSON; customers optional"),
-    "planted": Source("contextual_bert.data.planted", "planted",
+    "planted": Source("contextual_bert.data.planted_source", "planted",
                       "planted customer signal whose exact Bayes-optimal predictor is known (optimum stage)"),
 }  # fmt: skip
 

@@ -35,6 +35,22 @@ model reading the history). With L_h(z) = prod_{b in h} S[b, z] and u the custom
 
 and the case is scored as above with P(z | H, x) as its prior (summing u out of P(u, z | O, H, x) first
 gives the same posterior over z). With an empty history P(z | H, x) = P(z | x): the row "with context".
+
+Planted closets (data/closets.py; ClosetOptimum, the same three rows). The latent is the customer c, uniform over the
+C customers (with context: over those whose context encodes to the case's), each with its known closet; given c an
+outfit's items are independent given their types, item b with e_c(b) = (1 - rho_ct) q(b | t) + rho_ct kappa_c(b).
+The same formula as above with the customers in place of the tastes and e_c in place of S:
+
+    score(a) = sum_c P(c | x) * prod_{b in O known} e_c(b) * e_m(Q_c[.] minus types(O), t(a)) * e_c(a)
+
+Q_c[t] = (1 - rho_ct) (q's mass of type t outside the vocabulary) + rho_ct (kappa_c's mass there). e_c is a type
+term plus a sparse closet term, so nothing (articles x customers) is ever dense: a known item's log e_c(b) is log q(b)
+(the same for every c, dropped) + log(1 - rho_ct) + log(1 + rho_ct kappa_c(b) / ((1 - rho_ct) q(b))) where b is in
+c's closet, and score(a) = q(a) sum_c w_c (1 - rho_ct(a)) + sum_c w_c rho_ct(a) kappa_c(a). With the history H:
+
+    log P(c | H, x) = log P(c | x) + sum_{h in H} sum_{b in h} log e_c(b) + const
+
+(closet_history_log_prior; H's raw articles, as above), the case scored with it as its prior.
 """
 
 from __future__ import annotations
@@ -50,8 +66,10 @@ from torch import nn
 
 from contextual_bert.config import EvaluateConfig, ModelConfig
 from contextual_bert.errors import ContextualBertError, DataError
-from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
-from contextual_bert.data.planted import PlantedTruth, load_truth, truth_exists
+from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, UNKNOWN_INDEX
+from contextual_bert.data.closets import ClosetTruth
+from contextual_bert.data.planted import PlantedTruth
+from contextual_bert.data.planted_source import load_truth, truth_exists
 
 RESULTS = {"optimum_context": True, "optimum_no_context": False}  # eval name -> uses the context
 HISTORY_RESULT = "optimum_history"  # the optimum with context and history (module docstring)
@@ -80,7 +98,37 @@ def elementary_symmetric_excluding(values: torch.Tensor, degree: int) -> torch.T
     return out
 
 
-class BayesOptimum(nn.Module):
+class ContextPrior(nn.Module):
+    """A latent's prior per context combination: `log_prior` (P, L) over L latent values (tastes, customers), read at
+    the row of the case's context (context_digits: [(feature name, width)] in key order, `radix` (D,) the
+    cardinality of each digit, `keys` (P,) the sorted mixed-radix key of each combination); P = 1 and
+    context_digits None: one prior for every case (without context)."""
+
+    def _init_prior(self, log_prior, context_digits=None, radix=None, keys=None) -> None:
+        self.register_buffer("log_prior", torch.as_tensor(log_prior, dtype=torch.float64))
+        self.context_digits = list(context_digits or [])
+        if self.context_digits:
+            radix = torch.as_tensor(radix, dtype=torch.int64)
+            self.register_buffer("multiplier", torch.cumprod(torch.cat([radix.new_ones(1), radix[:-1]]), 0))
+            self.register_buffer("keys", torch.as_tensor(keys, dtype=torch.int64))
+
+    def context_key(self, context: dict) -> torch.Tensor:
+        digits = torch.cat([context[name].reshape(len(context[name]), -1)[:, :w] for name, w in self.context_digits],
+                           dim=1)  # fmt: skip
+        return (digits * self.multiplier).sum(1)
+
+    def _log_prior(self, context, batch: int) -> torch.Tensor:
+        if not self.context_digits:
+            return self.log_prior.expand(batch, -1)
+        key = self.context_key(context)
+        pos = torch.searchsorted(self.keys, key).clamp(max=len(self.keys) - 1)
+        if not bool((self.keys[pos] == key).all()):
+            raise ContextualBertError("a context combination absent from the planted customer population: "
+                                      "the data and its truth file disagree")
+        return self.log_prior[pos]
+
+
+class BayesOptimum(ContextPrior):
     """The exact P(masked article | other items[, context]) of planted data, as logits over the vocabulary.
 
     item_type:      (n_items,) product type of each vocabulary index, -1 at the special indices
@@ -109,28 +157,8 @@ class BayesOptimum(nn.Module):
         self.register_buffer("item_type", item_type)
         self.register_buffer("item_log_share", torch.log(share))  # -inf at special indices, never read
         self.register_buffer("oov_share", torch.as_tensor(oov_share, dtype=torch.float64))
-        self.register_buffer("log_prior", torch.as_tensor(log_prior, dtype=torch.float64))
-        self.context_digits = list(context_digits or [])
-        if self.context_digits:
-            radix = torch.as_tensor(radix, dtype=torch.int64)
-            self.register_buffer("multiplier", torch.cumprod(torch.cat([radix.new_ones(1), radix[:-1]]), 0))
-            self.register_buffer("keys", torch.as_tensor(keys, dtype=torch.int64))
+        self._init_prior(log_prior, context_digits, radix, keys)
         self.n_items, self.n_tastes, self.n_types = n_items, k, t
-
-    def context_key(self, context: dict) -> torch.Tensor:
-        digits = torch.cat([context[name].reshape(len(context[name]), -1)[:, :w] for name, w in self.context_digits],
-                           dim=1)  # fmt: skip
-        return (digits * self.multiplier).sum(1)
-
-    def _log_prior(self, context, batch: int) -> torch.Tensor:
-        if not self.context_digits:
-            return self.log_prior.expand(batch, -1)
-        key = self.context_key(context)
-        pos = torch.searchsorted(self.keys, key).clamp(max=len(self.keys) - 1)
-        if not bool((self.keys[pos] == key).all()):
-            raise ContextualBertError("a context combination absent from the planted customer population: "
-                                      "the data and its truth file disagree")
-        return self.log_prior[pos]
 
     def masked_logits(self, items: torch.Tensor, context=None) -> torch.Tensor:
         with torch.autocast(items.device.type, enabled=False):
@@ -173,6 +201,117 @@ class HistoryOptimum(BayesOptimum):
 
     def _log_prior(self, context, batch: int) -> torch.Tensor:
         return self.log_prior[context[OUTFIT_ROW]]
+
+
+class ClosetOptimum(ContextPrior):
+    """The exact P(masked article | other items[, context]) of planted closets (closets.py), as logits over the
+    vocabulary: a mixture over the C customers (the latent; its prior per context combination: ContextPrior),
+    each with its known closet (module docstring).
+
+    item_type:      (n_items,) product type of each vocabulary index, -1 at the special indices
+    item_log_fresh: (n_items,) log q(a | t(a)) (ignored at special indices)
+    rewear:         (C, T) rho_ct
+    entry_customer, entry_item, entry_kappa: (E,) the closets' (customer, vocabulary index, kappa_c(article)) of
+                    the articles the vocabulary holds
+    oov_share:      (C, T) Q_c[t], e_c's mass on type t's articles outside the vocabulary
+    Memory is bounded by scoring at most about `chunk_cells` float64 numbers per step (rows at a time)."""
+
+    def __init__(self, item_type, item_log_fresh, rewear, entry_customer, entry_item, entry_kappa, oov_share,
+                 log_prior, context_digits=None, radix=None, keys=None, chunk_cells: int = 1 << 23):
+        super().__init__()
+        item_type = torch.as_tensor(item_type, dtype=torch.int64)
+        real = item_type >= 0
+        fresh = torch.as_tensor(item_log_fresh, dtype=torch.float64).exp() * real
+        rewear = torch.as_tensor(rewear, dtype=torch.float64)
+        entry_customer = torch.as_tensor(entry_customer, dtype=torch.int64)
+        entry_item = torch.as_tensor(entry_item, dtype=torch.int64)
+        entry_kappa = torch.as_tensor(entry_kappa, dtype=torch.float64)
+        entry_type = item_type[entry_item]
+        rho = rewear[entry_customer, entry_type]
+        # a known item b's factor e_c(b) / q(b) = (1 - rho_ct) (1 + rho_ct kappa_c(b) / ((1 - rho_ct) q(b))): the
+        # first per type (log_keep), the second, the gain, only where b is in c's closet; owners of an index i are
+        # entries owner_start[i]:owner_start[i + 1] (sorted by index)
+        order = torch.argsort(entry_item, stable=True)
+        self.register_buffer("item_type", item_type)
+        self.register_buffer("real_index", real.nonzero()[:, 0])
+        self.register_buffer("fresh", fresh)
+        self.register_buffer("rewear", rewear)
+        self.register_buffer("log_keep", torch.log1p(-rewear).T.contiguous())  # (T, C)
+        self.register_buffer("owner_start", torch.searchsorted(entry_item[order], torch.arange(len(item_type) + 1)))
+        self.register_buffer("owner_customer", entry_customer[order])
+        self.register_buffer("owner_gain", torch.log1p(rho * entry_kappa / ((1 - rho) * fresh[entry_item]))[order])
+        self.register_buffer("entry_customer", entry_customer)
+        self.register_buffer("entry_item", entry_item)
+        self.register_buffer("entry_type", entry_type)
+        self.register_buffer("entry_kappa", entry_kappa)
+        self.register_buffer("oov_share", torch.as_tensor(oov_share, dtype=torch.float64))
+        self._init_prior(log_prior, context_digits, radix, keys)
+        self.n_items, self.n_customers, self.n_types = len(item_type), rewear.shape[0], rewear.shape[1]
+        self.chunk_cells = chunk_cells
+
+    def masked_logits(self, items: torch.Tensor, context=None) -> torch.Tensor:
+        if not bool(((items == MASK_INDEX).sum(1) == 1).all()):
+            raise ContextualBertError("the optimum scores outfits with exactly one [MASK] item each")
+        context = context or {}
+        degree = int((items == UNKNOWN_INDEX).sum(1).max()) if len(items) else 0
+        per_row = self.n_customers * self.n_types * (degree + 3) + len(self.entry_item) + 3 * self.n_items
+        step = max(1, self.chunk_cells // per_row)
+        with torch.autocast(items.device.type, enabled=False):
+            parts = [self._masked_logits(items[s: s + step], {k: v[s: s + step] for k, v in context.items()})
+                     for s in range(0, len(items), step)]
+        return torch.cat(parts) if parts else items.new_zeros(0, self.n_items, dtype=torch.float64)
+
+    def _masked_logits(self, items: torch.Tensor, context: dict) -> torch.Tensor:
+        batch = items.shape[0]
+        known = items >= N_SPECIAL
+        case, flat = known.nonzero(as_tuple=True)[0], items[known]
+        taken = torch.zeros(batch, self.n_types, dtype=torch.bool, device=items.device)
+        taken[case, self.item_type[flat]] = True
+        # log P(c | context) + sum over the known items of log e_c(b) / q(b) (q(b) is the same for every c)
+        log_post = self._log_prior(context, batch) + taken.to(torch.float64) @ self.log_keep
+        counts = self.owner_start[flat + 1] - self.owner_start[flat]
+        if int(counts.sum()) > 0:
+            first = torch.repeat_interleave(self.owner_start[flat], counts)
+            within = torch.arange(len(first), device=items.device) - torch.repeat_interleave(
+                torch.cumsum(counts, 0) - counts, counts)
+            owner = first + within
+            log_post = log_post.index_put((torch.repeat_interleave(case, counts), self.owner_customer[owner]),
+                                          self.owner_gain[owner], accumulate=True)
+        post = torch.softmax(log_post, dim=1)  # P(c | known items, context), (B, C)
+        # only the customers some case gives a probability above 0 add to a score (with context: its group's)
+        active = (post > 0).any(0)
+        post, rewear, oov_share = post[:, active], self.rewear[active], self.oov_share[active]
+        entries = active[self.entry_customer]
+        entry_customer = (torch.cumsum(active, 0) - 1)[self.entry_customer[entries]]
+        free = (~taken).to(torch.float64)
+        weight = post[:, :, None] * free[:, None, :]  # (B, C, T): the customer x type factor of a candidate
+        n_unknown = (items == UNKNOWN_INDEX).sum(1)
+        if int(n_unknown.max()) > 0:  # m items outside the vocabulary: e_m of Q_c over the other free types
+            poly = elementary_symmetric_excluding(oov_share[None] * free[:, None, :], int(n_unknown.max()))
+            degree = n_unknown.view(batch, 1, 1, 1).expand(-1, post.shape[1], self.n_types, 1)
+            weight = weight * poly.gather(-1, degree)[..., 0]
+        # score(a) = sum_c weight[c, t(a)] e_c(a) = q(a) sum_c weight (1 - rho_ct) + sum_c weight rho_ct kappa_c(a)
+        fresh_mass = (weight * (1 - rewear)).sum(1)  # (B, T)
+        score = torch.zeros(batch, self.n_items, dtype=torch.float64, device=items.device)
+        score[:, self.real_index] = fresh_mass[:, self.item_type[self.real_index]] * self.fresh[self.real_index]
+        closet = (weight * rewear)[:, entry_customer, self.entry_type[entries]] * self.entry_kappa[entries]
+        score.index_add_(1, self.entry_item[entries], closet)
+        total = score[:, N_SPECIAL:].sum(1, keepdim=True)
+        logits = torch.log(score) - torch.log(total)
+        logits[:, :N_SPECIAL] = float("-inf")
+        return logits
+
+
+class ClosetHistoryOptimum(ClosetOptimum):
+    """ClosetOptimum whose prior is each outfit's own P(c | H, x): `log_prior` (W, C) for the W outfits that have
+    one, `row_index` (N,) an outfit row's row of it, read at the row the cases' context gives under OUTFIT_ROW."""
+
+    def __init__(self, *args, row_index, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register_buffer("row_index", torch.as_tensor(row_index, dtype=torch.int64))
+
+    def _log_prior(self, context, batch: int) -> torch.Tensor:
+        return self.log_prior[self.row_index[context[OUTFIT_ROW]]]
 
 
 def _logsumexp(x: np.ndarray, axis: int) -> np.ndarray:
@@ -226,18 +365,21 @@ def _population_log_prior(taste_prob: np.ndarray, keys: np.ndarray | None):
     return np.log(sums / np.bincount(inverse)[:, None]), unique
 
 
+def _context_keys(customer_digits, radix) -> np.ndarray:
+    """The mixed-radix key of each customer's encoded context (ContextPrior.context_key's, in numpy)."""
+    radix = np.asarray(radix, dtype=np.int64)
+    if np.sum(np.log2(radix.astype(np.float64))) >= 62:
+        raise ContextualBertError("too many context combinations for one int64 key")
+    return np.asarray(customer_digits) @ np.cumprod(np.concatenate([[1], radix[:-1]])).astype(np.int64)
+
+
 def build_optimum(truth: PlantedTruth, vocab_ids, with_context: bool, customer_digits=None,
                   context_digits=None, radix=None) -> BayesOptimum:  # fmt: skip
     """The optimum over a vocabulary (`vocab_ids`: article id per index, specials first).
 
     customer_digits: (C, D) int64, the encoded context of the truth's customers, in its customer order, as
     the model sees it ([(name, width)] `context_digits`, each digit's cardinality in `radix`)."""
-    row_of = pd.Index(truth.article_ids.astype(str))
-    rows = row_of.get_indexer(pd.Index(list(vocab_ids[N_SPECIAL:]), dtype=object).astype(str))
-    if (rows < 0).any():
-        missing = vocab_ids[N_SPECIAL + int(np.flatnonzero(rows < 0)[0])]
-        raise DataError(f"article '{missing}' of the vocabulary is not in the planted truth; "
-                        "the data and its truth file disagree")
+    rows = _vocab_rows(truth, vocab_ids)
     log_share = truth.log_type_share()
     item_type = np.concatenate([np.full(N_SPECIAL, -1), truth.article_type[rows]])
     item_log_share = np.concatenate([np.zeros((N_SPECIAL, truth.n_tastes)), log_share[rows]])
@@ -248,28 +390,21 @@ def build_optimum(truth: PlantedTruth, vocab_ids, with_context: bool, customer_d
     if not with_context:
         log_prior, _ = _population_log_prior(truth.taste_prob, None)
         return BayesOptimum(item_type, item_log_share, oov, log_prior)
-    radix = np.asarray(radix, dtype=np.int64)
-    if np.sum(np.log2(radix.astype(np.float64))) >= 62:
-        raise ContextualBertError("too many context combinations for one int64 key")
-    multiplier = np.cumprod(np.concatenate([[1], radix[:-1]])).astype(np.int64)
-    log_prior, keys = _population_log_prior(truth.taste_prob, np.asarray(customer_digits) @ multiplier)
+    log_prior, keys = _population_log_prior(truth.taste_prob, _context_keys(customer_digits, radix))
     return BayesOptimum(item_type, item_log_share, oov, log_prior, context_digits, radix, keys)
 
 
-def optimum_from_features(raw_dir: Path, features_dir: Path, with_context: bool) -> BayesOptimum:
-    """The optimum in the index space of `features_dir`, from the truth in `raw_dir`."""
-    from contextual_bert.data.feature_store import ContextIndexer, load_article_vocab
+def _customer_context(raw_dir: Path, features_dir: Path, customer_ids: np.ndarray):
+    """(digits (C, D) int64, [(feature name, width)], radix (D,)): the encoded context of the truth's customers (in
+    `customer_ids`' order) as the model sees it: every customer column of the features stage but the history."""
+    from contextual_bert.data.feature_store import ContextIndexer
 
-    truth = load_truth(raw_dir)
-    vocab = load_article_vocab(features_dir)
-    if not with_context:
-        return build_optimum(truth, vocab.ids, with_context=False)
     encoder = ContextIndexer.load(features_dir)
     customers_path = Path(raw_dir) / "customers.parquet"
     customers = pd.read_parquet(customers_path)
-    pos = pd.Index(customers["customer_id"].astype(str)).get_indexer(truth.customer_ids.astype(str))
+    pos = pd.Index(customers["customer_id"].astype(str)).get_indexer(customer_ids.astype(str))
     if (pos < 0).any():
-        raise DataError(f"customer '{truth.customer_ids[int(np.flatnonzero(pos < 0)[0])]}' of the truth is "
+        raise DataError(f"customer '{customer_ids[int(np.flatnonzero(pos < 0)[0])]}' of the truth is "
                         "not in the table", path=customers_path)
     # the customer's columns (features.history, when on, is the optimum with history's: evaluate_history_optimum)
     context = [f for f in encoder.spec.features if f.source != "history"]
@@ -283,7 +418,113 @@ def optimum_from_features(raw_dir: Path, features_dir: Path, with_context: bool)
         digits.append(block)
         radix += [feature.cardinality] * block.shape[1]
         names.append((feature.name, block.shape[1]))
-    return build_optimum(truth, vocab.ids, True, np.concatenate(digits, axis=1), names, radix)
+    return np.concatenate(digits, axis=1), names, radix
+
+
+def optimum_from_features(raw_dir: Path, features_dir: Path, with_context: bool):
+    """The optimum in the index space of `features_dir`, from the truth in `raw_dir` (a BayesOptimum, or a
+    ClosetOptimum for planted closets)."""
+    from contextual_bert.data.feature_store import load_article_vocab
+
+    truth = load_truth(raw_dir)
+    vocab = load_article_vocab(features_dir)
+    build = build_closet_optimum if isinstance(truth, ClosetTruth) else build_optimum
+    if not with_context:
+        return build(truth, vocab.ids, with_context=False)
+    return build(truth, vocab.ids, True, *_customer_context(raw_dir, features_dir, truth.customer_ids))
+
+
+# --- planted closets (closets.py): the customer is the latent ------------------------------------------
+
+
+def _vocab_rows(truth, vocab_ids) -> np.ndarray:
+    """The truth's row of each vocabulary article (specials excluded); one the truth lacks -> DataError."""
+    vocab = pd.Index(list(vocab_ids[N_SPECIAL:]), dtype=object).astype(str)
+    rows = pd.Index(truth.article_ids.astype(str)).get_indexer(vocab)
+    if (rows < 0).any():
+        missing = vocab_ids[N_SPECIAL + int(np.flatnonzero(rows < 0)[0])]
+        raise DataError(f"article '{missing}' of the vocabulary is not in the planted truth; "
+                        "the data and its truth file disagree")
+    return rows
+
+
+def _group_log_prior(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """((P, C) log P(c | context combination p), the sorted unique keys): uniform over the customers whose
+    context encodes to that key (a customer is drawn uniformly)."""
+    unique, inverse = np.unique(keys, return_inverse=True)
+    member = inverse[None, :] == np.arange(len(unique))[:, None]
+    with np.errstate(divide="ignore"):
+        return np.log(member / member.sum(1, keepdims=True)), unique
+
+
+def _closet_gains(truth) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The closets' entries (customer, article row, kappa) and each one's gain log(1 + rho_ct kappa / ((1 - rho_ct)
+    q(article))): a known item's log e_c(b) is log q(b) + log(1 - rho_ct) + (its gain where b is in c's closet)."""
+    customer, article, kappa = truth.closet_entries()
+    rho = truth.rewear_by_type()[customer, truth.article_type[article]]
+    return customer, article, kappa, np.log1p(rho * kappa / ((1 - rho) * np.exp(truth.log_fresh_share()[article])))
+
+
+def build_closet_optimum(truth, vocab_ids, with_context: bool, customer_digits=None, context_digits=None,
+                         radix=None) -> ClosetOptimum:  # fmt: skip
+    """The closets' optimum over a vocabulary (build_optimum's arguments; `truth` a closets.ClosetTruth)."""
+    rows = _vocab_rows(truth, vocab_ids)
+    log_fresh = truth.log_fresh_share()
+    item_type = np.concatenate([np.full(N_SPECIAL, -1), truth.article_type[rows]])
+    item_log_fresh = np.concatenate([np.zeros(N_SPECIAL), log_fresh[rows]])
+    rewear = truth.rewear_by_type()
+    index_of_row = np.full(len(truth.article_ids), -1)
+    index_of_row[rows] = N_SPECIAL + np.arange(len(rows))
+    customer, article, kappa = truth.closet_entries()
+    inside = index_of_row[article] >= 0
+    # Q_c[t] = (1 - rho_ct) (q's mass outside the vocabulary) + rho_ct (kappa's mass outside it)
+    outside = index_of_row < 0
+    oov_fresh = np.bincount(truth.article_type[outside], weights=np.exp(log_fresh[outside]), minlength=truth.n_types)
+    oov_closet = np.zeros_like(rewear)
+    np.add.at(oov_closet, (customer[~inside], truth.article_type[article[~inside]]), kappa[~inside])
+    oov = (1 - rewear) * oov_fresh[None, :] + rewear * oov_closet
+    entries = (customer[inside], index_of_row[article[inside]], kappa[inside])
+    if not with_context:
+        return ClosetOptimum(item_type, item_log_fresh, rewear, *entries, oov,
+                             np.full((1, truth.n_customers), -np.log(truth.n_customers)))
+    log_prior, keys = _group_log_prior(_context_keys(customer_digits, radix))
+    return ClosetOptimum(item_type, item_log_fresh, rewear, *entries, oov, log_prior, context_digits, radix, keys)
+
+
+def closet_history_log_prior(truth, customer_keys: np.ndarray, customer_rows: np.ndarray,
+                             article_rows: list[np.ndarray], history: list[np.ndarray],
+                             wanted: np.ndarray) -> np.ndarray:
+    """(len(wanted), C) log P(c | H(o), x_o) for the outfits `wanted` (rows of the lists below):
+
+        log P(c | H, x) = log P(c | x) + sum over h in H, b in h of log e_c(b) + const
+
+    P(c | x) uniform over the customers whose context key (customer_keys, per truth customer) is the outfit's
+    customer's. customer_rows: per outfit, its customer's row in the truth; article_rows: per outfit, its articles'
+    rows in the truth; history: per outfit, the rows of its history (history.earlier_outfits)."""
+    wanted = np.asarray(wanted, dtype=np.int64)
+    n_c, n_t = truth.n_customers, truth.n_types
+    members = [history[o] for o in wanted]
+    owner = np.repeat(np.arange(len(wanted)), [len(m) for m in members])
+    members = np.concatenate(members + [np.zeros(0, np.int64)]).astype(np.int64)
+    lengths = np.array([len(article_rows[h]) for h in members], dtype=np.int64)
+    article = np.concatenate([article_rows[h] for h in members] + [np.zeros(0, np.int64)]).astype(np.int64)
+    owner = np.repeat(owner, lengths)
+    # the (1 - rho_ct) factors, by the history's items per type
+    per_type = np.bincount(owner * n_t + truth.article_type[article], minlength=len(wanted) * n_t)
+    log_post = per_type.reshape(len(wanted), n_t).astype(np.float64) @ np.log1p(-truth.rewear_by_type()).T
+    # the gains of the items in a customer's closet
+    customer, entry_article, _, gain = _closet_gains(truth)
+    order = np.argsort(entry_article, kind="stable")
+    start = np.searchsorted(entry_article[order], np.arange(len(truth.article_ids) + 1))
+    counts = start[article + 1] - start[article]
+    first = np.repeat(start[article], counts)
+    entry = order[first + np.arange(len(first)) - np.repeat(np.cumsum(counts) - counts, counts)]
+    log_post += np.bincount(np.repeat(owner, counts) * n_c + customer[entry], weights=gain[entry],
+                            minlength=len(wanted) * n_c).reshape(len(wanted), n_c)
+    key = customer_keys[customer_rows[wanted]]
+    group = customer_keys[None, :] == key[:, None]
+    log_post = np.where(group, log_post - np.log(group.sum(1, keepdims=True)), -np.inf)
+    return log_post - _logsumexp(log_post, 1)[:, None]
 
 
 def evaluate_optimum(raw_dir: Path, features_dir: Path, out_paths: dict[str, Path], cfg: EvaluateConfig,
@@ -316,13 +557,13 @@ def evaluate_optimum(raw_dir: Path, features_dir: Path, out_paths: dict[str, Pat
     return results
 
 
-def _history_unknown(raw_dir: Path, truth: PlantedTruth | None) -> str | None:
+def _history_unknown(raw_dir: Path, truth) -> str | None:
     """Why the history row cannot be computed here, or None."""
     from contextual_bert.data.contract import DATE_COLUMN
 
     if truth is None:
         return f"{raw_dir} holds no planted truth: the optimum of this data is unknown"
-    if not truth.has_customer_taste:
+    if isinstance(truth, PlantedTruth) and not truth.has_customer_taste:
         return ("the planted customers have no hidden taste (planted.customer_taste_strength 0): a history says "
                 "nothing beyond the context, the optimum with history is the one with context")
     if DATE_COLUMN not in pq.read_schema(Path(raw_dir) / "outfits.parquet").names:
@@ -331,7 +572,8 @@ def _history_unknown(raw_dir: Path, truth: PlantedTruth | None) -> str | None:
 
 
 def history_optimum_data(raw_dir: Path, features_dir: Path, split_rule: str = "hash"):
-    """(the HistoryOptimum over the features' vocabulary, {split: its cases' OUTFIT_ROW per load_split row}).
+    """(the HistoryOptimum (ClosetHistoryOptimum for planted closets) over the features' vocabulary, {split: its
+    cases' OUTFIT_ROW per load_split row}).
 
     The outfits are the features stage's (validated, split); their dates and raw articles come from
     raw_dir's outfits table, joined on outfit_id."""
@@ -359,11 +601,21 @@ def history_optimum_data(raw_dir: Path, features_dir: Path, split_rule: str = "h
     history = earlier_outfits(features["customer_id"].to_numpy(), raw[DATE_COLUMN],
                               eligible_rows(split, split_rule))  # fmt: skip
     wanted = np.flatnonzero(split != "train")
-    log_prior = np.zeros((len(split), truth.n_tastes))
-    log_prior[wanted] = history_log_prior(truth, customer_rows, article_rows, history, wanted)
     vocab = load_article_vocab(features_dir)
-    base = build_optimum(truth, vocab.ids, with_context=False)
-    model = HistoryOptimum(base.item_type, base.item_log_share, base.oov_share, log_prior)
+    if isinstance(truth, PlantedTruth):
+        log_prior = np.zeros((len(split), truth.n_tastes))
+        log_prior[wanted] = history_log_prior(truth, customer_rows, article_rows, history, wanted)
+        base = build_optimum(truth, vocab.ids, with_context=False)
+        model = HistoryOptimum(base.item_type, base.item_log_share, base.oov_share, log_prior)
+    else:  # planted closets: P(c | H, x), kept for the outfits that are scored (row_index: -1 for the others)
+        digits, _, radix = _customer_context(raw_dir, features_dir, truth.customer_ids)
+        log_prior = closet_history_log_prior(truth, _context_keys(digits, radix), customer_rows, article_rows,
+                                             history, wanted)
+        row_index = np.full(len(split), -1)
+        row_index[wanted] = np.arange(len(wanted))
+        base = build_closet_optimum(truth, vocab.ids, with_context=False)
+        model = ClosetHistoryOptimum(base.item_type, base.fresh.log(), base.rewear, base.entry_customer,
+                                     base.entry_item, base.entry_kappa, base.oov_share, log_prior, row_index=row_index)
     rows = {name: np.flatnonzero(split == name) for name in ("val", "test")}  # load_split keeps the file's order
     return model, rows, {"n_history_outfits": {name: int(sum(len(history[o]) > 0 for o in r))
                                                for name, r in rows.items()}}
