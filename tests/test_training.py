@@ -491,6 +491,29 @@ def test_early_stopping_keeps_the_best_epoch(tmp_path, monkeypatch):
     assert (again["epochs"], again["best_epoch"], again["stopped_early"]) == (6, 6, False)
 
 
+def test_an_epoch_validates_on_a_fixed_sample_and_probes_at_most_probe_outfits(tmp_path, monkeypatch):
+    """On a large split both passes rank every article: each epoch reads the same evenly spaced validation
+    sample, and a training probe no larger than probe_outfits (nor than that sample)."""
+    sizes = []
+    real = training.loop.validation_cross_entropy
+
+    def measured(model, data, *args):
+        sizes.append((len(data), data.items.sum().item()))
+        return real(model, data, *args)
+
+    monkeypatch.setattr(training.loop, "validation_cross_entropy", measured)
+    train, val = planted(100, 0), planted(40, 1)
+    fit(new_model("none"), train, val, SHORT.model_copy(update={"max_epochs": 2, "validation_outfits": 10,
+                                                               "probe_outfits": 7}), tmp_path, seed=0)
+    sample = training.even_sample(val, 10)
+    assert sizes[0] == sizes[2] == (10, sample.items.sum().item())  # validation: the same sample each epoch
+    assert sizes[1][0] == sizes[3][0] == 7  # the probe
+    sizes.clear()
+    fit(new_model("none"), train, val, SHORT.model_copy(update={"max_epochs": 1, "validation_outfits": 0,
+                                                               "probe_outfits": 2000}), tmp_path / "all", seed=0)
+    assert [n for n, _ in sizes] == [40, 40]  # 0: every validation outfit; the probe as many training outfits
+
+
 def test_convergence_is_early_stopping_or_a_plateau_of_three_epochs():
     rows = lambda *values: [{"val_cross_entropy": v} for v in values]  # noqa: E731
     assert training.convergence(rows(3.0, 2.5), stopped_early=True) == "early_stopping"

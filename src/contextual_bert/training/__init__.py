@@ -4,7 +4,7 @@
 
 from contextual_bert.training.loop import (BUCKET_BATCHES, CONVERGENCE_EPOCHS, CONVERGENCE_NATS, EpochHook, Run,
                                            convergence, fit, length_batches, lr_factor, make_optimizer, train,
-                                           train_sample, train_step, validation_cross_entropy)
+                                           even_sample, train_step, validation_cross_entropy)
 from contextual_bert.training.losses import (LOSS_CHUNK_ROWS, LinearCrossEntropy, NegativeSampler, fused_loss_applies,
                                              mask_items, masked_item_loss, negative_sampler, sampled_cross_entropy,
                                              sampled_item_loss)

@@ -130,8 +130,8 @@ def validation_cross_entropy(model, data: EncodedOutfits, batch_size: int, devic
     return float(-cases["log_prob"].mean()) if len(cases["log_prob"]) else float("nan")
 
 
-def train_sample(train_data: EncodedOutfits, n: int) -> EncodedOutfits:
-    """A fixed sample of n training outfits, evenly spaced (the split's order is already a hash order)."""
+def even_sample(train_data: EncodedOutfits, n: int) -> EncodedOutfits:
+    """A fixed sample of n outfits of a split, evenly spaced (the split's order is already a hash order)."""
     n = min(n, len(train_data))
     return train_data.subset(torch.linspace(0, len(train_data) - 1, n).round().long().unique())
 
@@ -184,6 +184,9 @@ def start_run(model, train_data: EncodedOutfits, val_data: EncodedOutfits, cfg: 
     if uses_attributes(model.variant):  # read by "_attrs" models only: the paper's models train as before
         id_dropout = id_dropout_rate(cfg.id_dropout, model, val_data)
         model.set_id_dropout(id_dropout)
+    if cfg.validation_outfits and len(val_data) > cfg.validation_outfits:
+        # early stopping reads the same sample every epoch
+        val_data = even_sample(val_data, cfg.validation_outfits)
     model.to(device)
     train_data, val_data = train_data.to(device), val_data.to(device)
     optimizer = make_optimizer(model, cfg, device)
@@ -308,7 +311,7 @@ def fit(
     decay's horizon) starts it afresh.
     """
     run = start_run(model, train_data, val_data, train_cfg, Path(out_dir), seed)
-    train_probe = train_sample(run.train_data, len(run.val_data))
+    train_probe = even_sample(run.train_data, min(len(run.val_data), train_cfg.probe_outfits))
     position = mid_epoch_random = None
     resumed = load_resume_state(run.last_path, run.key, model, run.optimizer, run.scheduler, run.generator,
                                 run.device)
