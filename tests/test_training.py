@@ -510,7 +510,7 @@ def test_an_epoch_validates_on_a_fixed_sample_and_probes_at_most_probe_outfits(t
     assert sizes[1][0] == sizes[3][0] == 7  # the probe
     sizes.clear()
     fit(new_model("none"), train, val, SHORT.model_copy(update={"max_epochs": 1, "validation_outfits": 0,
-                                                               "probe_outfits": 2000}), tmp_path / "all", seed=0)
+                                                               "probe_outfits": 1000}), tmp_path / "all", seed=0)
     assert [n for n, _ in sizes] == [40, 40]  # 0: every validation outfit; the probe as many training outfits
 
 

@@ -286,7 +286,7 @@ class TrainConfig(Section):
     # and its training probe at most probe_outfits training outfits: on a large catalogue both rank every
     # article, and would otherwise cost more than the epoch's sampled-softmax training (docs/decisions.md)
     validation_outfits: int = Field(4000, ge=0)
-    probe_outfits: int = Field(2000, ge=1)
+    probe_outfits: int = Field(1000, ge=1)
     mask_prob: float = Field(0.3, ge=0, le=1)  # per item; at least one item per outfit is always masked
     mask_token_prob: float = Field(0.8, ge=0, le=1)  # BERT 80/10/10: of masked items, replaced by [MASK]
     random_token_prob: float = Field(0.1, ge=0, le=1)  # ... by a random article (rest kept as is)
