@@ -415,13 +415,35 @@ def stuck(stat: dict | None) -> bool | None:
 def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, order: dict,
                   baseline_verdicts: dict | None = None, yardsticks: dict | None = None,
                   unavailable: dict | None = None) -> str:
-    variants = list(summary)
+    lines = _preamble_lines(cfg, summary)
+    lines += _reference_rows(references)
+    lines += [_model_row(v, summary[v], (yardsticks or {}).get(v)) for v in summary]
+    if unavailable:
+        lines += ["", f"- Not trained on this data: {', '.join(LABELS.get(v, v) for v in unavailable)} "
+                      f"({next(iter(unavailable.values()))})."]
+    lines += seed_se_lines(summary)
+    lines += yardstick_lines(yardsticks or {})
+    lines += _optimum_lines(summary, references)
+    lines += history_lines(summary, references)
+    lines += attribute_lines(summary, references)
+    if baseline_verdicts:
+        lines += ["", "## Against the learned baselines", ""]
+        for text in baseline_verdicts["lines"]:
+            lines.append(f"- {text}")
+    lines += _context_lines(verdicts)
+    lines += _order_lines(order)
+    lines += ["", "Plots: `reports/plots/recall_at_k.png`, `reports/plots/training_curves.png`.", ""]
+    return "\n".join(lines)
+
+
+def _preamble_lines(cfg: Config, summary: dict) -> list[str]:
+    """The title, what the data and the protocol are, and the table's header."""
     seeds = cfg.train.seeds
     n = len(seeds)
     counts = next(iter(summary.values()))["test"]
     spread = f"mean ± standard error over {n} seeds {seeds} (SE = sample std / √n)" if n > 1 else \
         f"seed {seeds[0]} only (n=1, no SE)"
-    lines = [
+    return [
         "# Table 1: outfit completion on this data",
         "",
         *_data_lines(cfg),
@@ -457,6 +479,11 @@ def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, 
         "Against its yardstick (CE) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+
+def _reference_rows(references: dict) -> list[str]:
+    """The counts' (and the optimum's) rows: no seeds, no parameters."""
+    lines = []
     for name, result in references.items():
         ref = {k: {"mean": v, "se": None} for k, v in result["test"].items() if isinstance(v, (int, float))}
         lines.append(
@@ -466,43 +493,42 @@ def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, 
             f"{_fmt(ref.get('recall@250'), True, 2)} | {' | '.join(_fitb_cells(ref, result, pooled=False))} | "
             "– | – | – | – | – | – | – |"
         )
-    paper_none = PAPER_TABLE1["none"]["recall@1"]
-    for v in variants:
-        s, paper = summary[v], PAPER_TABLE1.get(v, {})
-        gain = s.get("recall@1_gain_vs_none")
-        paper_gain = paper["recall@1"] / paper_none - 1 if paper and v != "none" else None
-        lines.append(
-            "| " + " | ".join([
-                LABELS.get(v, v),
-                _fmt(s["test"].get("cross_entropy"), False, 2),
-                f"{paper['cross_entropy']:.2f}" if paper else "–",
-                _fmt(s["test"].get("recall@1"), True, 2),
-                f"{paper['recall@1'] * 100:.1f}" if paper else "–",
-                _fmt(s["test"].get("recall@5"), True, 2),
-                _fmt_ci(s["test_bootstrap"].get("recall@5")),
-                _fmt(s["test"].get("recall@250"), True, 2),
-                *_fitb_cells(s["test"], s, pooled=True),
-                f"{s['parameters']:,}",
-                f"{paper['parameters']:,}" if paper else "–",
-                "–" if gain is None else f"{gain * 100:+.1f} %",
-                "–" if paper_gain is None else f"{paper_gain * 100:+.1f} %",
-                _converged_text(s.get("convergence")),
-                _dependence_text(s["test"].get(DEPENDENCE_METRIC)),
-                _yardstick_cell((yardsticks or {}).get(v)),
-            ]) + " |"
-        )
+    return lines
 
-    if unavailable:
-        lines += ["", f"- Not trained on this data: {', '.join(LABELS.get(v, v) for v in unavailable)} "
-                      f"({next(iter(unavailable.values()))})."]
-    lines += seed_se_lines(summary)
-    lines += yardstick_lines(yardsticks or {})
 
+def _model_row(v: str, s: dict, yardstick: dict | None) -> str:
+    """A learned model's row: the mean ± seed SE of each metric, the paper's beside it."""
+    paper, paper_none = PAPER_TABLE1.get(v, {}), PAPER_TABLE1["none"]["recall@1"]
+    gain = s.get("recall@1_gain_vs_none")
+    paper_gain = paper["recall@1"] / paper_none - 1 if paper and v != "none" else None
+    return "| " + " | ".join([
+        LABELS.get(v, v),
+        _fmt(s["test"].get("cross_entropy"), False, 2),
+        f"{paper['cross_entropy']:.2f}" if paper else "–",
+        _fmt(s["test"].get("recall@1"), True, 2),
+        f"{paper['recall@1'] * 100:.1f}" if paper else "–",
+        _fmt(s["test"].get("recall@5"), True, 2),
+        _fmt_ci(s["test_bootstrap"].get("recall@5")),
+        _fmt(s["test"].get("recall@250"), True, 2),
+        *_fitb_cells(s["test"], s, pooled=True),
+        f"{s['parameters']:,}",
+        f"{paper['parameters']:,}" if paper else "–",
+        "–" if gain is None else f"{gain * 100:+.1f} %",
+        "–" if paper_gain is None else f"{paper_gain * 100:+.1f} %",
+        _converged_text(s.get("convergence")),
+        _dependence_text(s["test"].get(DEPENDENCE_METRIC)),
+        _yardstick_cell(yardstick),
+    ]) + " |"
+
+
+def _optimum_lines(summary: dict, references: dict) -> list[str]:
+    """Each model's gap to the data's exact optimum (planted data only)."""
+    lines = []
     if "optimum_context" in references or "optimum_no_context" in references:
         lines += ["", "## Distance to the optimum", "",
                   "- The data's exact Bayes-optimal predictor is known: its rows are the best any model can do on "
                   "these test cases, with and without the customer. Gap in cross-entropy (nats):"]
-        for v in variants:
+        for v in summary:
             ce = summary[v]["test"]["cross_entropy"]["mean"]
             uses_context = base_model(v) not in ("none", "bag_of_items")
             # a model that reads c reads the history in it (features.history), and is held to that optimum
@@ -511,13 +537,12 @@ def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, 
             if name in references and ce is not None:
                 gap = ce - references[name]["test"]["cross_entropy"]
                 lines.append(f"  - {LABELS.get(v, v)}: {gap:+.3f} to the {LABELS[name].lower()}")
-    lines += history_lines(summary, references)
-    lines += attribute_lines(summary, references)
-    if baseline_verdicts:
-        lines += ["", "## Against the learned baselines", ""]
-        for text in baseline_verdicts["lines"]:
-            lines.append(f"- {text}")
-    lines += ["", "## Does context help?", ""]
+    return lines
+
+
+def _context_lines(verdicts: dict) -> list[str]:
+    """Does every context variant beat [None]?"""
+    lines = ["", "## Does context help?", ""]
     if not verdicts:
         lines.append("- [None] is not among train.variants (or no context variant is), so there is nothing to "
                      "compare against.")
@@ -529,22 +554,27 @@ def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, 
                      f"**{_verdict_text(overall, 'a comparison below has no yardstick')}**.")
         for v, per_metric in verdicts["per_variant"].items():
             lines.append(f"  - {LABELS.get(v, v)}: {_comparison_text(per_metric)}")
-    if order:
-        ours = " > ".join(LABELS.get(v, v) for v in order["ours"])
-        paper = " > ".join(LABELS.get(v, v) for v in order["paper"])
-        lines += [
-            "",
-            "## Order of the context variants by recall@1",
-            "",
-            f"- Ours: {ours}. Paper: {paper}. "
-            f"**{'Same order' if order['matches_paper'] else 'Different order'}.**",
-        ]
-        if order["within_se"]:
-            pairs = ", ".join(f"{LABELS.get(a, a)} vs {LABELS.get(b, b)}" for a, b in order["within_se"])
-            lines.append(f"- Neighbours whose recall@1 does not differ beyond its yardstick (the SE of the "
-                         f"difference; with one seed, the paired bootstrap): {pairs}.")
-    lines += ["", "Plots: `reports/plots/recall_at_k.png`, `reports/plots/training_curves.png`.", ""]
-    return "\n".join(lines)
+    return lines
+
+
+def _order_lines(order: dict) -> list[str]:
+    """The context variants' order by recall@1 against the paper's."""
+    if not order:
+        return []
+    ours = " > ".join(LABELS.get(v, v) for v in order["ours"])
+    paper = " > ".join(LABELS.get(v, v) for v in order["paper"])
+    lines = [
+        "",
+        "## Order of the context variants by recall@1",
+        "",
+        f"- Ours: {ours}. Paper: {paper}. "
+        f"**{'Same order' if order['matches_paper'] else 'Different order'}.**",
+    ]
+    if order["within_se"]:
+        pairs = ", ".join(f"{LABELS.get(a, a)} vs {LABELS.get(b, b)}" for a, b in order["within_se"])
+        lines.append(f"- Neighbours whose recall@1 does not differ beyond its yardstick (the SE of the "
+                     f"difference; with one seed, the paired bootstrap): {pairs}.")
+    return lines
 
 
 # --- the stage -------------------------------------------------------------------------------------------
