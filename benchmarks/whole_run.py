@@ -29,7 +29,7 @@ At the issue's size (100k outfits, 8 epochs) the run takes up to an hour of both
 A small run that shows it works (a few minutes):
 
     nice -n 5 .venv/bin/python benchmarks/whole_run.py --outfits 5000 --epochs 2 \
-        --set train.bag_warmup_check_steps=50 --out reports/benchmarks/whole_run_small.json
+        --set train.bag_warmup_check_steps=50 --out /tmp/whole_run_small.json
 """
 
 from __future__ import annotations
