@@ -7,14 +7,16 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from contextual_bert.config import HistoryConfig, ModelConfig
+from contextual_bert.config import EvaluateConfig, HistoryConfig, ModelConfig
 from contextual_bert.data.contract import DATE_COLUMN, PAPER_SCHEMA
 from contextual_bert.errors import DataError
 from contextual_bert.data.feature_spec import HISTORY_COLUMN, HISTORY_FEATURE, PAD_INDEX
 from contextual_bert.data.feature_store import OUTFITS_FILE, ArticleVocab, OutfitEncoder, ContextIndexer, load_spec, \
-    load_split
+    load_article_vocab, load_split
 from contextual_bert.data.features import assign_time_splits, build_features
 from contextual_bert.data.history import earlier_outfits, history_items
+from contextual_bert.evaluation.evaluate import HISTORY_WEIGHTS, HistoryPopularityModel, history_log_probs, history_weight
+from contextual_bert.evaluation.ranking import case_ranks
 from contextual_bert.model import HistoryAttentionPooling, HistoryBag, HistoryPooling, HistoryRepeat, build_model
 from feature_data import paper_cfg, paper_tables, write_validated
 
@@ -201,7 +203,9 @@ def test_the_repeat_offset_raises_exactly_the_history_articles_and_the_sampled_c
     held = torch.zeros_like(gained, dtype=torch.bool).scatter_(1, history, True)
     held[:, :3] = False  # specials: -inf in both
     size = (history >= 3).sum(dim=1, keepdim=True).clamp_min(1).float()
-    expected = (0.2 - 0.03 * size.log()) * 10.0  # AttributeOverlap.SCALE
+    # the mixture's lift over the output bias b (0 at a random start): log(1 + lambda / (n e^b))
+    log_lambda = HistoryRepeat.LOG_LAMBDA + (0.2 - 0.03 * size.log()) * 10.0 - size.log()  # AttributeOverlap.SCALE
+    expected = torch.log1p(log_lambda.exp() / repeating.output_bias.detach().exp()[None, :])
     rows = held.any(dim=1)
     assert rows.sum() > 10
     torch.testing.assert_close(gained[:, 3:][~held[:, 3:]], torch.zeros(int((~held[:, 3:]).sum())), atol=1e-5, rtol=0)
@@ -308,3 +312,16 @@ def test_a_history_champion_reencoded_from_validated_data_reads_its_history(date
     assert reencoded.outfit_ids == stored.outfit_ids and torch.equal(reencoded.items, stored.items)
     assert (stored.context[HISTORY_FEATURE] != PAD_INDEX).any(dim=1).sum() > 10
     assert torch.equal(reencoded.context[HISTORY_FEATURE], stored.context[HISTORY_FEATURE])
+
+
+def test_the_history_weights_are_scored_in_one_pass_as_the_ranking_pass_scores_each(dated):
+    features, _ = dated
+    counts = np.asarray(load_article_vocab(features).counts)
+    test = load_split(features, "test", 8)
+    log_probs = history_log_probs(counts, test, HISTORY_WEIGHTS)
+    for i, weight in enumerate(HISTORY_WEIGHTS):
+        ranked = case_ranks(HistoryPopularityModel(counts, weight), test, 64, "cpu", with_ranks=False)["log_prob"]
+        np.testing.assert_allclose(log_probs[:, i], ranked, atol=2e-6, rtol=0)
+    chosen, by_weight = history_weight(counts, test, EvaluateConfig())
+    assert by_weight[chosen] == min(by_weight.values()) and set(by_weight) == set(HISTORY_WEIGHTS)
+    assert by_weight[0.0] != by_weight[0.5]  # the history changes the loss: the test cases have histories

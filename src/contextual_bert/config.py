@@ -44,11 +44,12 @@ ATTRIBUTES_SUFFIX = "_attrs"
 ATTRIBUTE_SETTINGS = ("id_dropout", "attribute_overlap")  # settings only the "_attrs" models read: set per model
 ENCODER_SETTINGS = ("bag_warmup_epochs", "bag_warmup_check_steps")  # train settings only the paper's encoders read
 InitEmbeddings = Literal["random", "cooccurrence"]  # how the article-id embeddings start (cooccurrence.py)
+InitOutput = Literal["random", "counts"]  # how the logits start: random, or as the counts (count_start.py)
 # an "_attrs" model's id dropout: a rate, or "auto", the validation articles' share without an id (training.id_dropout_rate)
 IdDropout = Annotated[float, Field(ge=0, lt=1)] | Literal["auto"]
 # train settings added after runs were recorded, at the value those runs had: a run at it keeps its old key
-LATER_SETTINGS = {"init_embeddings": "random", "softmax": "full", "negatives": 1024,
-                  "history_dropout": 0.0, "bag_warmup_epochs": 0, "bag_warmup_check_steps": None}
+LATER_SETTINGS = {"init_embeddings": "random", "init_output": "random", "rare_id_decay": 0.0, "softmax": "full",
+                  "negatives": 1024, "history_dropout": 0.0, "bag_warmup_epochs": 0, "bag_warmup_check_steps": None}
 Softmax = Literal["full", "sampled"]  # the training loss's output layer (training.NegativeSampler)
 ATTRIBUTE_MODELS = tuple(m + ATTRIBUTES_SUFFIX for m in VARIANTS + BASELINE_MODELS)
 MODELS = VARIANTS + BASELINE_MODELS + ATTRIBUTE_MODELS
@@ -299,6 +300,14 @@ class TrainConfig(Section):
     # How the article-id embeddings start: random, or the training outfits' co-occurrence (cooccurrence.py;
     # for sparse data, where the encoder otherwise stays at popularity: docs/training.md).
     init_embeddings: InitEmbeddings = "random"
+    # How the output bias starts: "random" (at 0), or "counts": at the training split's log-popularity, so that a
+    # model starts at about the popularity yardstick (with a history: popularity + own history) and its learned
+    # scores, small and random at the start either way, add to it (count_start.py; docs/training.md).
+    init_output: InitOutput = "random"
+    # s: after every step an article id's embedding row shrinks by 1 - lr * s / (its training count), on top of
+    # weight_decay, so that the ids of articles seen once or twice are not learned by heart (0: off;
+    # training.regularisers.RareIdDecay)
+    rare_id_decay: float = Field(0.0, ge=0)
     # The training loss's softmax: over every article (full), or over the step's masked targets plus
     # `negatives` articles drawn by popularity, shared by the batch, with the log-Q correction
     # (training.NegativeSampler; docs/sampled_softmax.md). Evaluation always ranks every article.

@@ -5,11 +5,14 @@ setting in ModelConfig.
     head terms     term(model, states, items, context, select) -> states + the term   (M, d) head states
     logit offsets  offset(model, items, select, context, articles) -> (M, n | C) or None, added to the logits
 
-Every reader starts at zero contribution (a zero weight or gate, or a weight of 0 outside the warm-up), so a
-model with it starts exactly as without it.
+Every reader but the history repeat starts at zero contribution (a zero weight or gate, or a weight of 0 outside
+the warm-up), so a model with it starts exactly as without it; the history repeat starts as the popularity + own
+history yardstick's mixture (HistoryRepeat), the count a model with a history starts from.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -263,24 +266,35 @@ class AttributeOverlap(nn.Module):
 
 
 class HistoryRepeat(nn.Module):
-    """A logit offset for a candidate the customer's history holds (model.history_repeat): r = w_0 + w_1 log n,
-    for a history of n articles. Why: the history's share of c, a pooled vector, cannot say "this very article
-    again" among thousands, where counting the customer's own articles can (the popularity + own history
-    yardstick); and the shorter a history, the larger a share of it each article is (w_1). w starts at 0, so a
-    model starts as without it, and is stored divided by AttributeOverlap.SCALE for the same reason."""
+    """A logit offset for a candidate a the customer's history holds (model.history_repeat), in the form of the
+    popularity + own history yardstick's mixture: r(a) = log(1 + lambda / (n p(a))) = softplus(log lambda -
+    log n - b(a)), for a history of n articles and the article's output bias b(a) (its log-popularity, as
+    training.count_start starts it; read, not taught, by this offset). Added to the logits b(a) + ..., it makes
+    p(a) + lambda / n of an article's unnormalised mass: the mixture (1 - w) p + w (1 / n for each history
+    article), w = lambda / (1 + lambda). log lambda = LOG_LAMBDA + S (w_0 + w_1 log n), learned from w = 0: a
+    model whose logits start at the bias starts as the yardstick at its weight START_WEIGHT, the weight free to
+    move, and with history length (w_1). Why: the history's share of c, a pooled vector, cannot say "this very
+    article again" among thousands, where counting the customer's own articles can; a constant offset would
+    lift a popular article as much as one seen once, the mixture lifts each to its share of the history. w is
+    stored divided by S = AttributeOverlap.SCALE, as the overlap's is."""
+
+    START_WEIGHT = 0.1  # the yardstick's weight a model starts at (the middle of evaluate.HISTORY_WEIGHTS' range)
+    LOG_LAMBDA = math.log(START_WEIGHT / (1 - START_WEIGHT))
 
     def __init__(self):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(2))
 
-    def gains(self, select: torch.Tensor, context: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    def gains(self, model, select: torch.Tensor, context: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(history (M, max_items) article indices, gain (M, max_items)) of the rows at the `select` positions:
         r for each article of a row's history, 0 for padding and [UNK] (no article)."""
         history = context[HISTORY_FEATURE][select.nonzero(as_tuple=True)[0]]
         held = history >= N_SPECIAL  # padding and [UNK] are no article
         n = held.sum(dim=-1, keepdim=True).clamp_min(1).to(self.weight.dtype)
-        gain = held.to(self.weight.dtype) * ((self.weight[0] + self.weight[1] * n.log()) * AttributeOverlap.SCALE)
-        return history, gain
+        scale = AttributeOverlap.SCALE
+        log_lambda = self.LOG_LAMBDA + scale * (self.weight[0] + self.weight[1] * n.log()) - n.log()
+        bias = model.output_bias.detach()[history].to(self.weight.dtype)  # history articles all have an id
+        return history, held.to(self.weight.dtype) * F.softplus(log_lambda - bias)
 
     def forward(self, model, items: torch.Tensor, select: torch.Tensor, context: dict | None = None,
                 articles: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -290,7 +304,7 @@ class HistoryRepeat(nn.Module):
         if context is None:
             return None
         n_items = model.n_items
-        history, gain = self.gains(select, context)
+        history, gain = self.gains(model, select, context)
         if articles is None:
             return gain.new_zeros(history.shape[0], n_items).scatter_(1, history, gain)
         # a candidate's column, or C (a column then dropped) for an article that is none
@@ -299,13 +313,13 @@ class HistoryRepeat(nn.Module):
         out = gain.new_zeros(history.shape[0], len(articles) + 1).scatter_(1, column[history], gain)
         return out[:, :-1]
 
-    def add_to(self, total, select: torch.Tensor, context: dict | None = None):
+    def add_to(self, model, total, select: torch.Tensor, context: dict | None = None):
         """`total` (M, n_items; a tensor or a CatalogueOffsets) + these offsets over the whole catalogue, in
         place and only where they are not 0 (passes without gradient: no (M, n_items) tensor of zeros); the
         same numbers as total + forward()."""
         if context is None:
             return total
-        history, gain = self.gains(select, context)
+        history, gain = self.gains(model, select, context)
         if isinstance(total, CatalogueOffsets):
             return total.add_sparse(history, gain)
         return total.scatter_(1, history, total.gather(1, history) + gain.to(total.dtype))

@@ -148,7 +148,7 @@ class ArticleScores:
         total = None
         for offset in self.logit_offsets:
             if total is not None and articles is None and hasattr(offset, "add_to") and not torch.is_grad_enabled():
-                total = offset.add_to(total, select, context)
+                total = offset.add_to(self, total, select, context)
             elif (part := offset(self, items, select, context, articles)) is not None:
                 total = part if total is None else total + part
         return total.dense() if isinstance(total, CatalogueOffsets) and not blocks else total

@@ -35,7 +35,7 @@ from contextual_bert.devices import autocast, keep_freed_memory, select_device
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.model import build_model, count_paper_parameters, save_checkpoint
 from contextual_bert.training.losses import NegativeSampler, mask_items, masked_item_loss, negative_sampler
-from contextual_bert.training.regularisers import drop_history, id_dropout_rate
+from contextual_bert.training.regularisers import RareIdDecay, drop_history, id_dropout_rate
 from contextual_bert.training.resume import (load_resume_state, pin_threads_and_algorithms, restore_random_states,
                                              run_key, save_resume_state, seeded_random_states, write_json)
 from contextual_bert.training.warmup import (bag_warmup_plan, bag_warmup_weight, begin_warmup, end_warmup,
@@ -154,6 +154,7 @@ class Run:
     sampler: NegativeSampler | None
     state: dict
     id_dropout: float | None = None
+    rare_id_decay: RareIdDecay | None = None
 
     @property
     def last_path(self) -> Path:
@@ -196,8 +197,9 @@ def start_run(model, train_data: EncodedOutfits, val_data: EncodedOutfits, cfg: 
     sampler = negative_sampler(cfg, model, train_data, generator)  # draws from the generator: resumable
     state = {"epoch": 0, "history": [], "best_val": math.inf, "best_epoch": 0, "bad_epochs": 0,
              "stopped": False, "seconds": 0.0, "bag_warmup": bag_warmup_plan(cfg, model)}  # fmt: skip
+    rare_id_decay = RareIdDecay(model, train_data.items, cfg.rare_id_decay) if cfg.rare_id_decay > 0 else None
     return Run(model, cfg, out_dir, seed, device, key, train_data, val_data, optimizer, scheduler, generator,
-               sampler, state, id_dropout)
+               sampler, state, id_dropout, rare_id_decay)
 
 
 def train_epoch(run: Run, epoch: int, position: dict | None, mid_epoch_random: dict | None) -> dict:
@@ -231,6 +233,8 @@ def train_epoch(run: Run, epoch: int, position: dict | None, mid_epoch_random: d
             context[HISTORY_FEATURE] = drop_history(context[HISTORY_FEATURE], cfg.history_dropout, generator)
         learning_rate = run.scheduler.get_last_lr()[0]  # the rate this step uses
         loss, predict = train_step(model, run.optimizer, run.scheduler, items, context, cfg, generator, run.sampler)
+        if run.rare_id_decay is not None:
+            run.rare_id_decay.step(learning_rate)
         count = int(predict.sum()) if device.type == "cpu" else predict.sum()
         loss_sum += loss.detach().double() * count
         n_targets += count
@@ -396,6 +400,7 @@ def train(
     re-trained (its metrics are returned again); a run whose settings or data differ starts from scratch.
     """
     from contextual_bert.training.cooccurrence import init_from_cooccurrence
+    from contextual_bert.training.count_start import start_from_counts
     from contextual_bert.data.feature_store import load_article_vocab, load_catalogue, load_spec, load_split
 
     spec = load_spec(features_dir)
@@ -413,4 +418,6 @@ def train(
         model.set_catalogue(catalogue.tensors())
     if train_cfg.init_embeddings == "cooccurrence":  # before fit: a resumed run loads its own weights
         init_from_cooccurrence(model, train_data.items)
+    if train_cfg.init_output == "counts":
+        start_from_counts(model, train_data.items)
     return fit(model, train_data, val_data, train_cfg, out_dir, seed, on_epoch_end)

@@ -1,11 +1,37 @@
 """What training hides from the model so that it learns what evaluation needs: history articles left out
-(train.history_dropout) and article ids read as [UNK] (variants.<model>_attrs.id_dropout)."""
+(train.history_dropout), article ids read as [UNK] (variants.<model>_attrs.id_dropout), and the id vectors of
+articles seen once or twice decayed towards nothing (train.rare_id_decay)."""
 
 from __future__ import annotations
 
 import torch
 
 from contextual_bert.data.feature_spec import N_SPECIAL, PAD_INDEX, EncodedOutfits
+
+class RareIdDecay:
+    """train.rare_id_decay = s: after every optimizer step, each article id's embedding row (the id tables:
+    ContextualBert's tied one, a bag of items' input and output ones) shrinks by the factor 1 - lr * s / n, n
+    its count in the training outfits (at least 1), on top of AdamW's decay (lr * weight_decay, the same for
+    every row). Why: with the logits started at the counts (train.init_output: counts) an article's learned
+    part is what its own outfits taught it; an article seen once has taught one outfit, which on sparse data
+    the model learns by heart and then offers wherever a context resembles it (the closets study). The decay
+    leaves a rare article at its count and its history repeat; as its count grows, at what its outfits say."""
+
+    def __init__(self, model, items: torch.Tensor, strength: float):
+        self.tables = [t.weight for t in (getattr(model, "item_embeddings", None),
+                                          getattr(model, "output_embeddings", None)) if t is not None]
+        n_ids = self.tables[0].shape[0]
+        real = items[(items >= N_SPECIAL) & (items < n_ids)]
+        counts = torch.bincount(real, minlength=n_ids).clamp_min(1).to(self.tables[0].dtype)
+        self.rate = (strength / counts)[:, None]
+        self.rate[:N_SPECIAL] = 0.0  # padding, [MASK] and [UNK] are no article
+
+    @torch.no_grad()
+    def step(self, learning_rate: float) -> None:
+        factor = (1.0 - learning_rate * self.rate).clamp_min(0.0)
+        for weight in self.tables:
+            weight.mul_(factor)
+
 
 def drop_history(history: torch.Tensor, rate: float, generator: torch.Generator) -> torch.Tensor:
     """train.history_dropout: each history article of the batch left out (PAD) with probability `rate`."""

@@ -1,0 +1,76 @@
+"""The sparse-data recipe: the count as a model's starting point (training/count_start.py), where a model started
+from the counts scores as the popularity yardstick, with a history as popularity + own history; and the rare ids'
+decay (training/regularisers.RareIdDecay)."""
+
+import numpy as np
+import pytest
+import torch
+
+from contextual_bert.config import HistoryConfig, ModelConfig
+from contextual_bert.data.contract import PAPER_SCHEMA
+from contextual_bert.data.feature_spec import ContextSpec, FeatureSpec
+from contextual_bert.data.feature_store import load_article_vocab, load_spec, load_split
+from contextual_bert.data.features import build_features
+from contextual_bert.evaluation.evaluate import HistoryPopularityModel, PopularityModel
+from contextual_bert.evaluation.ranking import case_ranks
+from contextual_bert.model import HistoryRepeat, build_model
+from contextual_bert.training.count_start import log_popularity, start_from_counts
+from contextual_bert.training.regularisers import RareIdDecay
+from feature_data import paper_cfg, write_validated
+from test_history import dated_tables
+
+SMALL = ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32)
+
+
+@pytest.fixture(scope="module")
+def dated(tmp_path_factory):
+    root = tmp_path_factory.mktemp("count_start")
+    validated = write_validated(root / "validated", PAPER_SCHEMA, *dated_tables())
+    cfg = paper_cfg(min_article_count=2, split="time", history=HistoryConfig(enabled=True, max_items=12))
+    build_features(validated, root / "features", cfg, max_set_size=8)
+    return root / "features"
+
+
+def test_log_popularity_is_the_yardsticks_softmax_and_unk_a_count_of_zero():
+    items = torch.tensor([[3, 4, 4, 0], [4, 5, 2, 0]])
+    log_p = log_popularity(items, 7).exp()
+    # counts + 1 over the real ids 3..6: 2, 4, 2, 1 of 9
+    np.testing.assert_allclose(log_p[3:].numpy(), np.array([2, 4, 2, 1]) / 9, rtol=1e-12)
+    assert log_p[2] == pytest.approx(1 / 9)  # [UNK]: a count of 0, the bias of an article without an id
+
+
+@pytest.mark.parametrize("variant", ["none", "global_state", "bag_of_items_context"])
+def test_a_model_started_from_the_counts_scores_as_its_yardstick(dated, variant):
+    spec, counts = load_spec(dated), np.asarray(load_article_vocab(dated).counts)
+    train, test = load_split(dated, "train", 8), load_split(dated, "test", 8)
+    torch.manual_seed(0)
+    model = build_model(SMALL, variant, len(counts), spec)
+    start_from_counts(model, train.items)
+    torch.testing.assert_close(model.output_bias.detach(), log_popularity(train.items, len(counts)).float())
+    with torch.no_grad():  # the learned scores at zero: what is left is the count
+        if hasattr(model, "head_transform"):
+            model.head_transform.weight.zero_()
+            model.head_transform.bias.zero_()
+        else:
+            model.output_embeddings.weight.zero_()
+    reads_history = model.reader(HistoryRepeat) is not None
+    # (PopularityModel's logits, log(1 + count), are the same softmax as log_popularity's)
+    yardstick = (HistoryPopularityModel(counts, HistoryRepeat.START_WEIGHT) if reads_history
+                 else PopularityModel(counts))
+    started = case_ranks(model, test, 64, "cpu", with_ranks=False)["log_prob"]
+    expected = case_ranks(yardstick, test, 64, "cpu", with_ranks=False)["log_prob"]
+    np.testing.assert_allclose(started, expected, atol=2e-5, rtol=0)
+    assert reads_history == (variant != "none")
+
+
+@pytest.mark.parametrize("variant", ["global_state", "bag_of_items"])
+def test_rare_id_decay_shrinks_each_id_row_by_its_count_and_leaves_the_specials(variant):
+    spec = ContextSpec((FeatureSpec("c", "categorical", "customer", 5, 8),))
+    model = build_model(SMALL, variant, 8, spec)
+    items = torch.tensor([[3, 4, 4, 4, 4, 5], [3, 2, 1, 0, 0, 0]])  # counts: 3 twice, 4 four times, 5 once, 6-7 never
+    tables = [model.item_embeddings.weight] + ([model.output_embeddings.weight] if variant == "bag_of_items" else [])
+    before = [t.detach().clone() for t in tables]
+    RareIdDecay(model, items, strength=5.0).step(learning_rate=0.01)
+    factor = torch.tensor([1, 1, 1, 1 - 0.05 / 2, 1 - 0.05 / 4, 1 - 0.05, 1 - 0.05, 1 - 0.05])[:, None]
+    for weight, old in zip(tables, before):
+        torch.testing.assert_close(weight.detach(), old * factor)
