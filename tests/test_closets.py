@@ -271,3 +271,23 @@ def test_the_raw_outfits_have_dates_for_the_time_split(closets_project):
     assert DATE_COLUMN in pq.read_schema(closets_project / "data/raw/outfits.parquet").names
     manifest = json.loads((closets_project / "data/features/manifest.json").read_text())
     assert manifest["split"]["method"] == "by date"
+
+
+@pytest.mark.parametrize("recipe, beats", [({}, True), ({"init_output": "random", "rare_id_decay": 0.0}, False)])
+def test_the_sparse_recipe_starts_at_the_count_and_beats_it_on_tiny_closets(closets_project, tmp_path, recipe, beats):
+    """[GS] with history, params.yaml's recipe (the output bias from the counts, the rare ids decayed): better on
+    validation than popularity + own history within a few hundred steps; the recipe before it is not."""
+    from contextual_bert.config import load_config
+    from contextual_bert.training import train
+
+    read = lambda name: json.loads((closets_project / "reports" / "eval" / f"{name}.json").read_text())  # noqa: E731
+    count = read("popularity_history")["val"]["cross_entropy"]
+    repo = load_config()  # the repository's recipe, on a small model
+    cfg = repo.train.model_copy(update={"max_epochs": 6, "patience": 6, **recipe})
+    model = repo.model.model_copy(update={"d_model": 32, "n_heads": 4, "d_ff": 64, "n_blocks": 2})
+    from contextual_bert.data.feature_store import load_split
+
+    features = closets_project / "data" / "features"
+    assert len(load_split(features, "train", 8)) / cfg.batch_size * cfg.max_epochs < 400  # steps
+    metrics = train(features, tmp_path / "gs", "global_state", 0, model, cfg)
+    assert (metrics["best_val_cross_entropy"] < count - 0.02) == beats, (metrics["best_val_cross_entropy"], count)

@@ -304,8 +304,8 @@ class TrainConfig(Section):
     # model starts at about the popularity yardstick (with a history: popularity + own history) and its learned
     # scores, small and random at the start either way, add to it (count_start.py; docs/training.md).
     init_output: InitOutput = "random"
-    # s: after every step an article id's embedding row shrinks by 1 - lr * s / (its training count), on top of
-    # weight_decay, so that the ids of articles seen once or twice are not learned by heart (0: off;
+    # s: after every step an article id's embedding row shrinks by 1 - lr * s / n^2, n its training count, on top
+    # of weight_decay, so that the ids of articles seen once or twice are not learned by heart (0: off;
     # training.regularisers.RareIdDecay)
     rare_id_decay: float = Field(0.0, ge=0)
     # The training loss's softmax: over every article (full), or over the step's masked targets plus

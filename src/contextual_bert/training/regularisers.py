@@ -8,14 +8,16 @@ import torch
 
 from contextual_bert.data.feature_spec import N_SPECIAL, PAD_INDEX, EncodedOutfits
 
+
 class RareIdDecay:
     """train.rare_id_decay = s: after every optimizer step, each article id's embedding row (the id tables:
-    ContextualBert's tied one, a bag of items' input and output ones) shrinks by the factor 1 - lr * s / n, n
+    ContextualBert's tied one, a bag of items' input and output ones) shrinks by the factor 1 - lr * s / n^2, n
     its count in the training outfits (at least 1), on top of AdamW's decay (lr * weight_decay, the same for
-    every row). Why: with the logits started at the counts (train.init_output: counts) an article's learned
-    part is what its own outfits taught it; an article seen once has taught one outfit, which on sparse data
-    the model learns by heart and then offers wherever a context resembles it (the closets study). The decay
-    leaves a rare article at its count and its history repeat; as its count grows, at what its outfits say."""
+    every row). Why: an article's id row is what its own outfits taught it; an article seen once has taught one
+    outfit, which on sparse data the model learns by heart and then offers wherever a context resembles it (the
+    closets study): the decay leaves such an article at its count (train.init_output: counts) and its history
+    repeat. 1 / n^2, not 1 / n: the decay must be gone by the time an article is seen a handful of times, where
+    dense data still learns from it (docs/decisions.md)."""
 
     def __init__(self, model, items: torch.Tensor, strength: float):
         self.tables = [t.weight for t in (getattr(model, "item_embeddings", None),
@@ -23,7 +25,7 @@ class RareIdDecay:
         n_ids = self.tables[0].shape[0]
         real = items[(items >= N_SPECIAL) & (items < n_ids)]
         counts = torch.bincount(real, minlength=n_ids).clamp_min(1).to(self.tables[0].dtype)
-        self.rate = (strength / counts)[:, None]
+        self.rate = (strength / counts**2)[:, None]
         self.rate[:N_SPECIAL] = 0.0  # padding, [MASK] and [UNK] are no article
 
     @torch.no_grad()

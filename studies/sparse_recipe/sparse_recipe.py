@@ -1,0 +1,86 @@
+"""Issue 57: the sparse-data recipe (train.init_output: counts, train.rare_id_decay) on planted closets, the default
+data and planted hidden tastes. One data project per data kind under --workdir (ingest -> validate -> features
+[-> baseline], through the pipeline's CLI: studies/project.py), then one project per run that reads its features,
+trains one model (seed 0, one torch thread) and, with --evaluate, evaluates it (its verdict against its yardstick,
+the paired bootstrap on the test outfits). Each run's history.json and evaluation go to --out/<name>/.
+
+    # the closets (studies/closets/settings.yaml), [GS] with history, params.yaml's recipe
+    python studies/sparse_recipe/sparse_recipe.py closets gs_recipe --data --evaluate --out studies/sparse_recipe
+    # the recipe before it, on the same data
+    python studies/sparse_recipe/sparse_recipe.py closets gs_before --set train.init_output=random \
+        --set train.rare_id_decay=0 --evaluate --out studies/sparse_recipe
+    # without history (another features folder: --dset)
+    python studies/sparse_recipe/sparse_recipe.py closets gs_no_history --dset features.history.enabled=false \
+        --data --evaluate --out studies/sparse_recipe
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scripts, not an installed package
+from studies.closets.closets import settings as closet_settings  # noqa: E402
+from studies.project import Project, override, relocated  # noqa: E402
+
+DATA_DIRS = ("raw_dir", "validated_dir", "quarantine_dir", "features_dir", "source_fingerprint")
+HIDDEN = ["ingest.source=planted", "planted.taste_strength=0.0", "planted.hidden_taste_strength=1.3"]
+KINDS = {"closets": lambda: closet_settings([]), "default": lambda: [], "planted_hidden": lambda: list(HIDDEN)}
+
+
+def params_for(data_root: Path, root: Path, assignments: list[str]) -> dict:
+    """params.yaml with `assignments`, models / reports / MLflow under `root`, the data folders under `data_root`."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    for assignment in assignments:
+        override(params, assignment)
+    params["train"]["num_threads"] = 1
+    mine, data = relocated(params, root), relocated(params, data_root)
+    mine["paths"] = {k: data["paths"][k] if k in DATA_DIRS else v for k, v in mine["paths"].items()}
+    return mine
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("kind", choices=sorted(KINDS))
+    parser.add_argument("name", help="the run's name (its folder under --workdir/runs and --out)")
+    parser.add_argument("--variant", default="global_state")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="the run's params override")
+    parser.add_argument("--dset", action="append", default=[], metavar="KEY=VALUE", help="the data's params override")
+    parser.add_argument("--data", action="store_true", help="run the data stages first (and the baseline)")
+    parser.add_argument("--evaluate", action="store_true")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/sparse_recipe"))
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+
+    data_assignments = KINDS[args.kind]() + args.dset
+    data_root = args.workdir / "data" / "_".join([args.kind, *(a.replace("=", "-") for a in args.dset)])
+    if args.data:
+        data = Project(data_root, params_for(data_root, data_root, data_assignments))
+        for stage in ("ingest", "validate", "features", "baseline"):
+            data.stage(stage)
+    project = Project(args.workdir / "runs" / args.name, params_for(data_root, args.workdir / "runs" / args.name,
+                                                                     data_assignments + args.set))
+    project.stage("train", "--variant", args.variant, "--seed", "0")
+    out = args.out / args.name
+    out.mkdir(parents=True, exist_ok=True)
+    run = project.path("models_dir") / f"{args.variant}-s0"
+    for name in ("history.json", "metrics.json"):
+        shutil.copyfile(run / name, out / name)
+    if args.evaluate:
+        project.stage("evaluate", "--variant", args.variant, "--seed", "0")
+        result = json.loads((project.path("reports_dir") / "eval" / f"{args.variant}-s0.json").read_text())
+        keep = {k: result[k] for k in ("val", "test", "yardstick") if k in result}
+        (out / "evaluation.json").write_text(json.dumps(keep, indent=2) + "\n")
+    (out / "settings.json").write_text(json.dumps({"data": data_assignments, "run": args.set,
+                                                   "variant": args.variant, "seconds": project.timings}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
