@@ -4,14 +4,16 @@ data and planted hidden tastes. One data project per data kind under --workdir (
 trains one model (seed 0, one torch thread) and, with --evaluate, evaluates it (its verdict against its yardstick,
 the paired bootstrap on the test outfits). Each run's history.json and evaluation go to --out/<name>/.
 
-    # the closets (studies/closets/settings.yaml), [GS] with history, params.yaml's recipe
-    python studies/sparse_recipe/sparse_recipe.py closets gs_recipe --data --evaluate --out studies/sparse_recipe
-    # the recipe before it, on the same data
-    python studies/sparse_recipe/sparse_recipe.py closets gs_before --set train.init_output=random \
-        --set train.rare_id_decay=0 --evaluate --out studies/sparse_recipe
+    # the closets (studies/closets/settings.yaml), [GS] with history, the sparse recipe
+    python studies/sparse_recipe/sparse_recipe.py closets gs_recipe --data --set train.init_output=counts \
+        --set train.rare_id_decay=5 --evaluate --out /tmp/sparse_recipe_out
+    # params.yaml's recipe on the same data
+    python studies/sparse_recipe/sparse_recipe.py closets gs_default --evaluate --out /tmp/sparse_recipe_out
     # without history (another features folder: --dset)
     python studies/sparse_recipe/sparse_recipe.py closets gs_no_history --dset features.history.enabled=false \
-        --data --evaluate --out studies/sparse_recipe
+        --data --set train.init_output=counts --set train.rare_id_decay=5 --evaluate --out /tmp/sparse_recipe_out
+
+The runs of findings.md are in runs/<name>/ (history.json, evaluation.json, settings.json: the recipe each ran).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from studies.project import Project, override, relocated  # noqa: E402
 
 DATA_DIRS = ("raw_dir", "validated_dir", "quarantine_dir", "features_dir", "source_fingerprint")
 HIDDEN = ["ingest.source=planted", "planted.taste_strength=0.0", "planted.hidden_taste_strength=1.3"]
+RECIPE_KEYS = ("init_output", "rare_id_decay", "weight_decay", "bag_warmup_epochs", "bag_warmup_check_steps")
 KINDS = {"closets": lambda: closet_settings([]), "default": lambda: [], "planted_hidden": lambda: list(HIDDEN)}
 
 
@@ -77,7 +80,8 @@ def main() -> int:
         result = json.loads((project.path("reports_dir") / "eval" / f"{args.variant}-s0.json").read_text())
         keep = {k: result[k] for k in ("val", "test", "yardstick") if k in result}
         (out / "evaluation.json").write_text(json.dumps(keep, indent=2) + "\n")
-    (out / "settings.json").write_text(json.dumps({"data": data_assignments, "run": args.set,
+    recipe = {k: project.params["train"][k] for k in RECIPE_KEYS}
+    (out / "settings.json").write_text(json.dumps({"data": data_assignments, "run": args.set, "recipe": recipe,
                                                    "variant": args.variant, "seconds": project.timings}, indent=2) + "\n")
     return 0
 
