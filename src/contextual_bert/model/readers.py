@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from contextual_bert.config import ModelConfig
-from contextual_bert.data.feature_spec import (HISTORY_FEATURE, MASK_INDEX, N_SPECIAL, PAD_INDEX, ContextSpec)
+from contextual_bert.data.feature_spec import (HISTORY_FEATURE, MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX,
+                                                ContextSpec)
 from contextual_bert.model.context import history_mean
 
 
@@ -293,7 +294,9 @@ class HistoryRepeat(nn.Module):
         n = held.sum(dim=-1, keepdim=True).clamp_min(1).to(self.weight.dtype)
         scale = AttributeOverlap.SCALE
         log_lambda = self.LOG_LAMBDA + scale * (self.weight[0] + self.weight[1] * n.log()) - n.log()
-        bias = model.output_bias.detach()[history].to(self.weight.dtype)  # history articles all have an id
+        # an "_attrs" model's history may hold catalogue articles without an id: their bias is the [UNK] row's
+        ids = torch.where(history < model.output_bias.shape[0], history, UNKNOWN_INDEX)
+        bias = model.output_bias.detach()[ids].to(self.weight.dtype)
         return history, held.to(self.weight.dtype) * F.softplus(log_lambda - bias)
 
     def forward(self, model, items: torch.Tensor, select: torch.Tensor, context: dict | None = None,
