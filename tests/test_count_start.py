@@ -8,7 +8,7 @@ import torch
 
 from contextual_bert.config import HistoryConfig, ModelConfig
 from contextual_bert.data.contract import PAPER_SCHEMA
-from contextual_bert.data.feature_spec import ContextSpec, FeatureSpec
+from contextual_bert.data.feature_spec import HISTORY_FEATURE, MASK_INDEX, N_SPECIAL, UNKNOWN_INDEX, ContextSpec, FeatureSpec
 from contextual_bert.data.feature_store import load_article_vocab, load_spec, load_split
 from contextual_bert.data.features import build_features
 from contextual_bert.evaluation.evaluate import HistoryPopularityModel, PopularityModel
@@ -74,3 +74,24 @@ def test_rare_id_decay_shrinks_each_id_row_by_its_count_and_leaves_the_specials(
     factor = torch.tensor([1, 1, 1, 1 - 0.05 / 4, 1 - 0.05 / 16, 1 - 0.05, 1 - 0.05, 1 - 0.05])[:, None]  # lr s / n^2
     for weight, old in zip(tables, before):
         torch.testing.assert_close(weight.detach(), old * factor)
+
+
+def test_an_attrs_models_history_article_without_an_id_is_repeated_at_the_unk_rows_bias():
+    from test_ranking_passes import N_CATALOGUE, SINGLE, attribute_model, outfits
+
+    model = attribute_model("global_state", SINGLE, history=True)
+    data = outfits(16, history=True)
+    history = data.context[HISTORY_FEATURE].clone()
+    history[:, 0] = N_CATALOGUE - 1  # a catalogue article without an id embedding
+    context = {**data.context, HISTORY_FEATURE: history}
+    items = data.items.clone()
+    items[:, 0] = MASK_INDEX
+    with torch.no_grad():
+        model.output_bias[UNKNOWN_INDEX] = -3.0
+        logits = model.masked_logits(items, context)  # an index beyond the id rows once failed here
+        _, gain = model.reader(HistoryRepeat).gains(model, items == MASK_INDEX, context)
+    n = (history >= N_SPECIAL).sum(dim=1).float()
+    repeat = model.reader(HistoryRepeat)
+    log_lambda = repeat.LOG_LAMBDA + 10.0 * (repeat.weight[0] + repeat.weight[1] * n.log()) - n.log()
+    torch.testing.assert_close(gain[:, 0], torch.nn.functional.softplus(log_lambda + 3.0).detach())
+    assert torch.isfinite(logits[:, N_SPECIAL:]).all()
