@@ -8,7 +8,8 @@ import torch
 
 from contextual_bert.config import HistoryConfig, ModelConfig
 from contextual_bert.data.contract import PAPER_SCHEMA
-from contextual_bert.data.feature_spec import HISTORY_FEATURE, MASK_INDEX, N_SPECIAL, UNKNOWN_INDEX, ContextSpec, FeatureSpec
+from contextual_bert.data.feature_spec import (HISTORY_FEATURE, MASK_INDEX, N_SPECIAL, UNKNOWN_INDEX, ContextSpec,
+                                              FeatureSpec)
 from contextual_bert.data.feature_store import load_article_vocab, load_spec, load_split
 from contextual_bert.data.features import build_features
 from contextual_bert.evaluation.evaluate import HistoryPopularityModel, PopularityModel

@@ -67,8 +67,8 @@ def main() -> int:
         data = Project(data_root, params_for(data_root, data_root, data_assignments))
         for stage in ("ingest", "validate", "features", "baseline"):
             data.stage(stage)
-    project = Project(args.workdir / "runs" / args.name, params_for(data_root, args.workdir / "runs" / args.name,
-                                                                     data_assignments + args.set))
+    root = args.workdir / "runs" / args.name
+    project = Project(root, params_for(data_root, root, data_assignments + args.set))
     project.stage("train", "--variant", args.variant, "--seed", "0")
     out = args.out / args.name
     out.mkdir(parents=True, exist_ok=True)
