@@ -81,8 +81,9 @@ def main() -> int:
         keep = {k: result[k] for k in ("val", "test", "yardstick") if k in result}
         (out / "evaluation.json").write_text(json.dumps(keep, indent=2) + "\n")
     recipe = {k: project.params["train"][k] for k in RECIPE_KEYS}
-    (out / "settings.json").write_text(json.dumps({"data": data_assignments, "run": args.set, "recipe": recipe,
-                                                   "variant": args.variant, "seconds": project.timings}, indent=2) + "\n")
+    settings = {"data": data_assignments, "run": args.set, "recipe": recipe, "variant": args.variant,
+                "seconds": project.timings}
+    (out / "settings.json").write_text(json.dumps(settings, indent=2) + "\n")
     return 0
 
 
