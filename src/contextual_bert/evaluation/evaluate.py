@@ -405,7 +405,7 @@ def history_log_probs(counts, data: EncodedOutfits, weights, feature: str = HIST
     case_ranks: every known target, outfit order), at each of `weights`, without scoring the catalogue: the
     mixture's probabilities sum to 1 over the real articles, so a case's log-probability is the log of its
     target's, (1 - w) P_pop(t) + w [t in the history] / n. The same numbers as the model's ranking pass but for
-    its float32 sum over the catalogue (within 1e-6 nats)."""
+    its float32 sum over the catalogue (a rounding: within 2e-6 nats a case)."""
     probs = torch.tensor(np.array(counts, dtype=np.float64) + 1.0)
     probs[:N_SPECIAL] = 0.0
     probs /= probs.sum()
