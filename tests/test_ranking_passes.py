@@ -17,6 +17,7 @@ from contextual_bert.config import FitbConfig, ModelConfig
 from contextual_bert.data.feature_spec import (HISTORY_FEATURE, MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX,
                                                ContextSpec, EncodedOutfits, FeatureSpec)
 from contextual_bert.evaluation import ranking
+from contextual_bert.evaluation.evaluate import AttributePopularityModel, HistoryPopularityModel, PopularityModel
 from contextual_bert.evaluation.fitb import PROTOCOLS, answer, make_questions
 from contextual_bert.evaluation.ranking import case_ranks, donor_outfits, outfit_dependence
 from contextual_bert.model import AttributeOverlap, HistoryRepeat, build_model
@@ -302,3 +303,65 @@ def test_a_long_pass_shows_a_progress_bar(monkeypatch, capsys):
     monkeypatch.setattr(ranking, "PROGRESS_MIN_CASES", 1)
     case_ranks(model, outfits(20), 16, "cpu", with_ranks=False, dependence=True)
     assert "global_state_attrs dependence" in capsys.readouterr().err
+
+
+# --- the count models: ranks from their closed form -------------------------------------------------------
+
+
+def count_cases(n_articles: int, n_outfits: int, seed: int) -> tuple[np.ndarray, np.ndarray, EncodedOutfits]:
+    """Counts with many ties (most articles seen 1-3 times; an article with an id is seen), one attribute of 1-9
+    values, and outfits of 1-7 distinct articles (a few [UNK]) with histories of 0-12 articles (some in the
+    outfit)."""
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.randint(1, 4, (n_articles,), generator=g)
+    counts[torch.randint(N_SPECIAL, n_articles, (5,), generator=g)] = 50
+    counts[:N_SPECIAL] = 0
+    n_values = int(torch.randint(1, 10, (1,), generator=g))
+    values = torch.randint(1, n_values + 1, (n_articles,), generator=g)
+    values[:N_SPECIAL] = 0
+    items = torch.full((n_outfits, 8), PAD_INDEX)
+    for row, length in enumerate(torch.randint(1, 8, (n_outfits,), generator=g).tolist()):
+        items[row, :length] = torch.randperm(n_articles - N_SPECIAL, generator=g)[:length] + N_SPECIAL
+    items[(torch.rand(items.shape, generator=g) < 0.03) & (items != PAD_INDEX)] = UNKNOWN_INDEX
+    history = torch.randint(N_SPECIAL, n_articles, (n_outfits, 12), generator=g)
+    history[:, :2] = items[:, 1:3]  # some of the outfit's own articles (or padding)
+    history = history.masked_fill(torch.arange(12) >= torch.randint(0, 13, (n_outfits, 1), generator=g), PAD_INDEX)
+    return counts.numpy(), values.numpy(), EncodedOutfits(items, {HISTORY_FEATURE: history})
+
+
+def count_models(counts: np.ndarray, values: np.ndarray):
+    n_ids = len(counts) - 7  # the last seven articles without an id
+    yield "popularity", PopularityModel(counts)
+    yield "attributes", AttributePopularityModel(values, counts, n_ids, in_outfit_share=0.2)
+    yield "no type twice", AttributePopularityModel(values, counts, n_ids, in_outfit_share=0.0)
+    for weight in (0.0, 0.3):
+        yield f"history {weight}", HistoryPopularityModel(counts, weight)
+
+
+@pytest.mark.parametrize("n_articles", [40, 3_000])
+def test_the_count_models_closed_form_ranks_are_the_scored_catalogues(n_articles):
+    counts, values, data = count_cases(n_articles, 300, seed=n_articles)
+    for name, model in count_models(counts, values):
+        closed = case_ranks(model, data, batch_size=64, device="cpu")
+        plain = plain_case_ranks(model, data, batch_size=64, dependence=False)
+        np.testing.assert_array_equal(closed["rank"], plain["rank"], err_msg=name)
+        np.testing.assert_allclose(closed["log_prob"], plain["log_prob"], atol=1e-6, rtol=0, err_msg=name)
+        without = case_ranks(model, data, batch_size=64, device="cpu", with_ranks=False)
+        assert "rank" not in without and np.array_equal(without["log_prob"], closed["log_prob"])
+
+
+def test_a_tie_that_rounding_makes_is_ranked_from_the_scores(monkeypatch):
+    """Two articles of one value whose log P(a | v) differ by a float32 step can score the same once log P(v | O)
+    is added: their order is then by index, not by log P(a | v) (the closed form's fallback)."""
+    counts, values, data = count_cases(200, 200, seed=1)
+    model = AttributePopularityModel(values, counts, len(counts), in_outfit_share=0.2)
+    first_value = torch.from_numpy(values) == int(values[N_SPECIAL])
+    group = first_value.nonzero()[:, 0]
+    model.log_within[group] = -3.0 + torch.arange(len(group)).float() % 3 * 2.4e-7  # a float32 step apart
+    unsure = []
+    found = model._ahead_by_value
+    monkeypatch.setattr(model, "_ahead_by_value", lambda *args: unsure.append(found(*args)[1]) or found(*args))
+    closed = case_ranks(model, data, batch_size=64, device="cpu")
+    assert torch.cat(unsure).any()  # the fallback ran
+    plain = plain_case_ranks(model, data, batch_size=64, dependence=False)
+    np.testing.assert_array_equal(closed["rank"], plain["rank"])

@@ -54,7 +54,8 @@ from contextual_bert.data.feature_spec import HISTORY_FEATURE, N_SPECIAL, PAD_IN
 from contextual_bert.evaluation.fitb import RESULT_KEY as FITB_KEY
 from contextual_bert.evaluation.fitb import fitb_result, split_questions
 from contextual_bert.model import count_paper_parameters, load_checkpoint
-from contextual_bert.evaluation.ranking import case_ranks, measures_dependence, outfit_dependence
+from contextual_bert.evaluation.ranking import (ScoreOrder, case_ranks, distinct_real, is_ahead, measures_dependence,
+                                                 others_ahead, outfit_dependence)
 from contextual_bert.evaluation.yardstick import VERDICT_KEY, run_verdict, yardstick_of
 
 RECALL_CURVE_MAX_K = 250
@@ -73,6 +74,16 @@ class PopularityModel(nn.Module):
 
     def masked_logits(self, items: torch.Tensor, context=None) -> torch.Tensor:
         return self.scores.expand(items.shape[0], -1).clone()
+
+    def ranked_cases(self, others: torch.Tensor, context, target: torch.Tensor, with_ranks: bool):
+        """ranking.case_ranks's log-probabilities and ranks of `target` without scoring the catalogue per case:
+        one score vector, one order (`ScoreOrder`), one log-sum-exp."""
+        score = self.scores[target]
+        log_prob = score - torch.logsumexp(self.scores[None, N_SPECIAL:], dim=1)
+        if not with_ranks:
+            return log_prob, None
+        ahead = ScoreOrder(self.scores).count_ahead(score, target)
+        return log_prob, 1 + ahead - others_ahead(others, lambda a: self.scores[a], score, target)
 
 
 class AttributePopularityModel(nn.Module):
@@ -116,6 +127,10 @@ class AttributePopularityModel(nn.Module):
         self.n_items, self.n_ids = n, n_ids
 
     def masked_logits(self, items: torch.Tensor, context=None) -> torch.Tensor:
+        return self.log_value(items).gather(1, self.values.expand(items.shape[0], -1)) + self.log_within
+
+    def log_value(self, items: torch.Tensor) -> torch.Tensor:
+        """(B, n_values) log P(v | O) of every attribute value given the outfit's other items `items`."""
         present = torch.zeros(items.shape[0], len(self.value_mass), dtype=torch.bool, device=items.device)
         present.scatter_(1, self.values[items], True)
         present[:, 0] = False  # PAD / [MASK] / specials carry value 0
@@ -125,9 +140,72 @@ class AttributePopularityModel(nn.Module):
         # a row with no value inside (or none left outside) gives the other side all the mass
         log_r = torch.where(outside > 0, math.log(self.r), 0.0)
         log_not_r = torch.where(inside > 0, math.log1p(-self.r), 0.0)
-        log_value = torch.where(present, log_r + mass.log() - inside.log(),
-                                log_not_r + mass.log() - outside.log())  # fmt: skip
-        return log_value.gather(1, self.values.expand(items.shape[0], -1)) + self.log_within
+        return torch.where(present, log_r + mass.log() - inside.log(),
+                           log_not_r + mass.log() - outside.log())  # fmt: skip
+
+    def ranked_cases(self, others: torch.Tensor, context, target: torch.Tensor, with_ranks: bool):
+        """ranking.case_ranks's log-probabilities and ranks of `target` without scoring the catalogue per case.
+        A case's score of article a is log P(v(a) | O) + log P(a | v(a)): within a value's articles, ordered by
+        log P(a | v) (`_groups`), those ahead of the target are a prefix found by binary search, and the log-sum-
+        exp is over the values (in float64). A case whose scores tie the target's across articles of different
+        log P(a | v) (a rounding) is ranked from its scores instead."""
+        log_value = self.log_value(others)
+        score = log_value.gather(1, self.values[target][:, None])[:, 0] + self.log_within[target]
+        norm = self._log_value_norm()  # a value without real articles adds nothing (its log_value can be NaN)
+        log_prob = score.double() - torch.logsumexp(torch.where(norm > -math.inf, log_value.double() + norm,
+                                                                -math.inf), dim=1)
+        if not with_ranks:
+            return log_prob, None
+        ahead, unsure = self._ahead_by_value(log_value, score, target)
+        rank = 1 + ahead - others_ahead(
+            others, lambda a: log_value.gather(1, self.values[a]) + self.log_within[a], score, target)
+        if unsure.any():
+            logits = self.masked_logits(others[unsure]).scatter(1, others[unsure], float("-inf"))
+            index = torch.arange(self.n_items, device=others.device)
+            rank[unsure] = 1 + is_ahead(logits, index, score[unsure, None], target[unsure, None]).sum(dim=1)
+        return log_prob, rank
+
+    def _log_value_norm(self) -> torch.Tensor:
+        """(n_values,) float64 log of the sum of P(a | v) over each value's articles (0 where they sum to 1)."""
+        within = torch.zeros(len(self.value_mass), dtype=torch.float64, device=self.values.device)
+        return within.index_add_(0, self.values, self.log_within.double().exp()).log()
+
+    def _groups(self):
+        """The articles by value, each value's by log P(a | v) descending, ties by index: (log P sorted,
+        article sorted, each value's first position, its end)."""
+        by_index = torch.arange(self.n_items, device=self.values.device)
+        order = torch.sort(-self.log_within, stable=True).indices
+        order = order[torch.sort(self.values[order], stable=True).indices]
+        ends = torch.cumsum(torch.bincount(self.values, minlength=len(self.value_mass)), 0)
+        return self.log_within[order], by_index[order], ends - torch.bincount(
+            self.values, minlength=len(self.value_mass)), ends
+
+    def _ahead_by_value(self, log_value: torch.Tensor, score: torch.Tensor, target: torch.Tensor):
+        """(C,) how many articles rank ahead of each case's target, and which cases could not be counted so
+        (their tie with the target spans articles of different log P(a | v))."""
+        within, article, first, end = self._groups()
+        steps = int(torch.log2((end - first).max().double().clamp_min(1.0)).floor()) + 2
+        score = score[:, None]
+
+        def prefix(beats):  # per (case, value): the length of the prefix of the value's articles that `beats`
+            lo, hi = first.expand_as(log_value).clone(), end.expand_as(log_value).clone()
+            for _ in range(steps):
+                mid = (lo + hi) // 2
+                yes = (lo < hi) & beats(log_value + within[mid.clamp_max(len(within) - 1)])
+                lo, hi = torch.where(yes, mid + 1, lo), torch.where(yes | (lo >= hi), hi, mid)
+            return lo
+
+        above, at_least = prefix(lambda s: s > score), prefix(lambda s: s >= score)
+        tied = at_least > above
+        last = (at_least - 1).clamp_min(0)
+        unsure = (tied & (within[above.clamp_max(len(within) - 1)] != within[last])).any(dim=1)
+        # within a tie of one log P(a | v) the articles are in index order: those before the target
+        lo, hi = above.clone(), at_least.clone()
+        for _ in range(steps):
+            mid = (lo + hi) // 2
+            yes = (lo < hi) & (article[mid.clamp_max(len(article) - 1)] < target[:, None])
+            lo, hi = torch.where(yes, mid + 1, lo), torch.where(yes | (lo >= hi), hi, mid)
+        return (above - first + torch.where(tied, lo - above, 0)).sum(dim=1), unsure
 
 
 class HistoryPopularityModel(nn.Module):
@@ -152,6 +230,38 @@ class HistoryPopularityModel(nn.Module):
         weight = torch.where(n > 0, self.weight, 0.0)
         mixed = (1 - weight) * self.probs + weight * seen / n.clamp_min(1.0)
         return mixed.log().index_fill_(1, torch.arange(N_SPECIAL, device=items.device), float("-inf"))
+
+    def ranked_cases(self, others: torch.Tensor, context, target: torch.Tensor, with_ranks: bool):
+        """ranking.case_ranks's log-probabilities and ranks of `target` without scoring the catalogue per case.
+        Outside a case's history every article scores the popularity part alone, one vector for every case
+        with a history and one for those without (`ScoreOrder`); the history's few articles are then counted
+        at their own scores. The log-sum-exp is taken in float64."""
+        history, first = distinct_real(context[self.feature])
+        n = first.sum(dim=1, keepdim=True).float()
+        weight = torch.where(n > 0, self.weight, 0.0)  # (C, 1): as masked_logits
+
+        def score_of(articles, in_history):  # masked_logits's arithmetic for these articles of each case
+            return ((1 - weight) * self.probs[articles] + weight * in_history.float() / n.clamp_min(1.0)).log()
+
+        def held(articles):  # (C, k) is each article in its case's history
+            return ((articles[:, :, None] == history[:, None, :]) & first[:, None, :]).any(dim=2)
+
+        score = score_of(target[:, None], held(target[:, None]))[:, 0]
+        base_of = {0.0: self.probs.log(), self.weight: ((1 - torch.tensor(self.weight)) * self.probs).log()}
+        has = n[:, 0] > 0
+        base = torch.where(has[:, None], base_of[self.weight][history], base_of[0.0][history])
+        mine = score_of(history, torch.ones_like(first))
+        norm = torch.where(has, base_of[self.weight].double().exp().sum(), base_of[0.0].double().exp().sum())
+        norm = norm + torch.where(first, mine.double().exp() - base.double().exp(), 0.0).sum(dim=1)
+        log_prob = score.double() - norm.log()
+        if not with_ranks:
+            return log_prob, None
+        ahead = torch.where(has, ScoreOrder(base_of[self.weight]).count_ahead(score, target),
+                            ScoreOrder(base_of[0.0]).count_ahead(score, target))
+        beside = (first & is_ahead(mine, history, score[:, None], target[:, None])).sum(dim=1)
+        counted = (first & is_ahead(base, history, score[:, None], target[:, None])).sum(dim=1)
+        rank = 1 + ahead - counted + beside - others_ahead(others, lambda a: score_of(a, held(a)), score, target)
+        return log_prob, rank
 
 
 HISTORY_WEIGHTS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)  # the history popularity's weights, tried on val

@@ -17,6 +17,7 @@ from contextlib import nullcontext
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, EncodedOutfits
@@ -27,6 +28,48 @@ DEPENDENCE_SEED = 0  # the pairing of each test outfit with another of its lengt
 # **stuck**, and training's check before the warm-up from the bag (train.bag_warmup_check_steps)
 STUCK_BELOW = 0.02
 PROGRESS_MIN_CASES = 2_000  # a pass over fewer cases shows no progress bar (seconds at most)
+CLOSED_FORM_CASES = 4_096  # cases a count model ranks at a time without scoring the catalogue
+
+
+def is_ahead(scores, index, target_score, target):
+    """Which articles rank ahead of the target: a higher score, or the same score and a lower index (the tie
+    rule of evaluation.py). Broadcasts."""
+    return (scores > target_score) | ((scores == target_score) & (index < target))
+
+
+def distinct_real(items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`items` (C, L) sorted along each row, and which of them are the first of a real article: each row's
+    distinct real articles (no padding, no special index)."""
+    ordered = items.sort(dim=1).values
+    return ordered, (ordered >= N_SPECIAL) & F.pad(ordered[:, 1:] != ordered[:, :-1], (1, 0), value=True)
+
+
+def others_ahead(others: torch.Tensor, score_of, target_score, target) -> torch.Tensor:
+    """(C,) how many of the outfit's other articles `others` (C, L; any padding, repeats counted once) rank
+    ahead of the target, their scores `score_of(items)` (C, L): what a rank without them takes off."""
+    ordered, first = distinct_real(others)
+    return (first & is_ahead(score_of(ordered), ordered, target_score[:, None], target[:, None])).sum(dim=1)
+
+
+class ScoreOrder:
+    """The articles of one score vector in rank order (score descending, ties by index), to count how many
+    rank ahead of any (score, index) by binary search: a count model's ranks without scoring the catalogue
+    for every case."""
+
+    def __init__(self, scores: torch.Tensor):
+        sorted_ = torch.sort(-scores.float(), stable=True)  # ascending negated scores; ties keep index order
+        self.neg, self.n = sorted_.values, len(scores)
+        self.block = torch.cumsum(F.pad(self.neg[1:] != self.neg[:-1], (1, 0)).long(), 0)  # tie block
+        self.key = self.block * self.n + sorted_.indices  # increasing along the order
+
+    def count_ahead(self, score: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """(C,) how many articles rank ahead of one of score `score` and index `index` (C,)."""
+        neg = (-score.float()).contiguous()
+        above = torch.searchsorted(self.neg, neg, side="left")
+        tied = torch.searchsorted(self.neg, neg, side="right") > above
+        block = self.block[above.clamp_max(self.n - 1)]
+        before = torch.searchsorted(self.key, block * self.n + index, side="left") - above
+        return above + torch.where(tied, before, 0)
 
 
 def donor_outfits(items: torch.Tensor, seed: int = DEPENDENCE_SEED) -> torch.Tensor:
@@ -116,6 +159,9 @@ def case_ranks(model, data: EncodedOutfits, batch_size: int, device, with_ranks:
     n_unknown = int((~known).sum())
     outfit, position, target = outfit[known], position[known], target[known]
 
+    if getattr(model, "ranked_cases", None) is not None and not dependence:
+        return _count_model_cases(model, items, context, outfit, position, target, n_unknown, with_ranks)
+
     # Cases in order of outfit length, so that each batch is trimmed to little padding (items are
     # right-padded); the results are put back in outfit order below.
     lengths = (items != PAD_INDEX).sum(dim=1)
@@ -152,8 +198,7 @@ def case_ranks(model, data: EncodedOutfits, batch_size: int, device, with_ranks:
                 del offsets
             if with_ranks:
                 scores = logits.scatter(1, masked, float("-inf"))  # the outfit's other items are not ranked
-                ahead = (scores > target_logit) | ((scores == target_logit) & (article_index < t))
-                ranks.append(1 + ahead.sum(dim=1))
+                ranks.append(1 + is_ahead(scores, article_index, target_logit, t).sum(dim=1))
             bar.update(len(rows))
 
     def in_outfit_order(chunks: list[torch.Tensor]) -> torch.Tensor:
@@ -174,4 +219,32 @@ def case_ranks(model, data: EncodedOutfits, batch_size: int, device, with_ranks:
                                        else np.zeros(0))
     if with_ranks:
         result["rank"] = in_outfit_order(ranks).cpu().numpy() if ranks else np.zeros(0, dtype=np.int64)
+    return result
+
+
+def _count_model_cases(model, items, context, outfit, position, target, n_unknown: int, with_ranks: bool) -> dict:
+    """case_ranks for a count model with `ranked_cases(others, context, target, with_ranks) -> (log_prob,
+    rank or None)`: the same ranks and log-probabilities from its closed form, a chunk of cases at a time, without
+    scoring the catalogue for each case (the rank from the order of its few score vectors, `ScoreOrder`)."""
+    log_probs, ranks = [], []
+    bar = progress(len(target), f"{scorer_name(model)} ranking", "case")
+    with torch.no_grad(), bar:
+        for start in range(0, len(target), CLOSED_FORM_CASES):
+            o, p, t = (v[start : start + CLOSED_FORM_CASES] for v in (outfit, position, target))
+            others = items[o].clone()
+            others[torch.arange(len(o), device=items.device), p] = PAD_INDEX
+            log_prob, rank = model.ranked_cases(others, {name: values[o] for name, values in context.items()}, t,
+                                                with_ranks)
+            log_probs.append(log_prob.double())
+            ranks.append(rank)
+            bar.update(len(o))
+    result = {
+        "outfit": outfit.cpu().numpy(),
+        "position": position.cpu().numpy(),
+        "target": target.cpu().numpy(),
+        "log_prob": torch.cat(log_probs).cpu().numpy() if log_probs else np.zeros(0),
+        "n_unknown_targets": np.int64(n_unknown),
+    }
+    if with_ranks:
+        result["rank"] = torch.cat(ranks).cpu().numpy() if ranks else np.zeros(0, dtype=np.int64)
     return result
