@@ -21,8 +21,11 @@ With evaluate.fitb on (the default), every evaluation also answers the test spli
 (fitb.py, the same for every model): "fitb_easy" / "fitb_hard" accuracies among the test metrics, and a "fitb"
 block with their bootstrap intervals and the questions' digest.
 
-The popularity baseline goes through the same code: its scores are log(1 + training count). The
-attribute-aware popularity (AttributePopularityModel) is the yardstick of the attribute models.
+The popularity baseline's scores are log(1 + training count). The attribute-aware popularity
+(AttributePopularityModel) is the yardstick of the attribute models. The counts (these two and the history
+popularity) are ranked from their closed form (`ranked_cases`, ranking.ScoreOrder), without scoring the catalogue
+for every case: the ranks of the scored catalogue, the log-probabilities within a rounding (the log-sum-exp in
+float64; popularity's the same bits).
 
 Outfit dependence (trained models only; "outfit_dependence" beside the cross-entropy): how much the
 prediction at the masked position depends on the outfit's other articles through the encoder. Every case is

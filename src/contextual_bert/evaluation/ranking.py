@@ -8,7 +8,9 @@ A pass over a split scores the whole catalogue once per batch of cases. What doe
 batch is built once per pass (`scoring_pass`: the output layer, which for the "_attrs" models is every
 catalogue article's vector; model.ArticleScores.catalogue_pass), and the outfit dependence's shuffled pass
 shares the real pass's outfit offsets and takes only the target's log-probability (`_shuffled_log_probs`; for
-the "_attrs" models a block of articles at a time, as the real pass of the stuck check, which needs no ranks). A pass of many cases shows a progress bar.
+the "_attrs" models a block of articles at a time, as the real pass of the stuck check, which needs no ranks).
+A count model with a closed form (`ranked_cases`) is not scored per case at all: its ranks come from the order
+of its few score vectors (`ScoreOrder`). A pass of many cases shows a progress bar.
 """
 
 from __future__ import annotations
