@@ -45,7 +45,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from contextual_bert.evaluation.bootstrap import (DEPENDENCE_METRIC, KNOWN_OUTFITS_KEY, OUTFITS_KEY, bootstrap_ci, case_values,
@@ -528,10 +527,7 @@ def history_log_probs(counts, data: EncodedOutfits, weights, feature: str = HIST
     known = target != UNKNOWN_INDEX
     outfit, target = outfit[known], target[known]
     history = data.context[feature]
-    # the history's distinct real articles, as HistoryPopularityModel's `seen` counts them
-    ordered = history.sort(dim=1).values
-    distinct = (ordered >= N_SPECIAL) & F.pad(ordered[:, 1:] != ordered[:, :-1], (1, 0), value=True)
-    n = distinct.sum(dim=1).double()[outfit]
+    n = distinct_real(history)[1].sum(dim=1).double()[outfit]  # as HistoryPopularityModel's `seen` counts them
     in_history = ((history[outfit] == target[:, None]) & (history[outfit] >= N_SPECIAL)).any(dim=1).double()
     weight = torch.tensor(weights, dtype=torch.float64)[None, :] * (n > 0).double()[:, None]
     mixed = (1 - weight) * probs[target][:, None] + weight * (in_history / n.clamp_min(1.0))[:, None]

@@ -209,18 +209,24 @@ def case_ranks(model, data: EncodedOutfits, batch_size: int, device, with_ranks:
         restored[by_length] = values
         return restored
 
+    return _cases(outfit, position, target, n_unknown, in_outfit_order(log_probs) if log_probs else None,
+                  (in_outfit_order(ranks) if ranks else None) if with_ranks else False,
+                  (in_outfit_order(shuffled) if shuffled else None) if donor is not None else False)
+
+
+def _cases(outfit, position, target, n_unknown: int, log_prob, rank, shuffled=False) -> dict:
+    """case_ranks's result, numpy arrays in outfit order; None: no cases; False: not computed."""
     result = {
         "outfit": outfit.cpu().numpy(),
         "position": position.cpu().numpy(),
         "target": target.cpu().numpy(),
-        "log_prob": in_outfit_order(log_probs).double().cpu().numpy() if log_probs else np.zeros(0),
+        "log_prob": np.zeros(0) if log_prob is None else log_prob.double().cpu().numpy(),
         "n_unknown_targets": np.int64(n_unknown),
     }
-    if donor is not None:
-        result["log_prob_shuffled"] = (in_outfit_order(shuffled).double().cpu().numpy() if shuffled
-                                       else np.zeros(0))
-    if with_ranks:
-        result["rank"] = in_outfit_order(ranks).cpu().numpy() if ranks else np.zeros(0, dtype=np.int64)
+    if shuffled is not False:
+        result["log_prob_shuffled"] = np.zeros(0) if shuffled is None else shuffled.double().cpu().numpy()
+    if rank is not False:
+        result["rank"] = np.zeros(0, dtype=np.int64) if rank is None else rank.cpu().numpy()
     return result
 
 
@@ -240,13 +246,5 @@ def _count_model_cases(model, items, context, outfit, position, target, n_unknow
             log_probs.append(log_prob.double())
             ranks.append(rank)
             bar.update(len(o))
-    result = {
-        "outfit": outfit.cpu().numpy(),
-        "position": position.cpu().numpy(),
-        "target": target.cpu().numpy(),
-        "log_prob": torch.cat(log_probs).cpu().numpy() if log_probs else np.zeros(0),
-        "n_unknown_targets": np.int64(n_unknown),
-    }
-    if with_ranks:
-        result["rank"] = torch.cat(ranks).cpu().numpy() if ranks else np.zeros(0, dtype=np.int64)
-    return result
+    return _cases(outfit, position, target, n_unknown, torch.cat(log_probs) if log_probs else None,
+                  (torch.cat(ranks) if ranks else None) if with_ranks else False)
