@@ -27,8 +27,8 @@ popularity) are ranked from their closed form (`ranked_cases`, ranking.ScoreOrde
 for every case: the ranks of the scored catalogue, the log-probabilities within a rounding (the log-sum-exp in
 float64; popularity's the same bits).
 
-Outfit dependence (trained models only; "outfit_dependence" beside the cross-entropy): how much the
-prediction at the masked position depends on the outfit's other articles through the encoder. Every case is
+Outfit dependence (trained models only, on the test split; "outfit_dependence" beside the cross-entropy): how
+much the prediction at the masked position depends on the outfit's other articles through the encoder. Every case is
 scored a second time with the encoder reading the other articles of another outfit of the same length (a
 fixed random pairing, `donor_outfits`; the [MASK] at the same position, the customer's own context kept, and
 for the attribute models the attribute-overlap offsets still those of the real outfit, so that the hand-built
@@ -61,6 +61,17 @@ from contextual_bert.evaluation.ranking import (ScoreOrder, case_ranks, distinct
 from contextual_bert.evaluation.yardstick import VERDICT_KEY, run_verdict, yardstick_of
 
 RECALL_CURVE_MAX_K = 250
+CLOSED_FORM_CELLS = 1 << 20  # (cases x attribute values) the attribute popularity's closed form holds at a time
+
+
+def _once(model: nn.Module, name, build):
+    """`build()` once per device of the model's buffers: a count model's orders, kept across the chunks of
+    cases that case_ranks hands its `ranked_cases`."""
+    device = next(model.buffers()).device
+    built = model.__dict__.setdefault("_built", {})
+    if name not in built or built[name][0] != device:
+        built[name] = (device, build())
+    return built[name][1]
 
 
 class PopularityModel(nn.Module):
@@ -84,7 +95,7 @@ class PopularityModel(nn.Module):
         log_prob = score - torch.logsumexp(self.scores[None, N_SPECIAL:], dim=1)
         if not with_ranks:
             return log_prob, None
-        ahead = ScoreOrder(self.scores).count_ahead(score, target)
+        ahead = _once(self, "order", lambda: ScoreOrder(self.scores)).count_ahead(score, target)
         return log_prob, 1 + ahead - others_ahead(others, lambda a: self.scores[a], score, target)
 
 
@@ -150,10 +161,17 @@ class AttributePopularityModel(nn.Module):
         A case's score of article a is log P(v(a) | O) + log P(a | v(a)): within a value's articles, ordered by
         log P(a | v) (`_groups`), those ahead of the target are a prefix found by binary search, and the log-sum-
         exp is over the values (in float64). A case whose scores tie the target's across articles of different
-        log P(a | v) (a rounding) is ranked from its scores instead."""
+        log P(a | v) (a rounding) is ranked from its scores instead. A few cases at a time where the attribute has
+        many values (a (cases x values) table of at most CLOSED_FORM_CELLS)."""
+        rows = max(1, CLOSED_FORM_CELLS // len(self.value_mass))
+        if len(target) > rows:
+            parts = [self.ranked_cases(others[i : i + rows], context, target[i : i + rows], with_ranks)
+                     for i in range(0, len(target), rows)]
+            return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]) if with_ranks else None
         log_value = self.log_value(others)
         score = log_value.gather(1, self.values[target][:, None])[:, 0] + self.log_within[target]
-        norm = self._log_value_norm()  # a value without real articles adds nothing (its log_value can be NaN)
+        # a value without real articles adds nothing (its log_value can be NaN)
+        norm = _once(self, "norm", self._log_value_norm)
         log_prob = score.double() - torch.logsumexp(torch.where(norm > -math.inf, log_value.double() + norm,
                                                                 -math.inf), dim=1)
         if not with_ranks:
@@ -185,7 +203,7 @@ class AttributePopularityModel(nn.Module):
     def _ahead_by_value(self, log_value: torch.Tensor, score: torch.Tensor, target: torch.Tensor):
         """(C,) how many articles rank ahead of each case's target, and which cases could not be counted so
         (their tie with the target spans articles of different log P(a | v))."""
-        within, article, first, end = self._groups()
+        within, article, first, end = _once(self, "groups", self._groups)
         steps = int(torch.log2((end - first).max().double().clamp_min(1.0)).floor()) + 2
         score = score[:, None]
 
@@ -249,7 +267,7 @@ class HistoryPopularityModel(nn.Module):
             return ((articles[:, :, None] == history[:, None, :]) & first[:, None, :]).any(dim=2)
 
         score = score_of(target[:, None], held(target[:, None]))[:, 0]
-        base_of = {0.0: self.probs.log(), self.weight: ((1 - torch.tensor(self.weight)) * self.probs).log()}
+        base_of, orders = _once(self, ("orders", self.weight), self._orders)
         has = n[:, 0] > 0
         base = torch.where(has[:, None], base_of[self.weight][history], base_of[0.0][history])
         mine = score_of(history, torch.ones_like(first))
@@ -258,12 +276,18 @@ class HistoryPopularityModel(nn.Module):
         log_prob = score.double() - norm.log()
         if not with_ranks:
             return log_prob, None
-        ahead = torch.where(has, ScoreOrder(base_of[self.weight]).count_ahead(score, target),
-                            ScoreOrder(base_of[0.0]).count_ahead(score, target))
+        ahead = torch.where(has, orders[self.weight].count_ahead(score, target),
+                            orders[0.0].count_ahead(score, target))
         beside = (first & is_ahead(mine, history, score[:, None], target[:, None])).sum(dim=1)
         counted = (first & is_ahead(base, history, score[:, None], target[:, None])).sum(dim=1)
         rank = 1 + ahead - counted + beside - others_ahead(others, lambda a: score_of(a, held(a)), score, target)
         return log_prob, rank
+
+    def _orders(self):
+        """Every article's score outside a history, for a case with one (weight w) and without (0), and their
+        `ScoreOrder`s."""
+        base_of = {0.0: self.probs.log(), self.weight: ((1 - torch.tensor(self.weight)) * self.probs).log()}
+        return base_of, {w: ScoreOrder(base) for w, base in base_of.items()}
 
 
 HISTORY_WEIGHTS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)  # the history popularity's weights, tried on val
@@ -308,9 +332,11 @@ def recall_curve(ranks, max_k: int = RECALL_CURVE_MAX_K) -> dict:
     return {"k": ks, "values": [float(c / len(ranks)) if len(ranks) else None for c in cumulative]}
 
 
-def evaluate_split(model, data: EncodedOutfits, cfg: EvaluateConfig, device) -> tuple[dict, dict]:
-    """The metrics of one split and its cases (see case_ranks)."""
-    cases = case_ranks(model, data, cfg.batch_size, device, dependence=measures_dependence(model))
+def evaluate_split(model, data: EncodedOutfits, cfg: EvaluateConfig, device, dependence: bool = True
+                   ) -> tuple[dict, dict]:
+    """The metrics of one split and its cases (see case_ranks); with `dependence`, a trained model's outfit
+    dependence too (a second forward of every case)."""
+    cases = case_ranks(model, data, cfg.batch_size, device, dependence=dependence and measures_dependence(model))
     metrics = {
         "n_outfits": len(data),
         "n_unknown_targets": int(cases["n_unknown_targets"]),
@@ -350,7 +376,8 @@ def evaluate_model(model, name, variant, seed, parameters, features_dir, max_set
 
     test_data = split_data("test")
     test, test_cases = evaluate_split(model, test_data, cfg, device)
-    val, _ = evaluate_split(model, split_data("val"), cfg, device)
+    # validation's outfit dependence would double its pass and nothing reads it: training's stuck check measures it
+    val, _ = evaluate_split(model, split_data("val"), cfg, device, dependence=False)
     fitb = None
     if cfg.fitb.enabled:  # fill-in-the-blank on the same test outfits, the same questions for every model
         questions, _, _ = split_questions(features_dir, max_set_size, cfg.fitb)
