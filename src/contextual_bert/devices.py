@@ -31,7 +31,10 @@ def keep_freed_memory() -> None:
     """Ask glibc to reuse freed memory instead of returning it to the OS.
 
     A training step allocates many tensors of a few MB; by default glibc maps each afresh, and touching new
-    pages costs more than the arithmetic (over 2x the step time in a VM). Harmless where it does not apply.
+    pages costs more than the arithmetic (over 2x the step time in a VM). Blocks above mmap's largest threshold
+    (32 MB: an id table's dense gradient at 65k+ articles, allocated for every lookup of the table in a step)
+    would still be mapped afresh each time, so mapping is turned off: every block comes from the heap, which
+    keeps what is freed. Harmless where it does not apply.
     """
     if not sys.platform.startswith("linux"):
         return
@@ -39,8 +42,9 @@ def keep_freed_memory() -> None:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
         return
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024)  # glibc's maximum: larger blocks are always mapped
+    m_trim_threshold, m_mmap_threshold, m_mmap_max = -1, -3, -4
+    libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024)  # glibc's maximum: larger blocks are always mapped ...
+    libc.mallopt(m_mmap_max, 0)  # ... unless no block may be mapped at all
     libc.mallopt(m_trim_threshold, 1 << 30)
 
 
