@@ -36,7 +36,7 @@ def main() -> None:
     parser.add_argument("--note", default="")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    keep_freed_memory()
+    keep_freed_memory(large_blocks=True)
     batches = tt.make_batches(args.steps, warmup=args.warmup, device=torch.device("cpu"))
     # fp32: the pipeline's own CPU autocast (devices.autocast, off there)
     modes = {"fp32": training.autocast, "bf16": lambda device: torch.autocast("cpu", dtype=torch.bfloat16)}

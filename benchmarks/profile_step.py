@@ -39,7 +39,7 @@ def main() -> None:
     args = parser.parse_args()
     device = select_device(args.device)
     torch.set_num_threads(args.threads)
-    keep_freed_memory()
+    keep_freed_memory(large_blocks=True)
     batches = tt.make_batches(args.steps, warmup=5, device=device)
     torch.manual_seed(0)
     model = ContextualBert(tt.MODEL, args.variant, tt.N_ITEMS, tt.SPEC).to(device).train()

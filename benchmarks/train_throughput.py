@@ -325,7 +325,7 @@ def main() -> None:
     device = select_device(args.device)
     out = args.out or OUT_DIR / ("throughput.json" if device.type == "cpu" else f"throughput_{device.type}.json")
     torch.set_num_threads(args.threads)
-    keep_freed_memory()  # as training does
+    keep_freed_memory(large_blocks=True)  # as training does
     load_before = os.getloadavg()
     started = time.perf_counter()
     batches = make_batches(args.steps, warmup=args.warmup, device=device, padded=args.padded)

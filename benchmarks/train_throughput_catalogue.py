@@ -168,7 +168,7 @@ def main() -> None:
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: model:articles:softmax, in its own process
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    keep_freed_memory()
+    keep_freed_memory(large_blocks=True)
     device = select_device(args.device)
     args.out = args.out or (OUT if device.type == "cpu" else OUT.with_name(f"{OUT.stem}_{device.type}.json"))
 

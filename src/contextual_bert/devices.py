@@ -27,14 +27,16 @@ def evaluation_device() -> torch.device:
     return select_device("auto")
 
 
-def keep_freed_memory() -> None:
+def keep_freed_memory(large_blocks: bool = False) -> None:
     """Ask glibc to reuse freed memory instead of returning it to the OS.
 
     A training step allocates many tensors of a few MB; by default glibc maps each afresh, and touching new
-    pages costs more than the arithmetic (over 2x the step time in a VM). Blocks above mmap's largest threshold
-    (32 MB: an id table's dense gradient at 65k+ articles, allocated for every lookup of the table in a step)
-    would still be mapped afresh each time, so mapping is turned off: every block comes from the heap, which
-    keeps what is freed. Harmless where it does not apply.
+    pages costs more than the arithmetic (over 2x the step time in a VM). Harmless where it does not apply.
+
+    large_blocks: keep blocks above mmap's largest threshold (32 MB) too, by mapping none (training: every step
+    allocates the same large blocks, e.g. an id table's dense gradient at 65k+ articles, one per lookup of the
+    table, each page-faulted afresh when mapped). Evaluation leaves them mapped: its passes allocate large blocks of
+    many sizes, and a heap that keeps them fragments (docs/training.md).
     """
     if not sys.platform.startswith("linux"):
         return
@@ -43,8 +45,8 @@ def keep_freed_memory() -> None:
     except OSError:
         return
     m_trim_threshold, m_mmap_threshold, m_mmap_max = -1, -3, -4
-    libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024)  # glibc's maximum: larger blocks are always mapped ...
-    libc.mallopt(m_mmap_max, 0)  # ... unless no block may be mapped at all
+    libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024)  # glibc's maximum: larger blocks are mapped ...
+    libc.mallopt(m_mmap_max, 0 if large_blocks else 65536)  # ... unless none may be (65536: glibc's default)
     libc.mallopt(m_trim_threshold, 1 << 30)
 
 

@@ -179,7 +179,7 @@ def start_run(model, train_data: EncodedOutfits, val_data: EncodedOutfits, cfg: 
     device = select_device(cfg.device)
     pin_threads_and_algorithms(cfg)
     if device.type == "cpu":
-        keep_freed_memory()
+        keep_freed_memory(large_blocks=True)
     key = run_key(model, cfg, seed, train_data, val_data, device)
     id_dropout = None
     if uses_attributes(model.variant):  # read by "_attrs" models only: the paper's models train as before
