@@ -12,7 +12,7 @@ from contextual_bert.data.feature_spec import (HISTORY_FEATURE, MASK_INDEX, N_SP
                                               FeatureSpec)
 from contextual_bert.data.feature_store import load_article_vocab, load_spec, load_split
 from contextual_bert.data.features import build_features
-from contextual_bert.evaluation.evaluate import HistoryPopularityModel, PopularityModel
+from contextual_bert.evaluation.counts import HistoryPopularityModel, PopularityModel
 from contextual_bert.evaluation.ranking import case_ranks
 from contextual_bert.model import HistoryRepeat, build_model
 from contextual_bert.training.count_start import log_popularity, start_from_counts

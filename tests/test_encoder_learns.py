@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from contextual_bert.config import ModelConfig, PlantedConfig, TrainConfig, load_config
-from contextual_bert.evaluation.evaluate import PopularityModel, outfit_dependence
+from contextual_bert.evaluation.counts import PopularityModel
+from contextual_bert.evaluation.evaluate import outfit_dependence
 from contextual_bert.evaluation.ranking import case_ranks
 from contextual_bert.data.feature_spec import N_SPECIAL, PAD_INDEX, ContextSpec, EncodedOutfits
 from contextual_bert.model import ContextualBert

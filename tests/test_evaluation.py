@@ -9,8 +9,8 @@ from contextual_bert.evaluation.bootstrap import paired_difference
 from contextual_bert.config import EvaluateConfig, ModelConfig
 from contextual_bert.data.feature_spec import (MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec, EncodedOutfits,
                                           FeatureSpec)
+from contextual_bert.evaluation.counts import PopularityModel
 from contextual_bert.evaluation.evaluate import (
-    PopularityModel,
     evaluate_popularity,
     evaluate_run,
     metrics_from_ranks,
@@ -196,7 +196,7 @@ def test_a_run_trained_without_a_checkpoint_points_at_the_validation_split(tmp_p
 
 
 def _attribute_popularity(r: float):
-    from contextual_bert.evaluation.evaluate import AttributePopularityModel
+    from contextual_bert.evaluation.counts import AttributePopularityModel
 
     # articles 3..8 have ids (train counts), 9..10 none; attribute values 3 ("top") and 4 ("shoes")
     values = np.array([0, 0, 0, 3, 3, 3, 4, 4, 4, 3, 4])
@@ -220,7 +220,7 @@ def test_attribute_popularity_is_a_distribution_that_prefers_values_not_in_the_o
 
 
 def test_in_outfit_share_counts_cases_whose_value_another_item_has():
-    from contextual_bert.evaluation.evaluate import in_outfit_share
+    from contextual_bert.evaluation.counts import in_outfit_share
 
     values = np.array([0, 0, 0, 3, 3, 4, 4])
     items = torch.tensor([[3, 4, 5, 0], [3, 5, 0, 0]])  # 3 and 4 share a value: 2 of 5 cases

@@ -15,8 +15,7 @@ from contextual_bert.data.feature_store import OUTFITS_FILE, ArticleVocab, Outfi
     load_article_vocab, load_split
 from contextual_bert.data.features import assign_time_splits, build_features
 from contextual_bert.data.history import earlier_outfits, history_items
-from contextual_bert.evaluation.evaluate import (HISTORY_WEIGHTS, HistoryPopularityModel, history_log_probs,
-                                                history_weight)
+from contextual_bert.evaluation.counts import HISTORY_WEIGHTS, HistoryPopularityModel, history_log_probs, history_weight
 from contextual_bert.evaluation.ranking import case_ranks
 from contextual_bert.model import HistoryAttentionPooling, HistoryBag, HistoryPooling, HistoryRepeat, build_model
 from feature_data import paper_cfg, paper_tables, write_validated

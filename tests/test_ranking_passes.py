@@ -16,8 +16,8 @@ import torch
 from contextual_bert.config import FitbConfig, ModelConfig
 from contextual_bert.data.feature_spec import (HISTORY_FEATURE, MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX,
                                                ContextSpec, EncodedOutfits, FeatureSpec)
-from contextual_bert.evaluation import evaluate, ranking
-from contextual_bert.evaluation.evaluate import AttributePopularityModel, HistoryPopularityModel, PopularityModel
+from contextual_bert.evaluation import ranking
+from contextual_bert.evaluation.counts import AttributePopularityModel, HistoryPopularityModel, PopularityModel
 from contextual_bert.evaluation.fitb import PROTOCOLS, answer, make_questions
 from contextual_bert.evaluation.ranking import case_ranks, donor_outfits, outfit_dependence
 from contextual_bert.model import AttributeOverlap, HistoryRepeat, build_model
@@ -341,7 +341,7 @@ def count_models(counts: np.ndarray, values: np.ndarray):
 @pytest.mark.parametrize("n_articles, cells", [(40, None), (3_000, None), (3_000, 100)])
 def test_the_count_models_closed_form_ranks_are_the_scored_catalogues(n_articles, cells, monkeypatch):
     if cells is not None:  # the attribute popularity's cases a few at a time, as with an attribute of many values
-        monkeypatch.setattr(evaluate, "CLOSED_FORM_CELLS", cells)
+        monkeypatch.setattr("contextual_bert.evaluation.counts.CLOSED_FORM_CELLS", cells)
     counts, values, data = count_cases(n_articles, 300, seed=n_articles)
     for name, model in count_models(counts, values):
         closed = case_ranks(model, data, batch_size=64, device="cpu")

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 import contextual_bert.training as training
 from contextual_bert.config import ModelConfig, TrainConfig
-from contextual_bert.evaluation.evaluate import PopularityModel, metrics_from_ranks
+from contextual_bert.evaluation.counts import PopularityModel
+from contextual_bert.evaluation.evaluate import metrics_from_ranks
 from contextual_bert.evaluation.ranking import case_ranks
 from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec, EncodedOutfits, FeatureSpec
 from contextual_bert.model import AttributeOverlap, ContextualBert, load_checkpoint

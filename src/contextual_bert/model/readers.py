@@ -279,7 +279,7 @@ class HistoryRepeat(nn.Module):
     lift a popular article as much as one seen once, the mixture lifts each to its share of the history. w is
     stored divided by S = AttributeOverlap.SCALE, as the overlap's is."""
 
-    START_WEIGHT = 0.1  # the yardstick's weight a model starts at (the middle of evaluate.HISTORY_WEIGHTS' range)
+    START_WEIGHT = 0.1  # the yardstick's weight a model starts at (the middle of counts.HISTORY_WEIGHTS' range)
     LOG_LAMBDA = math.log(START_WEIGHT / (1 - START_WEIGHT))
 
     def __init__(self):
