@@ -14,7 +14,7 @@ from contextual_bert.data.feature_spec import HISTORY_COLUMN, HISTORY_FEATURE, P
 from contextual_bert.data.feature_store import OUTFITS_FILE, ArticleVocab, OutfitEncoder, ContextIndexer, load_spec, \
     load_article_vocab, load_split
 from contextual_bert.data.features import assign_time_splits, build_features
-from contextual_bert.data.history import earlier_outfits, history_items
+from contextual_bert.data.history import earlier_outfits, history_items, listed_history
 from contextual_bert.evaluation.counts import HISTORY_WEIGHTS, HistoryPopularityModel, history_log_probs, history_weight
 from contextual_bert.evaluation.ranking import case_ranks
 from contextual_bert.model import HistoryAttentionPooling, HistoryBag, HistoryPooling, HistoryRepeat, build_model
@@ -49,7 +49,35 @@ def test_history_is_the_same_customers_strictly_earlier_outfits_only():
     eligible = [True, True, True, True, True, False]
     assert [r.tolist() for r in earlier_outfits(customers, dates, eligible)] == [[1], [], [1], [], [], [1]]
     items = [["x", "y"], ["y", "z"], ["q"], ["r"], ["s"], ["y", "w"]]
-    assert history_items(rows, items, 3) == [["y", "w", "z"], [], ["y", "w", "z"], [], [], ["y", "z"]]
+    # y worn twice first, then the most recent of those worn once (w), in 3 slots
+    assert history_items(rows, items, 3) == [["y", "y", "w"], [], ["y", "y", "w"], [], [], ["y", "z"]]
+
+
+def brute_force_slots(rows: np.ndarray, items: list, max_items: int) -> list:
+    """The history rule counted afresh for one outfit: its earlier outfits most recent first."""
+    listed = [article for row in rows for article in items[row]]
+    order = sorted(dict.fromkeys(listed), key=lambda a: (-listed.count(a), listed.index(a)))
+    return [a for a in order for _ in range(listed.count(a))][:max_items]
+
+
+@pytest.mark.parametrize("eligible_share", [1.0, 0.6])
+def test_counting_each_customer_once_gives_every_outfits_own_count(eligible_share):
+    rng = np.random.default_rng(3)
+    n = 400
+    customers = rng.integers(0, 12, n).astype(str).tolist()
+    dates = (pd.Timestamp("2024-01-01") + pd.to_timedelta(rng.integers(0, 40, n), "D")).tolist()
+    items = [list(dict.fromkeys(rng.integers(0, 30, 5).tolist())) for _ in range(n)]  # re-worn articles
+    rows = earlier_outfits(customers, dates, rng.random(n) < eligible_share)
+    for max_items in (6, 1000):
+        slots = history_items(rows, items, max_items)
+        assert slots == [brute_force_slots(r, items, max_items) for r in rows]
+    assert max(len(s) - len(set(s)) for s in slots) > 5  # articles held more than once
+
+
+def test_a_listed_history_is_laid_out_as_the_features_stage_lays_it_out():
+    # the client's list: each earlier outfit's articles, the most recent outfit first
+    assert listed_history(["w", "y", "y", "z", "x"], 4) == ["y", "y", "w", "z"]
+    assert listed_history(["y", "y", "w"], 4) == listed_history(listed_history(["y", "y", "w"], 4), 4)
 
 
 def test_a_dated_outfits_history_holds_no_article_of_its_own_or_a_later_or_same_date_outfit(dated):
@@ -203,11 +231,12 @@ def test_the_repeat_offset_raises_exactly_the_history_articles_and_the_sampled_c
     held = torch.zeros_like(gained, dtype=torch.bool).scatter_(1, history, True)
     held[:, :3] = False  # specials: -inf in both
     size = (history >= 3).sum(dim=1, keepdim=True).clamp_min(1).float()
-    # the mixture's lift over the output bias b (0 at a random start): log(1 + lambda / (n e^b))
+    worn = torch.zeros_like(gained).scatter_add_(1, history, (history >= 3).float())  # slots holding the article
+    # the mixture's lift over the output bias b (0 at a random start): log(1 + lambda k(a) / (n e^b))
     log_lambda = HistoryRepeat.LOG_LAMBDA + (0.2 - 0.03 * size.log()) * 10.0 - size.log()  # AttributeOverlap.SCALE
-    expected = torch.log1p(log_lambda.exp() / repeating.output_bias.detach().exp()[None, :])
+    expected = torch.log1p(log_lambda.exp() * worn / repeating.output_bias.detach().exp()[None, :])
     rows = held.any(dim=1)
-    assert rows.sum() > 10
+    assert rows.sum() > 10 and (worn > 1).sum() > 10  # articles worn more than once among them
     torch.testing.assert_close(gained[:, 3:][~held[:, 3:]], torch.zeros(int((~held[:, 3:]).sum())), atol=1e-5, rtol=0)
     torch.testing.assert_close(gained[held], expected.expand_as(gained)[held], atol=1e-5, rtol=1e-5)
     select = items == 1

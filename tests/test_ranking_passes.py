@@ -311,7 +311,7 @@ def test_a_long_pass_shows_a_progress_bar(monkeypatch, capsys):
 def count_cases(n_articles: int, n_outfits: int, seed: int) -> tuple[np.ndarray, np.ndarray, EncodedOutfits]:
     """Counts with many ties (most articles seen 1-3 times; an article with an id is seen), one attribute of 1-9
     values, and outfits of 1-7 distinct articles (a few [UNK]) with histories of 0-12 articles (some in the
-    outfit)."""
+    outfit, some held twice)."""
     g = torch.Generator().manual_seed(seed)
     counts = torch.randint(1, 4, (n_articles,), generator=g)
     counts[torch.randint(N_SPECIAL, n_articles, (5,), generator=g)] = 50
@@ -325,6 +325,7 @@ def count_cases(n_articles: int, n_outfits: int, seed: int) -> tuple[np.ndarray,
     items[(torch.rand(items.shape, generator=g) < 0.03) & (items != PAD_INDEX)] = UNKNOWN_INDEX
     history = torch.randint(N_SPECIAL, n_articles, (n_outfits, 12), generator=g)
     history[:, :2] = items[:, 1:3]  # some of the outfit's own articles (or padding)
+    history[:, 5] = history[:, 4]  # an article worn twice: it holds two slots
     history = history.masked_fill(torch.arange(12) >= torch.randint(0, 13, (n_outfits, 1), generator=g), PAD_INDEX)
     return counts.numpy(), values.numpy(), EncodedOutfits(items, {HISTORY_FEATURE: history})
 

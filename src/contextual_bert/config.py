@@ -197,7 +197,7 @@ class HistoryConfig(Section):
     stored). Off: data/features is exactly what it was without it."""
 
     enabled: bool = False
-    max_items: int = Field(50, ge=1)  # the articles of the most recent earlier outfits, each article once
+    max_items: int = Field(100, ge=1)  # history slots: earlier articles, as often as worn, the most worn first
     dim: int = Field(64, ge=1)  # its share of d_context: the pooled article vectors projected to this width
 
 

@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 import torch
 
 from contextual_bert.errors import ContextualBertError, DataError
+from contextual_bert.data.history import listed_history
 from contextual_bert.data.feature_spec import (
     MASK_INDEX,
     MISSING_INDEX,
@@ -524,9 +525,11 @@ class OutfitEncoder:
 
     def _history(self, rows: pd.DataFrame, feature: FeatureSpec, as_written: bool, missing: list[list[str]],
                  unknown_ids: list[list[str]]) -> torch.Tensor:
-        """(N, max_values) article indices of each row's HISTORY_COLUMN, most recent first as the client lists
-        them (the first max_values kept, each article once); absent or empty: no history, reported in
-        `missing`; ids the model does not know are reported in `unknown_ids` beside the outfit's."""
+        """(N, max_values) article indices of each row's HISTORY_COLUMN, as the client lists them (each earlier
+        outfit's articles, the most recent outfit first) laid out as the features stage lays out a history
+        (history.listed_history: once per outfit that held it, the most worn first); absent or empty: no
+        history, reported in `missing`; ids the model does not know are reported in `unknown_ids` beside the
+        outfit's."""
         width = feature.max_values
         out = np.full((len(rows), width), PAD_INDEX, dtype=np.int64)
         values = rows[HISTORY_COLUMN].tolist() if HISTORY_COLUMN in rows.columns else [None] * len(rows)
@@ -537,10 +540,10 @@ class OutfitEncoder:
             if not isinstance(value, LIST_LIKE):
                 raise ContextualBertError(f"row {row}: '{HISTORY_COLUMN}' must be a list of article ids, got "
                                           f"{type(value).__name__} {value!r:.60}")
-            ids = list(dict.fromkeys(str(v) for v in value if not _is_missing(v) and str(v) != ""))[:width]
+            ids = listed_history([str(v) for v in value if not _is_missing(v) and str(v) != ""], width)
             indices, _ = self.article_vocab.to_indices(ids, as_written)
             out[row, : len(indices)] = indices
-            unknown_ids[row].extend(i for i, k in zip(ids, indices) if k == UNKNOWN_INDEX)
+            unknown_ids[row].extend(dict.fromkeys(i for i, k in zip(ids, indices) if k == UNKNOWN_INDEX))
         return torch.from_numpy(out)
 
 

@@ -117,7 +117,7 @@ def outfit_dates(outfits: pd.DataFrame, path: Path, why: str) -> pd.Series:
 
 
 def outfit_histories(outfits: pd.DataFrame, dates: pd.Series, eligible: np.ndarray, max_items: int) -> list[list[str]]:
-    """Every outfit's history (history.py's rule): its article ids, most recent first, each once."""
+    """Every outfit's history (history.py's rule): its article ids, as often as worn, the most worn first."""
     rows = earlier_outfits(_optional_ids(outfits["customer_id"]).to_numpy(), dates, eligible)
     items = outfits["article_ids"].map(lambda v: [str(a) for a in v]).tolist()
     return history_items(rows, items, max_items)
@@ -135,8 +135,8 @@ def history_article_ids(outfits: pd.DataFrame, splits: dict[str, str], cfg: Feat
 
 def history_column(outfits: pd.DataFrame, dates: pd.Series, eligible: np.ndarray, index_of_article,
                    max_items: int) -> np.ndarray:
-    """(N, max_items) PAD-padded article indices of every outfit's history (history.py's rule), most recent
-    first; an outfit without history is all PAD."""
+    """(N, max_items) PAD-padded article indices of every outfit's history (history.py's rule: as often as
+    worn, the most worn first); an outfit without history is all PAD."""
     histories = outfit_histories(outfits, dates, eligible, max_items)
     lengths = np.fromiter((len(h) for h in histories), dtype=np.int64, count=len(histories))
     flat = [a for h in histories for a in h]

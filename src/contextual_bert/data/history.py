@@ -1,7 +1,8 @@
 """A customer's history: the rule for which earlier outfits an outfit may see.
 
 The one rule (features, the optimum and the yardsticks all read it from here): an outfit's history is the
-outfits of the same customer dated strictly earlier, most recent first. Never the outfit itself, never a later
+outfits of the same customer dated strictly earlier (`history_items`: their articles as often as worn, the
+most worn first). Never the outfit itself, never a later
 one, never another outfit of the same date (a day's baskets are one visit: one of them must not explain
 another). Only outfits marked `eligible` are history: under the hash split the train outfits only, so no
 validation or test outfit's articles are ever a training input; under the time split every outfit, since
@@ -48,18 +49,53 @@ def eligible_rows(split, split_rule: str) -> np.ndarray:
 
 
 def history_items(history_rows: list[np.ndarray], items: list, max_items: int) -> list[list]:
-    """Per outfit, the article ids of its history outfits, most recent outfit first, each article once (its
-    most recent appearance), at most `max_items`. `items`: the article ids of every row."""
-    out = []
-    for rows in history_rows:
-        seen: dict = {}
-        for row in rows:
-            for article in items[row]:
-                if article not in seen:
-                    seen[article] = None
-                    if len(seen) == max_items:
-                        break
-            if len(seen) == max_items:
-                break
-        out.append(list(seen))
+    """Per outfit, the articles of its history outfits, each once per history outfit that holds it (how often
+    the customer wore it), the most worn first and among equals the most recently worn, in at most `max_items`
+    slots (the least worn left out). `items`: the article ids of every row. Why counts: a customer's re-worn
+    articles are what their next outfit repeats, and the most recent outfits' articles, each once, cannot tell
+    them from one-offs (studies/history_counts).
+
+    A customer's history lists (earlier_outfits) are the tails of one list, the customer's eligible outfits most
+    recent first: so they are counted once per customer, from the oldest outfit on, not once per outfit."""
+    out: list[list] = [[] for _ in history_rows]
+    customers: dict[int, list[int]] = {}
+    for i, rows in enumerate(history_rows):
+        if len(rows):
+            customers.setdefault(int(rows[-1]), []).append(i)  # the same oldest outfit: the same customer
+    for members in customers.values():
+        members.sort(key=lambda i: len(history_rows[i]))
+        worn: dict = {}
+        age: dict = {}  # where the article is last listed: (minus its outfit's count from the oldest, its place)
+        counted = 0
+        for i in members:
+            rows = history_rows[i]
+            for row in rows[: len(rows) - counted][::-1]:  # the outfits not yet counted, oldest first
+                counted += 1
+                for place, article in enumerate(dict.fromkeys(items[row])):
+                    worn[article] = worn.get(article, 0) + 1
+                    age[article] = (-counted, place)
+            out[i] = history_slots(worn, age, max_items)
     return out
+
+
+def history_slots(worn: dict, age: dict, max_items: int) -> list:
+    """The history feature's slots: each article as often as `worn` (article -> how many history outfits hold
+    it), the most worn first, among equals the most recently listed (the smaller `age`: its first place in the
+    history listed the most recent outfit first), at most `max_items`."""
+    slots: list = []
+    for article in sorted(worn, key=lambda a: (-worn[a], age[a])):
+        if len(slots) >= max_items:
+            break
+        slots += [article] * min(worn[article], max_items - len(slots))
+    return slots
+
+
+def listed_history(article_ids: list, max_items: int) -> list:
+    """history_slots of a history listed as a client lists it (serving, promotion): each earlier outfit's
+    articles, the most recent outfit first, so that an article is listed once per outfit that held it."""
+    worn: dict = {}
+    age: dict = {}
+    for position, article in enumerate(article_ids):
+        worn[article] = worn.get(article, 0) + 1
+        age.setdefault(article, position)
+    return history_slots(worn, age, max_items)

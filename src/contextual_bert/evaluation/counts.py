@@ -190,8 +190,9 @@ class AttributePopularityModel(nn.Module):
 
 class HistoryPopularityModel(nn.Module):
     """Per-customer popularity mixed with the global one: P(a) = (1 - w) P_pop(a) + w P_hist(a), P_pop as
-    PopularityModel's softmax ((1 + count) / sum), P_hist uniform over the articles of the customer's history
-    (the features stage's history feature, as every model reads it). Without history, popularity alone. The
+    PopularityModel's softmax ((1 + count) / sum), P_hist(a) the share of the customer's history slots that hold
+    a (the features stage's history feature, as every model reads it: an article once per earlier outfit that
+    held it, so by how often the customer wore it). Without history, popularity alone. The
     yardstick of the models with history: what counting the customer's own articles gives, nothing learned."""
 
     def __init__(self, counts, weight: float, feature: str = HISTORY_FEATURE):
@@ -204,7 +205,8 @@ class HistoryPopularityModel(nn.Module):
 
     def masked_logits(self, items: torch.Tensor, context=None) -> torch.Tensor:
         history = context[self.feature]
-        seen = torch.zeros(items.shape[0], self.n_items, device=items.device).scatter_(1, history, 1.0)
+        seen = torch.zeros(items.shape[0], self.n_items, device=items.device).scatter_add_(
+            1, history, torch.ones(history.shape, device=items.device))
         seen[:, :N_SPECIAL] = 0.0  # PAD, and [UNK] an id model reads for an article it lacks: no one article
         n = seen.sum(dim=1, keepdim=True)
         weight = torch.where(n > 0, self.weight, 0.0)
@@ -217,20 +219,21 @@ class HistoryPopularityModel(nn.Module):
         with a history and one for those without (`ScoreOrder`); the history's few articles are then counted
         at their own scores. The log-sum-exp is taken in float64."""
         history, first = distinct_real(context[self.feature])
-        n = first.sum(dim=1, keepdim=True).float()
+        real = history >= N_SPECIAL
+        n = real.sum(dim=1, keepdim=True).float()
         weight = torch.where(n > 0, self.weight, 0.0)  # (C, 1): as masked_logits
 
-        def score_of(articles, in_history):  # masked_logits's arithmetic for these articles of each case
-            return ((1 - weight) * self.probs[articles] + weight * in_history.float() / n.clamp_min(1.0)).log()
+        def score_of(articles, worn):  # masked_logits's arithmetic for these articles of each case
+            return ((1 - weight) * self.probs[articles] + weight * worn.float() / n.clamp_min(1.0)).log()
 
-        def held(articles):  # (C, k) is each article in its case's history
-            return ((articles[:, :, None] == history[:, None, :]) & first[:, None, :]).any(dim=2)
+        def held(articles):  # (C, k) how many of its case's history slots hold each article
+            return ((articles[:, :, None] == history[:, None, :]) & real[:, None, :]).sum(dim=2)
 
         score = score_of(target[:, None], held(target[:, None]))[:, 0]
         base_of, orders = _once(self, ("orders", self.weight), self._orders)
         has = n[:, 0] > 0
         base = torch.where(has[:, None], base_of[self.weight][history], base_of[0.0][history])
-        mine = score_of(history, torch.ones_like(first))
+        mine = score_of(history, held(history))
         norm = torch.where(has, base_of[self.weight].double().exp().sum(), base_of[0.0].double().exp().sum())
         norm = norm + torch.where(first, mine.double().exp() - base.double().exp(), 0.0).sum(dim=1)
         log_prob = score.double() - norm.log()
@@ -275,7 +278,7 @@ def history_log_probs(counts, data: EncodedOutfits, weights, feature: str = HIST
     """(cases, weights) HistoryPopularityModel's log-probability of every case's target in `data` (the cases of
     case_ranks: every known target, outfit order), at each of `weights`, without scoring the catalogue: the
     mixture's probabilities sum to 1 over the real articles, so a case's log-probability is the log of its
-    target's, (1 - w) P_pop(t) + w [t in the history] / n. The same numbers as the model's ranking pass but for
+    target's, (1 - w) P_pop(t) + w k(t) / n (k(t) of the history's n slots hold t). The same numbers as the model's ranking pass but for
     its float32 sum over the catalogue (a rounding: within 2e-6 nats a case)."""
     probs = torch.tensor(np.array(counts, dtype=np.float64) + 1.0)
     probs[:N_SPECIAL] = 0.0
@@ -286,8 +289,8 @@ def history_log_probs(counts, data: EncodedOutfits, weights, feature: str = HIST
     known = target != UNKNOWN_INDEX
     outfit, target = outfit[known], target[known]
     history = data.context[feature]
-    n = distinct_real(history)[1].sum(dim=1).double()[outfit]  # as HistoryPopularityModel's `seen` counts them
-    in_history = ((history[outfit] == target[:, None]) & (history[outfit] >= N_SPECIAL)).any(dim=1).double()
+    n = (history >= N_SPECIAL).sum(dim=1).double()[outfit]  # as HistoryPopularityModel's `seen` counts them
+    worn = ((history[outfit] == target[:, None]) & (history[outfit] >= N_SPECIAL)).sum(dim=1).double()
     weight = torch.tensor(weights, dtype=torch.float64)[None, :] * (n > 0).double()[:, None]
-    mixed = (1 - weight) * probs[target][:, None] + weight * (in_history / n.clamp_min(1.0))[:, None]
+    mixed = (1 - weight) * probs[target][:, None] + weight * (worn / n.clamp_min(1.0))[:, None]
     return mixed.log().numpy()

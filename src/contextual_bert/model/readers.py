@@ -268,13 +268,13 @@ class AttributeOverlap(nn.Module):
 
 class HistoryRepeat(nn.Module):
     """A logit offset for a candidate a the customer's history holds (model.history_repeat), in the form of the
-    popularity + own history yardstick's mixture: r(a) = log(1 + lambda / (n p(a))) = softplus(log lambda -
-    log n - b(a)), for a history of n articles and the article's output bias b(a) (its log-popularity, as
-    training.count_start starts it; read, not taught, by this offset). Added to the logits b(a) + ..., it makes
-    p(a) + lambda / n of an article's unnormalised mass: the mixture (1 - w) p + w (1 / n for each history
-    article), w = lambda / (1 + lambda). log lambda = LOG_LAMBDA + S (w_0 + w_1 log n), learned from w = 0: a
-    model whose logits start at the bias starts as the yardstick at its weight START_WEIGHT, the weight free to
-    move, and with history length (w_1). Why: the history's share of c, a pooled vector, cannot say "this very
+    popularity + own history yardstick's mixture: r(a) = log(1 + lambda k(a) / (n p(a))) = softplus(log lambda
+    + log k(a) - log n - b(a)), for a history of n slots of which k(a) hold a (one per earlier outfit that held
+    it) and the article's output bias b(a) (its log-popularity, as training.count_start starts it; read, not
+    taught, by this offset). Added to the logits b(a) + ..., it makes p(a) + lambda k(a) / n of an article's
+    unnormalised mass: the mixture (1 - w) p + w k(a) / n, w = lambda / (1 + lambda). log lambda = LOG_LAMBDA +
+    S (w_0 + w_1 log n), learned from w = 0: a model whose logits start at the bias starts as the yardstick at
+    its weight START_WEIGHT, the weight free to move, and with history length (w_1). Why: the history's share of c, a pooled vector, cannot say "this very
     article again" among thousands, where counting the customer's own articles can; a constant offset would
     lift a popular article as much as one seen once, the mixture lifts each to its share of the history. w is
     stored divided by S = AttributeOverlap.SCALE, as the overlap's is."""
@@ -292,8 +292,11 @@ class HistoryRepeat(nn.Module):
         history = context[HISTORY_FEATURE][select.nonzero(as_tuple=True)[0]]
         held = history >= N_SPECIAL  # padding and [UNK] are no article
         n = held.sum(dim=-1, keepdim=True).clamp_min(1).to(self.weight.dtype)
+        # an article holds a slot per earlier outfit that held it (data/history.py): its share is worn / n
+        worn = ((history[:, :, None] == history[:, None, :]) & held[:, None, :]).sum(dim=-1).clamp_min(1)
         scale = AttributeOverlap.SCALE
-        log_lambda = self.LOG_LAMBDA + scale * (self.weight[0] + self.weight[1] * n.log()) - n.log()
+        log_lambda = (self.LOG_LAMBDA + scale * (self.weight[0] + self.weight[1] * n.log()) - n.log()
+                      + worn.to(self.weight.dtype).log())
         # an "_attrs" model's history may hold catalogue articles without an id: their bias is the [UNK] row's
         ids = torch.where(history < model.output_bias.shape[0], history, UNKNOWN_INDEX)
         bias = model.output_bias.detach()[ids].to(self.weight.dtype)
@@ -302,8 +305,8 @@ class HistoryRepeat(nn.Module):
     def forward(self, model, items: torch.Tensor, select: torch.Tensor, context: dict | None = None,
                 articles: torch.Tensor | None = None) -> torch.Tensor | None:
         """(M, n_items) offsets at the `select` positions from the rows' histories (context[HISTORY_FEATURE]:
-        (B, max_items) article indices, each article once), or (M, C) for the article indices `articles` (C,)
-        only; None without the context."""
+        (B, max_items) article indices, an article once per earlier outfit that held it), or (M, C) for the
+        article indices `articles` (C,) only; None without the context."""
         if context is None:
             return None
         n_items = model.n_items

@@ -3,7 +3,8 @@
 A request is a batch of rows. Each row holds ``article_ids`` (the partial outfit: 1 to max_set_size - 1
 distinct article ids) and, optionally, the customer's context columns (and the outfit's, e.g. occasion) as
 raw values, named as in the data's schema, and, for a model trained with features.history, the customer's
-earlier article ids, most recent first (``history_article_ids``; absent or empty: no history, reported in
+earlier outfits' article ids, the most recent outfit first, an article once per outfit that held it
+(``history_article_ids``; the model reads them as often as worn, the most worn first; absent or empty: no history, reported in
 missing_features; ids it does not know are reported with the outfit's). The answer per row: the top-k article ids (k from the request's
 ``top_k`` param, else mlflow.top_k from params.yaml; at most 250) with their probabilities, never an article
 of the outfit, and what could not be used: article ids unknown to the model, even without surrounding spaces
