@@ -21,8 +21,8 @@ on test; the cases are ranking.case_ranks's (every known target). Gains are agai
 test outfits.
 
 Each data kind's data stages run in a project of its own under --workdir (studies/project.py; time split, history
-on): closets (studies/closets/settings.yaml), planted_hidden (the planted hidden tastes of
-studies/encoder_recipe), default (the synthetic generator's default data). Or --data reads any project's data
+on): the kinds of studies/sparse_recipe, closets (studies/closets/settings.yaml), planted_hidden (the planted
+hidden tastes) and default (the synthetic generator's default data). Or --data reads any project's data
 folder (its features/ and validated/), e.g. a whole run's H&M-format set:
 
     python studies/history_counts/history_counts.py --kind closets --workdir /tmp/history_counts
@@ -48,24 +48,16 @@ from contextual_bert.evaluation.counts import HISTORY_WEIGHTS
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path.insert(0, str(REPO))  # studies.project
-sys.path.insert(0, str(REPO / "studies" / "encoder_recipe"))
+sys.path.insert(0, str(REPO))  # studies.project, studies.sparse_recipe
+from studies.sparse_recipe.sparse_recipe import KINDS  # noqa: E402  (the data kinds' settings, one place)
+
 HISTORY_ON = ["features.split=time", "features.history.enabled=true"]
 SLOTS = (50, 100, 200)  # history slots of the rows that keep an article once per outfit that held it
 
 
 def kind_settings(kind: str) -> list[str]:
-    """The --set assignments of a data kind, history on and the time split."""
-    if kind == "closets":
-        return [f"{k}={json.dumps(v)}" for k, v in yaml.safe_load((REPO / "studies/closets/settings.yaml").read_text())
-                .items()] + HISTORY_ON  # fmt: skip
-    if kind == "planted_hidden":
-        from encoder_recipe import HIDDEN
-
-        return ["ingest.source=planted", *(f"planted.{k}={v}" for k, v in HIDDEN.items()), *HISTORY_ON]
-    if kind == "default":
-        return ["ingest.source=synthetic", "generate.size=default", *HISTORY_ON]
-    raise SystemExit(f"unknown --kind {kind}")
+    """The --set assignments of a data kind (sparse_recipe.KINDS), history on and the time split."""
+    return [*KINDS[kind](), *HISTORY_ON]
 
 
 def make_data(kind: str, workdir: Path) -> Path:
@@ -110,7 +102,7 @@ def row_log_probs(pop: np.ndarray, hist: np.ndarray, has: np.ndarray) -> np.ndar
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kind", choices=["closets", "planted_hidden", "default"])
+    parser.add_argument("--kind", choices=sorted(KINDS))
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/history_counts"))
     parser.add_argument("--data", type=Path, help="instead of --kind: a project's data folder (features/, validated/)")
     parser.add_argument("--name", help="the data's name with --data")
