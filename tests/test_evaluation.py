@@ -7,8 +7,8 @@ import torch
 
 from contextual_bert.evaluation.bootstrap import paired_difference
 from contextual_bert.config import EvaluateConfig, ModelConfig
-from contextual_bert.data.feature_spec import (MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec, EncodedOutfits,
-                                          FeatureSpec)
+from contextual_bert.data.feature_spec import (HISTORY_FEATURE, MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX,
+                                               ContextSpec, EncodedOutfits, FeatureSpec)
 from contextual_bert.evaluation.counts import PopularityModel
 from contextual_bert.evaluation.evaluate import (
     evaluate_popularity,
@@ -217,6 +217,31 @@ def test_attribute_popularity_is_a_distribution_that_prefers_values_not_in_the_o
     # with no value in the outfit: popularity of the value, then within it (unseen: a Good-Turing share)
     logits = _attribute_popularity(0.0).masked_logits(items)[1]
     assert logits[3] > logits[4] > logits[5] and logits[9] < logits[4]
+
+
+def test_attribute_popularity_lifted_by_history_is_popularity_plus_own_history_for_one_value():
+    """With one attribute value and every article an id, the attribute-aware popularity is the popularity of the
+    counts (without the + 1): lifted by the history it is popularity + own history at the same weight; and its
+    history's articles of a value already in the outfit are lifted from that value's small share."""
+    from contextual_bert.evaluation.counts import (AttributeHistoryPopularityModel, AttributePopularityModel,
+                                                   HistoryPopularityModel)
+
+    counts = np.array([0, 0, 0, 6, 3, 2, 2, 1, 4])  # every article at least once: P_attr(a) = count / sum
+    one_value = AttributePopularityModel(np.array([0, 0, 0] + [1] * 6), counts, n_ids=9, in_outfit_share=0.5)
+    items = torch.tensor([[3, MASK_INDEX, 0], [MASK_INDEX, 4, 5], [MASK_INDEX, 0, 0]])
+    history = torch.tensor([[4, 4, 7, 0], [3, 8, 8, 8], [0, 0, 0, 0]])  # the last: no history
+    for weight in (0.0, 0.3):
+        lifted = AttributeHistoryPopularityModel(one_value, counts - 1, weight).masked_logits(items, {
+            HISTORY_FEATURE: history})
+        expected = HistoryPopularityModel(counts - 1, weight).masked_logits(items, {HISTORY_FEATURE: history})
+        torch.testing.assert_close(torch.log_softmax(lifted, dim=1), expected, atol=1e-5, rtol=0, equal_nan=False)
+    # a top in the outfit (r = 0: no second top): the history's shoes (6) are lifted, its top
+    # (4) by the same factor from its value's floored share, so it stays out of reach
+    typed = AttributeHistoryPopularityModel(_attribute_popularity(0.0), np.array([0, 0, 0, 10, 5, 1, 8, 4, 1]), 0.3)
+    outfit, worn = torch.tensor([[3, MASK_INDEX]]), {HISTORY_FEATURE: torch.tensor([[4, 6]])}
+    lifted = torch.log_softmax(typed.masked_logits(outfit, worn), dim=1)[0]
+    base = _attribute_popularity(0.0).masked_logits(outfit)[0]
+    assert lifted[6] > base[6] + 0.1 and lifted[4] < -10 and lifted[7] < base[7]
 
 
 def test_in_outfit_share_counts_cases_whose_value_another_item_has():

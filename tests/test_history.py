@@ -219,9 +219,11 @@ def test_the_repeat_offset_raises_exactly_the_history_articles_and_the_sampled_c
     torch.manual_seed(0)
     cfg = ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32, history_repeat=True, history_bag=False)
     repeating = build_model(cfg, variant, n, spec).eval()
-    assert repeating.load_state_dict(model.state_dict(), strict=False).missing_keys == ["logit_offsets.0.weight"]
+    missing = repeating.load_state_dict(model.state_dict(), strict=False).missing_keys
+    assert missing == ["logit_offsets.0.weight"]  # v_k: a checkpoint without it counted linearly, v = 0
     with torch.no_grad():
         repeating.reader(HistoryRepeat).weight.copy_(torch.tensor([0.2, -0.03]))
+        repeating.reader(HistoryRepeat).worn.copy_(torch.linspace(-0.1, 0.1, HistoryRepeat.WORN_LEVELS))
     items = test.items.clone()
     last = (items != PAD_INDEX).sum(dim=1) - 1
     items[torch.arange(len(items)), last] = 1  # [MASK] the last item
@@ -233,7 +235,9 @@ def test_the_repeat_offset_raises_exactly_the_history_articles_and_the_sampled_c
     size = (history >= 3).sum(dim=1, keepdim=True).clamp_min(1).float()
     worn = torch.zeros_like(gained).scatter_add_(1, history, (history >= 3).float())  # slots holding the article
     # the mixture's lift over the output bias b (0 at a random start): log(1 + lambda k(a) / (n e^b))
-    log_lambda = HistoryRepeat.LOG_LAMBDA + (0.2 - 0.03 * size.log()) * 10.0 - size.log()  # AttributeOverlap.SCALE
+    level = torch.linspace(-0.1, 0.1, HistoryRepeat.WORN_LEVELS)[worn.long().clamp(1, HistoryRepeat.WORN_LEVELS) - 1]
+    scale = 10.0  # AttributeOverlap.SCALE
+    log_lambda = HistoryRepeat.LOG_LAMBDA + (0.2 - 0.03 * size.log() + level) * scale - size.log()
     expected = torch.log1p(log_lambda.exp() * worn / repeating.output_bias.detach().exp()[None, :])
     rows = held.any(dim=1)
     assert rows.sum() > 10 and (worn > 1).sum() > 10  # articles worn more than once among them

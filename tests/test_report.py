@@ -319,6 +319,19 @@ def test_the_largest_seed_se_is_printed_to_three_decimals_as_computed(tmp_path):
     table = (tmp_path / "reports" / "table1.md").read_text()
     none_se, gs_se = se(FAKE["none"]["cross_entropy"]), se(FAKE["global_state"]["cross_entropy"])
     assert f"at most **{none_se:.3f}** nats ([None]); each: [None] {none_se:.3f}, [GS] {gs_se:.3f}." in table
+    assert "[None] misses the 0.02 nats target: s0 5.300, s1 5.200, s2 5.250;" in table and "[GS] misses" not in table
+    # a row over the target because one seed stopped early: its seeds, how each ended, the one furthest out
+    evals = tmp_path / "reports" / "eval"
+    result = json.loads((evals / "global_state-s2.json").read_text())
+    result["test"]["cross_entropy"] = 4.95
+    (evals / "global_state-s2.json").write_text(json.dumps(result))
+    for seed, (best, ran, way) in enumerate([(4, 6, "plateau"), (6, 6, "plateau"), (2, 4, "early_stopping")]):
+        (tmp_path / "models" / f"global_state-s{seed}" / "metrics.json").write_text(
+            json.dumps({"converged": way, "best_epoch": best, "epochs": ran}))
+    build_report(cfg)
+    assert ("[GS] misses the 0.02 nats target: s0 4.840 (best epoch 4 of 6, plateau), s1 4.860 (best epoch 6 of 6, "
+            "plateau), s2 4.950 (best epoch 2 of 4, early stop); s2 is 0.100 from the others' mean.") in (
+        tmp_path / "reports" / "table1.md").read_text()
     single = tmp_path / "single"
     single.mkdir()
     build_report(write_fake_runs(single, seeds=(0,)))

@@ -107,8 +107,9 @@ def _cmd_evaluate(cfg: Config, args) -> None:
 
 
 def _cmd_baseline(cfg: Config, args) -> None:
-    from contextual_bert.evaluation.evaluate import (evaluate_attribute_popularity, evaluate_history_popularity,
-                                            evaluate_popularity)
+    from contextual_bert.evaluation.evaluate import (evaluate_attribute_history_popularity,
+                                                     evaluate_attribute_popularity, evaluate_history_popularity,
+                                                     evaluate_popularity)
 
     report = evaluate_popularity(
         features_dir=cfg.paths.features_dir,
@@ -125,6 +126,10 @@ def _cmd_baseline(cfg: Config, args) -> None:
     history = evaluate_history_popularity(cfg.paths.features_dir, cfg.eval_path("popularity_history"), cfg.evaluate,
                                           cfg.model.max_set_size)
     _print_json(_without_curve(history))
+    # the attribute models' yardstick where they read a history; {"known": false, ...} without either
+    both = evaluate_attribute_history_popularity(cfg.paths.features_dir, cfg.eval_path("popularity_attribute_history"),
+                                                 cfg.evaluate, cfg.model.max_set_size)
+    _print_json(_without_curve(both))
     if cfg.evaluate.fitb.enabled:  # the FITB questions every evaluation answers, for any other model to answer
         from contextual_bert.evaluation.fitb import split_questions, write_questions
 

@@ -3,7 +3,9 @@
 PopularityModel scores an article log(1 + training count). AttributePopularityModel (the yardstick of the
 attribute models) knows one attribute, e.g. product type. HistoryPopularityModel (the yardstick of the models
 with history) mixes popularity with the customer's own past articles, its weight chosen on validation
-(`history_weight`). Each has the `masked_logits` of any model and a closed form (`ranked_cases`,
+(`history_weight`); AttributeHistoryPopularityModel lifts the attribute-aware popularity by the same history (the
+yardstick of the attribute models with history). Each has the `masked_logits` of any model and, but the last, a
+closed form (`ranked_cases`,
 ranking.ScoreOrder) that ranks a case's target without scoring the catalogue for every case: the ranks of the
 scored catalogue, the log-probabilities within a rounding (the log-sum-exp in float64; popularity's the same
 bits).
@@ -254,6 +256,48 @@ class HistoryPopularityModel(nn.Module):
 
 
 HISTORY_WEIGHTS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)  # the history popularity's weights, tried on val
+
+
+class AttributeHistoryPopularityModel(nn.Module):
+    """The attribute-aware popularity lifted by the customer's own history as popularity + own history lifts
+    popularity: P(a | O, H) proportional to P_attr(a | O) (1 + lambda k(a) / (n p(a))), lambda = w / (1 - w),
+    for a history of n slots of which k(a) hold a and p(a) the article's popularity ((1 + count) / sum over the
+    ids; an article without an id counts 0). With popularity for P_attr it is HistoryPopularityModel's mixture;
+    it is the form of a model with attributes and history started from the counts (HistoryRepeat over the
+    output bias), so the attribute models with history are held to it: what the type rule and counting the
+    customer's own articles give together, nothing learned. Scored over the catalogue, no closed form."""
+
+    def __init__(self, attribute: AttributePopularityModel, counts, weight: float, feature: str = HISTORY_FEATURE):
+        super().__init__()
+        self.attribute = attribute
+        probs = torch.ones(attribute.n_items, dtype=torch.float64)
+        probs[: len(counts)] += torch.tensor(np.asarray(counts, dtype=np.float64))
+        probs /= probs[N_SPECIAL : len(counts)].sum()
+        self.register_buffer("probs", probs.float())
+        self.weight, self.feature = float(weight), feature
+        self.n_items, self.n_ids = attribute.n_items, attribute.n_ids
+
+    def masked_logits(self, items: torch.Tensor, context=None) -> torch.Tensor:
+        history = context[self.feature]
+        held = history >= N_SPECIAL
+        worn = torch.zeros(items.shape[0], self.n_items, device=items.device).scatter_add_(1, history, held.float())
+        n = held.sum(dim=1, keepdim=True).clamp_min(1).float()
+        lift = self.weight / (1 - self.weight) * worn / (n * self.probs)
+        logits = self.attribute.masked_logits(items) + torch.log1p(lift)
+        return logits.index_fill_(1, torch.arange(N_SPECIAL, device=items.device), float("-inf"))
+
+
+def attribute_history_weight(attribute: AttributePopularityModel, counts, val: EncodedOutfits,
+                             cfg: EvaluateConfig) -> tuple[float, dict[float, float]]:
+    """AttributeHistoryPopularityModel's weight: the one of HISTORY_WEIGHTS with the lowest cross-entropy on
+    `val` (its catalogue items), a ranking pass each."""
+    from contextual_bert.evaluation.ranking import case_ranks
+
+    by_weight = {}
+    for weight in HISTORY_WEIGHTS:
+        model = AttributeHistoryPopularityModel(attribute, counts, weight)
+        by_weight[weight] = float(-case_ranks(model, val, cfg.batch_size, "cpu", with_ranks=False)["log_prob"].mean())
+    return min(by_weight, key=by_weight.get), by_weight
 
 
 def in_outfit_share(items: torch.Tensor, values: np.ndarray) -> float:

@@ -47,14 +47,15 @@ from contextual_bert.evaluation.bootstrap import (DEPENDENCE_METRIC, KNOWN_OUTFI
 from contextual_bert.config import NOT_APPLICABLE, EvaluateConfig, ModelConfig, uses_attributes
 from contextual_bert.devices import evaluation_device, keep_freed_memory
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.data.feature_spec import EncodedOutfits
+from contextual_bert.data.feature_spec import HISTORY_FEATURE, EncodedOutfits
 from contextual_bert.evaluation.fitb import RESULT_KEY as FITB_KEY
 from contextual_bert.evaluation.fitb import fitb_result, split_questions
 from contextual_bert.model import count_paper_parameters, load_checkpoint
-from contextual_bert.evaluation.counts import (AttributePopularityModel, HistoryPopularityModel, PopularityModel,
+from contextual_bert.evaluation.counts import (AttributeHistoryPopularityModel, AttributePopularityModel,
+                                                HistoryPopularityModel, PopularityModel, attribute_history_weight,
                                                 history_weight, in_outfit_share)
 from contextual_bert.evaluation.ranking import case_ranks, measures_dependence, outfit_dependence
-from contextual_bert.evaluation.yardstick import VERDICT_KEY, run_verdict, yardstick_of
+from contextual_bert.evaluation.yardstick import CATALOGUE_YARDSTICKS, VERDICT_KEY, run_verdict, yardstick_of
 
 RECALL_CURVE_MAX_K = 250
 
@@ -241,9 +242,10 @@ def yardstick_test_record(name: str, features_dir: Path, cfg: EvaluateConfig, ma
     machine has them)."""
     from contextual_bert.data.feature_store import load_split
 
-    catalogue = name == "popularity_attribute"
+    catalogue = name in CATALOGUE_YARDSTICKS
     try:
-        model = yardstick_model(name, features_dir, cfg, max_set_size, load_split(features_dir, "val", max_set_size))
+        model = yardstick_model(name, features_dir, cfg, max_set_size,
+                                load_split(features_dir, "val", max_set_size, catalogue=catalogue))
     except ContextualBertError:
         return None
     test = load_split(features_dir, "test", max_set_size, catalogue=catalogue)
@@ -321,7 +323,37 @@ def yardstick_model(name: str, features_dir: Path, cfg: EvaluateConfig, max_set_
     model, why, _ = attribute_popularity_model(features_dir, cfg, max_set_size)
     if model is None:
         raise ContextualBertError(f"{features_dir}: no attribute-aware popularity ({why})")
+    if name == "popularity_attribute_history":
+        if HISTORY_FEATURE not in val.context:
+            raise ContextualBertError(f"{features_dir}: no history (features.history is off)")
+        return AttributeHistoryPopularityModel(model, counts, attribute_history_weight(model, counts, val, cfg)[0])
     return model
+
+
+def evaluate_attribute_history_popularity(features_dir: Path, out_path: Path, cfg: EvaluateConfig,
+                                          max_set_size: int = ModelConfig().max_set_size) -> dict:
+    """The attribute-aware popularity lifted by the customer's own history (AttributeHistoryPopularityModel), its
+    weight the one of HISTORY_WEIGHTS with the lowest validation cross-entropy, over the catalogue; write
+    out_path. Without the attributes or the history {"known": false, "why": ...}."""
+    from contextual_bert.data.feature_store import load_article_vocab, load_spec, load_split
+
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    attribute, why, _ = attribute_popularity_model(features_dir, cfg, max_set_size)
+    if attribute is not None and not any(f.source == "history" for f in load_spec(features_dir).features):
+        attribute, why = None, "features.history is off: the features hold no history"
+    if attribute is None:
+        out_path.write_text(json.dumps({"known": False, "why": why}, indent=2))
+        return {"known": False, "why": why}
+    counts = np.asarray(load_article_vocab(features_dir).counts)
+    val = load_split(features_dir, "val", max_set_size, catalogue=True)
+    weight, by_weight = attribute_history_weight(attribute, counts, val, cfg)
+    model = AttributeHistoryPopularityModel(attribute, counts, weight)
+    result = evaluate_model(model, "popularity_attribute_history", "popularity_attribute_history", None, 0,
+                            features_dir, max_set_size, out_path, cfg, model.n_ids)
+    result |= {"weight": weight, "val_cross_entropy_by_weight": {str(w): ce for w, ce in by_weight.items()}}
+    out_path.write_text(result_json(result))
+    return result
 
 
 def evaluate_attribute_popularity(features_dir: Path, out_path: Path, cfg: EvaluateConfig,

@@ -43,6 +43,7 @@ LABELS = {
     "global_state_update": "[GSU]",
     "popularity_attribute": "Popularity by attribute",
     "popularity_history": "Popularity + own history",
+    "popularity_attribute_history": "Popularity by attribute + own history",
     "optimum_history": "Optimum, with context and history",
 }
 LABELS |= {f"{m}_attrs": f"{LABELS[m]} + attributes" for m in (*VARIANTS, *BASELINE_MODELS)}
@@ -61,7 +62,8 @@ METRIC_LABELS = {"cross_entropy": "cross-entropy", "recall@5": "recall@5"}
 VERDICT_METRICS = (("cross_entropy", False), ("recall@5", True))
 # Single-result yardsticks beside the trained models, in table order; the optimum only where it is known.
 REFERENCES = ("optimum_history", "optimum_context", "optimum_no_context", "popularity", "popularity_history",
-              "popularity_attribute")
+              "popularity_attribute", "popularity_attribute_history")
+SEED_SE_TARGET = 0.02  # nats: a row's seed SE of the test cross-entropy above it is named, with its seeds' spread
 TARGET_PARTS = ("test_known", "test_unseen")  # the catalogue rankers' targets with and without an id
 CONVERGENCE_LABELS = {"early_stopping": "early stop", "plateau": "plateau"}
 VERDICT_NUMBERS = {"better": 1, "level": 0, "worse": -1}  # metrics.json's yardstick verdicts, as numbers
@@ -180,6 +182,7 @@ def summarize_runs(evals: list[dict]) -> dict:
         "parameters": int(evals[0].get("parameters") or 0),
         "n_seeds": len(evals),
         "seeds": [e.get("seed") for e in evals],
+        "test_by_seed": {m: [e["test"].get(m) for e in evals] for m in ("cross_entropy",)},
         OUTFITS_KEY: mean_record([e.get(OUTFITS_KEY) for e in evals]),
         KNOWN_OUTFITS_KEY: mean_record([e.get(KNOWN_OUTFITS_KEY) for e in evals]),
         "test_bootstrap": {m: pooled_interval([(e.get("test_bootstrap") or {}).get(m) for e in evals])
@@ -398,8 +401,29 @@ def seed_se_lines(summary: dict, metric: str = "cross_entropy") -> list[str]:
         return []
     largest = max(ses, key=ses.get)
     each = ", ".join(f"{LABELS.get(v, v)} {se:.3f}" for v, se in ses.items())
-    return ["", f"- Seed SE of the test cross-entropy: at most **{ses[largest]:.3f}** nats "
-                f"({LABELS.get(largest, largest)}); each: {each}."]
+    lines = ["", f"- Seed SE of the test cross-entropy: at most **{ses[largest]:.3f}** nats "
+                 f"({LABELS.get(largest, largest)}); each: {each}."]
+    over = [v for v, se in ses.items() if se > SEED_SE_TARGET]
+    lines += [f"  - {LABELS.get(v, v)} misses the {SEED_SE_TARGET} nats target: {_seed_spread_text(summary[v], metric)}"
+              for v in over]
+    return lines
+
+
+def _seed_spread_text(s: dict, metric: str) -> str:
+    """Why a row's seeds spread: each seed's test value and how its training ended, the seed furthest from the
+    others named."""
+    values = (s.get("test_by_seed") or {}).get(metric) or []
+    seeds, c = s.get("seeds") or [], s.get("convergence") or {}
+    if len(values) != len(seeds) or len(values) < 2 or None in values:
+        return "the seeds' values are not in the evaluations."
+    ended = [f"s{seed} {value:.3f}" + (f" (best epoch {best} of {ran}, {CONVERGENCE_LABELS.get(way, 'not converged')})"
+                                       if ran is not None else "")
+             for seed, value, best, ran, way in zip(seeds, values, c.get("best_epochs") or [None] * len(seeds),
+                                                    c.get("epochs") or [None] * len(seeds),
+                                                    c.get("ways") or [None] * len(seeds))]
+    others = [np.mean([x for j, x in enumerate(values) if j != i]) for i in range(len(values))]
+    far = int(np.argmax([abs(x - o) for x, o in zip(values, others)]))
+    return f"{', '.join(ended)}; s{seeds[far]} is {abs(values[far] - others[far]):.3f} from the others' mean."
 
 
 def _dependence_text(stat: dict | None) -> str:
@@ -614,7 +638,8 @@ def yardstick_lines(verdicts: dict[str, dict]) -> list[str]:
     lines = ["", "## Against the yardsticks", "",
              "- Each learned row against the count that knows what it reads: popularity; popularity + own history "
              "for a model whose context holds the history; the attribute-aware popularity for the models with "
-             "attributes (all targets). Test cross-entropy, model minus yardstick (negative: better); better or "
+             "attributes (all targets), lifted by the own history for those whose context holds it. Test "
+             "cross-entropy, model minus yardstick (negative: better); better or "
              "worse beyond the SE of the difference with two seeds or more, beyond the paired bootstrap's 95% "
              "interval with one; otherwise level.",
              f"- **{len(worse)} of {len(verdicts)} learned rows are worse than their yardstick"

@@ -1,8 +1,9 @@
 """Every learned model against the count it must beat: its yardstick, and a verdict of better, level or worse.
 
 The yardstick of a model is the baseline stage's count that knows what the model knows: the attribute-aware
-popularity for the models with article attributes ("_attrs"; all targets), popularity + the customer's own
-history for a model whose context holds the history, popularity for the others. The verdict is on test
+popularity for the models with article attributes ("_attrs"; all targets), lifted by the customer's own history
+for those whose context holds it; popularity + the customer's own history for the other models with a history;
+popularity for the rest. The verdict is on test
 cross-entropy, by the rule Table 1 uses for "beats": with two seeds or more, the difference must exceed its SE
 (the yardstick, one deterministic count, has none); with one seed, a paired bootstrap over the test outfits
 must put the whole 95% interval of the difference on one side of 0. Otherwise the two are level.
@@ -17,10 +18,13 @@ VERDICT_KEY = "yardstick"  # an evaluation JSON's verdict (evaluate.evaluate_run
 METRIC = "cross_entropy"
 
 
+CATALOGUE_YARDSTICKS = ("popularity_attribute", "popularity_attribute_history")  # they rank the catalogue
+
+
 def yardstick_of(variant: str, reads_history: bool) -> str:
     """The name of the count a model is held to (module docstring)."""
     if uses_attributes(variant):
-        return "popularity_attribute"
+        return "popularity_attribute_history" if reads_history else "popularity_attribute"
     return "popularity_history" if reads_history else "popularity"
 
 

@@ -268,23 +268,35 @@ class AttributeOverlap(nn.Module):
 
 class HistoryRepeat(nn.Module):
     """A logit offset for a candidate a the customer's history holds (model.history_repeat), in the form of the
-    popularity + own history yardstick's mixture: r(a) = log(1 + lambda k(a) / (n p(a))) = softplus(log lambda
-    + log k(a) - log n - b(a)), for a history of n slots of which k(a) hold a (one per earlier outfit that held
-    it) and the article's output bias b(a) (its log-popularity, as training.count_start starts it; read, not
-    taught, by this offset). Added to the logits b(a) + ..., it makes p(a) + lambda k(a) / n of an article's
-    unnormalised mass: the mixture (1 - w) p + w k(a) / n, w = lambda / (1 + lambda). log lambda = LOG_LAMBDA +
-    S (w_0 + w_1 log n), learned from w = 0: a model whose logits start at the bias starts as the yardstick at
-    its weight START_WEIGHT, the weight free to move, and with history length (w_1). Why: the history's share of c, a pooled vector, cannot say "this very
-    article again" among thousands, where counting the customer's own articles can; a constant offset would
-    lift a popular article as much as one seen once, the mixture lifts each to its share of the history. w is
-    stored divided by S = AttributeOverlap.SCALE, as the overlap's is."""
+    popularity + own history yardstick's mixture: r(a) = log(1 + lambda(k) k(a) / (n p(a))) = softplus(log
+    lambda(k) + log k(a) - log n - b(a)), for a history of n slots of which k(a) hold a (one per earlier outfit
+    that held it) and the article's output bias b(a) (its log-popularity, as training.count_start starts it;
+    read, not taught, by this offset). Added to the logits b(a) + ..., it makes p(a) + lambda(k) k(a) / n of an
+    article's unnormalised mass: the mixture (1 - w) p + w k(a) / n, w = lambda / (1 + lambda). log lambda(k) =
+    LOG_LAMBDA + S (w_0 + w_1 log n + v_k), learned from w = 0 and v = 0: a model whose logits start at the bias
+    starts as the yardstick at its weight START_WEIGHT, the weight free to move with history length (w_1) and
+    with how often the customer wore the article (v_k, one per worn count up to WORN_LEVELS, the last for that
+    many or more).
+
+    Why: the history's share of c, a pooled vector, cannot say "this very article again" among thousands, where
+    counting the customer's own articles can; a constant offset would lift a popular article as much as one
+    seen once, the mixture lifts each to its share of the history. The count is linear in k; v_k lets training
+    bend it (an article worn once may be a one-off, one worn twice a staple). w and v are stored divided by S =
+    AttributeOverlap.SCALE, as the overlap's offsets are."""
 
     START_WEIGHT = 0.1  # the yardstick's weight a model starts at (the middle of counts.HISTORY_WEIGHTS' range)
     LOG_LAMBDA = math.log(START_WEIGHT / (1 - START_WEIGHT))
+    WORN_LEVELS = 8  # v_k for k = 1 .. WORN_LEVELS - 1, and one for WORN_LEVELS or more
 
     def __init__(self):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(2))
+        self.worn = nn.Parameter(torch.zeros(self.WORN_LEVELS))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # a checkpoint from before v_k counted linearly: v = 0 is that count
+        state_dict.setdefault(prefix + "worn", torch.zeros(self.WORN_LEVELS))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def gains(self, model, select: torch.Tensor, context: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(history (M, max_items) article indices, gain (M, max_items)) of the rows at the `select` positions:
@@ -295,7 +307,8 @@ class HistoryRepeat(nn.Module):
         # an article holds a slot per earlier outfit that held it (data/history.py): its share is worn / n
         worn = ((history[:, :, None] == history[:, None, :]) & held[:, None, :]).sum(dim=-1).clamp_min(1)
         scale = AttributeOverlap.SCALE
-        log_lambda = (self.LOG_LAMBDA + scale * (self.weight[0] + self.weight[1] * n.log()) - n.log()
+        level = self.worn[worn.clamp_max(self.WORN_LEVELS) - 1]
+        log_lambda = (self.LOG_LAMBDA + scale * (self.weight[0] + self.weight[1] * n.log() + level) - n.log()
                       + worn.to(self.weight.dtype).log())
         # an "_attrs" model's history may hold catalogue articles without an id: their bias is the [UNK] row's
         ids = torch.where(history < model.output_bias.shape[0], history, UNKNOWN_INDEX)
