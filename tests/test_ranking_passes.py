@@ -353,6 +353,23 @@ def test_the_count_models_closed_form_ranks_are_the_scored_catalogues(n_articles
         assert "rank" not in without and np.array_equal(without["log_prob"], closed["log_prob"])
 
 
+@pytest.mark.parametrize("n_articles", [40, 3_000])
+def test_the_attribute_history_counts_log_probs_of_every_weight_are_its_ranking_passes(n_articles):
+    """attribute_history_log_probs (the weight's one pass) gives what a ranking pass of the model gives at each
+    weight, some histories holding articles without an id."""
+    from contextual_bert.evaluation.counts import (HISTORY_WEIGHTS, AttributeHistoryPopularityModel,
+                                                   attribute_history_log_probs)
+
+    counts, values, data = count_cases(n_articles, 300, seed=n_articles)
+    n_ids = len(counts) - 7
+    attribute = AttributePopularityModel(values, counts, n_ids, in_outfit_share=0.2)
+    together = attribute_history_log_probs(attribute, counts[:n_ids], data, HISTORY_WEIGHTS, batch_size=64)
+    for i, weight in enumerate(HISTORY_WEIGHTS):
+        model = AttributeHistoryPopularityModel(attribute, counts[:n_ids], weight)
+        passed = case_ranks(model, data, batch_size=64, device="cpu", with_ranks=False)["log_prob"]
+        np.testing.assert_allclose(together[:, i], passed, atol=2e-5, rtol=0, err_msg=str(weight))
+
+
 def test_a_tie_that_rounding_makes_is_ranked_from_the_scores(monkeypatch):
     """Two articles of one value whose log P(a | v) differ by a float32 step can score the same once log P(v | O)
     is added: their order is then by index, not by log P(a | v) (the closed form's fallback)."""

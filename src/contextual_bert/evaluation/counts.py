@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from contextual_bert.config import EvaluateConfig
-from contextual_bert.data.feature_spec import HISTORY_FEATURE, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, EncodedOutfits
+from contextual_bert.data.feature_spec import (HISTORY_FEATURE, MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX,
+                                              EncodedOutfits)
 from contextual_bert.evaluation.ranking import ScoreOrder, distinct_real, is_ahead, others_ahead
 
 CLOSED_FORM_CELLS = 1 << 20  # (cases x attribute values) the attribute popularity's closed form holds at a time
@@ -270,10 +271,7 @@ class AttributeHistoryPopularityModel(nn.Module):
     def __init__(self, attribute: AttributePopularityModel, counts, weight: float, feature: str = HISTORY_FEATURE):
         super().__init__()
         self.attribute = attribute
-        probs = torch.ones(attribute.n_items, dtype=torch.float64)
-        probs[: len(counts)] += torch.tensor(np.asarray(counts, dtype=np.float64))
-        probs /= probs[N_SPECIAL : len(counts)].sum()
-        self.register_buffer("probs", probs.float())
+        self.register_buffer("probs", _catalogue_popularity(attribute.n_items, counts).float())
         self.weight, self.feature = float(weight), feature
         self.n_items, self.n_ids = attribute.n_items, attribute.n_ids
 
@@ -287,17 +285,56 @@ class AttributeHistoryPopularityModel(nn.Module):
         return logits.index_fill_(1, torch.arange(N_SPECIAL, device=items.device), float("-inf"))
 
 
+def _catalogue_popularity(n_items: int, counts) -> torch.Tensor:
+    """(n_items,) float64 p(a) = (1 + count) / sum over the ids, for every catalogue article (count 0 without
+    an id)."""
+    probs = torch.ones(n_items, dtype=torch.float64)
+    probs[: len(counts)] += torch.tensor(np.asarray(counts, dtype=np.float64))
+    return probs / probs[N_SPECIAL : len(counts)].sum()
+
+
 def attribute_history_weight(attribute: AttributePopularityModel, counts, val: EncodedOutfits,
                              cfg: EvaluateConfig) -> tuple[float, dict[float, float]]:
     """AttributeHistoryPopularityModel's weight: the one of HISTORY_WEIGHTS with the lowest cross-entropy on
-    `val` (its catalogue items), a ranking pass each."""
-    from contextual_bert.evaluation.ranking import case_ranks
-
-    by_weight = {}
-    for weight in HISTORY_WEIGHTS:
-        model = AttributeHistoryPopularityModel(attribute, counts, weight)
-        by_weight[weight] = float(-case_ranks(model, val, cfg.batch_size, "cpu", with_ranks=False)["log_prob"].mean())
+    `val` (its catalogue items), every weight from one pass (`attribute_history_log_probs`)."""
+    log_probs = attribute_history_log_probs(attribute, counts, val, HISTORY_WEIGHTS, cfg.batch_size)
+    by_weight = {w: float(-log_probs[:, i].mean()) for i, w in enumerate(HISTORY_WEIGHTS)}
     return min(by_weight, key=by_weight.get), by_weight
+
+
+def attribute_history_log_probs(attribute: AttributePopularityModel, counts, data: EncodedOutfits, weights,
+                                batch_size: int, feature: str = HISTORY_FEATURE) -> np.ndarray:
+    """(cases, weights) AttributeHistoryPopularityModel's log-probability of every case's target in `data` (the
+    cases of case_ranks, outfit order) at each of `weights`, from one scoring of the attribute-aware popularity:
+    with B = exp(its logits), Z = sum_a B(a), L(a) = k(a) / (n p(a)) and S = the sum of B L over the history's
+    articles, P(t) = B(t) (1 + lambda L(t)) / (Z + lambda S). The same numbers as the model's ranking pass but for
+    its float32 sums (a rounding)."""
+    probs = _catalogue_popularity(attribute.n_items, counts)
+    lam = torch.tensor([w / (1 - w) for w in weights], dtype=torch.float64)
+    items = data.items
+    outfit, position = (items != PAD_INDEX).nonzero(as_tuple=True)
+    target = items[outfit, position]
+    known = target != UNKNOWN_INDEX
+    outfit, position, target = outfit[known], position[known], target[known]
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(target), batch_size):
+            o, t = outfit[start : start + batch_size], target[start : start + batch_size, None]
+            masked = items[o].clone()
+            masked[torch.arange(len(o)), position[start : start + batch_size]] = MASK_INDEX
+            logits = attribute.masked_logits(masked).double()[:, N_SPECIAL:]
+            log_z = torch.logsumexp(logits, dim=1, keepdim=True)
+            history, first = distinct_real(data.context[feature][o])
+            slots = data.context[feature][o] >= N_SPECIAL
+            n = slots.sum(dim=1, keepdim=True).clamp_min(1).double()
+            worn = ((history[:, :, None] == data.context[feature][o][:, None, :]) & slots[:, None, :]).sum(dim=2)
+            lift = worn / (n * probs[history])  # (C, slots) L of each distinct history article
+            held = logits.gather(1, (history - N_SPECIAL).clamp_min(0)) - log_z
+            share = torch.where(first, (held.exp() * lift), 0.0).sum(dim=1, keepdim=True)  # S / Z
+            lift_t = ((data.context[feature][o] == t) & slots).sum(dim=1, keepdim=True) / (n * probs[t])
+            target_logit = logits.gather(1, t - N_SPECIAL) - log_z
+            out.append(target_logit + torch.log1p(lam * lift_t) - torch.log1p(lam * share))
+    return torch.cat(out).numpy() if out else np.zeros((0, len(weights)))
 
 
 def in_outfit_share(items: torch.Tensor, values: np.ndarray) -> float:
