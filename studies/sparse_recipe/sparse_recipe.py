@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scripts, not an installed package
 from studies.closets.closets import settings as closet_settings  # noqa: E402
 from studies.project import Project, override, relocated  # noqa: E402
+from contextual_bert.evaluation.bootstrap import KNOWN_OUTFITS_KEY, OUTFITS_KEY, paired_difference  # noqa: E402
 
 DATA_DIRS = ("raw_dir", "validated_dir", "quarantine_dir", "features_dir", "source_fingerprint")
 HIDDEN = ["ingest.source=planted", "planted.taste_strength=0.0", "planted.hidden_taste_strength=1.3"]
@@ -79,6 +80,16 @@ def main() -> int:
         project.stage("evaluate", "--variant", args.variant, "--seed", "0")
         result = json.loads((project.path("reports_dir") / "eval" / f"{args.variant}-s0.json").read_text())
         keep = {k: result[k] for k in ("val", "test", "yardstick") if k in result}
+        for part in ("test_known", "test_unseen"):  # a catalogue ranker's targets with and without an id
+            if part in result:
+                keep[part] = {k: result[part][k] for k in ("n_cases", "cross_entropy", "recall@1", "recall@5")}
+        known_count = data_root / "reports" / "eval" / "popularity_history.json"
+        if KNOWN_OUTFITS_KEY in result and known_count.exists():  # an "_attrs" model with history, on its known
+            count = json.loads(known_count.read_text())          # targets against popularity + own history
+            if count.get(OUTFITS_KEY):
+                keep["known_against_popularity_history"] = {
+                    "model": result["test_known"]["cross_entropy"], "yardstick": count["test"]["cross_entropy"],
+                    **paired_difference(result[KNOWN_OUTFITS_KEY], count[OUTFITS_KEY], "cross_entropy")}
         (out / "evaluation.json").write_text(json.dumps(keep, indent=2) + "\n")
     recipe = {k: project.params["train"][k] for k in RECIPE_KEYS}
     settings = {"data": data_assignments, "run": args.set, "recipe": recipe, "variant": args.variant,
