@@ -100,18 +100,29 @@ def row_log_probs(pop: np.ndarray, hist: np.ndarray, has: np.ndarray) -> np.ndar
     return np.log((1 - w) * pop[:, None] + w * hist[:, None])
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def data_arguments(parser: argparse.ArgumentParser) -> None:
+    """The data a study of this folder reads: --kind (its data stages run under --workdir), or --data and --name."""
     parser.add_argument("--kind", choices=sorted(KINDS))
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/history_counts"))
     parser.add_argument("--data", type=Path, help="instead of --kind: a project's data folder (features/, validated/)")
     parser.add_argument("--name", help="the data's name with --data")
-    parser.add_argument("--out", type=Path, help="default studies/history_counts/<kind or name>.json")
+
+
+def parse_data(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """The arguments, args.data the data folder (a --kind's made first) and args.name its name."""
     args = parser.parse_args()
     if (args.kind is None) == (args.data is None) or (args.data is not None and not args.name):
         parser.error("either --kind, or --data with --name")
     if args.kind:
         args.name, args.data = args.kind, make_data(args.kind, args.workdir)
+    return args
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    data_arguments(parser)
+    parser.add_argument("--out", type=Path, help="default studies/history_counts/<kind or name>.json")
+    args = parse_data(parser)
     args.out = args.out or HERE / f"{args.name}.json"
 
     outfits = pd.read_parquet(args.data / "features" / "outfits.parquet")

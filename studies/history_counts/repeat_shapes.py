@@ -45,8 +45,7 @@ from contextual_bert.model import HistoryRepeat
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
-from studies.history_counts.history_counts import make_data  # noqa: E402
-from studies.sparse_recipe.sparse_recipe import KINDS  # noqa: E402
+from studies.history_counts.history_counts import data_arguments, parse_data  # noqa: E402
 
 LEVELS = HistoryRepeat.WORN_LEVELS
 MAX_SET_SIZE = 8
@@ -117,15 +116,8 @@ def fit(val: Cases, per_level: bool) -> torch.Tensor:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kind", choices=sorted(KINDS))
-    parser.add_argument("--workdir", type=Path, default=Path("/tmp/history_counts"))
-    parser.add_argument("--data", type=Path, help="instead of --kind: a project's data folder (features/)")
-    parser.add_argument("--name", help="the data's name with --data")
-    args = parser.parse_args()
-    if (args.kind is None) == (args.data is None) or (args.data is not None and not args.name):
-        parser.error("either --kind, or --data with --name")
-    if args.kind:
-        args.name, args.data = args.kind, make_data(args.kind, args.workdir)
+    data_arguments(parser)
+    args = parse_data(parser)
     features = args.data / "features"
     counts = torch.tensor(np.asarray(load_article_vocab(features).counts), dtype=torch.float64)
     probs = counts + 1.0
