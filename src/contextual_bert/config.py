@@ -294,8 +294,8 @@ class TrainConfig(Section):
     # "_attrs" models only: the share of real articles whose id embedding a training step replaces by the
     # [UNK] row, at the input positions and the output rows (model.ArticleAttributes.ids). Set per model in
     # params.yaml (variants.<model>_attrs.id_dropout), never here: DVC then tracks it for those models alone.
-    # "auto": the share of the validation outfits' articles that have no id (unseen in training), at least
-    # training.ID_DROPOUT_FLOOR, so training meets [UNK] as often as evaluation does (docs/encoder_recipe.md).
+    # "auto": the share of the validation outfits' articles that have no id (unseen in training), so training
+    # meets [UNK] as often as evaluation does (docs/encoder_recipe.md).
     id_dropout: IdDropout = 0.0
     # How the article-id embeddings start: random, or the training outfits' co-occurrence (cooccurrence.py;
     # for sparse data, where the encoder otherwise stays at popularity: docs/training.md).

@@ -8,7 +8,7 @@ from contextual_bert.training.loop import (BUCKET_BATCHES, CONVERGENCE_EPOCHS, C
 from contextual_bert.training.losses import (LOSS_CHUNK_ROWS, LinearCrossEntropy, NegativeSampler, fused_loss_applies,
                                              mask_items, masked_item_loss, negative_sampler, sampled_cross_entropy,
                                              sampled_item_loss)
-from contextual_bert.training.regularisers import ID_DROPOUT_FLOOR, drop_history, id_dropout_rate
+from contextual_bert.training.regularisers import drop_history, id_dropout_rate
 from contextual_bert.training.resume import (RESUMABLE_CHANGES, code_digest, load_resume_state,
                                              pin_threads_and_algorithms, random_states, restore_random_states, run_key,
                                              save_resume_state, seeded_random_states)
