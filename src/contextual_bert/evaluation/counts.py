@@ -324,14 +324,15 @@ def attribute_history_log_probs(attribute: AttributePopularityModel, counts, dat
             masked[torch.arange(len(o)), position[start : start + batch_size]] = MASK_INDEX
             logits = attribute.masked_logits(masked).double()[:, N_SPECIAL:]
             log_z = torch.logsumexp(logits, dim=1, keepdim=True)
-            history, first = distinct_real(data.context[feature][o])
-            slots = data.context[feature][o] >= N_SPECIAL
+            record = data.context[feature][o]  # (C, slots) the customer's history, an article once per wear
+            history, first = distinct_real(record)
+            slots = record >= N_SPECIAL
             n = slots.sum(dim=1, keepdim=True).clamp_min(1).double()
-            worn = ((history[:, :, None] == data.context[feature][o][:, None, :]) & slots[:, None, :]).sum(dim=2)
+            worn = ((history[:, :, None] == record[:, None, :]) & slots[:, None, :]).sum(dim=2)
             lift = worn / (n * probs[history])  # (C, slots) L of each distinct history article
             held = logits.gather(1, (history - N_SPECIAL).clamp_min(0)) - log_z
             share = torch.where(first, (held.exp() * lift), 0.0).sum(dim=1, keepdim=True)  # S / Z
-            lift_t = ((data.context[feature][o] == t) & slots).sum(dim=1, keepdim=True) / (n * probs[t])
+            lift_t = ((record == t) & slots).sum(dim=1, keepdim=True) / (n * probs[t])
             target_logit = logits.gather(1, t - N_SPECIAL) - log_z
             out.append(target_logit + torch.log1p(lam * lift_t) - torch.log1p(lam * share))
     return torch.cat(out).numpy() if out else np.zeros((0, len(weights)))

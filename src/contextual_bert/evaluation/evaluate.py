@@ -58,6 +58,7 @@ from contextual_bert.evaluation.ranking import case_ranks, measures_dependence, 
 from contextual_bert.evaluation.yardstick import CATALOGUE_YARDSTICKS, VERDICT_KEY, run_verdict, yardstick_of
 
 RECALL_CURVE_MAX_K = 250
+NO_HISTORY = "features.history is off: the features hold no history"  # a history yardstick's "why"
 
 
 def metrics_from_ranks(ranks, log_probs, ks=(1, 5, 10, 50, 250)) -> dict:
@@ -277,7 +278,7 @@ def evaluate_history_popularity(features_dir: Path, out_path: Path, cfg: Evaluat
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     if not any(f.source == "history" for f in load_spec(features_dir).features):
-        result = {"known": False, "why": "features.history is off: the features hold no history"}
+        result = {"known": False, "why": NO_HISTORY}
         out_path.write_text(json.dumps(result, indent=2))
         return result
     counts = np.asarray(load_article_vocab(features_dir).counts)
@@ -320,14 +321,32 @@ def yardstick_model(name: str, features_dir: Path, cfg: EvaluateConfig, max_set_
         return PopularityModel(counts)
     if name == "popularity_history":
         return HistoryPopularityModel(counts, history_weight(counts, val, cfg)[0])
-    model, why, _ = attribute_popularity_model(features_dir, cfg, max_set_size)
-    if model is None:
-        raise ContextualBertError(f"{features_dir}: no attribute-aware popularity ({why})")
     if name == "popularity_attribute_history":
-        if HISTORY_FEATURE not in val.context:
-            raise ContextualBertError(f"{features_dir}: no history (features.history is off)")
-        return AttributeHistoryPopularityModel(model, counts, attribute_history_weight(model, counts, val, cfg)[0])
+        model, why = attribute_history_popularity_model(features_dir, cfg, max_set_size, val)
+    else:
+        model, why, _ = attribute_popularity_model(features_dir, cfg, max_set_size)
+    if model is None:
+        raise ContextualBertError(f"{features_dir}: no {name} ({why})")
     return model
+
+
+def attribute_history_popularity_model(features_dir: Path, cfg: EvaluateConfig, max_set_size: int,
+                                       val: EncodedOutfits | None = None):
+    """(AttributeHistoryPopularityModel, its validation cross-entropy by weight), its weight the one of
+    HISTORY_WEIGHTS with the lowest on `val` (the catalogue's validation split, loaded when None); or (None, why)
+    where the data has no attribute-aware popularity or no history."""
+    from contextual_bert.data.feature_store import load_article_vocab, load_split
+
+    attribute, why, _ = attribute_popularity_model(features_dir, cfg, max_set_size)
+    if attribute is None:
+        return None, why
+    if val is None:
+        val = load_split(features_dir, "val", max_set_size, catalogue=True)
+    if HISTORY_FEATURE not in val.context:
+        return None, NO_HISTORY
+    counts = np.asarray(load_article_vocab(features_dir).counts)
+    weight, by_weight = attribute_history_weight(attribute, counts, val, cfg)
+    return AttributeHistoryPopularityModel(attribute, counts, weight), by_weight
 
 
 def evaluate_attribute_history_popularity(features_dir: Path, out_path: Path, cfg: EvaluateConfig,
@@ -335,20 +354,13 @@ def evaluate_attribute_history_popularity(features_dir: Path, out_path: Path, cf
     """The attribute-aware popularity lifted by the customer's own history (AttributeHistoryPopularityModel), its
     weight the one of HISTORY_WEIGHTS with the lowest validation cross-entropy, over the catalogue; write
     out_path. Without the attributes or the history {"known": false, "why": ...}."""
-    from contextual_bert.data.feature_store import load_article_vocab, load_spec, load_split
-
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    attribute, why, _ = attribute_popularity_model(features_dir, cfg, max_set_size)
-    if attribute is not None and not any(f.source == "history" for f in load_spec(features_dir).features):
-        attribute, why = None, "features.history is off: the features hold no history"
-    if attribute is None:
-        out_path.write_text(json.dumps({"known": False, "why": why}, indent=2))
-        return {"known": False, "why": why}
-    counts = np.asarray(load_article_vocab(features_dir).counts)
-    val = load_split(features_dir, "val", max_set_size, catalogue=True)
-    weight, by_weight = attribute_history_weight(attribute, counts, val, cfg)
-    model = AttributeHistoryPopularityModel(attribute, counts, weight)
+    model, detail = attribute_history_popularity_model(features_dir, cfg, max_set_size)
+    if model is None:
+        out_path.write_text(json.dumps({"known": False, "why": detail}, indent=2))
+        return {"known": False, "why": detail}
+    weight, by_weight = model.weight, detail
     result = evaluate_model(model, "popularity_attribute_history", "popularity_attribute_history", None, 0,
                             features_dir, max_set_size, out_path, cfg, model.n_ids)
     result |= {"weight": weight, "val_cross_entropy_by_weight": {str(w): ce for w, ce in by_weight.items()}}

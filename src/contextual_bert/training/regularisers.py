@@ -45,10 +45,9 @@ def id_dropout_rate(setting: float | str, model, val_data: EncodedOutfits) -> fl
     """The id dropout an "_attrs" model trains with: `setting` (variants.<model>_attrs.id_dropout), or for "auto"
     the share of the validation outfits' articles that have no id embedding (catalogue index >= n_ids: unseen in
     training), 0 where every one has an id. Why: id dropout is there so that training meets [UNK] + attributes as
-    evaluation does; where it meets none, dropping ids only hides what the ids carry (on planted data with
-    hidden tastes, everything the attributes do not say: a floor of 0.05 kept [None] + attributes at the
-    attribute-aware popularity at 20k and 50k outfits; docs/decisions.md). A never-dropped [UNK] row decays to
-    0 under the weight decay, so an article added after training is read by its attributes."""
+    evaluation does; where it meets none, dropping ids only hides what the ids carry (docs/decisions.md). A
+    never-dropped [UNK] row shrinks toward 0 under the weight decay, so an article added after training is read
+    mostly by its attributes."""
     if setting != "auto":
         return float(setting)
     real = val_data.items >= N_SPECIAL
