@@ -29,9 +29,6 @@ from pathlib import Path
 
 # Prefect's temporary API server gets 20 s to start, too few on a 2-core machine that is busy.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-# Its telemetry heartbeat writes the server's SQLite file while the flow does, and logs "database is locked"
-# tracebacks; nothing leaves this machine anyway.
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from contextual_bert.config import load_config  # noqa: E402
 from flows import one_line_errors  # noqa: E402

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from contextual_bert import cpu_kernels
 from contextual_bert.config import Config, TrainConfig
 from contextual_bert.data.feature_spec import N_SPECIAL, ContextSpec, FeatureSpec
 from contextual_bert.model import AttributeOverlap, build_model
@@ -58,9 +59,13 @@ def test_the_sampled_loss_with_every_article_as_a_negative_equals_the_full_loss(
     assert full_grads.keys() == sampled_grads.keys()
     for name in full_grads:
         torch.testing.assert_close(sampled_grads[name], full_grads[name], rtol=1e-4, atol=1e-6, msg=name)
-    if not variant.endswith("_attrs"):  # both the fused CPU loss (LinearCrossEntropy): the same bits
+    if not variant.endswith("_attrs"):  # both the fused CPU loss (LinearCrossEntropy)
         assert torch.equal(sampled, full)
-        assert all(torch.equal(sampled_grads[name], full_grads[name]) for name in full_grads)
+        if cpu_kernels.cpu()["vendor"] == "GenuineIntel":  # the same bits, measured on Intel Xeon
+            assert all(torch.equal(sampled_grads[name], full_grads[name]) for name in full_grads)
+        for name in full_grads:  # elsewhere (AMD EPYC): the output bias's gradient 0.26 of an ulp of its largest
+            ulp = torch.finfo(torch.float32).eps * full_grads[name].abs().max()
+            assert (sampled_grads[name] - full_grads[name]).abs().max() <= ulp, name
 
 
 def test_fewer_negatives_score_fewer_articles_and_differ_from_the_full_loss():

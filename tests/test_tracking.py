@@ -12,6 +12,7 @@ from helpers import STRONG, WEAK, free_port, stop_process_group, wait_for_http
 from contextual_bert.config import Config, MlflowConfig
 from contextual_bert.registry.tracking import (
     RUN_FILE,
+    Retrying,
     artifact_location,
     client,
     directory_sha256,
@@ -229,3 +230,42 @@ def test_three_trainings_at_once_log_through_one_mlflow_server(tiny_project, tmp
             assert "model/checkpoint.pt" in {f.path for f in server_client.list_artifacts(run.info.run_id, "model")}
     finally:
         stop_process_group(server)
+
+
+class _Flaky:
+    """An MlflowClient stand-in whose `log_batch` fails as MLflow words a request that got no answer."""
+
+    tracking_uri = "http://127.0.0.1:1"
+
+    def __init__(self, failures: int, message: str):
+        self.failures, self.message, self.calls = failures, message, 0
+
+    def log_batch(self, run_id):
+        from mlflow.exceptions import MlflowException
+
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise MlflowException(self.message)
+        return run_id
+
+
+LOST = "API request to http://127.0.0.1:1/api/2.0/mlflow/runs/log-batch failed with exception '_MLFLOW_TELEMETRY_SESSION_ID'"
+
+
+def test_a_request_that_got_no_answer_is_tried_again():
+    inner = _Flaky(2, LOST)
+    assert Retrying(inner, delays_s=(0, 0, 0)).log_batch("r") == "r" and inner.calls == 3
+    assert Retrying(inner).tracking_uri == inner.tracking_uri
+
+
+def test_retries_end_and_an_answer_is_never_retried():
+    from mlflow.exceptions import MlflowException
+
+    inner = _Flaky(9, LOST)
+    with pytest.raises(MlflowException, match="failed with exception"):
+        Retrying(inner, delays_s=(0, 0)).log_batch("r")
+    assert inner.calls == 3
+    refused = _Flaky(1, "RESOURCE_DOES_NOT_EXIST: Run 'r' not found")
+    with pytest.raises(MlflowException, match="not found"):
+        Retrying(refused, delays_s=(0, 0)).log_batch("r")
+    assert refused.calls == 1

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,8 +50,6 @@ from contextual_bert.data.contract import (
     read_header,
 )
 from contextual_bert.errors import ContextualBertError, DataError
-
-os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")  # no telemetry calls from a pipeline stage
 
 LARGEST = float(np.finfo(np.float64).max)  # a number's bound where none is declared: infinity fails it
 

@@ -21,6 +21,7 @@ import os
 import re
 import subprocess
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,13 +54,52 @@ def tracking_uri(cfg: MlflowConfig) -> str:
 
 
 def client(cfg: MlflowConfig):
-    """An MlflowClient on the resolved tracking URI (the model registry lives in the same store)."""
+    """An MlflowClient on the resolved tracking URI (the model registry lives in the same store), whose calls
+    ride out a transient failure of the request itself (`Retrying`)."""
     import mlflow
 
     uri = tracking_uri(cfg)
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
-    return mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    return Retrying(mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri))
+
+
+TRANSIENT = re.compile(r"^API request to \S+ failed with (timeout )?exception")  # mlflow.utils.rest_utils' words
+RETRY_DELAYS_S = (0.5, 2.0, 8.0)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A request that never got an answer (connection refused or reset, a timeout, an error inside the client):
+    MLflow's own retries cover the HTTP statuses, not these. An answer the server gave is never retried."""
+    from mlflow.exceptions import MlflowException
+
+    return isinstance(exc, MlflowException) and bool(TRANSIENT.match(exc.message))
+
+
+class Retrying:
+    """An MlflowClient whose methods are tried again, after RETRY_DELAYS_S, when a call fails transiently: one
+    lost request must not fail a training of minutes. (A retried write that did reach the server is logged
+    twice at worst: a metric step, a tag set again.)"""
+
+    def __init__(self, inner, delays_s: tuple[float, ...] = RETRY_DELAYS_S):
+        self._inner, self._delays_s = inner, delays_s
+
+    def __getattr__(self, name: str):
+        attribute = getattr(self._inner, name)
+        if not callable(attribute):
+            return attribute
+
+        def call(*args, **kwargs):
+            for delay in self._delays_s:
+                try:
+                    return attribute(*args, **kwargs)
+                except Exception as exc:  # noqa: BLE001 - only a transient one is retried
+                    if not is_transient(exc):
+                        raise
+                    time.sleep(delay)
+            return attribute(*args, **kwargs)
+
+        return call
 
 
 def artifact_location(uri: str, experiment: str) -> str | None:
