@@ -56,8 +56,8 @@ def run_cell(cell: dict, params: dict, seed: int, work: Path) -> dict:
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}"}
     started = time.perf_counter()
     with open(folder / "train.log", "w") as log:
-        subprocess.run(["contextual-bert", "train", "--variant", cell["variant"], "--seed", str(seed), "--params",
-                        str(folder / "params.yaml")], cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT,
+        subprocess.run(["contextual-bert", "--params", str(folder / "params.yaml"), "train", "--variant",
+                        cell["variant"], "--seed", str(seed)], cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT,
                        check=True)
     result = json.loads((folder / "reports" / "train" / f"{cell['variant']}-s{seed}.json").read_text())
     return {**cell, "seed": seed, "process_s": round(time.perf_counter() - started, 1),
