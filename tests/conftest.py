@@ -66,7 +66,7 @@ def _params(root: Path) -> dict:
             "batch_size": 128,
             "max_epochs": 3,
             "learning_rate": 0.003,
-            "warmup_steps": 10,
+            "lr_warmup_steps": 10,
             "device": "cpu",
             "num_threads": 1,  # the machine is shared: one thread per training avoids oversubscription
         },

@@ -2,7 +2,7 @@
 data and planted hidden tastes. One data project per data kind under --workdir (ingest -> validate -> features
 [-> baseline], through the pipeline's CLI: studies/project.py), then one project per run that reads its features,
 trains one model (seed 0, one torch thread) and, with --evaluate, evaluates it (its verdict against its yardstick,
-the paired bootstrap on the test outfits). Each run's history.json and evaluation go to --out/<name>/.
+the paired bootstrap on the test outfits). Each run's curve.json and evaluation go to --out/<name>/.
 
     # the closets (studies/closets/settings.yaml), [GS] with history, the sparse recipe
     python studies/sparse_recipe/sparse_recipe.py closets gs_recipe --data --set train.init_output=counts \
@@ -74,7 +74,7 @@ def main() -> int:
     out = args.out / args.name
     out.mkdir(parents=True, exist_ok=True)
     run = project.path("models_dir") / f"{args.variant}-s0"
-    for name in ("history.json", "metrics.json"):
+    for name in ("curve.json", "metrics.json"):
         shutil.copyfile(run / name, out / name)
     if args.evaluate:
         project.stage("evaluate", "--variant", args.variant, "--seed", "0")
