@@ -641,3 +641,18 @@ def test_output_bag_path_starts_the_logits_at_a_tied_bag_of_items():
         bag = torch.stack([e[row[(row >= N_SPECIAL)]].mean(0) for row in items]) * plain.input_scale
     # the logits differ by exactly the bag's score of every article: mean(e_others) . e_a (times sqrt(d))
     torch.testing.assert_close(difference[:, N_SPECIAL:], bag @ e[N_SPECIAL:].T, rtol=1e-4, atol=1e-5)
+
+
+def test_a_checkpoint_of_another_version_is_refused_naming_it(tmp_path):
+    from contextual_bert.model import CHECKPOINT_VERSION, save_checkpoint
+
+    model = ContextualBert(SMALL, "none", N_ITEMS, SPEC)
+    save_checkpoint(tmp_path / "checkpoint.pt", model, {"epoch": 1})
+    assert load_checkpoint(tmp_path / "checkpoint.pt")[1] == {"epoch": 1}
+    payload = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    for version in (None, CHECKPOINT_VERSION - 1):  # none: written before the version existed
+        torch.save({**payload, "version": version} if version else
+                   {k: v for k, v in payload.items() if k != "version"}, tmp_path / "old.pt")
+        with pytest.raises(ContextualBertError, match=rf"old\.pt: checkpoint version {version}: this code reads "
+                                                      rf"version {CHECKPOINT_VERSION} \(train the run again\)$"):
+            load_checkpoint(tmp_path / "old.pt")

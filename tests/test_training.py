@@ -602,3 +602,21 @@ def test_length_batches_cover_every_outfit_once_with_less_padding():
     # the same generator state gives the same batches (exact resume)
     again = length_batches(order, lengths, 64, torch.Generator().set_state(state))
     assert all(torch.equal(a, b) for a, b in zip(again, batches, strict=True))
+
+
+def test_a_last_pt_of_another_version_is_never_resumed(tmp_path):
+    """last.pt from before the checkpoint version (or of another): refused with a one-line warning naming its
+    version, the run's files removed and the run started afresh, the same as one that never had it."""
+    from contextual_bert.model import CHECKPOINT_VERSION
+
+    train, val = planted(120, 0), planted(30, 1)
+    cfg = SHORT.model_copy(update={"max_epochs": 1})
+    fresh = fit(new_model("none"), train, val, cfg, tmp_path / "fresh", seed=0)
+    fit(new_model("none"), train, val, cfg, tmp_path / "old", seed=0)
+    last = torch.load(tmp_path / "old" / "last.pt", weights_only=True)
+    torch.save({k: v for k, v in last.items() if k != "version"}, tmp_path / "old" / "last.pt")
+    with pytest.warns(UserWarning, match=rf"last\.pt: resume state version None \(this code reads version "
+                                         rf"{CHECKPOINT_VERSION}\); not resumed, the run starts afresh$"):
+        again = fit(new_model("none"), train, val, cfg, tmp_path / "old", seed=0)
+    assert again["epochs"] == 1 and again["best_val_cross_entropy"] == fresh["best_val_cross_entropy"]
+    assert torch.load(tmp_path / "old" / "last.pt", weights_only=True)["version"] == CHECKPOINT_VERSION
