@@ -53,7 +53,7 @@ IdDropout = Annotated[float, Field(ge=0, lt=1)] | Literal["auto"]
 Softmax = Literal["full", "sampled"]  # the training loss's output layer (training.NegativeSampler)
 ATTRIBUTE_MODELS = tuple(m + ATTRIBUTES_SUFFIX for m in VARIANTS + BASELINE_MODELS)
 MODELS = VARIANTS + BASELINE_MODELS + ATTRIBUTE_MODELS
-Variant = Literal[MODELS]  # a model name, as pydantic validates it (Literal[("a", "b")] is Literal["a", "b"])
+Variant = Literal[MODELS]  # type: ignore[valid-type]  # a model name, as pydantic validates it (Literal[("a", "b")] is Literal["a", "b"])
 
 
 def uses_attributes(model: str) -> bool:

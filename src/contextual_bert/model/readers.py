@@ -206,10 +206,10 @@ class AttributeOverlap(nn.Module):
         super().__init__()
         self.spec = overlap_spec(spec)
         self.offsets = nn.ParameterList(nn.Parameter(torch.zeros(f.cardinality)) for f in self.spec.features)
-        self._values = None  # value_table's cache: (the catalogue's tensors, their versions, the table)
+        self._values: tuple | None = None  # value_table's cache: (the catalogue's tensors, their versions, the table)
 
     def forward(self, model, items: torch.Tensor, select: torch.Tensor, context: dict | None = None,
-                articles: torch.Tensor | None = None) -> torch.Tensor:
+                articles: torch.Tensor | None = None) -> "torch.Tensor | CatalogueOffsets":
         """The logit-offset seam: the offsets of `model`'s catalogue (`offsets`); over the whole catalogue
         without gradient (every evaluation pass, serving) by `catalogue_offsets`, else by `offsets_for`."""
         if articles is None and not torch.is_grad_enabled():
@@ -246,6 +246,7 @@ class AttributeOverlap(nn.Module):
             term = sum(gain[:, candidates[:, j]] * valid[:, j] for j in range(candidates.shape[1]))  # (M, n)
             term = term / valid.sum(dim=-1).clamp_min(1.0)
             total = term if total is None else total + term
+        assert total is not None, "overlap_spec leaves an AttributeOverlap at least one attribute"
         return total
 
     def value_table(self, catalogue: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None, int]:
@@ -380,7 +381,7 @@ class HistoryRepeat(nn.Module):
 def head_terms(model_cfg: ModelConfig, encoder: bool, reads_history: bool) -> nn.ModuleList:
     """The head-state terms of a model: the outfit bag and the history bag for the paper's encoders
     (`encoder`); none for the bag of items, whose head state already is a bag."""
-    terms = []
+    terms: list[nn.Module] = []
     if encoder:
         terms.append(OutfitBag(always=model_cfg.bag_path == "output"))
         if model_cfg.history_bag and reads_history:
@@ -391,7 +392,7 @@ def head_terms(model_cfg: ModelConfig, encoder: bool, reads_history: bool) -> nn
 def logit_offsets(model_cfg: ModelConfig, attributes: ContextSpec | None, reads_history: bool) -> nn.ModuleList:
     """The logit offsets of a model: the attribute overlap (with attributes other than text) and the history
     repeat (with a history), in that order."""
-    offsets = []
+    offsets: list[nn.Module] = []
     if attributes is not None and model_cfg.attribute_overlap and overlap_spec(attributes).features:
         offsets.append(AttributeOverlap(attributes))
     if model_cfg.history_repeat and reads_history:

@@ -233,7 +233,7 @@ def train_epoch(run: Run, epoch: int, position: Position | None, mid_epoch_rando
         context = {name: values[index] for name, values in data.context.items()}
         if cfg.history_dropout > 0 and HISTORY_FEATURE in context:
             context[HISTORY_FEATURE] = drop_history(context[HISTORY_FEATURE], cfg.history_dropout, generator)
-        learning_rate = run.scheduler.get_last_lr()[0]  # the rate this step uses
+        learning_rate = float(run.scheduler.get_last_lr()[0])  # the rate this step uses
         loss, predict = train_step(model, run.optimizer, run.scheduler, items, context, cfg, generator, run.sampler)
         if run.rare_id_decay is not None:
             run.rare_id_decay.step(learning_rate)

@@ -149,7 +149,7 @@ def random_states(generator: torch.Generator, device: torch.device) -> dict:
         "generator": generator.get_state(),
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
+        "numpy": {"keys": torch.from_numpy(np.asarray(keys).astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
                   "cached_gaussian": float(cached_gaussian)},
         "python": random.getstate(),
     }
