@@ -92,7 +92,7 @@ def test_a_cli_training_is_one_finished_run_with_params_epochs_lineage_and_artif
     assert experiment.artifact_location == artifact_location(os.environ["MLFLOW_TRACKING_URI"], experiment.name)
     assert run.data.params == training_params(cfg, variant, seed)
 
-    history = json.loads((cfg.paths.models_dir / f"{variant}-s{seed}" / "history.json").read_text())
+    history = json.loads((cfg.paths.models_dir / f"{variant}-s{seed}" / "curve.json").read_text())
     for key in ("train_loss", "val_cross_entropy", "learning_rate"):
         logged = mlflow_client.get_metric_history(run.info.run_id, key)
         assert sorted(m.step for m in logged) == [row["epoch"] for row in history], key
@@ -115,7 +115,7 @@ def test_a_cli_training_is_one_finished_run_with_params_epochs_lineage_and_artif
     artifacts = {
         f.path for d in ("model", "features", "config") for f in mlflow_client.list_artifacts(run.info.run_id, d)
     }
-    assert {"model/checkpoint.pt", "model/history.json", "features/article_vocab.parquet",
+    assert {"model/checkpoint.pt", "model/curve.json", "features/article_vocab.parquet",
             "features/context_vocab.json", "features/customers.parquet", "features/spec.json",
             "config/params.resolved.json", "config/params.yaml"} <= artifacts  # fmt: skip
     assert {f.path for f in mlflow_client.list_artifacts(run.info.run_id, "eval")} == {f"eval/{variant}-s{seed}.json"}
@@ -160,7 +160,7 @@ def test_a_resumed_training_logs_to_the_same_run_and_a_changed_or_fresh_one_to_a
 
 def test_a_training_extended_by_more_epochs_logs_its_whole_history_in_its_new_run(tiny_project, tmp_path):
     """max_epochs changed: training resumes from last.pt, MLflow opens a run (a param changed) and the epochs
-    trained before are logged there from history.json."""
+    trained before are logged there from curve.json."""
     from contextual_bert.cli import main
 
     raw = yaml.safe_load(tiny_project.params.read_text())

@@ -110,7 +110,7 @@ def main() -> None:
                                                              "sum" if combine == "-" else combine, args.seed,
                                                              args.max_epochs, run_dir, id_dropout)
                 result = evaluate_run(features_dir, run_dir, tmp / f"{run_dir.name}.json", cfg.evaluate)
-                history = json.loads((run_dir / "history.json").read_text())
+                history = json.loads((run_dir / "curve.json").read_text())
                 report["runs"][name] = {
                     "best_val_cross_entropy": metrics["best_val_cross_entropy"], "best_epoch": metrics["best_epoch"],
                     "epochs": metrics["epochs"], "converged": metrics["converged"], "seconds": round(seconds, 1),

@@ -38,10 +38,10 @@ def read_run(project: Path, model: str, seed: int, label: str | None) -> dict:
     run = f"{model}-s{seed}"
     params = yaml.safe_load((project / "params.yaml").read_text())
     models, evals = Path(params["paths"]["models_dir"]), Path(params["paths"]["reports_dir"]) / "eval"
-    for path in (models / run / "history.json", models / run / "metrics.json", evals / f"{run}.json"):
+    for path in (models / run / "curve.json", models / run / "metrics.json", evals / f"{run}.json"):
         if not path.is_file():
             raise SystemExit(f"{path}: missing (has {run} been trained and evaluated in {project}?)")
-    history = json.loads((models / run / "history.json").read_text())
+    history = json.loads((models / run / "curve.json").read_text())
     trained = json.loads((models / run / "metrics.json").read_text())  # the training's own best epoch
     best = next(epoch for epoch in history if epoch["epoch"] == trained["best_epoch"])
     evaluation = json.loads((evals / f"{run}.json").read_text())

@@ -2,8 +2,8 @@
 data and planted hidden tastes. One data project per data kind under --workdir (ingest -> validate -> features
 [-> baseline], through the pipeline's CLI: studies/project.py), then one project per run that reads its features,
 trains one model (seed 0, one torch thread) and, with --evaluate, evaluates it (its verdict against its yardstick,
-the paired bootstrap on the test outfits). Each run's history, metrics, evaluation and settings go to the results
-file (--out, default the study's results.json) as runs/<name>/history, .../metrics, .../evaluation, .../settings.
+the paired bootstrap on the test outfits). Each run's curve, metrics, evaluation and settings go to the results
+file (--out, default the study's results.json) as runs/<name>/curve, .../metrics, .../evaluation, .../settings.
 
     # the closets (studies/closets/settings.yaml), [GS] with history, the sparse recipe
     python studies/sparse_recipe/sparse_recipe.py closets gs_recipe --data --set train.init_output=counts \
@@ -74,7 +74,7 @@ def main() -> int:
     project.stage("train", "--variant", args.variant, "--seed", "0")
     key = f"runs/{args.name}"
     run = project.path("models_dir") / f"{args.variant}-s0"
-    for name in ("history", "metrics"):
+    for name in ("curve", "metrics"):
         record(args.out, f"{key}/{name}", json.loads((run / f"{name}.json").read_text()))
     if args.evaluate:
         project.stage("evaluate", "--variant", args.variant, "--seed", "0")

@@ -29,7 +29,7 @@ from typing import Iterator
 
 import yaml
 
-from contextual_bert.config import NOT_APPLICABLE, Config, MlflowConfig
+from contextual_bert.config import CHECKPOINT_FILE, CURVE_FILE, METRICS_FILE, NOT_APPLICABLE, Config, MlflowConfig
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.data.feature_store import (
     CATALOGUE_FEATURE_FILES,
@@ -42,7 +42,7 @@ from contextual_bert.data.feature_store import (
 RUN_FILE = "mlflow_run.json"
 # The vocabularies and context tables of the features stage (not the encoded outfits: the data, not the model).
 RUN_ARTIFACT_FEATURE_FILES = (*MODEL_FEATURE_FILES, *CATALOGUE_FEATURE_FILES, CUSTOMERS_FILE)  # those present
-RUN_ARTIFACT_MODEL_FILES = ("checkpoint.pt", "history.json", "metrics.json")
+RUN_ARTIFACT_MODEL_FILES = (CHECKPOINT_FILE, CURVE_FILE, METRICS_FILE)
 
 
 # --- where to log ---------------------------------------------------------------------------------------
@@ -132,7 +132,7 @@ def metric_key(name: str, prefix: str = "") -> str:
     """An MLflow-safe metric/tag key: 'recall@5' -> 'recall_at_5', prefixed as 'val/recall_at_5'.
 
     Evaluation metrics are prefixed by split ('val/', 'test/'), train's result by 'final/'; per-epoch
-    metrics keep history.json's names ('val_cross_entropy'), so the two never share a key.
+    metrics keep curve.json's names ('val_cross_entropy'), so the two never share a key.
     """
     key = re.sub(r"[^\w.\- /:]", "_", name.replace("@", "_at_"))
     return f"{prefix}/{key}" if prefix else key
@@ -285,14 +285,14 @@ class TrainingTracker:
         log_epochs(self.mlflow_client, self.run_id, [row], first_step=int(epoch))
 
     def log_result(self, result: dict) -> None:
-        """Epochs of history.json not logged yet (a resumed training), final metrics, then the artifacts."""
+        """Epochs of curve.json not logged yet (a resumed training), final metrics, then the artifacts."""
         from mlflow.entities import Metric
 
-        history_path = self.run_dir / "history.json"
-        if history_path.exists():
+        curve_path = self.run_dir / CURVE_FILE
+        if curve_path.exists():
             logged = {m.step for m in self.mlflow_client.get_metric_history(self.run_id, "train_loss")}
-            history = json.loads(history_path.read_text())
-            missing = [row for step, row in enumerate(history, 1) if int(row.get("epoch", step)) not in logged]
+            curve = json.loads(curve_path.read_text())
+            missing = [row for step, row in enumerate(curve, 1) if int(row.get("epoch", step)) not in logged]
             log_epochs(self.mlflow_client, self.run_id, missing)
         now = _now_ms()
         values = numeric_items(flatten(result))
