@@ -38,7 +38,7 @@ PARTS = {  # name in training/loop.py -> the part it is
     "stuck_check": "stuck check",
     "save_checkpoint": "best checkpoint",
     "save_resume_state": "last.pt",
-    "write_json": "curve JSON",
+    "write_json": "curve and metrics JSON",
 }
 
 
