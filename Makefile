@@ -4,11 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help install repro test test-fast benchmarks clean-pipeline
+.PHONY: help install repro test test-fast lint benchmarks clean-pipeline
 
 help:
 	@echo "make repro   set up .venv and run the whole DVC pipeline (params.yaml)"
 	@echo "make test    set up .venv and run the test suite"
+	@echo "make lint    ruff's lint and format checks (CI runs them before the tests)"
 
 # torch==2.13.0 first: its CPU wheel lies on this disk, while the range in pyproject alone
 # would make pip fetch a 5.5 GB CUDA build.
@@ -32,6 +33,11 @@ repro: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# ruff (pyproject.toml's [tool.ruff]): the lint and the format, checked; `ruff format .` formats.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+STEP_SECONDS: list[float] = []  # op_hashes' time in its training steps (only), for --cost
 MKL_PATHS = {"AVX2,STRICT": "the pinned default", "COMPATIBLE": "SSE2, the same on Intel and non-Intel"}
 
 
@@ -97,18 +98,22 @@ def op_hashes(steps: int) -> dict[str, str]:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     sampler = NegativeSampler(torch.ones(600 + N_SPECIAL), 600, torch.Generator().manual_seed(1))
     step_g = torch.Generator().manual_seed(2)
+    seconds = 0.0
     for step in range(1, steps + 1):
+        started = time.perf_counter()
         train_step(model, optimizer, scheduler, items, context, cfg, step_g, sampler)
+        seconds += time.perf_counter() - started
         if step in (1, steps):
             out[f"[GS] weights after {step} training step(s)"] = digest(*model.state_dict().values())
+    STEP_SECONDS.append(seconds)
     return out
 
 
 def step_seconds(mkl_path: str, steps: int) -> dict:
-    """One fresh process: the training steps under MKL_CBWR=mkl_path; seconds per step and the weights' bits."""
-    code = (f"import sys, time; sys.path.insert(0, {str(Path(__file__).parent)!r}); import cpu_ops; "
-            f"t = time.perf_counter(); h = cpu_ops.op_hashes({steps}); "
-            f"print(time.perf_counter() - t, h['[GS] weights after {steps} training step(s)'])")
+    """One fresh process: the training steps under MKL_CBWR=mkl_path; their seconds and the weights' bits."""
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import cpu_ops; "
+            f"h = cpu_ops.op_hashes({steps}); "
+            f"print(cpu_ops.STEP_SECONDS[-1], h['[GS] weights after {steps} training step(s)'])")
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_CBWR": mkl_path}
     seconds, bits = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                    check=True).stdout.split()
