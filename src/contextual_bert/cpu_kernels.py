@@ -43,8 +43,9 @@ def _first(lines: list[str], key: str) -> str:
 
 
 def in_effect() -> dict:
-    """What this process computes with, for metrics.json: ATen's capability and the libraries' variables."""
+    """What this process computes with, for metrics.json: the CPU model, ATen's capability and the libraries'
+    variables."""
     import torch
 
-    return {"aten": torch.backends.cpu.get_cpu_capability(),
+    return {"cpu": cpu()["model"], "aten": torch.backends.cpu.get_cpu_capability(),
             **{name: os.environ.get(name) for name in ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA")}}
