@@ -18,7 +18,7 @@ from contextual_bert.cli import main
 from contextual_bert.config import ImportSetsConfig, load_config
 from contextual_bert.data.contract import IMPORT_QUARANTINE
 from contextual_bert.errors import DataError
-from contextual_bert.data.import_sets import article_name, import_sets
+from contextual_bert.data.sources.sets import article_name, import_sets
 from helpers import TINY_MODEL
 
 RETAILER = Path(__file__).parent / "fixtures" / "retailer"

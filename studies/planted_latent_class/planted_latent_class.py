@@ -38,7 +38,7 @@ from contextual_bert.evaluation.evaluate import evaluate_split
 from contextual_bert.data.feature_spec import N_SPECIAL
 from contextual_bert.data.feature_store import load_split
 from contextual_bert.evaluation.optimum import optimum_from_features
-from contextual_bert.data.planted import load_truth
+from contextual_bert.data.planted.tastes import load_truth
 
 
 def item_matrix(items: torch.Tensor, n_items: int) -> sp.csr_matrix:
