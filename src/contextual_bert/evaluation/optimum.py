@@ -37,9 +37,9 @@ HISTORY_RESULT = "optimum_history"  # the optimum with context and history (data
 def _customer_context(raw_dir: Path, features_dir: Path, customer_ids: np.ndarray):
     """(digits (C, D) int64, [(feature name, width)], radix (D,)): the encoded context of the truth's customers (in
     `customer_ids`' order) as the model sees it: every customer column of the features stage but the history."""
-    from contextual_bert.data.feature_store import ContextIndexer
+    from contextual_bert.data.feature_store import load_context_indexer
 
-    encoder = ContextIndexer.load(features_dir)
+    encoder = load_context_indexer(features_dir)
     customers_path = Path(raw_dir) / "customers.parquet"
     customers = pd.read_parquet(customers_path)
     pos = pd.Index(customers["customer_id"].astype(str)).get_indexer(customer_ids.astype(str))

@@ -40,13 +40,8 @@ import torch
 from contextual_bert.devices import autocast, select_device
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.data.feature_spec import N_SPECIAL, PAD_INDEX
-from contextual_bert.data.feature_store import (
-    CATALOGUE_FEATURE_FILES,
-    MODEL_FEATURE_FILES,
-    EncodedRows,
-    OutfitEncoder,
-    load_catalogue,
-)
+from contextual_bert.data.feature_store import CATALOGUE_FEATURE_FILES, MODEL_FEATURE_FILES, load_catalogue
+from contextual_bert.data.outfit_encoder import EncodedRows, OutfitEncoder
 from contextual_bert.data.contract import read_table_file
 
 MAX_TOP_K = 250
@@ -256,7 +251,7 @@ def signature(spec, top_k: int):
     from mlflow.types.schema import AnyType, Array, ColSpec, ParamSchema, ParamSpec, Schema
 
     # Every input is declared Any and checked where it is read, by one rule in and out of the scoring server:
-    # the outfit by feature_store.outfit_ids_of (not a list, empty, a repeated or odd id: a one-line error
+    # the outfit by outfit_encoder.outfit_ids_of (not a list, empty, a repeated or odd id: a one-line error
     # naming the row, HTTP 400), a context value by the encoder (a plain string is a one-value list; a value
     # it cannot use, such as a word or true/false for a number, is reported per row as unknown). A typed
     # column is enforced by MLflow before predict, differently per path: over HTTP it casts true to 1.0 and
