@@ -14,7 +14,8 @@ import pytest
 from contextual_bert.config import ImportHMConfig
 from contextual_bert.data.contract import DATE_COLUMN, DATE_TYPE, HM_SCHEMA, IMPORT_QUARANTINE, DataSchema
 from contextual_bert.errors import DataError
-from contextual_bert.data.sources.hm import ARTICLES, CUSTOMERS, TRANSACTIONS, _article_id_sql, import_hm
+from contextual_bert.data.sources.hm import _article_id_sql, import_hm
+from contextual_bert.data.sources.hm_files import ARTICLES, CUSTOMERS, TRANSACTIONS
 from helpers import hm_fixture
 
 HM_SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "hm_sample"
