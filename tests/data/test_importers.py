@@ -18,7 +18,7 @@ from contextual_bert.data.sources.hm import _article_id_sql, import_hm
 from contextual_bert.data.sources.hm_files import ARTICLES, CUSTOMERS, TRANSACTIONS
 from helpers import hm_fixture
 
-HM_SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "hm_sample"
+HM_SAMPLE = Path(__file__).resolve().parents[3] / "shared" / "data" / "hm_sample"
 
 
 @pytest.fixture(scope="module")
