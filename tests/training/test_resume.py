@@ -3,7 +3,7 @@ checkpoint, mid-epoch, during the validation pass, between epochs) and started a
 optimizer state, history and metrics, bit for bit, as one never interrupted; and two uninterrupted runs of one
 unit are bit-identical whatever thread count the environment offers (train.num_threads decides).
 
-Each run is a child process (`python tests/test_resume.py <out> <kill> <checkpoint_every_s>`) so that a kill is
+Each run is a child process (`python tests/training/test_resume.py <out> <kill> <checkpoint_every_s>`) so that a kill is
 a real SIGKILL: nothing is flushed, no `finally` runs.
 """
 

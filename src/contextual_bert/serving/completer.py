@@ -71,7 +71,7 @@ class OutfitCompleterCore:
     def _traced_masked_logits(self):
         """The model's masked_logits as a TorchScript trace. On the CPU a small request's forward pass is
         a few hundred small ops, and Python's share of each is most of the time: the trace runs them
-        without it (one row: 4.6 -> 2.3 ms CPU, measured; the same numbers, tests/test_serving.py).
+        without it (one row: 4.6 -> 2.3 ms CPU, measured; the same numbers, tests/serving/test_serving.py).
         Shapes stay free (batch and width are read at run time); the trace keeps no Python check, and
         needs none here: the encoder gives every row exactly one [MASK]. TorchScript is deprecated from
         torch 2.13 on, though still supported: where it goes, serve the module (self.model.masked_logits)."""

@@ -1,7 +1,7 @@
 """Planted closets: real personalised outfits' shape (a large catalogue, each article seen once or twice, customers
-who wear their own clothes again), from a story whose Bayes-optimal predictor is exact (evaluation/optimum.py).
+who wear their own clothes again), from a story whose Bayes-optimal predictor is exact (optimum.py).
 
-`planted.closet_size > 0` switches the planted source to this story (`planted_source.py` picks it); 0, the
+`planted.closet_size > 0` switches the planted source to this story (`data/sources/planted.py` picks it); 0, the
 default, leaves today's planted data byte for byte. Its tastes are not used: the only latent is the customer.
 
 The story (numpy; one `numpy.random.Generator` seeded `planted.seed` for all but the dates):

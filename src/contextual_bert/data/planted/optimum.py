@@ -36,7 +36,7 @@ model reading the history). With L_h(z) = prod_{b in h} S[b, z] and u the custom
 and the case is scored as above with P(z | H, x) as its prior (summing u out of P(u, z | O, H, x) first
 gives the same posterior over z). With an empty history P(z | H, x) = P(z | x): the row "with context".
 
-Planted closets (data/closets.py; ClosetOptimum, the same three rows). The latent is the customer c, uniform over the
+Planted closets (closets.py; ClosetOptimum, the same three rows). The latent is the customer c, uniform over the
 C customers (with context: over those whose context encodes to the case's), each with its known closet; given c an
 outfit's items are independent given their types, item b with e_c(b) = (1 - rho_ct) q(b | t) + rho_ct kappa_c(b).
 The same formula as above with the customers in place of the tastes and e_c in place of S:
