@@ -10,7 +10,10 @@ training is what a unit costs besides learning.
     python benchmarks/repro_time.py                     # clone, make repro, write reports/benchmarks/repro.json
     python benchmarks/repro_time.py --analyse DIR --total-s 1700   # a run made already in DIR
 
-Run it on a quiet machine: anything else on the two cores slows the trainings down.
+Run it on a quiet machine: anything else on the two cores slows the trainings down. How quiet it was is measured:
+`other_cpu_s` is the CPU time the machine spent outside this benchmark's processes while it ran (from
+/proc/stat, less the children's own), beside the load averages before and after. The file names the commit
+and the CPU (`contextual_bert.cpu_kernels.cpu`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sqlite3
 import subprocess
 import sys
@@ -27,6 +31,8 @@ from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+from contextual_bert import cpu_kernels  # noqa: E402
 OUT = ROOT / "reports" / "benchmarks" / "repro.json"
 
 
@@ -68,8 +74,21 @@ def analyse(clone: Path) -> dict:
         "unit_slot_s": round(slot, 1),
         "training_s": round(learning, 1),
         "per_unit_besides_training_s": round((slot - learning) / max(1, len(units)), 2),
+        "training_s_per_unit": {key: round(trained[key], 1) for key in sorted(trained)},
         "bring_back_mean_s": round(sum(bring.values()) / max(1, len(bring)), 2),
     }
+
+
+def machine_cpu_s() -> float:
+    """Every core's busy time since boot (user, nice, system, irq, softirq, steal), in seconds."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    result: dict = {"benchmark": "repro_time", "commit": head, "cores": os.cpu_count()}
+    result: dict = {"benchmark": "repro_time", "commit": head, "cpu": cpu_kernels.cpu(), "cores": os.cpu_count(),
+                    "load_average_before": os.getloadavg()}
+    machine_before, children_before = machine_cpu_s(), children_cpu_s()
     if args.analyse:
         clone = args.analyse.resolve()
         result.update(total_s=args.total_s, install_s=None, how="analysed a run made by hand: git clone, make repro")
@@ -96,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
             timings[target] = time.perf_counter() - started
         result.update(total_s=round(sum(timings.values()), 1), install_s=round(timings["install"], 1),
                       how="git clone, make install, make repro")
+    if not args.analyse:
+        other = (machine_cpu_s() - machine_before) - (children_cpu_s() - children_before)
+        result.update(other_cpu_s=round(other, 1), load_average_after=os.getloadavg(),
+                      quiet=other < 0.02 * result["total_s"] * (os.cpu_count() or 1))
     result.update(analyse(clone))
     if result.get("total_s"):
         result["total_min"] = round(result["total_s"] / 60, 1)

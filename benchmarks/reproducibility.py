@@ -66,7 +66,7 @@ def one_run(features_dir: Path, variant: str, epochs: int, threads: int) -> dict
         training.train(features_dir, Path(out), variant, 0, cfg.model_for(variant), train_cfg)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         weights = torch.load(Path(out) / "last.pt", weights_only=True)["model"]
-        history = json.loads((Path(out) / "history.json").read_text())
+        history = json.loads((Path(out) / "curve.json").read_text())
     digest = hashlib.sha256()
     for name in sorted(weights):
         digest.update(weights[name].numpy().tobytes())

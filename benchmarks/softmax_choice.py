@@ -53,7 +53,7 @@ def main() -> None:
         load_before = os.getloadavg()
         started = time.perf_counter()
         metrics = train(args.features, out_dir, variant, int(seed), cfg.model_for(variant), train_cfg)
-        history = json.loads((out_dir / "history.json").read_text())
+        history = json.loads((out_dir / "curve.json").read_text())
         row = {"variant": variant, "softmax": softmax, "negatives": int(negatives) if softmax == "sampled" else None,
                "seed": int(seed), "max_epochs": train_cfg.max_epochs, "batch_size": train_cfg.batch_size,
                "learning_rate": train_cfg.learning_rate,

@@ -69,7 +69,7 @@ SPEC = ContextSpec(
           for name, kind, card, dim in PAPER_FEATURES)  # fmt: skip
 )
 MODEL = ModelConfig(d_model=128, n_blocks=4, n_heads=8, d_ff=256, dropout=0.1, max_set_size=MAX_SET)
-TRAIN = TrainConfig(batch_size=BATCH, learning_rate=1e-3, warmup_steps=200, device="cpu")
+TRAIN = TrainConfig(batch_size=BATCH, learning_rate=1e-3, lr_warmup_steps=200, device="cpu")
 
 
 def popularity_counts(n_items: int) -> torch.Tensor:

@@ -44,7 +44,7 @@ from prefect.client.orchestration import get_client
 from prefect.deployments import run_deployment
 from prefect.futures import as_completed
 
-from contextual_bert.config import load_config
+from contextual_bert.config import NOT_APPLICABLE, load_config
 from contextual_bert.data.sources import SOURCES
 from flows import one_line_errors
 from flows.infra import dvc_stages, remote
@@ -87,9 +87,16 @@ progress = logging.getLogger("flows.progress")
 
 
 def unit_summary(workdir: Path, key: str) -> str:
-    """A finished unit's line: its best validation CE, epochs, convergence and time (reports/train/)."""
+    """A finished unit's line: its best validation CE, epochs, convergence and time (reports/train/), or why this
+    data cannot train the model (its metrics.json, training.loop.not_applicable)."""
     variant, seed = key.rsplit("-", 1)
-    path = workdir / load_config(workdir / "params.yaml").paths.reports_dir / "train" / f"{variant}-s{seed}.json"
+    cfg = load_config(workdir / "params.yaml")
+    path = workdir / cfg.paths.reports_dir / "train" / f"{variant}-s{seed}.json"
+    try:
+        why = json.loads((workdir / cfg.run_dir(variant, int(seed)) / "metrics.json").read_text())[NOT_APPLICABLE]
+        return f"not trained: {why}"
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
     try:
         r = json.loads(path.read_text())
         return (f"best validation CE {r['best_val_cross_entropy']:.4f} at epoch {r['best_epoch']} of {r['epochs']}"

@@ -29,9 +29,6 @@ from pathlib import Path
 
 # Prefect's temporary API server gets 20 s to start, too few on a 2-core machine that is busy.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-# Its telemetry heartbeat writes the server's SQLite file while the flow does, and logs "database is locked"
-# tracebacks; nothing leaves this machine anyway.
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from contextual_bert.config import load_config  # noqa: E402
 from flows import one_line_errors  # noqa: E402
@@ -74,14 +71,43 @@ def mlflow_server_over(uri: str, experiment: str, log: Path):
 TABLE1_BLOCK = ("<!-- table1: reports/table1.md -->", "<!-- /table1 -->")  # README.md's copy of Table 1
 
 
+# The columns a reader compares; the full table (CIs, parameters, convergence, outfit dependence) stays in table1.md.
+COMPACT_COLUMNS = ("Model", "Cross-entropy", "Recall@1 %", "Recall@5 %", "FITB easy % [95% CI]",
+                   "Against its yardstick (CE)")
+
+
+def compact_table1(table1: str) -> str:
+    """Table 1's main table with COMPACT_COLUMNS only, and the lines after it that say what it means (the seed
+    SEs, the verdicts, the order), up to the next section."""
+    lines = table1.strip().splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("| Model |"))
+    cells = lambda line: [c.strip() for c in line.strip().strip("|").split("|")]  # noqa: E731
+    header = cells(lines[first])
+    missing = [c for c in COMPACT_COLUMNS if c not in header]
+    if missing:
+        raise ValueError(f"reports/table1.md: Table 1 has no column {missing[0]!r}")
+    keep = [header.index(c) for c in COMPACT_COLUMNS]
+    rows, i = [], first
+    while i < len(lines) and lines[i].startswith("|"):
+        row = cells(lines[i])
+        rows.append("| " + " | ".join("---" if i == first + 1 else row[k] for k in keep) + " |")
+        i += 1
+    after = []
+    for line in lines[i:]:
+        if line.startswith("## "):
+            break
+        after.append(line)
+    return "\n".join([*rows, *after]).strip()
+
+
 def readme_with_table1(readme: str, table1: str) -> str:
-    """README.md's text with the block between TABLE1_BLOCK's markers replaced by Table 1."""
+    """README.md's text with the block between TABLE1_BLOCK's markers replaced by Table 1's compact form."""
     start, end = TABLE1_BLOCK
     head, found, rest = readme.partition(start + "\n")
     _, found_end, tail = rest.partition(end)
     if not (found and found_end):
         raise ValueError(f"README.md has no block {start} ... {end}")
-    return head + start + "\n" + table1.strip() + "\n" + end + tail
+    return head + start + "\n" + compact_table1(table1) + "\n" + end + tail
 
 
 def sync_readme(workdir: Path) -> None:

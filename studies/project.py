@@ -27,6 +27,15 @@ def relocated(base: dict, root: Path) -> dict:
     return params
 
 
+def record(results: Path, key: str, value) -> None:
+    """`value` under `key` in a study's results file (one JSON object, an entry per run; keys like
+    `<run>/metrics`), the other entries kept: a study keeps one results file, its runs keyed in it."""
+    results = Path(results)
+    entries = json.loads(results.read_text()) if results.exists() else {}
+    entries[key] = value
+    results.write_text(json.dumps(dict(sorted(entries.items())), indent=1) + "\n")
+
+
 def override(params: dict, assignment: str) -> None:
     """`a.b.c=value` (value read as YAML) into params, whose sections must exist: a study's `--set`."""
     key, sep, value = assignment.partition("=")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import STRONG, TINY_MODEL, WEAK, TinyProject
+from helpers import PLAIN_TRAIN, STRONG, TINY_MODEL, WEAK, TinyProject
 
 # The tests mirror src/'s packages, in folders without __init__.py: a test that imports another's helpers
 # (`from test_training import new_model`) finds it in whichever folder it lies.
@@ -74,9 +74,10 @@ def _params(root: Path) -> dict:
             "batch_size": 128,
             "max_epochs": 3,
             "learning_rate": 0.003,
-            "warmup_steps": 10,
+            "lr_warmup_steps": 10,
             "device": "cpu",
             "num_threads": 1,  # the machine is shared: one thread per training avoids oversubscription
+            **PLAIN_TRAIN,
         },
         # The weak model: a learning rate that leaves it near its random initialisation. The strong one: epochs
         # enough to count better than popularity on validation (at 3 it does not: promotion would refuse it).

@@ -17,6 +17,9 @@ from flows.infra.net import free_port  # noqa: E402,F401 - the one free-port hel
 
 TINY_MODEL = {"d_model": 32, "n_blocks": 2, "n_heads": 4, "d_ff": 64, "dropout": 0.1, "max_set_size": 8}
 STRONG, WEAK = ("global_state", 0), ("none", 0)
+# The plain training the tests' small runs were written for: the full softmax, light weight decay, no bag
+# warm-up (params.yaml's recipe, TrainConfig's defaults, turns these on; a test of one of them sets it)
+PLAIN_TRAIN = {"weight_decay": 0.01, "softmax": "full", "bag_warmup_epochs": 0, "bag_warmup_check_steps": None}
 
 
 def with_registry_settings(cfg, model_name, variants, **promote_settings):

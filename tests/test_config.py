@@ -140,3 +140,39 @@ def test_id_dropout_is_set_per_attribute_model_only():
     for bad in ("often", 1.0, -0.1):
         with pytest.raises(ValueError, match="id_dropout"):
             Config.model_validate({"variants": {"none_attrs": {"id_dropout": bad}}})
+
+
+# The project's tables in params.yaml, not defaults: the paper's feature dims, each source's attributes, the
+# per-model overrides and the sweep's lists; and the switch that encodes them (off by default: a new source
+# declares its attributes first)
+PROJECT_TABLES = {"features.embedding_dims", "features.article_attributes", "features.article_features", "variants",
+                  "sweep.variants", "sweep.grids"}
+
+
+def test_the_defaults_are_the_shipped_params():
+    def leaves(tree: dict, prefix: str = "") -> dict:
+        out = {}
+        for key, value in tree.items():
+            name = f"{prefix}{key}"
+            if isinstance(value, dict) and name not in PROJECT_TABLES:
+                out |= leaves(value, f"{name}.")
+            else:
+                out[name] = value
+        return out
+
+    defaults = leaves(Config().model_dump(mode="json", by_alias=True))
+    shipped = leaves(load_config(REPO / "params.yaml").model_dump(mode="json", by_alias=True))
+    assert defaults.keys() == shipped.keys()
+    differing = {k: (defaults[k], shipped[k]) for k in defaults if defaults[k] != shipped[k] and k not in PROJECT_TABLES}
+    assert not differing
+
+
+def test_a_renamed_setting_is_refused_naming_its_new_key(tmp_path):
+    from contextual_bert.config import TrainConfig
+
+    path = tmp_path / "params.yaml"
+    path.write_text("train:\n  warmup_steps: 100\n")
+    with pytest.raises(ContextualBertError, match=r"params\.yaml: train\.warmup_steps is now train\.lr_warmup_steps$"):
+        load_config(path)
+    assert TrainConfig.RENAMED == {"warmup_steps": "lr_warmup_steps"} and "lr_warmup_steps" in TrainConfig.model_fields
+

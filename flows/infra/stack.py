@@ -133,7 +133,7 @@ def prefect_server_command(port: int, scheduler: bool = True) -> list[str]:
 
 
 def prefect_server_env(pg: Postgres, home: Path) -> dict[str, str]:
-    return {"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    return {"PREFECT_HOME": str(home),
             "PREFECT_API_DATABASE_CONNECTION_URL": pg.url("prefect", "asyncpg")}
 
 

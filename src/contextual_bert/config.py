@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from contextual_bert.errors import ContextualBertError
 
@@ -37,6 +37,9 @@ VARIANTS = ("none", "concat", "new_position", "global_state", "global_state_upda
 BASELINE_MODELS = ("bag_of_items", "bag_of_items_context")  # learned baselines, trained by the same code
 CONTEXT_FREE = ("none", "bag_of_items")  # the models that read no customer context (and their "_attrs" twins)
 NOT_APPLICABLE = "not_applicable"  # a run's metrics.json key: this data cannot train the model, and why
+# A run directory's files (Config.run_dir): the best checkpoint, the resume state, the training curve (a row per
+# epoch) and the run's result
+CHECKPOINT_FILE, LAST_FILE, CURVE_FILE, METRICS_FILE = "checkpoint.pt", "last.pt", "curve.json", "metrics.json"
 # Every model again with article attributes (issue 14): "<model>_attrs" reads the catalogue's attributes
 # (features.article_attributes) beside the article ids. Named models of their own, so DVC matrix keys, run
 # directories, reports and MLflow runs never mix them with the paper's rows.
@@ -47,13 +50,10 @@ InitEmbeddings = Literal["random", "cooccurrence"]  # how the article-id embeddi
 InitOutput = Literal["random", "counts"]  # how the logits start: random, or as the counts (count_start.py)
 # an "_attrs" model's id dropout: a rate, or "auto", the validation articles' share without an id (training.id_dropout_rate)
 IdDropout = Annotated[float, Field(ge=0, lt=1)] | Literal["auto"]
-# train settings added after runs were recorded, at the value those runs had: a run at it keeps its old key
-LATER_SETTINGS = {"init_embeddings": "random", "init_output": "random", "rare_id_decay": 0.0, "softmax": "full",
-                  "negatives": 1024, "history_dropout": 0.0, "bag_warmup_epochs": 0, "bag_warmup_check_steps": None}
 Softmax = Literal["full", "sampled"]  # the training loss's output layer (training.NegativeSampler)
 ATTRIBUTE_MODELS = tuple(m + ATTRIBUTES_SUFFIX for m in VARIANTS + BASELINE_MODELS)
 MODELS = VARIANTS + BASELINE_MODELS + ATTRIBUTE_MODELS
-Variant = Literal[MODELS]  # a model name, as pydantic validates it (Literal[("a", "b")] is Literal["a", "b"])
+Variant = Literal[MODELS]  # type: ignore[valid-type]  # a model name, as pydantic validates it (Literal[("a", "b")] is Literal["a", "b"])
 
 
 def uses_attributes(model: str) -> bool:
@@ -101,7 +101,7 @@ class GenerateConfig(Section):
     customer_taste_strength: float = Field(1.0, ge=0)
     sizes: dict[str, GeneratorSize] = {
         "tiny": GeneratorSize(n_outfits=2_000, n_articles=400, n_customers=300),
-        "default": GeneratorSize(n_outfits=8_000, n_articles=800, n_customers=2_000),
+        "default": GeneratorSize(n_outfits=6_000, n_articles=600, n_customers=1_500),
         "paper": GeneratorSize(n_outfits=380_000, n_articles=30_000, n_customers=100_000),
     }
 
@@ -207,8 +207,8 @@ class FeaturesConfig(Section):
     split: Literal["hash", "time"] = "hash"
     history: HistoryConfig = HistoryConfig()
     min_article_count: int = Field(1, ge=1)
-    val_fraction: float = Field(0.045, gt=0, lt=0.5)
-    test_fraction: float = Field(0.045, gt=0, lt=0.5)
+    val_fraction: float = Field(0.08, gt=0, lt=0.5)
+    test_fraction: float = Field(0.08, gt=0, lt=0.5)
     split_seed: int = 0
     numeric_buckets: int = Field(10, ge=2)
     max_multi_values: int = Field(8, ge=1)
@@ -241,7 +241,7 @@ class ModelConfig(Section):
     # (model.other_articles_mean, the bag of items' own state): "input", every position's input also gets the
     # mean of the outfit's other articles' input vectors; "output", the head state at a predicted position gets
     # the mean of the other articles' (tied) output vectors, so the logits start as a tied bag of items' and
-    # the encoder learns what a bag cannot. "none" in checkpoints from before it existed.
+    # the encoder learns what a bag cannot.
     bag_path: Literal["none", "input", "output"] = "none"
     # How a model reads features.history; nothing without it (docs/history.md, "How a model reads it", for the
     # measurements behind the defaults). history_pooling: its share of c, the "mean" of the history's article
@@ -258,11 +258,6 @@ class ModelConfig(Section):
     # (model.readers.AttributeOverlap)
     attribute_overlap: bool = True
 
-    @field_validator("bag_path", mode="before")
-    @classmethod
-    def _bag_path_from_bool(cls, value):  # the first runs of issue 45 wrote true (the input path) / false
-        return {True: "input", False: "none"}.get(value, value) if isinstance(value, bool) else value
-
     @model_validator(mode="after")
     def _heads_divide_d_model(self):  # found at load, not at the first training's model build
         if self.d_model % self.n_heads:
@@ -271,18 +266,19 @@ class ModelConfig(Section):
 
 
 class TrainConfig(Section):
+    RENAMED: ClassVar[dict[str, str]] = {"warmup_steps": "lr_warmup_steps"}  # an old name -> its new one: refused
     # each at least once, never twice (a stage per variant and seed); the "_attrs" models only when listed
     variants: Annotated[list[Variant], Field(min_length=1), AfterValidator(_distinct)] = [*VARIANTS, *BASELINE_MODELS]
     seeds: Annotated[list[int], Field(min_length=1), AfterValidator(_distinct)] = [0, 1, 2]
-    batch_size: int = Field(256, ge=1)
-    max_epochs: int = Field(20, ge=1)
-    learning_rate: float = Field(4e-3, gt=0)
-    weight_decay: float = Field(0.01, ge=0)
-    warmup_steps: int = Field(50, ge=0)
+    batch_size: int = Field(64, ge=1)
+    max_epochs: int = Field(32, ge=1)
+    learning_rate: float = Field(2e-3, gt=0)
+    weight_decay: float = Field(0.3, ge=0)
+    lr_warmup_steps: int = Field(200, ge=0)  # the learning rate's linear warm-up (not the bag's: bag_warmup_*)
     schedule: Literal["cosine", "linear", "constant"] = "cosine"  # after warm-up, down to min_lr_fraction
     min_lr_fraction: float = Field(0.0, ge=0, le=1)  # ... of learning_rate, reached at max_epochs
     grad_clip: float = Field(1.0, ge=0)  # global gradient norm; 0: no clipping
-    patience: int = Field(3, ge=1)
+    patience: int = Field(5, ge=1)
     # the epoch's validation reads at most this many validation outfits, a fixed evenly spaced sample (0: all),
     # and its training probe at most probe_outfits training outfits: on a large catalogue both rank every
     # article, and would otherwise cost more than the epoch's sampled-softmax training (docs/decisions.md)
@@ -311,7 +307,7 @@ class TrainConfig(Section):
     # The training loss's softmax: over every article (full), or over the step's masked targets plus
     # `negatives` articles drawn by popularity, shared by the batch, with the log-Q correction
     # (training.NegativeSampler; docs/sampled_softmax.md). Evaluation always ranks every article.
-    softmax: Softmax = "full"
+    softmax: Softmax = "sampled"
     negatives: int = Field(1024, ge=1)  # sampled: popularity draws per step (with replacement)
     # models with features.history: the share of a training outfit's history articles a step leaves out, so
     # that a history is read as tastes, not as a fingerprint of the customer whose training outfits the model
@@ -322,12 +318,12 @@ class TrainConfig(Section):
     # (ContextualBert.bag_state), w = 1 in epoch 1 falling linearly to 0 at epoch N + 1; from then on, and in
     # every evaluation, the model is the paper's. On weak-signal data the encoder otherwise stays at popularity
     # (docs/encoder_recipe.md).
-    bag_warmup_epochs: int = Field(0, ge=0)
+    bag_warmup_epochs: int = Field(2, ge=0)
     # With a number S the warm-up runs only for an encoder that is stuck: at the end of the first epoch with at
     # least S steps, the outfit dependence on validation (ranking.STUCK_BELOW, Table 1's **stuck**) decides; a
     # stuck encoder gets the warm-up's N epochs from the next epoch on, any other trains on as the paper's
     # model, its training unchanged to the bit. None: the warm-up always runs, from epoch 1.
-    bag_warmup_check_steps: int | None = Field(None, ge=1)
+    bag_warmup_check_steps: int | None = Field(400, ge=1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # torch threads a training computes with: a recorded setting (a DVC param, part of the run's key), never the
     # machine's default, since the split of a reduction over threads changes its rounding (docs/reproducibility.md)
@@ -339,13 +335,19 @@ class TrainConfig(Section):
     # killed mid-epoch resumes where it stopped; the results do not depend on it
     checkpoint_every_s: float = Field(60.0, ge=0)
 
-    def read_by(self, model: str, exclude: set[str] = frozenset()) -> dict:
+    @model_validator(mode="before")
+    @classmethod
+    def _no_old_names(cls, values: object) -> object:
+        for old in cls.RENAMED.keys() & (values.keys() if isinstance(values, dict) else set()):
+            raise ValueError(f"train.{old} is now train.{cls.RENAMED[old]}")
+        return values
+
+    def read_by(self, model: str, exclude: frozenset[str] | set[str] = frozenset()) -> dict:
         """The settings `model` trains with, as a dict: without ATTRIBUTE_SETTINGS for a model without
-        attributes, which never reads them, without ENCODER_SETTINGS for a bag, and without a LATER_SETTINGS entry at its earlier value, so a run's key
-        and logged params are what they were before the setting existed."""
+        attributes, which never reads them, without ENCODER_SETTINGS for a bag, and without `negatives` under
+        the full softmax."""
         skip = set(exclude) | (set() if uses_attributes(model) else set(ATTRIBUTE_SETTINGS))
         skip |= set(ENCODER_SETTINGS) if base_model(model) in BASELINE_MODELS else set()
-        skip |= {name for name, default in LATER_SETTINGS.items() if getattr(self, name) == default}
         if self.softmax == "full":  # the negatives are drawn by the sampled softmax only
             skip.add("negatives")
         return self.model_dump(mode="json", exclude=skip)
@@ -378,7 +380,7 @@ class SweepConfig(Section):
 
     seed: int = 0  # one of train.seeds: each setting trains train@<variant>-<seed>
     variants: list[Variant] = []  # empty: train.variants
-    grid: dict[SweepKey, list[SweepValue]] = {"learning_rate": [1e-3, 2e-3, 4e-3]}
+    grid: dict[SweepKey, list[SweepValue]] = {"learning_rate": [5e-4, 1e-3, 2e-3, 3e-3, 5e-3]}
     # a variant's own grid instead of `grid` (e.g. the bags of items, cheap to train, whose best rates lie
     # higher than the transformers'); the same keys
     grids: dict[Variant, dict[SweepKey, list[SweepValue]]] = {}
@@ -511,7 +513,7 @@ class Config(Section):
 
 
 def load_config(path: str | Path = "params.yaml") -> Config:
-    """Load and validate params.yaml; a missing file gives the defaults, a bad one a one-line error."""
+    """Load and validate params.yaml; a missing, unreadable or invalid file is a one-line error."""
     path = Path(path)
     if not path.exists():
         raise ContextualBertError(f"{path}: params file not found")

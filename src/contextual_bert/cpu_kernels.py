@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 PINNED = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"},
           "native": {}}
@@ -25,6 +26,20 @@ def pin(setting: str) -> bool:
     libraries will read it. The variables are set either way (a process it starts reads them)."""
     os.environ.update(PINNED[setting])
     return "torch" not in sys.modules
+
+
+def cpu() -> dict[str, str]:
+    """The CPU's vendor and model as Linux names them (/proc/cpuinfo; empty where there is none): the bits of a
+    training hold per CPU model (docs/reproducibility.md), so claims and fixtures name it."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    return {"vendor": _first(lines, "vendor_id"), "model": _first(lines, "model name")}
+
+
+def _first(lines: list[str], key: str) -> str:
+    return next((line.split(":", 1)[1].strip() for line in lines if line.split(":", 1)[0].strip() == key), "")
 
 
 def in_effect() -> dict:

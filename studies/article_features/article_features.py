@@ -2,12 +2,12 @@
 wrote (features.article_features on), evaluate them and compare with both popularity baselines.
 
     python studies/article_features/article_features.py --params params.yaml --models none none_attrs \
-        --combine sum concat --id-dropout 0 0.5 --max-epochs 20 --out studies/article_features/planted.json
+        --combine sum concat --id-dropout 0 0.5 --max-epochs 20 --run planted
 
 Each (model, combine, id dropout) trains one seed with the params' recipe (train_for(model), max_epochs overridden) by
 the library's own training loop, and is evaluated by the evaluate stage's code (`evaluate_run`); "combine"
 and "id dropout" (variants.<model>_attrs.id_dropout; default: the params') only matter for "_attrs" models
-(model.ArticleAttributes: sum vs concat + projection; ArticleAttributes.ids). Writes one JSON:
+(model.ArticleAttributes: sum vs concat + projection; ArticleAttributes.ids). Records one entry (--run) in the study's results.json:
 per run the best validation cross-entropy, epochs, seconds, and the test metrics (all / known / unseen
 targets, bootstrap intervals); and the two popularity baselines' test metrics.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import sys
 import os
 import tempfile
 import time
@@ -29,6 +30,9 @@ from contextual_bert.evaluation.evaluate import evaluate_attribute_popularity, e
 from contextual_bert.data.feature_store import load_article_vocab, load_catalogue, load_spec, load_split
 from contextual_bert.model import build_model, count_paper_parameters
 from contextual_bert.training import fit
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `studies.project`: studies/ is a folder of scripts, not an installed package
+from studies.project import record  # noqa: E402
 
 PARTS = ("test", "test_known", "test_unseen")
 KEEP = ("n_cases", "n_outfits", "n_unknown_targets", "cross_entropy", "recall@1", "recall@5", "recall@10", "mrr")
@@ -74,7 +78,9 @@ def main() -> None:
                         help="id_dropout values for the _attrs models (default: the params')")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-epochs", type=int, default=20)
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--run", required=True, help="the run's key in the results file")
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"),
+                        help="the results file (default: the study's results.json)")
     parser.add_argument("--keep", type=Path, default=None, help="keep the runs' checkpoints here (default: not kept)")
     args = parser.parse_args()
     cfg = load_config(args.params)
@@ -104,17 +110,15 @@ def main() -> None:
                                                              "sum" if combine == "-" else combine, args.seed,
                                                              args.max_epochs, run_dir, id_dropout)
                 result = evaluate_run(features_dir, run_dir, tmp / f"{run_dir.name}.json", cfg.evaluate)
-                history = json.loads((run_dir / "history.json").read_text())
+                history = json.loads((run_dir / "curve.json").read_text())
                 report["runs"][name] = {
                     "best_val_cross_entropy": metrics["best_val_cross_entropy"], "best_epoch": metrics["best_epoch"],
                     "epochs": metrics["epochs"], "converged": metrics["converged"], "seconds": round(seconds, 1),
                     "counted_parameters": counted, "all_parameters": n_all,
                     "val_curve": [round(r["val_cross_entropy"], 4) for r in history], **summary(result)}
                 print(name, json.dumps(report["runs"][name]["test"]), flush=True)
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps(report, indent=2))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
+                record(args.out, args.run, report)
+    record(args.out, args.run, report)
 
 
 if __name__ == "__main__":

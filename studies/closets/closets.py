@@ -6,22 +6,21 @@ history). Today's recipe, as it is: the starting point of the research issue.
 
 A project of its own under --workdir (studies/project.py): the repository's params.yaml, then settings.yaml's
 keys, then each --set. Without --train only the data stages, the baseline and the optimum run (minutes), and
---out gets yardsticks.json / yardsticks.md and the data's ingest report; with --train the trainings, their
-evaluations (each row's verdict against its yardstick) and the report too, and --out gets table1.md and
-metrics.json. --written runs no data stage: it reads what an earlier call with the same settings wrote in --workdir
+the results file (--out, default the study's results.json) gets `yardsticks` (with the data's ingest report; its
+table printed); with --train the trainings, their evaluations (each row's verdict against its yardstick) and the
+report too, and the results file gets `table1` (one string a line), `metrics` and `seconds`. --written runs no data stage: it reads what an earlier call with the same settings wrote in --workdir
 (with --train: trains on that data).
 
     # the data, the yardsticks and the optimum (minutes)
-    python studies/closets/closets.py --workdir /tmp/closets --out studies/closets
+    python studies/closets/closets.py --workdir /tmp/closets
     # + the Table 1, on the data the call above wrote
-    python studies/closets/closets.py --workdir /tmp/closets --out studies/closets --train --written
+    python studies/closets/closets.py --workdir /tmp/closets --train --written
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -30,7 +29,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scripts, not an installed package
-from studies.project import Project, override, relocated  # noqa: E402
+from studies.project import Project, override, record, relocated  # noqa: E402
 
 DATA_STAGES = ("ingest", "validate", "features", "baseline", "optimum")
 YARDSTICKS = ("popularity", "popularity_attribute", "popularity_history", "optimum_no_context", "optimum_context",
@@ -72,11 +71,11 @@ def write_yardsticks(project: Project, out: Path, assignments: list[str]) -> dic
     result = {"set": assignments, "ingest": json.loads((raw / "ingest_report.json").read_text()),
               "features": {k: manifest[k] for k in ("rows", "split", "unknown_items") if k in manifest},
               "rows": yardsticks(project), "seconds": project.timings}  # fmt: skip
-    (out / "yardsticks.json").write_text(json.dumps(result, indent=2) + "\n")
+    record(out, "yardsticks", result)
     lines = ["# Planted closets: the yardsticks and the exact optimum (test split)", "",
              f"Settings: {', '.join(assignments)}.", "",
              "Every row on the same test cases: the targets in the training vocabulary (the attribute-aware popularity "
-             "ranks the whole catalogue; its numbers on all targets are in yardsticks.json, test_all).", "",
+             "ranks the whole catalogue; its numbers on all targets are in results.json's yardsticks, test_all).", "",
              "| Row | Test cases | Cross-entropy [95% CI] | Recall@1 % | Recall@5 % | Recall@10 % | Recall@250 % "
              "| MRR |",
              "|---|---|---|---|---|---|---|---|"]
@@ -88,7 +87,6 @@ def write_yardsticks(project: Project, out: Path, assignments: list[str]) -> dic
         ce = f"{t['cross_entropy']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
         lines.append(f"| {name} | {t['n_cases']:,} | {ce} | {100 * t['recall@1']:.2f} | {100 * t['recall@5']:.2f} | "
                      f"{100 * t['recall@10']:.2f} | {100 * t['recall@250']:.2f} | {t['mrr']:.4f} |")
-    (out / "yardsticks.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return result
 
@@ -98,7 +96,7 @@ def main() -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a params override")
     parser.add_argument("--params", type=Path, default=REPO / "params.yaml")
     parser.add_argument("--workdir", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, default=HERE / "results.json", help="the results file")
     parser.add_argument("--train", action="store_true", help="also train and evaluate train.variants x train.seeds "
                         "and write the report (hours of CPU)")
     parser.add_argument("--jobs", type=int, default=2, help="trainings at a time")
@@ -117,10 +115,9 @@ def main() -> int:
     project = Project(args.workdir, relocated(params, args.workdir), args.threads)
     if args.reuse or args.written:
         project.check_reusable()
-    args.out.mkdir(parents=True, exist_ok=True)
     if args.written:
-        before = args.out / "yardsticks.json"
-        project.timings = json.loads(before.read_text())["seconds"] if before.exists() else {}
+        before = json.loads(args.out.read_text()).get("yardsticks", {}) if args.out.exists() else {}
+        project.timings = before.get("seconds", {})
     for stage in () if args.written else DATA_STAGES:
         project.stage(stage)
     write_yardsticks(project, args.out, assignments)
@@ -128,9 +125,10 @@ def main() -> int:
         runs = [(v, s) for v in params["train"]["variants"] for s in params["train"]["seeds"]]
         project.train_and_evaluate(runs, args.jobs, args.reuse)
         project.stage("report")
-        for name in ("table1.md", "metrics.json"):
-            shutil.copyfile(project.path("reports_dir") / name, args.out / name)
-        (args.out / "seconds.json").write_text(json.dumps(project.timings, indent=2) + "\n")
+        reports = project.path("reports_dir")
+        record(args.out, "table1", (reports / "table1.md").read_text().splitlines())
+        record(args.out, "metrics", json.loads((reports / "metrics.json").read_text()))
+        record(args.out, "seconds", project.timings)
     return 0
 
 

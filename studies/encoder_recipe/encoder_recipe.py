@@ -27,7 +27,7 @@ paired bootstrap of the test cross-entropy against the bag of items (models of i
 popularity (models with attributes). The recipe is chosen on validation; test only pairs.
 
     python studies/encoder_recipe/encoder_recipe.py --kind planted_hidden --size 20000 --recipes old bag \
-        --models none none_attrs --yardsticks bag_of_items --jobs 2 --out studies/encoder_recipe/x.json
+        --models none none_attrs --yardsticks bag_of_items --jobs 2 --run x
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scripts, not an installed package
-from studies.project import Project, relocated  # noqa: E402
+from studies.project import Project, record, relocated  # noqa: E402
 
 from contextual_bert.evaluation.bootstrap import OUTFITS_KEY, paired_difference  # noqa: E402
 from contextual_bert.config import uses_attributes  # noqa: E402
@@ -133,7 +133,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/encoder_recipe"))
     parser.add_argument("--seed", type=int, default=0, help="the recipes' models' seed (the yardsticks: seed 0)")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--run", required=True, help="the run's key in the results file")
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"),
+                        help="the results file (default: the study's results.json)")
     args = parser.parse_args()
 
     base = yaml.safe_load((REPO / "params.yaml").read_text())
@@ -202,8 +204,7 @@ def main() -> int:
         "runs": {k: {kk: vv for kk, vv in r.items() if kk != "_result"} for k, r in rows.items()},
         "seconds": round(time.perf_counter() - started, 1),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2))
+    record(args.out, args.run, out)
     print(json.dumps({k: (v["val"]["cross_entropy"], v["val"]["outfit_dependence"]) for k, v in out["runs"].items()}))
     return 0
 

@@ -8,19 +8,23 @@ same run (model and seed) at that revision: per model, the mean of the seeds' di
 seeds, the comparison that the shared seeds allow (the test rows above are unpaired).
 
     python studies/encoder_recipe/table1_change.py --before HEAD:reports/metrics.json --after reports/metrics.json \
-        --out studies/encoder_recipe/default_table1_change.json
+        --run default_table1_change
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import statistics
 import subprocess
 from pathlib import Path
 
 from contextual_bert.evaluation.report_stats import compare
 from contextual_bert.evaluation.table1 import LABELS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `studies.project`: studies/ is a folder of scripts, not an installed package
+from studies.project import record  # noqa: E402
 
 METRICS = (("cross_entropy", False), ("recall@1", True), ("recall@5", True), ("outfit_dependence", True))
 
@@ -76,14 +80,15 @@ def main() -> int:
     parser.add_argument("--before", required=True)
     parser.add_argument("--after", required=True)
     parser.add_argument("--runs-before", metavar="REV", help="pair the runs' validation CE with this revision's")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--run", required=True, help="the run's key in the results file")
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"),
+                        help="the results file (default: the study's results.json)")
     args = parser.parse_args()
     rows = change(load(args.before), load(args.after))
     report = {"before": args.before, "after": args.after, "rows": rows}
     if args.runs_before:
         report["validation_paired_by_seed"] = paired_runs(args.runs_before)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
+    record(args.out, args.run, report)
     print("| Model | CE before | after | better by (SE) | recall@1 % before | after | better by, pts (SE) |")
     print("|---|---|---|---|---|---|---|")
     for model, row in rows.items():

@@ -5,23 +5,23 @@ Two projects of their own under --workdir (studies/project.py), on the same data
 yardsticks: popularity, popularity + own history, the bag of items + c with history, and where the data's
 optimum is known its three rows); one with history off, for the --compare models only. Each compared model
 with history is paired with itself without, on the same test outfits: the paired bootstrap of the
-difference of their seed means (bootstrap.paired_difference). Written to --out: table1.md and metrics.json
-(history on), comparison.json and comparison.md.
+difference of their seed means (bootstrap.paired_difference). Recorded in the results file (--out, default the
+study's results.json) under --run: <run>/table1 (one string a line) and <run>/metrics (history on),
+<run>/comparison; its table printed.
 
-    python studies/history/history.py --out studies/history/default --workdir /tmp/history-default
+    python studies/history/history.py --run default --workdir /tmp/history-default
     python studies/history/history.py --set ingest.source=planted --set planted.customer_taste_strength=4 \\
-        --set planted.n_outfits=24000 --set planted.n_customers=6000 --out studies/history/planted_4 --workdir /tmp/history-planted-4
+        --set planted.n_outfits=24000 --set planted.n_customers=6000 --run planted_4 --workdir /tmp/history-planted-4
     python studies/history/history.py --pair /tmp/history-planted-8-attrs-attention /tmp/history-planted-8-attrs \\
-        --compare global_state_attrs --seeds 0 --out studies/history/readers/pairs/planted_8_attention.json
-    python studies/history/history.py --curve studies/history/planted_2_attrs studies/history/planted_4_attrs_seed0 \\
-        studies/history/planted_8_attrs --compare global_state_attrs --out studies/history/planted_curve_attrs
+        --compare global_state_attrs --seeds 0 --run readers/pairs/planted_8_attention
+    python studies/history/history.py --curve planted_2_attrs planted_4_attrs_seed0 planted_8_attrs \\
+        --compare global_state_attrs --run planted_curve_attrs
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -29,7 +29,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scripts, not an installed package
-from studies.project import Project, override, relocated  # noqa: E402
+from studies.project import Project, override, record, relocated  # noqa: E402
 
 from contextual_bert.evaluation.bootstrap import OUTFITS_KEY, mean_record, paired_difference  # noqa: E402
 from contextual_bert.evaluation.table1 import LABELS  # noqa: E402
@@ -77,31 +77,32 @@ def compare(on: Project, off: Project, model: str, seeds: list[int]) -> dict:
     return out
 
 
-def pair_settings(candidate: Path, base: Path, out: Path, model: str, seeds: list[int]) -> None:
+def pair_settings(candidate: Path, base: Path, out: Path, run: str, model: str, seeds: list[int]) -> None:
     """No training: `model` with history trained by two studies under other settings (their --workdir, e.g.
-    model.history_pooling attention against mean), paired on the same test outfits; written to out (.json)."""
+    model.history_pooling attention against mean), paired on the same test outfits; recorded as `run` in the results file `out`."""
     def project(root: Path) -> Project:
         return Project(root / "history", yaml.safe_load((root / "history" / "params.yaml").read_text()), 1)
 
     result = {"candidate": str(candidate), "base": str(base), "model": model, "seeds": seeds,
               **paired(project(candidate), project(base), model, seeds, names=("candidate", "base"))}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    record(out, run, result)
     print(json.dumps(result, indent=2))
 
 
-def curve(points: list[Path], out: Path, model: str = "global_state") -> None:
-    """The gap to the optimum with history over outfits per customer: one comparison.json per point (its
-    planted.n_outfits / planted.n_customers read from its settings), written to out (.json and .md). The points
+def curve(points: list[str], out: Path, run: str, model: str = "global_state") -> None:
+    """The gap to the optimum with history over outfits per customer: one <point>/comparison of the results file
+    `out` per point (its planted.n_outfits / planted.n_customers read from its settings), recorded there as
+    <run>/curve (its table printed). The points
     may hold the outfits fixed (fewer customers) or the customers (more outfits): the table says which."""
     rows = []
+    results = json.loads(out.read_text())
     for point in points:
-        result = json.loads((point / "comparison.json").read_text())
+        result = results[f"{point}/comparison"]
         settings = dict(a.split("=", 1) for a in result["set"])
         per_customer = int(settings["planted.n_outfits"]) / int(settings["planted.n_customers"])
         refs, c = result["references_cross_entropy"], result["compared"][model]["cross_entropy"]
         rows.append({"outfits_per_customer": per_customer, "outfits": int(settings["planted.n_outfits"]),
-                     "customers": int(settings["planted.n_customers"]), "point": str(point), model: c,
+                     "customers": int(settings["planted.n_customers"]), "point": point, model: c,
                      "references": refs,
                      "gap_with_history": c["with_history"] - refs["optimum_history"],
                      "gap_without_history": c["without"] - refs["optimum_context"],
@@ -111,8 +112,7 @@ def curve(points: list[Path], out: Path, model: str = "global_state") -> None:
     rows.sort(key=lambda r: r["outfits_per_customer"])
     gaps = [r["gap_with_history"] for r in rows]
     summary = {"model": model, "points": rows, "gap_shrinks": all(b < a for a, b in zip(gaps, gaps[1:]))}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "curve.json").write_text(json.dumps(summary, indent=2))
+    record(out, f"{run}/curve", summary)
     label = LABELS.get(model, model)
     lines = [f"# {label} with history on planted data, over outfits per customer", "",
              (f"| outfits per customer | outfits | customers | {label} + history | without | better by [95% paired CI] | "
@@ -128,11 +128,10 @@ def curve(points: list[Path], out: Path, model: str = "global_state") -> None:
                      f"{r['history_missed']:.3f} of {r['history_in_the_optimum']:.3f} |")
     lines += ["", f"Gap to the optimum with history shrinks as outfits per customer grow: "
                   f"**{'yes' if summary['gap_shrinks'] else 'no'}**."]
-    (out / "curve.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
-def ablation(project_root: Path, models: list[str], out: Path, lengths=(0, 5, 10, 20, 50)) -> None:
+def ablation(project_root: Path, models: list[str], out: Path, run: str, lengths=(0, 5, 10, 20, 50)) -> None:
     """How much a trained history model leans on the history: its cross-entropy on (every fifth) training
     outfit and on the test outfits with each history cut to its first k articles (k = 0: none). A model that
     gains on training outfits and loses on test ones has learnt customers by heart."""
@@ -164,8 +163,8 @@ def ablation(project_root: Path, models: list[str], out: Path, lengths=(0, 5, 10
                                                             torch.full_like(history, PAD_INDEX))
                 metrics, _ = evaluate_split(model, data, cfg, torch.device("cpu"))
                 result[name][split][str(k)] = metrics["cross_entropy"]
-    out.write_text(json.dumps({"project": str(project_root), "items_in_their_history": shares,
-                               "history_articles_kept": list(lengths), "cross_entropy": result}, indent=2))
+    record(out, run, {"project": str(project_root), "items_in_their_history": shares,
+                      "history_articles_kept": list(lengths), "cross_entropy": result})
     print(json.dumps(result, indent=2))
 
 
@@ -190,21 +189,22 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--reuse", action="store_true", help="keep the models an earlier call with the same settings "
                         "trained in --workdir (evaluated again); train only the runs it lacks")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--curve", type=Path, nargs="+", help="no training: the curve over these points' --out")
+    parser.add_argument("--run", required=True, help="the run's key in the results file")
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"), help="the results file")
+    parser.add_argument("--curve", nargs="+", help="no training: the curve over these runs of the results file")
     parser.add_argument("--pair", type=Path, nargs=2, metavar=("CANDIDATE", "BASE"),
-                        help="no training: the --compare model with history in two studies' --workdir, paired, to --out (.json)")
+                        help="no training: the --compare model with history in two studies' --workdir, paired, as --run")
     parser.add_argument("--ablate", type=Path, help="no training: ablation() of this trained history project's "
-                                                    "--compare models, to --out (a .json file)")
+                                                    "--compare models, as --run")
     args = parser.parse_args()
     if args.curve:
-        curve(args.curve, args.out, args.compare[0])
+        curve(args.curve, args.out, args.run, args.compare[0])
         return 0
     if args.pair:
-        pair_settings(*args.pair, args.out, args.compare[0], args.seeds)
+        pair_settings(*args.pair, args.out, args.run, args.compare[0], args.seeds)
         return 0
     if args.ablate:
-        ablation(args.ablate, [f"{m}-s{s}" for m in args.compare for s in args.seeds[:1]], args.out)
+        ablation(args.ablate, [f"{m}-s{s}" for m in args.compare for s in args.seeds[:1]], args.out, args.run)
         return 0
     if args.workdir is None:
         parser.error("--workdir is required to train")
@@ -226,20 +226,21 @@ def main() -> int:
     off = run_project(args.workdir / "no_history", off_params, [(v, s) for v in args.compare for s in args.seeds],
                       args.jobs, args.threads, args.reuse)
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name in ("table1.md", "metrics.json"):
-        shutil.copyfile(on.path("reports_dir") / name, args.out / name)
+    reports = on.path("reports_dir")
+    record(args.out, f"{args.run}/table1", (reports / "table1.md").read_text().splitlines())
+    record(args.out, f"{args.run}/metrics", json.loads((reports / "metrics.json").read_text()))
     comparison = {model: compare(on, off, model, args.seeds) for model in args.compare}
     references = {name: eval_of(on, name)["test"]["cross_entropy"] for name in
                   ("popularity", "popularity_history", "optimum_history", "optimum_context", "optimum_no_context")
                   if (on.path("reports_dir") / "eval" / f"{name}.json").exists()
                   and eval_of(on, name).get("known") is not False}
     seconds = {"history": on.timings, "no_history": off.timings}
-    if args.reuse and (args.out / "comparison.json").exists():
-        kept_timings(json.loads((args.out / "comparison.json").read_text())["seconds"], seconds)
+    before = json.loads(args.out.read_text()).get(f"{args.run}/comparison") if args.out.exists() else None
+    if args.reuse and before:
+        kept_timings(before["seconds"], seconds)
     result = {"set": args.set, "seeds": args.seeds, "compared": comparison, "references_cross_entropy": references,
               "seconds": seconds}
-    (args.out / "comparison.json").write_text(json.dumps(result, indent=2))
+    record(args.out, f"{args.run}/comparison", result)
     lines = [f"# With and without history ({', '.join(args.set) or 'params.yaml'}; time split; seeds {args.seeds})", "",
              "| Model | CE with history | CE without | better by [95% paired CI] | recall@5 % with | without | "
              "better by, pts [95% CI] | converged (with) |", "|---|---|---|---|---|---|---|---|"]
@@ -251,7 +252,6 @@ def main() -> int:
                      f"{sum(x is not None for x in c['converged'])}/{len(c['converged'])} |")
     lines += ["", "Yardsticks (test CE, the same cases): " + ", ".join(
         f"{LABELS.get(k, k).lower()} {v:.3f}" for k, v in references.items())]
-    (args.out / "comparison.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

@@ -49,6 +49,7 @@ from contextual_bert.evaluation.counts import HISTORY_WEIGHTS
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))  # studies.project, studies.sparse_recipe
+from studies.project import record  # noqa: E402
 from studies.sparse_recipe.sparse_recipe import KINDS  # noqa: E402  (the data kinds' settings, one place)
 
 HISTORY_ON = ["features.split=time", "features.history.enabled=true"]
@@ -121,9 +122,9 @@ def parse_data(parser: argparse.ArgumentParser) -> argparse.Namespace:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     data_arguments(parser)
-    parser.add_argument("--out", type=Path, help="default studies/history_counts/<kind or name>.json")
+    parser.add_argument("--out", type=Path, default=HERE / "results.json",
+                        help="the results file; the entry's key: the kind or --name")
     args = parse_data(parser)
-    args.out = args.out or HERE / f"{args.name}.json"
 
     outfits = pd.read_parquet(args.data / "features" / "outfits.parquet")
     dates = pd.read_parquet(args.data / "validated" / "outfits.parquet", columns=["outfit_id", "date"])
@@ -196,8 +197,7 @@ def main() -> int:
                                 "gain_over_recent_once_50": float((log_prob - reference).mean()),
                                 "gain_ci": [-x for x in diff["cross_entropy"]][::-1]}
     result["rows"]["popularity"] = {"test_cross_entropy": float(-np.log(test_pop).mean())}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    record(args.out, args.name, result)
     print(json.dumps(result["rows"], indent=1))
     return 0
 

@@ -46,6 +46,7 @@ from contextual_bert.model import HistoryRepeat
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 from studies.history_counts.history_counts import data_arguments, parse_data  # noqa: E402
+from studies.project import record  # noqa: E402
 
 LEVELS = HistoryRepeat.WORN_LEVELS
 MAX_SET_SIZE = 8
@@ -146,8 +147,7 @@ def main() -> int:
                 "test_cross_entropy": float(-log_prob.mean()), "test_ci": ci["cross_entropy"],
                 "gain_over_the_yardstick": float((log_prob - reference).mean()), "gain_ci": diff["gain"]}
         result["rows"][f"{base_name} (no history)"] = {"test_cross_entropy": float(-test.log_base.mean())}
-    out = HERE / f"repeat_shapes_{args.name}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    record(HERE / "results.json", f"repeat_shapes_{args.name}", result)
     print(json.dumps(result["rows"], indent=1))
     return 0
 

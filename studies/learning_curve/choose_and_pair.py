@@ -7,7 +7,7 @@ bootstrap over the test outfits (bootstrap.py), which needs both projects to hol
 
     python studies/learning_curve/choose_and_pair.py --model bag_of_items_context_attrs --candidates /work/runs/bagc-*/n150000 \
         --against global_state_attrs --against-project /work/runs/gs/n150000 --label learning_rate \
-        --out result.json --plot curves.png
+        --run result --plot curves.png
 
 A project is a folder with the params.yaml its stages ran with; `--label` names the setting the candidates
 differ in (variants.<model>.<label>), read from each project's params.yaml.
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import yaml
@@ -24,6 +25,9 @@ from learning_curve import CONTEXT_FREE
 
 from contextual_bert.evaluation.bootstrap import OUTFITS_KEY, paired_difference
 from contextual_bert.config import base_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `studies.project`: studies/ is a folder of scripts, not an installed package
+from studies.project import record  # noqa: E402
 
 METRICS = ("cross_entropy", "recall@5")
 LOWER_IS_BETTER = {"cross_entropy": True, "recall@5": False}
@@ -34,10 +38,10 @@ def read_run(project: Path, model: str, seed: int, label: str | None) -> dict:
     run = f"{model}-s{seed}"
     params = yaml.safe_load((project / "params.yaml").read_text())
     models, evals = Path(params["paths"]["models_dir"]), Path(params["paths"]["reports_dir"]) / "eval"
-    for path in (models / run / "history.json", models / run / "metrics.json", evals / f"{run}.json"):
+    for path in (models / run / "curve.json", models / run / "metrics.json", evals / f"{run}.json"):
         if not path.is_file():
             raise SystemExit(f"{path}: missing (has {run} been trained and evaluated in {project}?)")
-    history = json.loads((models / run / "history.json").read_text())
+    history = json.loads((models / run / "curve.json").read_text())
     trained = json.loads((models / run / "metrics.json").read_text())  # the training's own best epoch
     best = next(epoch for epoch in history if epoch["epoch"] == trained["best_epoch"])
     evaluation = json.loads((evals / f"{run}.json").read_text())
@@ -94,7 +98,9 @@ def main() -> int:
     parser.add_argument("--against-project", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--label", help="the variants.<model> key the candidates differ in (e.g. learning_rate)")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--run", required=True, help="the run's key in the results file")
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"),
+                        help="the results file (default: the study's results.json)")
     parser.add_argument("--plot", type=Path, help="a PNG of every run's validation curve")
     args = parser.parse_args()
 
@@ -115,8 +121,7 @@ def main() -> int:
         "paired_test": {"what": f"{against['run']} against the chosen {chosen['run']}, positive: "
                                 f"{against['run']} better; paired bootstrap over the test outfits", **paired},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    record(args.out, args.run, result)
     if args.plot:
         plot(result["candidates"], result["against"], args.plot)
     print(json.dumps({"chosen": result["chosen"], "setting": chosen["setting"],

@@ -17,9 +17,9 @@ of epochs, so 4x the batch takes a quarter of the steps.
 Trainings of one size run --jobs at a time, one torch thread each (on 2 CPU cores two one-thread trainings
 run at nearly twice the throughput of one two-thread training).
 
-Writes --out (default studies/learning_curve/ids/): learning_curve.json and learning_curve.png, and the largest
-size's Table 1 (the pipeline's own `report` stage, with the optimum rows) as table1.md. Each size's
-project stays under --workdir.
+Records in the results file (--out, default the study's results.json) <run>/learning_curve (--run, default ids)
+and the largest size's Table 1 (the pipeline's own `report` stage, with the optimum rows; one string a line) as
+<run>/table1; --plot draws the curve. Each size's project stays under --workdir.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import sys
 from pathlib import Path
 
@@ -35,7 +34,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scripts, not an installed package
-from studies.project import Project, relocated  # noqa: E402
+from studies.project import Project, record, relocated  # noqa: E402
 
 from contextual_bert.evaluation.bootstrap import OUTFITS_KEY, paired_difference  # noqa: E402
 from contextual_bert.config import base_model  # noqa: E402
@@ -167,23 +166,25 @@ def main() -> int:
                              "epochs)")
     parser.add_argument("--params", type=Path, default=REPO / "params.yaml")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/contextual-bert-learning-curve"))
-    parser.add_argument("--out", type=Path, default=REPO / "studies" / "learning_curve" / "ids")
+    parser.add_argument("--run", default="ids", help="the run's key in the results file")
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"), help="the results file")
+    parser.add_argument("--plot", type=Path, default=None, help="a .png of the gaps (default: none)")
     args = parser.parse_args()
 
     base = yaml.safe_load(args.params.read_text())
-    args.out.mkdir(parents=True, exist_ok=True)
     points = []
     for size in sorted(args.sizes):
         points.append(run_size(base, args.workdir, size, args.variants, args.seed, args.threads, args.jobs,
                                args.step_budget or None))
         reports = args.workdir / f"n{size}" / Path(base["paths"]["reports_dir"])
-        shutil.copyfile(reports / "table1.md", args.out / "table1.md")  # the largest size so far
+        record(args.out, f"{args.run}/table1", (reports / "table1.md").read_text().splitlines())  # the largest so far
         result = {"variants": args.variants, "seed": args.seed, "step_budget": args.step_budget or None,
                   "points": points,
                   "gap_shrinks": {v: all(a["variants"][v]["gap_to_optimum"] > b["variants"][v]["gap_to_optimum"]
                                           for a, b in zip(points, points[1:])) for v in args.variants}}
-        (args.out / "learning_curve.json").write_text(json.dumps(result, indent=2))  # after every size
-        plot(points, args.variants, args.out / "learning_curve.png")
+        record(args.out, f"{args.run}/learning_curve", result)  # after every size
+        if args.plot:
+            plot(points, args.variants, args.plot)
         print(json.dumps({"n_outfits": size, **{v: points[-1]["variants"][v] for v in args.variants}}), flush=True)
     return 0
 

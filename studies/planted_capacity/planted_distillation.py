@@ -13,13 +13,14 @@ reports, measured the same way (`evaluation.evaluate_split`, the same cases). A 
 model's says the architecture is not what holds it back; a gap near it says it is.
 
     python studies/planted_capacity/planted_distillation.py --project <planted project> --variant none_attrs --epochs 4 \
-        --out studies/planted_capacity/distillation_none_attrs_4epochs.json
+        --run distillation_none_attrs_4epochs
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -34,6 +35,9 @@ from contextual_bert.data.feature_store import load_article_vocab, load_catalogu
 from contextual_bert.model import build_model
 from contextual_bert.evaluation.optimum import optimum_from_features
 from contextual_bert.training import lr_factor, make_optimizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `studies.project`: studies/ is a folder of scripts, not an installed package
+from studies.project import record  # noqa: E402
 
 
 def mask_one(items: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,7 +77,9 @@ def mean_kl(model, teacher, data, batch: int, generator: torch.Generator) -> flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--project", type=Path, required=True, help="a planted project (data/raw, data/features)")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--run", required=True, help="the run's key in the results file")
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"),
+                        help="the results file (default: the study's results.json)")
     parser.add_argument("--variant", default="none_attrs")
     parser.add_argument("--epochs", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=64)
@@ -137,8 +143,7 @@ def main() -> None:
         "test": {"model": test_model, "optimum": test_optimum,
                  "gap_to_optimum": test_model["cross_entropy"] - test_optimum["cross_entropy"]},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, default=str))
+    record(args.out, args.run, json.loads(json.dumps(result, default=str)))
     print("test", round(test_model["cross_entropy"], 4), "optimum", round(test_optimum["cross_entropy"], 4))
 
 

@@ -18,13 +18,14 @@ so a small fitted KL says the head is not what holds a model back, and a large o
 head's cost (with the fit's curve to show whether it had stopped falling).
 
     python studies/planted_capacity/softmax_bottleneck.py --project <planted project> --outfits 1500 --widths 32 128 512 \
-        --out studies/planted_capacity/softmax_bottleneck.json
+        --run softmax_bottleneck
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -35,6 +36,9 @@ from contextual_bert.config import ModelConfig
 from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
 from contextual_bert.data.feature_store import load_split
 from contextual_bert.evaluation.optimum import optimum_from_features
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `studies.project`: studies/ is a folder of scripts, not an installed package
+from studies.project import record  # noqa: E402
 
 
 def optimum_cases(optimum, items: torch.Tensor, context: dict, batch: int = 2048) -> torch.Tensor:
@@ -83,7 +87,9 @@ def fit_head(log_p: torch.Tensor, mask: torch.Tensor | None, width: int, steps: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--project", type=Path, required=True, help="a planted project (data/raw, data/features)")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--run", required=True, help="the run's key in the results file")
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"),
+                        help="the results file (default: the study's results.json)")
     parser.add_argument("--split", default="val")
     parser.add_argument("--outfits", type=int, default=1500, help="validation outfits sampled (each gives 4-8 cases)")
     parser.add_argument("--widths", type=int, nargs="+", default=[32, 128, 512])
@@ -109,8 +115,7 @@ def main() -> None:
                 print(name, label, width, flush=True)
                 fits[f"{label} d={width}"] = fit_head(log_p, mask, width, args.steps, args.lr, args.seed)
         result["optima"][name] = {"n_cases": len(log_p), "fits": fits, "seconds": round(time.time() - started, 1)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    record(args.out, args.run, result)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ some of them by replacing a method of the model (the head, the output layer) for
     python studies/planted_diagnostics/planted_diagnostics.py base --features /tmp/contextual-bert-learning-curve/n50000/data/features
     python studies/planted_diagnostics/planted_diagnostics.py nohead --head none --features ...
 
-Writes <out>/<name>/history.json (validation and training-sample cross-entropy per epoch) and prints it;
+Writes <out>/<name>/curve.json (validation and training-sample cross-entropy per epoch) and prints it;
 with --test also <out>/<name>/test.json, as the evaluate stage writes it (pairable with the pipeline's runs).
 Measured: studies/planted_diagnostics/ (findings.md).
 """
@@ -122,7 +122,7 @@ def main() -> None:
     model_cfg = ModelConfig(d_model=128, n_blocks=args.blocks, n_heads=8, d_ff=256, dropout=args.dropout,
                             max_set_size=8)
     train_cfg = TrainConfig(batch_size=args.batch, max_epochs=args.epochs, learning_rate=args.lr, weight_decay=0.01,
-                            warmup_steps=200, patience=args.epochs, num_threads=1, device="cpu",
+                            lr_warmup_steps=200, patience=args.epochs, num_threads=1, device="cpu",
                             mask_token_prob=args.mask_token_prob, random_token_prob=args.random_token_prob)
     torch.manual_seed(args.seed)
     model = build_model(model_cfg, args.variant, n_items, spec)
@@ -162,7 +162,7 @@ def main() -> None:
     if args.init_embeddings == "cooccurrence":
         init_from_cooccurrence(model, train.items)
     fit(model, train, val, train_cfg, args.out / args.name, args.seed)
-    history = json.loads((args.out / args.name / "history.json").read_text())
+    history = json.loads((args.out / args.name / "curve.json").read_text())
     for row in history:
         print(args.name, row["epoch"], f"val {row['val_cross_entropy']:.4f} train {row['train_cross_entropy']:.4f}")
     if args.test:  # the best epoch's weights, into this process's (patched) model

@@ -19,13 +19,14 @@ iterations). Fitting the right family is the best case for a learner of this dat
 optimum is about what the data allows, not what a recipe gets wrong.
 
     python studies/planted_latent_class/planted_latent_class.py --project /tmp/contextual-bert-learning-curve/n150000 \
-        --classes 16 64 128 --alphas 1 0.3 --max-iter 80 --out studies/planted_latent_class/n150000.json
+        --classes 16 64 128 --alphas 1 0.3 --max-iter 80 --run n150000
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -39,6 +40,9 @@ from contextual_bert.data.feature_spec import N_SPECIAL
 from contextual_bert.data.feature_store import load_split
 from contextual_bert.evaluation.optimum import optimum_from_features
 from contextual_bert.data.planted.tastes import load_truth
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `studies.project`: studies/ is a folder of scripts, not an installed package
+from studies.project import record  # noqa: E402
 
 
 def item_matrix(items: torch.Tensor, n_items: int) -> sp.csr_matrix:
@@ -130,7 +134,9 @@ def fit(kind: str, x, val, n_items, n_classes, item_type, alpha, seed, max_iter,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--project", type=Path, required=True, help="a planted project (data/raw, data/features)")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--run", required=True, help="the run's key in the results file")
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"),
+                        help="the results file (default: the study's results.json)")
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.3, 1.0, 3.0])
     parser.add_argument("--classes", type=int, nargs="+", default=None, help="K to try; default: the truth's")
     parser.add_argument("--max-iter", type=int, default=60)
@@ -164,8 +170,7 @@ def main() -> None:
             "curves": {f"K={c} alpha={a}": r["curve"] for _, (c, a), r in fits}, "seconds": round(time.time() - start, 1),
         }
         print(kind, "test", round(metrics["cross_entropy"], 4), "optimum", round(result["optimum_no_context_test"], 4))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    record(args.out, args.run, result)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ a vocabulary of at least 3,000 articles), and the seconds of each stage (the opt
 
     .venv/bin/python studies/planted_optimum/planted_optimum.py [--sizes 24000 150000] [--workdir DIR]
 
-Writes studies/planted_optimum/optimum_check.json (--out).
+Records the result as `optimum_check` in studies/planted_optimum/results.json (--out).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +25,9 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scripts, not an installed package
+from studies.project import record  # noqa: E402
+
 REQUIRED = {"min_vocabulary": 3000, "below_popularity": 0.5, "below_no_context": 0.15}
 
 
@@ -75,7 +79,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[24_000, 150_000])
     parser.add_argument("--params", type=Path, default=REPO / "params.yaml")
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary folder")
-    parser.add_argument("--out", type=Path, default=REPO / "studies/planted_optimum/optimum_check.json")
+    parser.add_argument("--out", type=Path, default=REPO / "studies/planted_optimum/results.json")
     args = parser.parse_args()
     base = yaml.safe_load(args.params.read_text())
     with tempfile.TemporaryDirectory() as tmp:
@@ -87,8 +91,7 @@ def main() -> None:
         "points": points,
         "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    record(args.out, "optimum_check", result)
     print(json.dumps([{k: p[k] for k in ("n_outfits", "gaps", "fair_test", "seconds")} for p in points], indent=2))
 
 

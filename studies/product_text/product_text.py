@@ -2,16 +2,16 @@
 cases, unseen targets apart.
 
     python studies/product_text/product_text.py --without <params: attributes without text> --with <params: the same plus
-        text attributes> --models none_attrs global_state_attrs --seeds 0 1 2 --out <dir>
+        text attributes> --models none_attrs global_state_attrs --seeds 0 1 2 --out <dir> --run <name>
 
 Both params files must describe the same data and split (their features stages already run: only the declared
 article attributes differ). Each (params, model, seed) trains by the pipeline's own `training.train` and is
 evaluated by the evaluate stage's `evaluate_run` (FITB included); then, per model, the runs with text are paired
 with those without on the same test outfits (bootstrap.paired_difference over the mean of the seeds' per-outfit
-sums), for all targets, the targets with an id embedding (known) and those without (unseen). Writes
-<out>/results.json; the runs' evaluation JSONs under <out>/eval/.
+sums), for all targets, the targets with an id embedding (known) and those without (unseen). Records the report
+as --run in the study's results.json (--results); the runs' evaluation JSONs under <out>/eval/.
 
-    python studies/product_text/product_text.py --summarize <out>/results.json ...   # the tables, as markdown
+    python studies/product_text/product_text.py --summarize <run> ...   # results.json's runs' tables, as markdown
 """
 
 from __future__ import annotations
@@ -33,6 +33,11 @@ from contextual_bert.data.feature_store import load_catalogue, load_split
 from contextual_bert.evaluation.fitb import PROTOCOLS, answer, split_questions
 from contextual_bert.model import load_checkpoint
 from contextual_bert.training import train
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `studies.project`: studies/ is a folder of scripts, not an installed package
+from studies.project import record  # noqa: E402
+
+RESULTS = Path(__file__).with_name("results.json")
 
 PARTS = ("all", "known", "unseen")
 PAIRED = ("cross_entropy", "recall@5", "recall@10", "fitb_easy", "fitb_hard")
@@ -96,15 +101,18 @@ def summary_table(reports: list[dict]) -> str:
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "--summarize":  # results.json files -> markdown tables
-        print(summary_table([json.loads(Path(p).read_text()) for p in sys.argv[2:]]))
+    if len(sys.argv) > 1 and sys.argv[1] == "--summarize":  # runs of the results file -> markdown tables
+        results = json.loads(RESULTS.read_text())
+        print(summary_table([results[run] for run in sys.argv[2:]]))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--without", type=Path, required=True, help="params: the attributes without text")
     parser.add_argument("--with", dest="with_", type=Path, required=True, help="params: the same plus text")
     parser.add_argument("--models", nargs="+", default=["none_attrs", "global_state_attrs"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="a work folder: the runs' evaluation JSONs")
+    parser.add_argument("--run", required=True, help="the report's key in --results")
+    parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args()
     configs = {"without_text": load_config(args.without), "with_text": load_config(args.with_)}
     report = {"params": {k: str(v) for k, v in (("without_text", args.without), ("with_text", args.with_))},
@@ -136,8 +144,7 @@ def main() -> None:
                         "fitb": {p: result["fitb"][p].get("accuracy") for p in PROTOCOLS}}
                     per_run.setdefault((arm, model_name), []).append(records(cfg, run_dir))
                     print(key, json.dumps(report["runs"][key]), flush=True)
-                    args.out.mkdir(parents=True, exist_ok=True)
-                    (args.out / "results.json").write_text(json.dumps(report, indent=2))
+                    record(args.results, args.run, report)
             for part in (*PARTS, "fitb_easy", "fitb_hard"):
                 metrics = [part] if part.startswith("fitb") else [m for m in PAIRED if not m.startswith("fitb")]
                 mean = {arm: mean_record([r[part] for r in per_run[(arm, model_name)]]) for arm in configs}
@@ -145,7 +152,7 @@ def main() -> None:
                     report["paired"].setdefault(model_name, {}).setdefault(part, {})[metric] = paired_difference(
                         mean["with_text"], mean["without_text"], metric)
         report["load_after"] = os.getloadavg()
-    (args.out / "results.json").write_text(json.dumps(report, indent=2))
+    record(args.results, args.run, report)
 
 
 if __name__ == "__main__":

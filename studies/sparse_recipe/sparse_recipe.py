@@ -2,25 +2,25 @@
 data and planted hidden tastes. One data project per data kind under --workdir (ingest -> validate -> features
 [-> baseline], through the pipeline's CLI: studies/project.py), then one project per run that reads its features,
 trains one model (seed 0, one torch thread) and, with --evaluate, evaluates it (its verdict against its yardstick,
-the paired bootstrap on the test outfits). Each run's history.json and evaluation go to --out/<name>/.
+the paired bootstrap on the test outfits). Each run's curve, metrics, evaluation and settings go to the results
+file (--out, default the study's results.json) as runs/<name>/curve, .../metrics, .../evaluation, .../settings.
 
     # the closets (studies/closets/settings.yaml), [GS] with history, the sparse recipe
     python studies/sparse_recipe/sparse_recipe.py closets gs_recipe --data --set train.init_output=counts \
-        --set train.rare_id_decay=5 --evaluate --out /tmp/sparse_recipe_out
+        --set train.rare_id_decay=5 --evaluate
     # params.yaml's recipe on the same data
-    python studies/sparse_recipe/sparse_recipe.py closets gs_default --evaluate --out /tmp/sparse_recipe_out
+    python studies/sparse_recipe/sparse_recipe.py closets gs_default --evaluate
     # without history (another features folder: --dset)
     python studies/sparse_recipe/sparse_recipe.py closets gs_no_history --dset features.history.enabled=false \
-        --data --set train.init_output=counts --set train.rare_id_decay=5 --evaluate --out /tmp/sparse_recipe_out
+        --data --set train.init_output=counts --set train.rare_id_decay=5 --evaluate
 
-The runs of findings.md are in runs/<name>/ (history.json, evaluation.json, settings.json: the recipe each ran).
+The runs of findings.md are results.json's runs/<name>/* entries (settings: the recipe each ran).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -29,7 +29,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scripts, not an installed package
 from studies.closets.closets import settings as closet_settings  # noqa: E402
-from studies.project import Project, override, relocated  # noqa: E402
+from studies.project import Project, override, record, relocated  # noqa: E402
 from contextual_bert.evaluation.bootstrap import KNOWN_OUTFITS_KEY, OUTFITS_KEY, paired_difference  # noqa: E402
 
 DATA_DIRS = ("raw_dir", "validated_dir", "quarantine_dir", "features_dir", "source_fingerprint")
@@ -52,14 +52,15 @@ def params_for(data_root: Path, root: Path, assignments: list[str]) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("kind", choices=sorted(KINDS))
-    parser.add_argument("name", help="the run's name (its folder under --workdir/runs and --out)")
+    parser.add_argument("name", help="the run's name (its folder under --workdir/runs, its key in --out)")
     parser.add_argument("--variant", default="global_state")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="the run's params override")
     parser.add_argument("--dset", action="append", default=[], metavar="KEY=VALUE", help="the data's params override")
     parser.add_argument("--data", action="store_true", help="run the data stages first (and the baseline)")
     parser.add_argument("--evaluate", action="store_true")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/sparse_recipe"))
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"),
+                        help="the results file")
     args = parser.parse_args()
 
     data_assignments = KINDS[args.kind]() + args.dset
@@ -71,11 +72,10 @@ def main() -> int:
     root = args.workdir / "runs" / args.name
     project = Project(root, params_for(data_root, root, data_assignments + args.set))
     project.stage("train", "--variant", args.variant, "--seed", "0")
-    out = args.out / args.name
-    out.mkdir(parents=True, exist_ok=True)
+    key = f"runs/{args.name}"
     run = project.path("models_dir") / f"{args.variant}-s0"
-    for name in ("history.json", "metrics.json"):
-        shutil.copyfile(run / name, out / name)
+    for name in ("curve", "metrics"):
+        record(args.out, f"{key}/{name}", json.loads((run / f"{name}.json").read_text()))
     if args.evaluate:
         project.stage("evaluate", "--variant", args.variant, "--seed", "0")
         result = json.loads((project.path("reports_dir") / "eval" / f"{args.variant}-s0.json").read_text())
@@ -90,11 +90,11 @@ def main() -> int:
                 keep["known_against_popularity_history"] = {
                     "model": result["test_known"]["cross_entropy"], "yardstick": count["test"]["cross_entropy"],
                     **paired_difference(result[KNOWN_OUTFITS_KEY], count[OUTFITS_KEY], "cross_entropy")}
-        (out / "evaluation.json").write_text(json.dumps(keep, indent=2) + "\n")
+        record(args.out, f"{key}/evaluation", keep)
     recipe = {k: project.params["train"][k] for k in RECIPE_KEYS}
     settings = {"data": data_assignments, "run": args.set, "recipe": recipe, "variant": args.variant,
                 "seconds": project.timings}
-    (out / "settings.json").write_text(json.dumps(settings, indent=2) + "\n")
+    record(args.out, f"{key}/settings", settings)
     return 0
 
 

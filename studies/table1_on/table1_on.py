@@ -2,10 +2,11 @@
 
 A project of its own under --workdir (studies/project.py) runs the pipeline's stages with params.yaml's
 settings and the --set overrides: ingest -> validate -> features -> baseline -> optimum -> train + evaluate
-(every train.variants model x train.seeds seed, --jobs at a time) -> report. Its Table 1 and the report's
-metrics are copied to --out.
+(every train.variants model x train.seeds seed, --jobs at a time) -> report. Its Table 1 (one string a line), the
+report's metrics and the command's settings go to the study's results.json as <run>/table1, <run>/metrics and
+<run>/settings.
 
-    python studies/table1_on/table1_on.py --set ingest.source=hm --out studies/table1_on/hm_sample --workdir /tmp/table1-hm
+    python studies/table1_on/table1_on.py --set ingest.source=hm --run hm_sample --workdir /tmp/table1-hm
 
 (`import_hm.source` in params.yaml names the H&M files: ../shared/data/hm_sample by default.)
 """
@@ -13,7 +14,7 @@ metrics are copied to --out.
 from __future__ import annotations
 
 import argparse
-import shutil
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scripts, not an installed package
-from studies.project import Project, override, relocated  # noqa: E402
+from studies.project import Project, override, record, relocated  # noqa: E402
 
 
 def main() -> int:
@@ -32,7 +33,8 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2, help="trainings at a time")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per training")
     parser.add_argument("--workdir", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--run", required=True, help="the run's key in the results file")
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"), help="the results file")
     args = parser.parse_args()
 
     base = yaml.safe_load(args.params.read_text())
@@ -46,15 +48,15 @@ def main() -> int:
     project.train_and_evaluate([(v, s) for v in train["variants"] for s in train["seeds"]], args.jobs)
     project.stage("report")
 
-    args.out.mkdir(parents=True, exist_ok=True)
     reports = project.path("reports_dir")
-    shutil.copyfile(reports / "table1.md", args.out / "table1.md")
-    shutil.copyfile(reports / "metrics.json", args.out / "metrics.json")
+    table1 = (reports / "table1.md").read_text()
+    record(args.out, f"{args.run}/table1", table1.splitlines())
+    record(args.out, f"{args.run}/metrics", json.loads((reports / "metrics.json").read_text()))
     git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
     commit = git.stdout.strip()
     settings = {"commit": commit or None, "set": args.set, "seconds": project.timings}
-    (args.out / "settings.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
-    print((args.out / "table1.md").read_text())
+    record(args.out, f"{args.run}/settings", settings)
+    print(table1)
     return 0
 
 

@@ -184,7 +184,7 @@ def test_a_run_trained_without_a_checkpoint_points_at_the_validation_split(tmp_p
 
     run = tmp_path / "none-s0"
     run.mkdir()
-    (run / "history.json").write_text(json.dumps([{"epoch": 1, "val_cross_entropy": float("inf")}]))
+    (run / "curve.json").write_text(json.dumps([{"epoch": 1, "val_cross_entropy": float("inf")}]))
     with pytest.raises(ContextualBertError, match=r"trained .* but no checkpoint was kept.*validation split") as info:
         evaluate_run(tmp_path, run, tmp_path / "x.json", EvaluateConfig())
     assert "train this run first" not in str(info.value)

@@ -75,7 +75,7 @@ def write_fake_runs(root, seeds=(0, 1, 2), variants=tuple(FAKE), with_outfits=Fa
             end = numbers["cross_entropy"]
             history = [{"epoch": e, "train_loss": end + 1.5 / e + 0.2, "val_cross_entropy": end + 1.5 / e - 0.3,
                         "learning_rate": 1e-3, "samples_per_s": 5000.0, "seconds": 3.0} for e in range(1, 5 + i)]
-            (run / "history.json").write_text(json.dumps(history))
+            (run / "curve.json").write_text(json.dumps(history))
     pop = _metrics(6.8, 0.01, 0.04)
     (root / "reports" / "eval" / "popularity.json").write_text(json.dumps(
         {"name": "popularity", "variant": "popularity", "seed": None, "parameters": 0, "test": pop, "val": pop,
@@ -211,7 +211,7 @@ def test_missing_eval_or_history_is_a_clear_error(tmp_path):
     with pytest.raises(DataError, match=r"new_position-s1\.json: evaluation result .*not found"):
         build_report(cfg)
     cfg = write_fake_runs(tmp_path / "again")
-    (tmp_path / "again" / "models" / "concat-s2" / "history.json").unlink()
+    (tmp_path / "again" / "models" / "concat-s2" / "curve.json").unlink()
     with pytest.raises(DataError, match=r"concat-s2/history\.json: training history"):
         build_report(cfg)
 
@@ -293,7 +293,7 @@ def test_attribute_models_are_read_against_the_attribute_aware_popularity(tmp_pa
             (evals / f"{variant}-s{seed}.json").write_text(json.dumps(result))
             run = tmp_path / "models" / f"{variant}-s{seed}"
             run.mkdir(parents=True)
-            (run / "history.json").write_text(json.dumps([{"epoch": 1, "train_loss": 5.0, "val_cross_entropy": 4.5}]))
+            (run / "curve.json").write_text(json.dumps([{"epoch": 1, "train_loss": 5.0, "val_cross_entropy": 4.5}]))
     reference = _metrics(5.0, 0.05, 0.2)
     (evals / "popularity_attribute.json").write_text(json.dumps(
         {"name": "popularity_attribute", "test": reference, "test_known": reference, "test_unseen": reference,
@@ -377,7 +377,7 @@ def test_history_section_pairs_an_attribute_model_with_the_yardstick_on_its_know
     (evals / "global_state_attrs-s0.json").write_text(json.dumps(result | {"test_known_outfits": fake_outfits(known)}))
     run = tmp_path / "models" / "global_state_attrs-s0"
     run.mkdir(parents=True)
-    (run / "history.json").write_text(json.dumps([{"epoch": 1, "train_loss": 5.0, "val_cross_entropy": 4.9}]))
+    (run / "curve.json").write_text(json.dumps([{"epoch": 1, "train_loss": 5.0, "val_cross_entropy": 4.9}]))
     build_report(cfg)
     section = (tmp_path / "reports" / "table1.md").read_text().split("## Does history help?")[1]
     assert "  - [GS] + attributes (known targets): cross-entropy better by +0.50 (paired bootstrap" in section

@@ -298,7 +298,7 @@ TINY_PARAMS = {
     "train.seeds": [0],
     "train.max_epochs": 12,  # enough to count better than popularity: promotion refuses a model that does not
     "train.batch_size": 128,
-    "train.warmup_steps": 10,
+    "train.lr_warmup_steps": 10,
     "model.d_model": 32,
     "model.n_blocks": 2,
     "model.n_heads": 4,

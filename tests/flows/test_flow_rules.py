@@ -141,3 +141,16 @@ def test_flows_that_drive_others_are_queued_apart_from_the_trainings():
     for name in trainings:
         assert deployments[name]["work_pool"]["work_queue_name"] == TRAIN_QUEUE, name
     assert set(deployments) == {"nightly", "training", "promotion", "sweep", *trainings}
+
+
+def test_a_model_the_data_cannot_train_is_said_in_one_plain_line(tmp_path):
+    """`make repro`'s line for a unit whose model this data cannot train: why, not a missing report."""
+    from contextual_bert.config import NOT_APPLICABLE
+    from flows.pipeline import unit_summary
+
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    run = tmp_path / "models" / "concat-s2"
+    run.mkdir(parents=True)
+    (run / "metrics.json").write_text(f'{{"{NOT_APPLICABLE}": "the data has no customers"}}')
+    assert unit_summary(tmp_path, "concat-2") == "not trained: the data has no customers"
+    assert unit_summary(tmp_path, "none-0").startswith("done (no training report at ")

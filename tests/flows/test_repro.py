@@ -8,6 +8,8 @@ import sqlite3
 import subprocess
 import sys
 
+import pytest
+
 from mlflow.tracking import MlflowClient
 
 from contextual_bert.registry.tracking import artifact_location
@@ -57,3 +59,14 @@ def test_the_readme_shows_the_table_the_pipeline_wrote():
     assert readme_with_table1(readme, table1) == readme, "README.md's Table 1 differs from reports/table1.md"
     changed = readme_with_table1(readme, table1.replace("| [None] |", "| [Nix] |"))
     assert changed != readme and "| [Nix] |" in changed  # the check can fail
+
+
+def test_the_readme_table_is_the_compact_one():
+    from flows.repro import COMPACT_COLUMNS, compact_table1
+
+    table1 = (REPO / "reports" / "table1.md").read_text()
+    compact = compact_table1(table1)
+    assert compact.splitlines()[0] == "| " + " | ".join(COMPACT_COLUMNS) + " |"
+    assert "(paper)" not in compact and "Outfit dependence" not in compact
+    with pytest.raises(ValueError, match="no column 'Recall@5 %'"):
+        compact_table1(table1.replace("Recall@5 %", "Recall at 5"))

@@ -158,7 +158,7 @@ def test_none_ignores_the_context():
     items = outfits_with_one_mask(8, size=4, length=8)
     with torch.no_grad():
         torch.testing.assert_close(bert.masked_logits(items, context(8, seed=1)), bert.masked_logits(items, None))
-    assert bert.context_encoder is None
+    assert bert.context_embedding is None
 
 
 def test_context_embedding_concatenates_features_and_averages_multi_values():
@@ -337,14 +337,15 @@ def test_bag_of_items_with_context_depends_on_it_and_round_trips(tmp_path):
 
 # (digest of the state_dict's keys and shapes, all parameters) of every model without attributes at SMALL,
 # N_ITEMS, SPEC, as the code built them before the attributes existed (commit fc7714f).
+# (digests since ContextEmbedding's attribute is context_embedding: the same layout, a submodule renamed)
 MODELS_BEFORE_ATTRIBUTES = {
     "none": ("8b989077c61f5328", 5281),
-    "concat": ("9c92c29f3d3a062d", 6255),
-    "new_position": ("bac1567f682d5533", 5727),
-    "global_state": ("53f65f7078151b1b", 6543),
-    "global_state_update": ("81df38ba36b912b7", 7647),
+    "concat": ("0df20d3cfe6f61ee", 6255),
+    "new_position": ("789d846384559178", 5727),
+    "global_state": ("790b1940d3d18438", 6543),
+    "global_state_update": ("36e37ec328f3aefd", 7647),
     "bag_of_items": ("dfc2d0c826207308", 1089),
-    "bag_of_items_context": ("05fed74e0cf5a037", 1535),
+    "bag_of_items_context": ("4e63b233df85c6a2", 1535),
 }
 ATTRIBUTES = ContextSpec((
     FeatureSpec("product_type", "categorical", "article", N_SPECIAL + 4, 4),
@@ -640,4 +641,18 @@ def test_output_bag_path_starts_the_logits_at_a_tied_bag_of_items():
         bag = torch.stack([e[row[(row >= N_SPECIAL)]].mean(0) for row in items]) * plain.input_scale
     # the logits differ by exactly the bag's score of every article: mean(e_others) . e_a (times sqrt(d))
     torch.testing.assert_close(difference[:, N_SPECIAL:], bag @ e[N_SPECIAL:].T, rtol=1e-4, atol=1e-5)
-    assert ModelConfig(bag_path=True).bag_path == "input" and ModelConfig(bag_path=False).bag_path == "none"
+
+
+def test_a_checkpoint_of_another_version_is_refused_naming_it(tmp_path):
+    from contextual_bert.model import CHECKPOINT_VERSION, save_checkpoint
+
+    model = ContextualBert(SMALL, "none", N_ITEMS, SPEC)
+    save_checkpoint(tmp_path / "checkpoint.pt", model, {"epoch": 1})
+    assert load_checkpoint(tmp_path / "checkpoint.pt")[1] == {"epoch": 1}
+    payload = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    for version in (None, CHECKPOINT_VERSION - 1):  # none: written before the version existed
+        torch.save({**payload, "version": version} if version else
+                   {k: v for k, v in payload.items() if k != "version"}, tmp_path / "old.pt")
+        with pytest.raises(ContextualBertError, match=rf"old\.pt: checkpoint version {version}: this code reads "
+                                                      rf"version {CHECKPOINT_VERSION} \(train the run again\)$"):
+            load_checkpoint(tmp_path / "old.pt")

@@ -12,6 +12,7 @@ from helpers import STRONG, WEAK, free_port, stop_process_group, wait_for_http
 from contextual_bert.config import Config, MlflowConfig
 from contextual_bert.registry.tracking import (
     RUN_FILE,
+    Retrying,
     artifact_location,
     client,
     directory_sha256,
@@ -91,7 +92,7 @@ def test_a_cli_training_is_one_finished_run_with_params_epochs_lineage_and_artif
     assert experiment.artifact_location == artifact_location(os.environ["MLFLOW_TRACKING_URI"], experiment.name)
     assert run.data.params == training_params(cfg, variant, seed)
 
-    history = json.loads((cfg.paths.models_dir / f"{variant}-s{seed}" / "history.json").read_text())
+    history = json.loads((cfg.paths.models_dir / f"{variant}-s{seed}" / "curve.json").read_text())
     for key in ("train_loss", "val_cross_entropy", "learning_rate"):
         logged = mlflow_client.get_metric_history(run.info.run_id, key)
         assert sorted(m.step for m in logged) == [row["epoch"] for row in history], key
@@ -114,7 +115,7 @@ def test_a_cli_training_is_one_finished_run_with_params_epochs_lineage_and_artif
     artifacts = {
         f.path for d in ("model", "features", "config") for f in mlflow_client.list_artifacts(run.info.run_id, d)
     }
-    assert {"model/checkpoint.pt", "model/history.json", "features/article_vocab.parquet",
+    assert {"model/checkpoint.pt", "model/curve.json", "features/article_vocab.parquet",
             "features/context_vocab.json", "features/customers.parquet", "features/spec.json",
             "config/params.resolved.json", "config/params.yaml"} <= artifacts  # fmt: skip
     assert {f.path for f in mlflow_client.list_artifacts(run.info.run_id, "eval")} == {f"eval/{variant}-s{seed}.json"}
@@ -159,7 +160,7 @@ def test_a_resumed_training_logs_to_the_same_run_and_a_changed_or_fresh_one_to_a
 
 def test_a_training_extended_by_more_epochs_logs_its_whole_history_in_its_new_run(tiny_project, tmp_path):
     """max_epochs changed: training resumes from last.pt, MLflow opens a run (a param changed) and the epochs
-    trained before are logged there from history.json."""
+    trained before are logged there from curve.json."""
     from contextual_bert.cli import main
 
     raw = yaml.safe_load(tiny_project.params.read_text())
@@ -229,3 +230,42 @@ def test_three_trainings_at_once_log_through_one_mlflow_server(tiny_project, tmp
             assert "model/checkpoint.pt" in {f.path for f in server_client.list_artifacts(run.info.run_id, "model")}
     finally:
         stop_process_group(server)
+
+
+class _Flaky:
+    """An MlflowClient stand-in whose `log_batch` fails as MLflow words a request that got no answer."""
+
+    tracking_uri = "http://127.0.0.1:1"
+
+    def __init__(self, failures: int, message: str):
+        self.failures, self.message, self.calls = failures, message, 0
+
+    def log_batch(self, run_id):
+        from mlflow.exceptions import MlflowException
+
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise MlflowException(self.message)
+        return run_id
+
+
+LOST = "API request to http://127.0.0.1:1/api/2.0/mlflow/runs/log-batch failed with exception '_MLFLOW_TELEMETRY_SESSION_ID'"
+
+
+def test_a_request_that_got_no_answer_is_tried_again():
+    inner = _Flaky(2, LOST)
+    assert Retrying(inner, delays_s=(0, 0, 0)).log_batch("r") == "r" and inner.calls == 3
+    assert Retrying(inner).tracking_uri == inner.tracking_uri
+
+
+def test_retries_end_and_an_answer_is_never_retried():
+    from mlflow.exceptions import MlflowException
+
+    inner = _Flaky(9, LOST)
+    with pytest.raises(MlflowException, match="failed with exception"):
+        Retrying(inner, delays_s=(0, 0)).log_batch("r")
+    assert inner.calls == 3
+    refused = _Flaky(1, "RESOURCE_DOES_NOT_EXIST: Run 'r' not found")
+    with pytest.raises(MlflowException, match="not found"):
+        Retrying(refused, delays_s=(0, 0)).log_batch("r")
+    assert refused.calls == 1

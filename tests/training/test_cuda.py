@@ -28,7 +28,7 @@ def test_training_on_cuda_learns_the_planted_signal_and_serves_on_the_cpu(tmp_pa
     cfg = PLANTED_TRAIN.model_copy(update={"device": "cuda", "softmax": softmax, "negatives": 16})  # of 38 articles
     metrics = fit(new_model("global_state"), train, val, cfg, tmp_path, seed=0)
     assert metrics["device"] == "cuda"
-    history = json.loads((tmp_path / "history.json").read_text())
+    history = json.loads((tmp_path / "curve.json").read_text())
     assert all(torch.isfinite(torch.tensor(row["train_loss"])) for row in history)
     best, _ = load_checkpoint(tmp_path / "checkpoint.pt")  # on the CPU, as serving loads it
     cases = case_ranks(best, test, 512, "cpu")
@@ -77,7 +77,7 @@ def test_a_killed_cuda_run_resumes_where_an_uninterrupted_one_ends(tmp_path):
             on_epoch_end=kill)  # fmt: skip
     resumed = new_model("global_state_update", seed=2, cfg=DROPOUT)
     fit(resumed, train, val, cfg, tmp_path / "resumed", seed=7)
-    history = [json.loads((tmp_path / run / "history.json").read_text()) for run in ("whole", "resumed")]
+    history = [json.loads((tmp_path / run / "curve.json").read_text()) for run in ("whole", "resumed")]
     assert [row["val_cross_entropy"] for row in history[0]] == [row["val_cross_entropy"] for row in history[1]]
     for name, value in whole.state_dict().items():
         assert torch.equal(value, resumed.state_dict()[name]), name

@@ -48,14 +48,16 @@ def planted_data():
 def child(out: Path, kill: str, checkpoint_every_s: float) -> None:
     """One training into `out`, SIGKILLed at `kill`: "none", "step:<n>" (before the n-th optimizer step of
     the process, counted from 1), "validation:<n>" (at its n-th validation pass) or "epoch_end:<n>" (after epoch
-    n's last.pt and history.json)."""
+    n's last.pt and curve.json)."""
     import contextual_bert.training as training
     from contextual_bert.config import ModelConfig, TrainConfig
     from contextual_bert.model import ContextualBert
 
     spec, n_items, train, val = planted_data()
-    cfg = TrainConfig(batch_size=32, max_epochs=3, learning_rate=3e-3, warmup_steps=5, patience=5, device="cpu",
-                      num_threads=1, checkpoint_every_s=checkpoint_every_s)
+    from helpers import PLAIN_TRAIN
+
+    cfg = TrainConfig(batch_size=32, max_epochs=3, learning_rate=3e-3, lr_warmup_steps=5, patience=5, device="cpu",
+                      num_threads=1, checkpoint_every_s=checkpoint_every_s, **PLAIN_TRAIN)
     if os.environ.get("WARMUP") == "1":  # the bag warm-up in epochs 1-2, its "before" kept in last.pt
         cfg = cfg.model_copy(update={"bag_warmup_epochs": 2, "bag_warmup_check_steps": None})
     what, _, at = kill.partition(":")
@@ -95,16 +97,16 @@ def run_child(out: Path, kill: str = "none", checkpoint_every_s: float = 0.0, en
 
 def outcome(out: Path) -> dict:
     """Everything a run leaves, less the timings: weights (best and last), optimizer, scheduler, random
-    streams, history and metrics."""
+    streams, curve and metrics."""
     last = torch.load(out / "last.pt", weights_only=True)
     best = torch.load(out / "checkpoint.pt", weights_only=True)
     metrics = json.loads((out / "metrics.json").read_text())
-    history = json.loads((out / "history.json").read_text())
+    curve = json.loads((out / "curve.json").read_text())
     return {
         "last": last["model"], "best": best["state_dict"], "best_meta": best["meta"],
         "optimizer": last["optimizer"], "scheduler": last["scheduler"], "random": last["random"],
-        "state": {k: v for k, v in last["state"].items() if k not in ("history", "seconds")},
-        "history": [{k: v for k, v in row.items() if k not in TIMINGS} for row in history],
+        "state": {k: v for k, v in last["state"].items() if k not in ("curve", "seconds")},
+        "curve": [{k: v for k, v in row.items() if k not in TIMINGS} for row in curve],
         "metrics": {k: v for k, v in metrics.items() if k != "seconds"},
     }
 
@@ -161,14 +163,14 @@ def test_a_run_killed_at_any_moment_resumes_bit_for_bit(tmp_path, uninterrupted,
 
 
 def test_a_run_killed_during_the_bag_warmup_resumes_bit_for_bit(tmp_path):
-    # last.pt then holds what the warm-up may have to give back (training.warmup.begin_warmup)
+    # last.pt then holds what the warm-up may have to give back (training.warmup.BagWarmup.begin)
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     assert run_child(whole, env={"WARMUP": "1"}) == 0
     assert run_child(killed, f"step:{STEPS_PER_EPOCH + 6}", 1e-9, env={"WARMUP": "1"}) == -signal.SIGKILL
-    assert "before" in torch.load(killed / "last.pt", weights_only=True)["state"]["bag_warmup"]
+    assert torch.load(killed / "last.pt", weights_only=True)["state"]["bag_warmup"]["before"] is not None
     assert run_child(killed, "none", 1e-9, env={"WARMUP": "1"}) == 0
     expected = outcome(whole)
-    assert [row["bag_weight"] for row in expected["history"]] == [1.0, 0.5, 0.0]
+    assert [row["bag_weight"] for row in expected["curve"]] == [1.0, 0.5, 0.0]
     assert_identical(expected, outcome(killed))
 
 

@@ -14,6 +14,7 @@ from contextual_bert.evaluation.ranking import case_ranks
 from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec, EncodedOutfits, FeatureSpec
 from contextual_bert.model import AttributeOverlap, ContextualBert, load_checkpoint
 from contextual_bert.training import LinearCrossEntropy, fit, length_batches, mask_items
+from helpers import PLAIN_TRAIN
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: a second thread only adds synchronisation
 
@@ -154,8 +155,8 @@ def test_the_cpu_loss_of_an_attribute_model_equals_the_plain_one_with_gradients(
 
 # --- the loop -------------------------------------------------------------------------------------------
 
-PLANTED_TRAIN = TrainConfig(batch_size=64, max_epochs=8, learning_rate=3e-3, warmup_steps=20, patience=8,
-                            device="cpu")  # fmt: skip
+PLANTED_TRAIN = TrainConfig(batch_size=64, max_epochs=8, learning_rate=3e-3, lr_warmup_steps=20, patience=8,
+                            device="cpu", **PLAIN_TRAIN)  # fmt: skip
 
 
 def test_training_on_a_planted_context_signal_learns_it(tmp_path):
@@ -167,7 +168,7 @@ def test_training_on_a_planted_context_signal_learns_it(tmp_path):
         model = new_model(variant)
         untrained = case_ranks(model, test, 512, "cpu")
         fit(model, train, val, PLANTED_TRAIN, tmp_path / variant, seed=0)
-        history = json.loads((tmp_path / variant / "history.json").read_text())
+        history = json.loads((tmp_path / variant / "curve.json").read_text())
         assert history[-1]["train_loss"] < history[0]["train_loss"] - 0.3
         best, _ = load_checkpoint(tmp_path / variant / "checkpoint.pt")
         cases = case_ranks(best, test, 512, "cpu")
@@ -193,7 +194,8 @@ def test_every_context_variant_learns_what_no_context_free_model_can(tmp_path, v
     assert metrics["recall@5"] > 0.95  # without it ~0.79: 3/4 + 1/4 * 5/32, the style item ranks uniformly among 32
 
 
-SHORT = TrainConfig(batch_size=32, max_epochs=3, learning_rate=3e-3, warmup_steps=5, patience=5, device="cpu")
+SHORT = TrainConfig(batch_size=32, max_epochs=3, learning_rate=3e-3, lr_warmup_steps=5, patience=5, device="cpu",
+                    **PLAIN_TRAIN)
 DROPOUT = TINY.model_copy(update={"dropout": 0.2})  # dropout draws from the global generator: resume restores it
 
 
@@ -218,7 +220,7 @@ def test_a_resumed_run_ends_where_an_uninterrupted_run_ends(tmp_path):
     assert logged == [2, 3]
     for name, value in whole.state_dict().items():
         assert torch.equal(value, resumed.state_dict()[name]), name
-    history = [json.loads((tmp_path / run / "history.json").read_text()) for run in ("whole", "resumed")]
+    history = [json.loads((tmp_path / run / "curve.json").read_text()) for run in ("whole", "resumed")]
     for key in ("epoch", "train_loss", "train_cross_entropy", "val_cross_entropy", "learning_rate"):
         assert [row[key] for row in history[0]] == [row[key] for row in history[1]], key
     for key in ("best_epoch", "best_val_cross_entropy", "epochs", "parameters"):
@@ -265,8 +267,8 @@ def test_a_finished_run_is_not_retrained_and_a_changed_one_restarts(tmp_path):
     train, val = planted(200, 0), planted(40, 1)
     first = fit(new_model("new_position"), train, val, SHORT, tmp_path, seed=0)
     files = {p.name for p in tmp_path.iterdir()}
-    assert {"checkpoint.pt", "last.pt", "history.json", "metrics.json"} <= files
-    row = json.loads((tmp_path / "history.json").read_text())[0]
+    assert {"checkpoint.pt", "last.pt", "curve.json", "metrics.json"} <= files
+    row = json.loads((tmp_path / "curve.json").read_text())[0]
     assert set(row) == {"epoch", "train_loss", "train_cross_entropy", "val_cross_entropy", "learning_rate",
                         "samples_per_s", "seconds"}  # fmt: skip
     assert json.loads((tmp_path / "metrics.json").read_text()) == first
@@ -279,7 +281,7 @@ def test_a_finished_run_is_not_retrained_and_a_changed_one_restarts(tmp_path):
     changed = SHORT.model_copy(update={"learning_rate": 1e-3})
     fit(new_model("new_position"), train, val, changed, tmp_path, seed=0, on_epoch_end=lambda e, r: calls.append(e))
     assert calls == [1, 2, 3]
-    assert json.loads((tmp_path / "history.json").read_text())[0]["train_loss"] != row["train_loss"]
+    assert json.loads((tmp_path / "curve.json").read_text())[0]["train_loss"] != row["train_loss"]
 
 
 def test_a_finished_run_of_other_code_is_trained_again(tmp_path, monkeypatch):
@@ -364,7 +366,7 @@ def test_the_bag_warmup_falls_from_one_to_zero_for_the_encoders_only(tmp_path):
     train, val = planted(60, 0), planted(20, 1)
     assert "bag_warmup_epochs" not in training.run_key(bag, cfg, 0, train, val, "cpu")["train"]
     assert training.run_key(encoder, cfg, 0, train, val, "cpu")["train"]["bag_warmup_epochs"] == 2
-    assert "bag_warmup_epochs" not in training.run_key(encoder, SHORT, 0, train, val, "cpu")["train"]
+    assert training.run_key(encoder, SHORT, 0, train, val, "cpu")["train"]["bag_warmup_epochs"] == 0
     trained = {}  # and fit trains with it: one epoch at weight 1 ends elsewhere than one without
     for name, train_cfg in (("off", SHORT), ("on", cfg)):
         model = new_model("concat")
@@ -384,7 +386,7 @@ def test_the_stuck_check_starts_the_warmup_only_for_an_encoder_that_does_not_rea
         monkeypatch.setattr(ranking, "STUCK_BELOW", threshold)
         model = new_model("global_state", cfg=DROPOUT)
         metrics = fit(model, train, val, checked, tmp_path / name, seed=3)
-        history = json.loads((tmp_path / name / "history.json").read_text())
+        history = json.loads((tmp_path / name / "curve.json").read_text())
         runs[name] = (model.state_dict(), metrics, history)
     plain = new_model("global_state", cfg=DROPOUT)
     fit(plain, train, val, SHORT.model_copy(update={"max_epochs": 5, "patience": 9}), tmp_path / "plain", seed=3)
@@ -403,9 +405,10 @@ def test_the_stuck_check_starts_the_warmup_only_for_an_encoder_that_does_not_rea
         assert torch.equal(value, runs["reads"][0][name]), name
     assert not torch.equal(plain.state_dict()["item_embeddings.weight"], runs["stuck"][0]["item_embeddings.weight"])
     # without check steps the warm-up runs from epoch 1, as before the check existed
-    assert training.bag_warmup_plan(checked.model_copy(update={"bag_warmup_check_steps": None}), plain) == {"from": 1}
-    assert training.bag_warmup_plan(checked, plain) is None
-    assert training.bag_warmup_plan(SHORT, plain) == {"from": None}
+    always = training.BagWarmup.at_start(checked.model_copy(update={"bag_warmup_check_steps": None}), plain)
+    assert (always.phase, always.start) == ("planned", 1)
+    assert training.BagWarmup.at_start(checked, plain).phase == "due"
+    assert training.BagWarmup.at_start(SHORT, plain) == training.BagWarmup(start=None)
     assert [training.bag_warmup_weight(checked, plain, epoch, 3) for epoch in (1, 2, 3, 4, 5)] == [0, 0, 1, 0.5, 0]
 
 
@@ -438,10 +441,10 @@ def test_a_warmup_that_does_not_lift_validation_gives_back_what_the_run_had_befo
 
     model = new_model("global_state", cfg=DROPOUT)
     metrics = fit(model, train, val, cfg, tmp_path, seed=3, on_epoch_end=keep)
-    history = json.loads((tmp_path / "history.json").read_text())
+    history = json.loads((tmp_path / "curve.json").read_text())
     last = torch.load(tmp_path / "last.pt", weights_only=True)
     assert [row["bag_weight"] for row in history] == [0.0, 0.0, 1.0, 0.5]
-    assert metrics["bag_warmup"]["lifted"] is lifts and "before" not in last["state"]["bag_warmup"]
+    assert metrics["bag_warmup"]["lifted"] is lifts and last["state"]["bag_warmup"]["before"] is None
     assert history[3]["bag_warmup_restored"] is (not lifts)
     same = [torch.equal(value, before["model"][name]) for name, value in model.state_dict().items()]
     if lifts:
@@ -525,7 +528,7 @@ def test_convergence_is_early_stopping_or_a_plateau_of_three_epochs():
 
 
 def test_the_learning_rate_warms_up_then_decays_to_its_floor():
-    cosine = TrainConfig(warmup_steps=4, schedule="cosine", min_lr_fraction=0.1)
+    cosine = TrainConfig(lr_warmup_steps=4, schedule="cosine", min_lr_fraction=0.1)
     factor = training.lr_factor(cosine, total_steps=14)
     assert [factor(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
     decay = [factor(s) for s in range(4, 15)]
@@ -536,12 +539,12 @@ def test_the_learning_rate_warms_up_then_decays_to_its_floor():
     assert linear(9) == pytest.approx(0.5) and linear(14) == pytest.approx(0.0)
     constant = training.lr_factor(cosine.model_copy(update={"schedule": "constant"}), 14)
     assert [constant(s) for s in (3, 4, 13, 100)] == [1.0, 1.0, 1.0, 1.0]
-    assert training.lr_factor(TrainConfig(warmup_steps=0), 10)(0) == 1.0
+    assert training.lr_factor(TrainConfig(lr_warmup_steps=0), 10)(0) == 1.0
 
 
 def test_the_optimizer_follows_the_schedule_and_clips_the_gradient(tmp_path):
     train, val = planted(64, 0), planted(20, 1)
-    cfg = SHORT.model_copy(update={"batch_size": 16, "max_epochs": 2, "warmup_steps": 2, "grad_clip": 1e-3})
+    cfg = SHORT.model_copy(update={"batch_size": 16, "max_epochs": 2, "lr_warmup_steps": 2, "grad_clip": 1e-3})
     history = []
     fit(new_model("none"), train, val, cfg, tmp_path, seed=0, on_epoch_end=lambda e, row: history.append(row))
     factor = training.lr_factor(cfg, total_steps=8)
@@ -599,3 +602,21 @@ def test_length_batches_cover_every_outfit_once_with_less_padding():
     # the same generator state gives the same batches (exact resume)
     again = length_batches(order, lengths, 64, torch.Generator().set_state(state))
     assert all(torch.equal(a, b) for a, b in zip(again, batches, strict=True))
+
+
+def test_a_last_pt_of_another_version_is_never_resumed(tmp_path):
+    """last.pt from before the checkpoint version (or of another): refused with a one-line warning naming its
+    version, the run's files removed and the run started afresh, the same as one that never had it."""
+    from contextual_bert.model import CHECKPOINT_VERSION
+
+    train, val = planted(120, 0), planted(30, 1)
+    cfg = SHORT.model_copy(update={"max_epochs": 1})
+    fresh = fit(new_model("none"), train, val, cfg, tmp_path / "fresh", seed=0)
+    fit(new_model("none"), train, val, cfg, tmp_path / "old", seed=0)
+    last = torch.load(tmp_path / "old" / "last.pt", weights_only=True)
+    torch.save({k: v for k, v in last.items() if k != "version"}, tmp_path / "old" / "last.pt")
+    with pytest.warns(UserWarning, match=rf"last\.pt: resume state version None \(this code reads version "
+                                         rf"{CHECKPOINT_VERSION}\); not resumed, the run starts afresh$"):
+        again = fit(new_model("none"), train, val, cfg, tmp_path / "old", seed=0)
+    assert again["epochs"] == 1 and again["best_val_cross_entropy"] == fresh["best_val_cross_entropy"]
+    assert torch.load(tmp_path / "old" / "last.pt", weights_only=True)["version"] == CHECKPOINT_VERSION

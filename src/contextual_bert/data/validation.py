@@ -22,7 +22,6 @@ Reading the tables (Parquet or CSV, typed to the contract; malformed input is a 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,8 +36,6 @@ from contextual_bert.config import IngestConfig, ModelConfig, ValidateConfig
 from contextual_bert.data.contract import DATE_COLUMN, ID_COLUMN, SCHEMA_FILE, TABLES, DataSchema
 from contextual_bert.data.raw_tables import LoadedTable, find_table, read_table
 from contextual_bert.errors import ContextualBertError
-
-os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")  # no telemetry calls from a pipeline stage
 
 LARGEST = float(np.finfo(np.float64).max)  # a number's bound where none is declared: infinity fails it
 

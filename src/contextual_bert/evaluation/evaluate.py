@@ -44,7 +44,7 @@ import numpy as np
 
 from contextual_bert.evaluation.bootstrap import (DEPENDENCE_METRIC, KNOWN_OUTFITS_KEY, OUTFITS_KEY, bootstrap_ci, case_values,
                                        outfit_record)
-from contextual_bert.config import NOT_APPLICABLE, EvaluateConfig, ModelConfig, uses_attributes
+from contextual_bert.config import CURVE_FILE, NOT_APPLICABLE, EvaluateConfig, ModelConfig, uses_attributes
 from contextual_bert.devices import evaluation_device, keep_freed_memory
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.data.feature_spec import HISTORY_FEATURE, EncodedOutfits
@@ -209,10 +209,10 @@ def evaluate_run(features_dir: Path, run_dir: Path, out_path: Path, cfg: Evaluat
         Path(out_path).parent.mkdir(parents=True, exist_ok=True)
         Path(out_path).write_text(json.dumps(result, indent=2))
         return result
-    if not (run_dir / "checkpoint.pt").exists() and (run_dir / "history.json").exists():
+    if not (run_dir / "checkpoint.pt").exists() and (run_dir / CURVE_FILE).exists():
         # trained, yet no epoch gave a finite validation cross-entropy: training again will not help
         raise ContextualBertError(
-            f"{run_dir}: trained ({run_dir / 'history.json'}) but no checkpoint was kept: no epoch had a finite "
+            f"{run_dir}: trained ({run_dir / CURVE_FILE}) but no checkpoint was kept: no epoch had a finite "
             "validation cross-entropy; check the validation split (`contextual-bert features`, "
             "features.min_known_targets) before training again")
     model, meta = load_checkpoint(run_dir / "checkpoint.pt")

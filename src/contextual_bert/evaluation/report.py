@@ -2,7 +2,7 @@
 
 Reads reports/eval/<variant>-s<seed>.json for every variant x seed in params (train.variants, train.seeds),
 reports/eval/popularity.json, the optimum's results where the data's optimum is known
-(reports/eval/optimum_context.json, optimum_no_context.json) and models/<variant>-s<seed>/history.json and
+(reports/eval/optimum_context.json, optimum_no_context.json) and models/<variant>-s<seed>/curve.json and
 metrics.json. Each number is a mean over seeds with its standard error, SE = sample std / sqrt(n). "Beats
 [None] by more than the standard error" means the difference of the means exceeds the standard error of that
 difference, sqrt(SE_a^2 + SE_b^2). Where a side has one seed (no SE), "beats" is read from a paired bootstrap
@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from contextual_bert.config import VARIANTS, Config
+from contextual_bert.config import CURVE_FILE, VARIANTS, Config
 from contextual_bert.errors import ContextualBertError, DataError
 from contextual_bert.evaluation.report_stats import (VERDICT_METRICS, compare_models, comparison_numbers,
                                                      convergence_summary, summarize_runs, yardstick_verdicts)
@@ -166,7 +166,7 @@ def build_report(cfg: Config) -> dict:
     evals = {v: [checked_eval(r, cfg.eval_path(f"{v}-s{s}")) for r, s in zip(results[v], seeds)] for v in variants}
     references = read_references(cfg)
     popularity = references["popularity"]
-    histories = {v: {s: read_history(cfg.run_dir(v, s) / "history.json") for s in seeds} for v in variants}
+    histories = {v: {s: read_history(cfg.run_dir(v, s) / CURVE_FILE) for s in seeds} for v in variants}
 
     summary = {v: summarize_runs(runs) for v, runs in evals.items()}
     for v in variants:

@@ -5,7 +5,7 @@ readers at the two seams (readers.py), the output side they share (scores.py), a
 from contextual_bert.model.articles import ATTRIBUTE_COMBINES, ArticleAttributes, TextEmbedding, attribute_embedding
 from contextual_bert.model.bag_of_items import BagOfItems
 from contextual_bert.model.build import build_model, count_paper_parameters, describe_variants
-from contextual_bert.model.checkpoint import (CHECKPOINT_BEFORE, atomic_save, load_checkpoint, model_from_payload,
+from contextual_bert.model.checkpoint import (CHECKPOINT_VERSION, atomic_save, load_checkpoint, model_from_payload,
                                               model_payload, save_checkpoint)
 from contextual_bert.model.context import ContextEmbedding, HistoryAttentionPooling, HistoryPooling, history_mean
 from contextual_bert.model.dropout import DRAW_BITS, Dropout, keep_mask, scaled_keep_mask

@@ -36,7 +36,7 @@ class BagOfItems(ArticleScores, nn.Module):
         self.item_embeddings = nn.Embedding(n_items, d, padding_idx=PAD_INDEX)
         self.output_embeddings = nn.Embedding(n_items, d)
         self.output_bias = nn.Parameter(torch.zeros(n_items))
-        self.context_encoder = ContextEmbedding(spec, model_cfg) if uses_context else None
+        self.context_embedding = ContextEmbedding(spec, model_cfg) if uses_context else None
         self.context_projection = nn.Linear(spec.d_context, d) if uses_context else None
         self.dropout = Dropout(model_cfg.dropout)
         for table in (self.item_embeddings, self.output_embeddings):
@@ -55,7 +55,7 @@ class BagOfItems(ArticleScores, nn.Module):
         padding left out), plus W_c c; (M, d) at the `select` positions only."""
         h = other_articles_mean(self.article_vectors(self.item_embeddings, items), items)
         if self.context_projection is not None:
-            c = self.context_encoder(context, lambda a: self.article_vectors(self.item_embeddings, a))
+            c = self.context_embedding(context, lambda a: self.article_vectors(self.item_embeddings, a))
             h = h + self.context_projection(c).unsqueeze(1)
         h = self.dropout(h)
         return h if select is None else h[select]

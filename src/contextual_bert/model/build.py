@@ -12,7 +12,7 @@ from contextual_bert.model.readers import AttributeOverlap
 
 
 def build_model(model_cfg: ModelConfig, variant: str, n_items: int, spec: ContextSpec,
-                attributes: ContextSpec | None = None, combine: str = "sum") -> nn.Module:
+                attributes: ContextSpec | None = None, combine: str = "sum") -> ContextualBert | BagOfItems:
     """A paper variant (ContextualBert) or a learned baseline (BagOfItems), by name; a "<model>_attrs" name
     with the article attributes' spec (n_items: the article ids; the catalogue comes by `set_catalogue`)."""
     model_class = BagOfItems if base_model(variant) in BASELINE_MODELS else ContextualBert
@@ -25,8 +25,8 @@ def count_paper_parameters(model: nn.Module) -> int:
     excluded = {id(model.item_embeddings.weight), id(model.output_bias)}
     if getattr(model, "output_embeddings", None) is not None:  # the bag of items' untied output layer
         excluded.add(id(model.output_embeddings.weight))
-    if model.context_encoder is not None:
-        excluded |= {id(p) for p in model.context_encoder.parameters()}
+    if model.context_embedding is not None:
+        excluded |= {id(p) for p in model.context_embedding.parameters()}
     for article_side in (model.attributes, getattr(model, "output_attributes", None), model.reader(AttributeOverlap)):
         if article_side is not None:  # attribute embeddings (and projection) belong to the article embeddings
             excluded |= {id(p) for p in article_side.parameters()}

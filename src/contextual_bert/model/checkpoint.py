@@ -14,7 +14,10 @@ from contextual_bert.config import ModelConfig
 from contextual_bert.data.feature_spec import ContextSpec
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.model.build import build_model
-from contextual_bert.model.readers import AttributeOverlap, HistoryBag, HistoryRepeat
+
+# The layout's version of checkpoint.pt and last.pt (training.resume), in each: one of another version (or of
+# none, written before it) is refused, never read as this code's.
+CHECKPOINT_VERSION = 2
 
 
 def atomic_save(obj, path: Path, write=torch.save) -> None:
@@ -35,6 +38,7 @@ def atomic_save(obj, path: Path, write=torch.save) -> None:
 def model_payload(model: nn.Module) -> dict:
     """What rebuilds the model with no other file: config, variant, n_items, spec and weights."""
     payload = {
+        "version": CHECKPOINT_VERSION,
         "model_config": model.model_cfg.model_dump(),
         "variant": model.variant,
         "n_items": model.n_ids,
@@ -48,42 +52,23 @@ def model_payload(model: nn.Module) -> dict:
     return payload
 
 
-# what a checkpoint from before a model setting existed was trained with
-CHECKPOINT_BEFORE = {"history_repeat": False, "history_bag": False}
-# a reader's state_dict key before the readers were the two seams' lists -> its class there
-READER_KEYS_BEFORE = {"overlap.": AttributeOverlap, "repeat.": HistoryRepeat, "history_gate": HistoryBag}
-
-
-def _renamed_reader_keys(state_dict: dict, model: nn.Module) -> dict:
-    """A state_dict from before the seams, with each reader's keys under its place in head_terms / logit_offsets."""
-    places = {type(m): f"{seam}.{i}." for seam in ("head_terms", "logit_offsets")
-              for i, m in enumerate(getattr(model, seam))}
-    renamed = {}
-    for key, value in state_dict.items():
-        old = next((prefix for prefix in READER_KEYS_BEFORE if key.startswith(prefix)), None)
-        if old is None or READER_KEYS_BEFORE[old] not in places:
-            renamed[key] = value
-        elif old == "history_gate":
-            renamed[places[HistoryBag] + "gate"] = value
-        else:
-            renamed[places[READER_KEYS_BEFORE[old]] + key[len(old):]] = value
-    return renamed
-
-
 def model_from_payload(payload: dict) -> nn.Module:
+    """The model a payload (`model_payload`) describes, its weights loaded; one of another CHECKPOINT_VERSION is
+    refused."""
+    version = payload.get("version")
+    if version != CHECKPOINT_VERSION:
+        raise ContextualBertError(f"checkpoint version {version}: this code reads version {CHECKPOINT_VERSION} "
+                                  "(train the run again)")
     attributes = payload.get("attributes")
-    settings = payload["model_config"]
-    if "attribute_overlap" not in settings:  # a train setting before it was the model's
-        settings = {**settings, "attribute_overlap": payload.get("overlap", False)}
     model = build_model(
-        ModelConfig(**(CHECKPOINT_BEFORE | settings)),
+        ModelConfig(**payload["model_config"]),
         payload["variant"],
         payload["n_items"],
         ContextSpec.from_json(payload["spec"]),
         None if attributes is None else ContextSpec.from_json(attributes),
         payload.get("combine", "sum"),
     )
-    model.load_state_dict(_renamed_reader_keys(payload["state_dict"], model))
+    model.load_state_dict(payload["state_dict"])
     if attributes is not None:
         model.set_catalogue(payload["catalogue"])
     return model
@@ -101,6 +86,8 @@ def load_checkpoint(path: Path, map_location="cpu") -> tuple[nn.Module, dict]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
         model = model_from_payload(payload)
+    except ContextualBertError as exc:
+        raise ContextualBertError(f"{path}: {exc}") from None
     except (RuntimeError, KeyError, TypeError, ValueError, EOFError, pickle.UnpicklingError) as exc:
         raise ContextualBertError(f"{path}: not a valid checkpoint ({exc})") from None
     return model.to(map_location).eval(), payload.get("meta", {})

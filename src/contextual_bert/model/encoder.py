@@ -209,8 +209,7 @@ class ContextualBert(ArticleScores, nn.Module):
             raise ContextualBertError(f"variant '{variant}' needs context features; the spec has none")
 
         self.item_embeddings = nn.Embedding(n_items, d, padding_idx=PAD_INDEX)  # row MASK_INDEX is [MASK]
-        # (attribute named as before the class was renamed: checkpoints' state_dict keys carry it)
-        self.context_encoder = ContextEmbedding(spec, model_cfg) if uses_context else None
+        self.context_embedding = ContextEmbedding(spec, model_cfg) if uses_context else None
         self.concat_input = ConcatInput(d_context, d) if conditioning == "concat" else None
         self.context_position = nn.Linear(d_context, d) if conditioning == "new_position" else None
         global_state = conditioning in GLOBAL_STATE_VARIANTS
@@ -270,9 +269,9 @@ class ContextualBert(ArticleScores, nn.Module):
 
     def context(self, context: dict[str, torch.Tensor] | None) -> torch.Tensor | None:
         """c, or None for [None]; a history is read through the article vectors at the input's scale."""
-        if self.context_encoder is None:
+        if self.context_embedding is None:
             return None
-        return self.context_encoder(context, lambda a: self.article_vectors(self.item_embeddings, a) * self.input_scale)
+        return self.context_embedding(context, lambda a: self.article_vectors(self.item_embeddings, a) * self.input_scale)
 
     # --- the output layer, only where needed ---------------------------------------------------------
 

@@ -1,9 +1,10 @@
 """The readers: what a model reads beyond the paper's encoder, at two seams, each a list of small modules with
-one signature, built from ModelConfig (`head_terms`, `logit_offsets`). A new reader is one class here and one
-setting in ModelConfig.
+one signature (a Protocol each: `HeadTerm`, `LogitOffset`; the same order of arguments), built from ModelConfig
+(`head_terms`, `logit_offsets`). A new reader is one class here and one setting in ModelConfig.
 
-    head terms     term(model, states, items, context, select) -> states + the term   (M, d) head states
+    head terms     term(model, states, items, select, context) -> states + the term   (M, d) head states
     logit offsets  offset(model, items, select, context, articles) -> (M, n | C) or None, added to the logits
+                   offset.add_to(model, total, items, select, context) -> total + the offsets over the catalogue
 
 Every reader but the history repeat starts at zero contribution (a zero weight or gate, or a weight of 0 outside
 the warm-up), so a model with it starts exactly as without it; the history repeat starts as the popularity + own
@@ -13,6 +14,7 @@ history yardstick's mixture (HistoryRepeat), the count a model with a history st
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +35,32 @@ def other_articles_mean(e: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
     n_others = (seen.sum(dim=1, keepdim=True) - seen).clamp_min(1.0)
     return (e.sum(dim=1, keepdim=True) - e) / n_others
 
+
+class HeadTerm(Protocol):
+    """A term added to the head state at the `select` positions (bool, (B, L)) of `items` (B, L)."""
+
+    def __call__(self, model, states: torch.Tensor, items: torch.Tensor, select: torch.Tensor,
+                 context: dict | None) -> torch.Tensor:
+        """(M, d) `states` plus the term."""
+        ...
+
+
+class LogitOffset(Protocol):
+    """An offset added to the logits at the `select` positions of `items`."""
+
+    def __call__(self, model, items: torch.Tensor, select: torch.Tensor, context: dict | None = None,
+                 articles: torch.Tensor | None = None) -> "torch.Tensor | CatalogueOffsets | None":
+        """(M, n_items) offsets (without gradient over the whole catalogue, a CatalogueOffsets may stand for
+        them), or (M, C) for the catalogue indices `articles` (C,) only; None where it reads nothing."""
+        ...
+
+    def add_to(self, model, total: "torch.Tensor | CatalogueOffsets", items: torch.Tensor, select: torch.Tensor,
+               context: dict | None = None) -> "torch.Tensor | CatalogueOffsets":
+        """`total` (the offsets before it, over the whole catalogue, without gradient) + these offsets: the
+        same numbers as total + the call's, in place where it can."""
+        ...
+
+
 # --- terms added to the head state -------------------------------------------------------------------------
 
 
@@ -47,8 +75,8 @@ class OutfitBag(nn.Module):
         self.always = always
         self.warmup_weight = 0.0
 
-    def forward(self, model, states: torch.Tensor, items: torch.Tensor, context: dict | None,
-                select: torch.Tensor) -> torch.Tensor:
+    def forward(self, model, states: torch.Tensor, items: torch.Tensor, select: torch.Tensor,
+                context: dict | None) -> torch.Tensor:
         weight = 1.0 if self.always else (self.warmup_weight if self.training else 0.0)
         if weight <= 0:
             return states
@@ -65,8 +93,9 @@ class HistoryBag(nn.Module):
         super().__init__()
         self.gate = nn.Parameter(torch.zeros(()))
 
-    def forward(self, model, states: torch.Tensor, items: torch.Tensor, context: dict | None,
-                select: torch.Tensor) -> torch.Tensor:
+    def forward(self, model, states: torch.Tensor, items: torch.Tensor, select: torch.Tensor,
+                context: dict | None) -> torch.Tensor:
+        assert context is not None, "HistoryBag is built only for a model that reads a history"
         rows = select.nonzero(as_tuple=True)[0]
         mean = history_mean(context[HISTORY_FEATURE][rows], lambda a: model.article_vectors(model.item_embeddings, a))
         return states + self.gate * (mean * model.input_scale).to(states.dtype)
@@ -177,15 +206,20 @@ class AttributeOverlap(nn.Module):
         super().__init__()
         self.spec = overlap_spec(spec)
         self.offsets = nn.ParameterList(nn.Parameter(torch.zeros(f.cardinality)) for f in self.spec.features)
-        self._values = None  # value_table's cache: (the catalogue's tensors, their versions, the table)
+        self._values: tuple | None = None  # value_table's cache: (the catalogue's tensors, their versions, the table)
 
     def forward(self, model, items: torch.Tensor, select: torch.Tensor, context: dict | None = None,
-                articles: torch.Tensor | None = None) -> torch.Tensor:
+                articles: torch.Tensor | None = None) -> "torch.Tensor | CatalogueOffsets":
         """The logit-offset seam: the offsets of `model`'s catalogue (`offsets`); over the whole catalogue
         without gradient (every evaluation pass, serving) by `catalogue_offsets`, else by `offsets_for`."""
         if articles is None and not torch.is_grad_enabled():
             return self.catalogue_offsets(model.attributes.catalogue(), items, select)
         return self.offsets_for(model.attributes.catalogue(), items, select, articles)
+
+    def add_to(self, model, total: "torch.Tensor | CatalogueOffsets", items: torch.Tensor, select: torch.Tensor,
+               context: dict | None = None) -> "torch.Tensor | CatalogueOffsets":
+        """`total` + the catalogue's offsets (a new tensor: they are made whole to be added)."""
+        return total + self(model, items, select, context)
 
     def offsets_for(self, catalogue: dict[str, torch.Tensor], items: torch.Tensor, select: torch.Tensor,
                     articles: torch.Tensor | None = None) -> torch.Tensor:
@@ -212,6 +246,7 @@ class AttributeOverlap(nn.Module):
             term = sum(gain[:, candidates[:, j]] * valid[:, j] for j in range(candidates.shape[1]))  # (M, n)
             term = term / valid.sum(dim=-1).clamp_min(1.0)
             total = term if total is None else total + term
+        assert total is not None, "overlap_spec leaves an AttributeOverlap at least one attribute"
         return total
 
     def value_table(self, catalogue: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None, int]:
@@ -293,11 +328,6 @@ class HistoryRepeat(nn.Module):
         self.weight = nn.Parameter(torch.zeros(2))
         self.worn = nn.Parameter(torch.zeros(self.WORN_LEVELS))
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # a checkpoint from before v_k counted linearly: v = 0 is that count
-        state_dict.setdefault(prefix + "worn", torch.zeros(self.WORN_LEVELS))
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
     def gains(self, model, select: torch.Tensor, context: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(history (M, max_items) article indices, gain (M, max_items)) of the rows at the `select` positions:
         r for each article of a row's history, 0 for padding and [UNK] (no article)."""
@@ -332,7 +362,8 @@ class HistoryRepeat(nn.Module):
         out = gain.new_zeros(history.shape[0], len(articles) + 1).scatter_(1, column[history], gain)
         return out[:, :-1]
 
-    def add_to(self, model, total, select: torch.Tensor, context: dict | None = None):
+    def add_to(self, model, total: "torch.Tensor | CatalogueOffsets", items: torch.Tensor, select: torch.Tensor,
+               context: dict | None = None) -> "torch.Tensor | CatalogueOffsets":
         """`total` (M, n_items; a tensor or a CatalogueOffsets) + these offsets over the whole catalogue, in
         place and only where they are not 0 (passes without gradient: no (M, n_items) tensor of zeros); the
         same numbers as total + forward()."""
@@ -350,7 +381,7 @@ class HistoryRepeat(nn.Module):
 def head_terms(model_cfg: ModelConfig, encoder: bool, reads_history: bool) -> nn.ModuleList:
     """The head-state terms of a model: the outfit bag and the history bag for the paper's encoders
     (`encoder`); none for the bag of items, whose head state already is a bag."""
-    terms = []
+    terms: list[nn.Module] = []
     if encoder:
         terms.append(OutfitBag(always=model_cfg.bag_path == "output"))
         if model_cfg.history_bag and reads_history:
@@ -361,7 +392,7 @@ def head_terms(model_cfg: ModelConfig, encoder: bool, reads_history: bool) -> nn
 def logit_offsets(model_cfg: ModelConfig, attributes: ContextSpec | None, reads_history: bool) -> nn.ModuleList:
     """The logit offsets of a model: the attribute overlap (with attributes other than text) and the history
     repeat (with a history), in that order."""
-    offsets = []
+    offsets: list[nn.Module] = []
     if attributes is not None and model_cfg.attribute_overlap and overlap_spec(attributes).features:
         offsets.append(AttributeOverlap(attributes))
     if model_cfg.history_repeat and reads_history:

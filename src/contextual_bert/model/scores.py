@@ -13,7 +13,7 @@ from contextual_bert.config import uses_attributes
 from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, ContextSpec
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.model.articles import ArticleAttributes
-from contextual_bert.model.readers import CatalogueOffsets, add_offsets, head_terms, logit_offsets
+from contextual_bert.model.readers import CatalogueOffsets, LogitOffset, add_offsets, head_terms, logit_offsets
 
 
 class ArticleScores:
@@ -51,7 +51,7 @@ class ArticleScores:
     @property
     def reads_history(self) -> bool:
         """Whether c holds the customer's history (features.history), which the history readers need."""
-        return self.context_encoder is not None and self.context_encoder.reads_history
+        return self.context_embedding is not None and self.context_embedding.reads_history
 
     @property
     def n_items(self) -> int:
@@ -141,14 +141,15 @@ class ArticleScores:
                        context: dict[str, torch.Tensor] | None = None, blocks: bool = False):
         """(M, n_items) the sum of the logit offsets (readers.logit_offsets) at the `select` positions, or (M, C)
         for the catalogue indices `articles` only; None for a model without them. The history's need the
-        `context`. Over the whole catalogue without gradient, a reader with `add_to` adds its offsets to the
-        sum of those before it in place (the same numbers: each element the same additions), and with `blocks`
-        the attribute overlap's may come as a readers.CatalogueOffsets, for `masked_logits` to add block by
-        block (never made whole)."""
+        `context`. Over the whole catalogue without gradient, each offset after the first adds its own to the
+        sum of those before it (`LogitOffset.add_to`: in place where it can, the same numbers: each element the
+        same additions), and with `blocks` the attribute overlap's may come as a readers.CatalogueOffsets, for
+        `masked_logits` to add block by block (never made whole)."""
         total = None
-        for offset in self.logit_offsets:
-            if total is not None and articles is None and hasattr(offset, "add_to") and not torch.is_grad_enabled():
-                total = offset.add_to(self, total, select, context)
+        offsets: list[LogitOffset] = list(self.logit_offsets)  # type: ignore[arg-type]  # an nn.ModuleList of them
+        for offset in offsets:
+            if total is not None and articles is None and not torch.is_grad_enabled():
+                total = offset.add_to(self, total, items, select, context)
             elif (part := offset(self, items, select, context, articles)) is not None:
                 total = part if total is None else total + part
         return total.dense() if isinstance(total, CatalogueOffsets) and not blocks else total
@@ -165,7 +166,7 @@ class ArticleScores:
         encoder's states, plus each head term (readers.head_terms)."""
         states = self.head(self.forward(items, context, select=select))
         for term in self.head_terms:
-            states = term(self, states, items, context, select)
+            states = term(self, states, items, select, context)
         return states
 
     def target_log_probs(self, items: torch.Tensor, context: dict[str, torch.Tensor] | None, targets: torch.Tensor,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from contextual_bert.config import Config
+from contextual_bert.config import CURVE_FILE, Config
 from contextual_bert.registry.tracking import (
     client,
     directory_sha256,
@@ -66,9 +66,9 @@ def _training_run(mlflow_client, cfg: Config, variant: str, seed: int, model_dir
     )
     run_id = run.info.run_id
     log_params(mlflow_client, run_id, training_params(cfg, variant, seed))
-    history = model_dir / "history.json"
-    if history.exists():
-        log_epochs(mlflow_client, run_id, json.loads(history.read_text()))
+    curve = model_dir / CURVE_FILE
+    if curve.exists():
+        log_epochs(mlflow_client, run_id, json.loads(curve.read_text()))
     log_run_artifacts(mlflow_client, run_id, model_dir, cfg.paths.features_dir, cfg)
     mlflow_client.set_terminated(run_id, status="FINISHED")
     return mlflow_client.get_run(run_id), checkpoint_sha

@@ -21,6 +21,7 @@ import os
 import re
 import subprocess
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from typing import Iterator
 
 import yaml
 
-from contextual_bert.config import NOT_APPLICABLE, Config, MlflowConfig
+from contextual_bert.config import CHECKPOINT_FILE, CURVE_FILE, METRICS_FILE, NOT_APPLICABLE, Config, MlflowConfig
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.data.feature_store import (
     CATALOGUE_FEATURE_FILES,
@@ -41,7 +42,7 @@ from contextual_bert.data.feature_store import (
 RUN_FILE = "mlflow_run.json"
 # The vocabularies and context tables of the features stage (not the encoded outfits: the data, not the model).
 RUN_ARTIFACT_FEATURE_FILES = (*MODEL_FEATURE_FILES, *CATALOGUE_FEATURE_FILES, CUSTOMERS_FILE)  # those present
-RUN_ARTIFACT_MODEL_FILES = ("checkpoint.pt", "history.json", "metrics.json")
+RUN_ARTIFACT_MODEL_FILES = (CHECKPOINT_FILE, CURVE_FILE, METRICS_FILE)
 
 
 # --- where to log ---------------------------------------------------------------------------------------
@@ -53,13 +54,52 @@ def tracking_uri(cfg: MlflowConfig) -> str:
 
 
 def client(cfg: MlflowConfig):
-    """An MlflowClient on the resolved tracking URI (the model registry lives in the same store)."""
+    """An MlflowClient on the resolved tracking URI (the model registry lives in the same store), whose calls
+    ride out a transient failure of the request itself (`Retrying`)."""
     import mlflow
 
     uri = tracking_uri(cfg)
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
-    return mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    return Retrying(mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri))
+
+
+TRANSIENT = re.compile(r"^API request to \S+ failed with (timeout )?exception")  # mlflow.utils.rest_utils' words
+RETRY_DELAYS_S = (0.5, 2.0, 8.0)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A request that never got an answer (connection refused or reset, a timeout, an error inside the client):
+    MLflow's own retries cover the HTTP statuses, not these. An answer the server gave is never retried."""
+    from mlflow.exceptions import MlflowException
+
+    return isinstance(exc, MlflowException) and bool(TRANSIENT.match(exc.message))
+
+
+class Retrying:
+    """An MlflowClient whose methods are tried again, after RETRY_DELAYS_S, when a call fails transiently: one
+    lost request must not fail a training of minutes. (A retried write that did reach the server is logged
+    twice at worst: a metric step, a tag set again.)"""
+
+    def __init__(self, inner, delays_s: tuple[float, ...] = RETRY_DELAYS_S):
+        self._inner, self._delays_s = inner, delays_s
+
+    def __getattr__(self, name: str):
+        attribute = getattr(self._inner, name)
+        if not callable(attribute):
+            return attribute
+
+        def call(*args, **kwargs):
+            for delay in self._delays_s:
+                try:
+                    return attribute(*args, **kwargs)
+                except Exception as exc:  # noqa: BLE001 - only a transient one is retried
+                    if not is_transient(exc):
+                        raise
+                    time.sleep(delay)
+            return attribute(*args, **kwargs)
+
+        return call
 
 
 def artifact_location(uri: str, experiment: str) -> str | None:
@@ -92,7 +132,7 @@ def metric_key(name: str, prefix: str = "") -> str:
     """An MLflow-safe metric/tag key: 'recall@5' -> 'recall_at_5', prefixed as 'val/recall_at_5'.
 
     Evaluation metrics are prefixed by split ('val/', 'test/'), train's result by 'final/'; per-epoch
-    metrics keep history.json's names ('val_cross_entropy'), so the two never share a key.
+    metrics keep curve.json's names ('val_cross_entropy'), so the two never share a key.
     """
     key = re.sub(r"[^\w.\- /:]", "_", name.replace("@", "_at_"))
     return f"{prefix}/{key}" if prefix else key
@@ -245,14 +285,14 @@ class TrainingTracker:
         log_epochs(self.mlflow_client, self.run_id, [row], first_step=int(epoch))
 
     def log_result(self, result: dict) -> None:
-        """Epochs of history.json not logged yet (a resumed training), final metrics, then the artifacts."""
+        """Epochs of curve.json not logged yet (a resumed training), final metrics, then the artifacts."""
         from mlflow.entities import Metric
 
-        history_path = self.run_dir / "history.json"
-        if history_path.exists():
+        curve_path = self.run_dir / CURVE_FILE
+        if curve_path.exists():
             logged = {m.step for m in self.mlflow_client.get_metric_history(self.run_id, "train_loss")}
-            history = json.loads(history_path.read_text())
-            missing = [row for step, row in enumerate(history, 1) if int(row.get("epoch", step)) not in logged]
+            curve = json.loads(curve_path.read_text())
+            missing = [row for step, row in enumerate(curve, 1) if int(row.get("epoch", step)) not in logged]
             log_epochs(self.mlflow_client, self.run_id, missing)
         now = _now_ms()
         values = numeric_items(flatten(result))

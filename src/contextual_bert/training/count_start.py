@@ -6,9 +6,14 @@ before it has learned the counts, and ends below them (docs/training.md, "Sparse
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from contextual_bert.data.feature_spec import N_SPECIAL, UNKNOWN_INDEX
+
+if TYPE_CHECKING:
+    from contextual_bert.model import BagOfItems, ContextualBert
 
 
 def log_popularity(items: torch.Tensor, n_ids: int) -> torch.Tensor:
@@ -25,7 +30,7 @@ def log_popularity(items: torch.Tensor, n_ids: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def start_from_counts(model: torch.nn.Module, items: torch.Tensor) -> None:
+def start_from_counts(model: ContextualBert | BagOfItems, items: torch.Tensor) -> None:
     """Set `model`'s output bias to `log_popularity` of the training outfits `items`. Only the bias: with the
     learned scores started at zero too (the head transform zeroed) the encoder of the default data stayed at
     popularity (outfit dependence 0.001 after 6 epochs against 0.97; docs/decisions.md)."""

@@ -36,12 +36,13 @@ from contextual_bert.errors import ContextualBertError
 from contextual_bert.model import build_model, count_paper_parameters, save_checkpoint
 from contextual_bert.training.losses import NegativeSampler, mask_items, masked_item_loss, negative_sampler
 from contextual_bert.training.regularisers import RareIdDecay, drop_history, id_dropout_rate
-from contextual_bert.training.resume import (load_resume_state, pin_threads_and_algorithms, restore_random_states,
-                                             run_key, save_resume_state, seeded_random_states, write_json)
-from contextual_bert.training.warmup import (bag_warmup_plan, bag_warmup_weight, begin_warmup, end_warmup,
-                                             reads_bag_warmup, set_bag_weight, stuck_check, warmup_epochs)
+from contextual_bert.training.resume import (CHECKPOINT_FILE, CURVE_FILE, LAST_FILE, METRICS_FILE, Position,
+                                             RunState, load_resume_state, pin_threads_and_algorithms,
+                                             restore_random_states, run_key, save_resume_state,
+                                             seeded_random_states, write_json)
+from contextual_bert.training.warmup import BagWarmup, reads_bag_warmup, set_bag_weight, stuck_check
 
-EpochHook = Callable[[int, dict], None]
+EpochHook = Callable[[int, dict], None]  # (epoch, its row of the curve)
 CONVERGENCE_EPOCHS, CONVERGENCE_NATS = 3, 0.01
 BUCKET_BATCHES = 32  # batches per window sorted by outfit length (length_batches)
 
@@ -94,9 +95,9 @@ def length_batches(
 
 def lr_factor(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
     """The learning rate's multiplier at optimizer step `step` (0-based): linear warm-up over
-    cfg.warmup_steps, then cfg.schedule ("cosine", "linear" or "constant") from 1 down to
+    cfg.lr_warmup_steps, then cfg.schedule ("cosine", "linear" or "constant") from 1 down to
     cfg.min_lr_fraction at total_steps (and held there)."""
-    warmup, floor = cfg.warmup_steps, cfg.min_lr_fraction
+    warmup, floor = cfg.lr_warmup_steps, cfg.min_lr_fraction
 
     def factor(step: int) -> float:
         if step < warmup:
@@ -110,19 +111,19 @@ def lr_factor(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
     return factor
 
 
-def convergence(history: list[dict], stopped_early: bool) -> str | None:
+def convergence(curve: list[dict], stopped_early: bool) -> str | None:
     """How a run converged: "early_stopping", "plateau" (its last CONVERGENCE_EPOCHS epochs improved the
     best validation cross-entropy by less than CONVERGENCE_NATS together), or None (still improving)."""
     if stopped_early:
         return "early_stopping"
-    values = [row["val_cross_entropy"] for row in history]
+    values = [row["val_cross_entropy"] for row in curve]
     if len(values) <= CONVERGENCE_EPOCHS:
         return None
     gained = min(values[:-CONVERGENCE_EPOCHS]) - min(values)
     return "plateau" if gained < CONVERGENCE_NATS else None
 
 
-def validation_cross_entropy(model, data: EncodedOutfits, batch_size: int, device) -> float:
+def validation_cross_entropy(model, data: EncodedOutfits, batch_size: int, device: torch.device | str) -> float:
     """Mean cross-entropy with every item of every outfit masked in turn (the evaluation's cases)."""
     from contextual_bert.evaluation.ranking import case_ranks
 
@@ -152,19 +153,19 @@ class Run:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     generator: torch.Generator
     sampler: NegativeSampler | None
-    state: dict
+    state: RunState
     id_dropout: float | None = None
     rare_id_decay: RareIdDecay | None = None
 
     @property
     def last_path(self) -> Path:
-        return self.out_dir / "last.pt"
+        return self.out_dir / LAST_FILE
 
     @property
     def steps_per_epoch(self) -> int:
         return math.ceil(len(self.train_data) / self.cfg.batch_size)
 
-    def save(self, position: dict | None = None) -> None:
+    def save(self, position: Position | None = None) -> None:
         save_resume_state(self.last_path, self.key, self.model, self.optimizer, self.scheduler, self.generator,
                           self.device, self.state, position)
 
@@ -195,32 +196,33 @@ def start_run(model, train_data: EncodedOutfits, val_data: EncodedOutfits, cfg: 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg, steps))
     generator = seeded_random_states(seed, device)
     sampler = negative_sampler(cfg, model, train_data, generator)  # draws from the generator: resumable
-    state = {"epoch": 0, "history": [], "best_val": math.inf, "best_epoch": 0, "bad_epochs": 0,
-             "stopped": False, "seconds": 0.0, "bag_warmup": bag_warmup_plan(cfg, model)}  # fmt: skip
+    state = RunState(bag_warmup=BagWarmup.at_start(cfg, model))
     rare_id_decay = RareIdDecay(model, train_data.items, cfg.rare_id_decay) if cfg.rare_id_decay > 0 else None
     return Run(model, cfg, out_dir, seed, device, key, train_data, val_data, optimizer, scheduler, generator,
                sampler, state, id_dropout, rare_id_decay)
 
 
-def train_epoch(run: Run, epoch: int, position: dict | None, mid_epoch_random: dict | None) -> dict:
-    """One epoch's steps (from `position` within it, for a resumed run); its row of the history without the
-    validation: the objective's loss, the last step's learning rate and the training's speed."""
+def train_epoch(run: Run, epoch: int, position: Position | None, mid_epoch_random: dict | None) -> dict:
+    """One epoch's steps (from `position` within it, for a resumed run, with the random states saved there);
+    its row of the curve without the validation: the objective's loss, the last step's learning rate and the
+    training's speed."""
     model, cfg, data, generator, device = run.model, run.cfg, run.train_data, run.generator, run.device
     started = saved_at = time.perf_counter()
     model.train()
     if position is not None:  # resumed within this epoch: its batches from the generator's state at its start
-        generator.set_state(position["epoch_generator"])
+        generator.set_state(position.epoch_generator)
     epoch_generator = generator.get_state()
     lengths = (data.items != PAD_INDEX).sum(dim=1)
     batches = length_batches(torch.randperm(len(data), generator=generator, device=device), lengths,
                              cfg.batch_size, generator)
     widths = torch.stack([lengths[index].max() for index in batches]).tolist()  # one device sync
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    n_targets, first_step = 0, 0
-    if position is not None:  # then every stream where it was, and the steps done skipped
-        first_step = position["step"]
-        loss_sum, n_targets = position["loss_sum"].to(device), position["n_targets"]
-        started -= position["seconds"]
+    n_targets: int | torch.Tensor = 0
+    first_step = 0
+    if position is not None and mid_epoch_random is not None:  # then every stream where it was, the steps done skipped
+        first_step = position.step
+        loss_sum, n_targets = position.loss_sum.to(device), position.n_targets
+        started -= position.seconds
         restore_random_states(mid_epoch_random, generator, device)
     bar = tqdm(total=len(data), desc=f"{model.variant} epoch {epoch}", unit="outfit", leave=False,
                mininterval=1.0, dynamic_ncols=True)  # fmt: skip
@@ -231,7 +233,7 @@ def train_epoch(run: Run, epoch: int, position: dict | None, mid_epoch_random: d
         context = {name: values[index] for name, values in data.context.items()}
         if cfg.history_dropout > 0 and HISTORY_FEATURE in context:
             context[HISTORY_FEATURE] = drop_history(context[HISTORY_FEATURE], cfg.history_dropout, generator)
-        learning_rate = run.scheduler.get_last_lr()[0]  # the rate this step uses
+        learning_rate = float(run.scheduler.get_last_lr()[0])  # the rate this step uses
         loss, predict = train_step(model, run.optimizer, run.scheduler, items, context, cfg, generator, run.sampler)
         if run.rare_id_decay is not None:
             run.rare_id_decay.step(learning_rate)
@@ -244,9 +246,8 @@ def train_epoch(run: Run, epoch: int, position: dict | None, mid_epoch_random: d
             bar.set_postfix(loss=f"{float(loss):.3f}", samples_per_s=f"{bar.n / max(elapsed, 1e-9):.0f}")
         if (cfg.checkpoint_every_s > 0 and step + 1 < len(batches)
                 and time.perf_counter() - saved_at >= cfg.checkpoint_every_s):
-            run.save({"epoch": epoch, "step": step + 1, "epoch_generator": epoch_generator,
-                      "loss_sum": loss_sum.cpu(), "n_targets": int(n_targets),
-                      "seconds": time.perf_counter() - started})  # fmt: skip
+            run.save(Position(epoch, step + 1, epoch_generator, loss_sum.cpu(), int(n_targets),
+                              time.perf_counter() - started))
             saved_at = time.perf_counter()
     bar.close()
     return {"epoch": epoch, "train_loss": float(loss_sum / n_targets), "learning_rate": learning_rate,
@@ -257,7 +258,7 @@ def validate_epoch(run: Run, row: dict, train_probe: EncodedOutfits) -> dict:
     """The epoch's row completed: validation and training-probe cross-entropy, its seconds."""
     batch_size, epoch = 4 * run.cfg.batch_size, row["epoch"]
     val_ce = validation_cross_entropy(run.model, run.val_data, batch_size, run.device)
-    if not math.isfinite(val_ce) and not math.isfinite(run.state["best_val"]):
+    if not math.isfinite(val_ce) and not math.isfinite(run.state.best_val):
         # never a result: an infinite or undefined loss cannot choose a checkpoint
         raise ContextualBertError(
             f"{run.out_dir}: validation cross-entropy is {val_ce} at epoch {epoch}, no checkpoint can be kept; "
@@ -271,30 +272,52 @@ def validate_epoch(run: Run, row: dict, train_probe: EncodedOutfits) -> dict:
     return row
 
 
+def begin_epoch(run: Run, epoch: int) -> float:
+    """The bag warm-up's weight for the epoch's steps; at its first epoch, the warm-up begun (what the run has
+    before it kept). Returns the weight."""
+    warmup, cfg = run.state.bag_warmup, run.cfg
+    weight = warmup.weight(cfg, run.model, epoch)
+    if warmup.phase == "planned" and epoch in warmup.epochs(cfg, run.model):
+        best = run.state.best_val  # a warm-up from epoch 1 is judged against the untrained model
+        warmup.begin(run.model, run.optimizer, run.scheduler, best if math.isfinite(best) else
+                     validation_cross_entropy(run.model, run.val_data, 4 * cfg.batch_size, run.device),
+                     run.state.bad_epochs)
+    set_bag_weight(run.model, weight)
+    return weight
+
+
 def end_epoch(run: Run, row: dict, bag_weight: float, n_params: int) -> None:
-    """The warm-up's check, early stopping, the best checkpoint, last.pt and history.json after an epoch."""
-    state, epoch = run.state, row["epoch"]
-    if reads_bag_warmup(run.cfg, run.model):
+    """The warm-up's check, early stopping, the best checkpoint, the warm-up's end, last.pt and the curve."""
+    state, warmup, cfg, epoch = run.state, run.state.bag_warmup, run.cfg, row["epoch"]
+    if reads_bag_warmup(cfg, run.model):
         row["bag_weight"] = bag_weight
-        if state["bag_warmup"] is None and epoch * run.steps_per_epoch >= run.cfg.bag_warmup_check_steps:
-            state["bag_warmup"] = stuck_check(run.model, run.val_data, 4 * run.cfg.batch_size, run.device, epoch)
-            row["outfit_dependence"] = state["bag_warmup"]["outfit_dependence"]
-    state["history"].append(row)
-    state["epoch"] = epoch
-    state["seconds"] += row["seconds"]
-    if row["val_cross_entropy"] < state["best_val"]:
-        state.update(best_val=row["val_cross_entropy"], best_epoch=epoch, bad_epochs=0)
-        save_checkpoint(run.out_dir / "checkpoint.pt", run.model, {
+        check_steps = cfg.bag_warmup_check_steps
+        if warmup.phase == "due" and check_steps is not None and epoch * run.steps_per_epoch >= check_steps:
+            warmup.checked(stuck_check(run.model, run.val_data, 4 * cfg.batch_size, run.device, epoch))
+            row["outfit_dependence"] = warmup.outfit_dependence
+    state.curve.append(row)
+    state.epoch = epoch
+    state.seconds += row["seconds"]
+    if row["val_cross_entropy"] < state.best_val:
+        state.best_val, state.best_epoch, state.bad_epochs = row["val_cross_entropy"], epoch, 0
+        save_checkpoint(run.out_dir / CHECKPOINT_FILE, run.model, {
             "epoch": epoch, "val_cross_entropy": row["val_cross_entropy"], "seed": run.seed, "parameters": n_params})
     else:
-        state["bad_epochs"] += 1
-    plan = state["bag_warmup"]
-    if plan is not None and "before" in plan and epoch == warmup_epochs(run.cfg, run.model, plan)[-1]:
-        row["bag_warmup_restored"] = end_warmup(plan, state, run.model, run.optimizer, run.scheduler)
-    # not within a warm-up: it is judged at its end
-    state["stopped"] = state["bad_epochs"] >= run.cfg.patience and not (plan is not None and "before" in plan)
+        state.bad_epochs += 1
+    if warmup.phase == "running" and epoch == warmup.epochs(cfg, run.model)[-1]:
+        bad_epochs_before = warmup.end(state.best_val, run.model, run.optimizer, run.scheduler)
+        row["bag_warmup_restored"] = bad_epochs_before is not None
+        if bad_epochs_before is not None:
+            state.bad_epochs = bad_epochs_before
+    state.stopped = stops(state, cfg.patience)
     run.save()
-    write_json(run.out_dir / "history.json", state["history"])
+    write_json(run.out_dir / CURVE_FILE, state.curve)
+
+
+def stops(state: RunState, patience: int) -> bool:
+    """Early stopping: `patience` epochs without a better validation cross-entropy; never within a warm-up
+    (it is judged at its end)."""
+    return state.bad_epochs >= patience and state.bag_warmup.phase != "running"
 
 
 def fit(
@@ -309,34 +332,27 @@ def fit(
     """Train `model` in place; resume from out_dir/last.pt when it belongs to the same run.
 
     Writes out_dir/checkpoint.pt (best validation cross-entropy), last.pt (resume state, every epoch),
-    history.json (one row per epoch) and metrics.json, which is also returned. A run that has already
-    stopped (at max_epochs, or early under the current patience) is not trained further; a larger patience
-    continues a run that stopped early, as if it had had that patience from the start; a new max_epochs (the
-    decay's horizon) starts it afresh.
+    curve.json (the training curve: one row per epoch) and metrics.json, which is also returned. A run that has
+    already stopped (at max_epochs, or early under the current patience) is not trained further; a larger
+    patience continues a run that stopped early, as if it had had that patience from the start; a new
+    max_epochs (the decay's horizon) starts it afresh.
     """
     run = start_run(model, train_data, val_data, train_cfg, Path(out_dir), seed)
     train_probe = even_sample(run.train_data, min(len(run.val_data), train_cfg.probe_outfits))
-    position = mid_epoch_random = None
+    position, mid_epoch_random = None, None
     resumed = load_resume_state(run.last_path, run.key, model, run.optimizer, run.scheduler, run.generator,
                                 run.device)
     if resumed is not None:
         run.state, position, mid_epoch_random = resumed
         # patience may differ: it only decides when a run stops, so a run the old patience stopped goes
         # on under a larger one, exactly as if it had had that patience from the start
-        run.state["stopped"] = run.state["bad_epochs"] >= train_cfg.patience
+        run.state.stopped = stops(run.state, train_cfg.patience)
 
     n_params = count_paper_parameters(model)
-    for epoch in range(run.state["epoch"] + 1, train_cfg.max_epochs + 1):
-        if run.state["stopped"]:
+    for epoch in range(run.state.epoch + 1, train_cfg.max_epochs + 1):
+        if run.state.stopped:
             break
-        plan = run.state["bag_warmup"]
-        bag_weight = bag_warmup_weight(train_cfg, model, epoch, (plan or {}).get("from"))
-        if epoch in warmup_epochs(train_cfg, model, plan) and "before" not in plan and "lifted" not in plan:
-            best = run.state["best_val"]  # a warm-up from epoch 1 is judged against the untrained model
-            begin_warmup(plan, model, run.optimizer, run.scheduler, best if math.isfinite(best) else
-                         validation_cross_entropy(model, run.val_data, 4 * train_cfg.batch_size, run.device),
-                         run.state["bad_epochs"])
-        set_bag_weight(model, bag_weight)
+        bag_weight = begin_epoch(run, epoch)
         row = train_epoch(run, epoch, position, mid_epoch_random)
         position = None
         row = validate_epoch(run, row, train_probe)
@@ -350,26 +366,26 @@ def fit(
 def finish_run(run: Run, n_params: int) -> dict:
     """metrics.json: the run's result."""
     state = run.state
-    if not math.isfinite(state["best_val"]):
+    if not math.isfinite(state.best_val):
         raise ContextualBertError(f"{run.out_dir}: no epoch had a finite validation cross-entropy; no checkpoint kept")
     metrics = {
         "variant": run.model.variant,
         "seed": run.seed,
         "parameters": n_params,
-        "epochs": state["epoch"],
-        "best_epoch": state["best_epoch"],
-        "best_val_cross_entropy": state["best_val"],
-        "stopped_early": state["stopped"],
-        "converged": convergence(state["history"], state["stopped"]),
-        "seconds": state["seconds"],
+        "epochs": state.epoch,
+        "best_epoch": state.best_epoch,
+        "best_val_cross_entropy": state.best_val,
+        "stopped_early": state.stopped,
+        "converged": convergence(state.curve, state.stopped),
+        "seconds": state.seconds,
         "device": run.device.type,
         "threads": run.cfg.num_threads,
         "cpu_kernels": cpu_kernels.in_effect() if run.device.type == "cpu" else None,
-        **({"bag_warmup": {k: v for k, v in state["bag_warmup"].items() if k != "before"}}
-           if reads_bag_warmup(run.cfg, run.model) and state["bag_warmup"] is not None else {}),
+        **({"bag_warmup": state.bag_warmup.summary()}
+           if reads_bag_warmup(run.cfg, run.model) and state.bag_warmup.phase != "due" else {}),
         **({"id_dropout": run.id_dropout} if run.id_dropout is not None else {}),
     }
-    write_json(run.out_dir / "metrics.json", metrics)
+    write_json(run.out_dir / METRICS_FILE, metrics)
     return metrics
 
 
@@ -377,10 +393,10 @@ def not_applicable(out_dir: Path, variant: str, seed: int, why: str) -> dict:
     """metrics.json of a model this data cannot train: no checkpoint; evaluation and the report say why."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("checkpoint.pt", "last.pt", "history.json"):
+    for stale in (CHECKPOINT_FILE, LAST_FILE, CURVE_FILE):
         (out_dir / stale).unlink(missing_ok=True)
     metrics = {"variant": variant, "seed": seed, NOT_APPLICABLE: why}
-    write_json(out_dir / "metrics.json", metrics)
+    write_json(out_dir / METRICS_FILE, metrics)
     return metrics
 
 

@@ -62,7 +62,9 @@ class LinearCrossEntropy(torch.autograd.Function):
         grad_h = torch.empty_like(h)
         grad_full_weight, grad_full_bias = torch.zeros_like(full_weight), torch.zeros_like(full_bias)
         grad_weight, grad_bias = grad_full_weight[first:], grad_full_bias[first:]
-        offsets = grad_offsets = grad_full_offsets = None
+        offsets: torch.Tensor | None = None
+        grad_offsets: torch.Tensor | None = None
+        grad_full_offsets: torch.Tensor | None = None
         if full_offsets is not None:
             offsets, grad_full_offsets = full_offsets[:, first:], torch.empty_like(full_offsets)
             grad_full_offsets[:, :first] = 0
@@ -86,12 +88,12 @@ class LinearCrossEntropy(torch.autograd.Function):
             grad_h[rows].mul_(inv_sum)
             grad_weight.addmm_(exp.t(), h[rows] * inv_sum)
             grad_bias.addmv_(exp.t(), inv_sum.squeeze(1))
-            if offsets is not None:
+            if grad_offsets is not None:  # set with offsets
                 torch.mul(exp, inv_sum, out=grad_offsets[rows])
         grad_h.sub_(full_weight[targets], alpha=1.0 / n)
         grad_full_weight.index_add_(0, targets, h, alpha=-1.0 / n)
         grad_full_bias.sub_(torch.bincount(targets, minlength=len(full_bias)).to(full_bias.dtype), alpha=1.0 / n)
-        if offsets is not None:
+        if grad_offsets is not None:
             grad_offsets[torch.arange(n, device=h.device), targets - first] -= 1.0 / n
         ctx.save_for_backward(grad_h, grad_full_weight, grad_full_bias, grad_full_offsets)
         return (loss / n).to(h.dtype)

@@ -6,9 +6,10 @@ Determinism: one seed fixes the initial weights, the shuffling and masking (a ge
 threads changes its rounding. torch's deterministic algorithms are on (`pin_threads_and_algorithms`).
 
 Exact resume: last.pt holds everything that changes during a run - weights, optimizer, scheduler, every random
-stream (the run's generator, torch's, CUDA's, numpy's, Python's), history and early-stopping state - after
-every epoch, and within an epoch every train.checkpoint_every_s seconds with the position in the epoch. A run
-killed at any moment and resumed ends with the same history, metrics and weights, bit for bit.
+stream (the run's generator, torch's, CUDA's, numpy's, Python's) and the run's state (`RunState`: its curve,
+early stopping, the bag warm-up) - after every epoch, and within an epoch every train.checkpoint_every_s seconds
+with the position in the epoch (`Position`). A run killed at any moment and resumed ends with the same curve,
+metrics and weights, bit for bit. last.pt carries CHECKPOINT_VERSION: one of another version is never resumed.
 """
 
 from __future__ import annotations
@@ -16,15 +17,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import math
 import random
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from contextual_bert.config import TrainConfig
+from contextual_bert.config import CHECKPOINT_FILE, CURVE_FILE, LAST_FILE, METRICS_FILE, TrainConfig
 from contextual_bert.data.feature_spec import EncodedOutfits
-from contextual_bert.model.checkpoint import atomic_save
+from contextual_bert.model.checkpoint import CHECKPOINT_VERSION, atomic_save
+from contextual_bert.training.warmup import BagWarmup
+
+RUN_FILES = (CHECKPOINT_FILE, LAST_FILE, CURVE_FILE, METRICS_FILE)
 
 # Settings a run can change and still be resumed: they do not change what an epoch computes. (The device
 # the run trains on is part of the key instead: its random streams differ; so is num_threads: it changes the
@@ -51,6 +59,47 @@ def code_digest() -> str:
     for path in sorted(PACKAGE_DIR.rglob("*.py")):
         digest.update(path.relative_to(PACKAGE_DIR).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
+
+
+@dataclass
+class RunState:
+    """What a run has done so far, saved in last.pt: the last epoch done, the training curve (a row per epoch),
+    early stopping, its seconds and the bag warm-up."""
+
+    epoch: int = 0
+    curve: list[dict] = field(default_factory=list)
+    best_val: float = math.inf
+    best_epoch: int = 0
+    bad_epochs: int = 0
+    stopped: bool = False
+    seconds: float = 0.0
+    bag_warmup: BagWarmup = field(default_factory=BagWarmup)
+
+    def to_dict(self) -> dict:
+        return {"epoch": self.epoch, "curve": self.curve, "best_val": self.best_val, "best_epoch": self.best_epoch,
+                "bad_epochs": self.bad_epochs, "stopped": self.stopped, "seconds": self.seconds,
+                "bag_warmup": self.bag_warmup.to_dict()}
+
+    @classmethod
+    def from_dict(cls, saved: dict) -> "RunState":
+        return cls(**{**saved, "bag_warmup": BagWarmup.from_dict(saved["bag_warmup"])})
+
+
+@dataclass
+class Position:
+    """Where within an epoch a run was saved: the steps done, the generator's state at the epoch's start (its
+    batches), the loss summed so far over n_targets and the epoch's seconds."""
+
+    epoch: int
+    step: int
+    epoch_generator: torch.Tensor
+    loss_sum: torch.Tensor
+    n_targets: int
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return {"epoch": self.epoch, "step": self.step, "epoch_generator": self.epoch_generator,
+                "loss_sum": self.loss_sum, "n_targets": self.n_targets, "seconds": self.seconds}
 
 
 def run_key(model, train_cfg: TrainConfig, seed: int, train_data, val_data, device) -> dict:
@@ -100,7 +149,7 @@ def random_states(generator: torch.Generator, device: torch.device) -> dict:
         "generator": generator.get_state(),
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
+        "numpy": {"keys": torch.from_numpy(np.asarray(keys).astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
                   "cached_gaussian": float(cached_gaussian)},
         "python": random.getstate(),
     }
@@ -118,41 +167,48 @@ def restore_random_states(states: dict, generator: torch.Generator, device: torc
     random.setstate((version, tuple(internal), gauss))
 
 
-def save_resume_state(path: Path, key: dict, model, optimizer, scheduler, generator, device, state: dict,
-                      position: dict | None = None) -> None:
-    """last.pt: all a run needs to go on exactly. `position` is None at an epoch's end; within an epoch it
-    holds the epoch, the steps done, the generator's state at the epoch's start and the loss summed so far."""
+def save_resume_state(path: Path, key: dict, model, optimizer, scheduler, generator, device, state: RunState,
+                      position: Position | None = None) -> None:
+    """last.pt: all a run needs to go on exactly. `position` is None at an epoch's end."""
     atomic_save(
         {
+            "version": CHECKPOINT_VERSION,
             "run_key": key,
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "random": random_states(generator, device),
-            "state": state,
-            "position": position,
+            "state": state.to_dict(),
+            "position": None if position is None else position.to_dict(),
         },
         path,
     )
 
 
-def load_resume_state(path: Path, key: dict, model, optimizer, scheduler, generator, device):
+def load_resume_state(path: Path, key: dict, model, optimizer, scheduler, generator,
+                      device) -> tuple[RunState, Position | None, dict | None] | None:
     """Restore last.pt when it belongs to the run `key`: returns (state, position, random states), the last two
     for a run stopped within an epoch (else None). Returns None and removes the run's files when last.pt is
-    another run's (other settings or data): the run starts afresh."""
+    another run's (other settings or data) or of another CHECKPOINT_VERSION (with a one-line warning naming it,
+    never loaded): the run starts afresh."""
     if not path.exists():
         return None
     saved = torch.load(path, map_location="cpu", weights_only=True)
-    if saved.get("run_key") != key or "random" not in saved:  # another run's, or written before exact resume
-        for stale in ("last.pt", "checkpoint.pt", "history.json", "metrics.json"):
+    version = saved.get("version")
+    if version != CHECKPOINT_VERSION:
+        warnings.warn(f"{path}: resume state version {version} (this code reads version {CHECKPOINT_VERSION}); not "
+                      "resumed, the run starts afresh", stacklevel=2)
+    if version != CHECKPOINT_VERSION or saved["run_key"] != key:
+        for stale in RUN_FILES:
             (path.parent / stale).unlink(missing_ok=True)
         return None
     model.load_state_dict(saved["model"])
     optimizer.load_state_dict(saved["optimizer"])
     scheduler.load_state_dict(saved["scheduler"])
     restore_random_states(saved["random"], generator, device)
-    return saved["state"], saved["position"], saved["random"]
+    position = None if saved["position"] is None else Position(**saved["position"])
+    return RunState.from_dict(saved["state"]), position, None if position is None else saved["random"]
 
 
-def write_json(path: Path, obj) -> None:
+def write_json(path: Path, obj: Any) -> None:
     atomic_save(json.dumps(obj, indent=2), path, write=lambda text, tmp: Path(tmp).write_text(text))

@@ -212,7 +212,7 @@ def results(ws: Path) -> dict:
     out = {}
     for unit in UNITS:
         path = ws / "reports/eval" / f"{unit}.json"
-        history = json.loads((ws / "models" / unit / "history.json").read_text())
+        history = json.loads((ws / "models" / unit / "curve.json").read_text())
         out[unit] = {
             "eval": json.loads(path.read_text()),
             "history": [{k: v for k, v in h.items() if k not in ("seconds", "samples_per_s")} for h in history],
