@@ -19,7 +19,7 @@ $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_na
 note="$(head -2 "$OUT/cuda_machine.txt" | tail -1), $(nproc) CPU cores"
 timeout 200 $PY benchmarks/train_throughput.py --device cuda --softmax full sampled --steps 50 --warmup 5 \
   --reference-steps 20 --note "$note" --out "$OUT/throughput_cuda.json" 2>&1 | tee "$OUT/throughput_cuda.log"
-timeout 120 $PY -m pytest tests/test_cuda.py -q -p no:cacheprovider --noconftest 2>&1 | tee "$OUT/test_cuda.log"
+timeout 120 $PY -m pytest tests/training/test_cuda.py -q -p no:cacheprovider --noconftest 2>&1 | tee "$OUT/test_cuda.log"
 timeout 200 $PY benchmarks/train_throughput_catalogue.py --device cuda --steps 20 --warmup 3 --note "$note" \
   --configs global_state_update:30000:full global_state_update:30000:sampled global_state_update:30000:encoder_only \
   global_state_attrs:3000:full global_state_attrs:3000:sampled global_state_attrs:105000:full \

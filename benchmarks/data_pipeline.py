@@ -34,18 +34,18 @@ def run_step(step: str, work: Path, size: str, hm_source: Path) -> dict:
 
     started, cpu_started = time.perf_counter(), time.process_time()
     if step == "generate":
-        from contextual_bert.data.generator import generate
+        from contextual_bert.data.sources.synthetic import generate
 
         result = generate(GenerateConfig().sizes[size], seed=0, out_dir=work / "paper" / "raw")
         rows = result["rows"]
     elif step == "import_sets":
         from contextual_bert.config import ImportSetsConfig
-        from contextual_bert.data.import_sets import import_sets
+        from contextual_bert.data.sources.sets import import_sets
 
         result = import_sets(work / "pairs.csv", work / "sets" / "raw", ImportSetsConfig(customer_column="customer"))
         rows = result["rows"] | {"pairs": result["pairs"], "sets_kept": result["sets_kept"]}
     elif step == "import_hm":
-        from contextual_bert.data.importers import import_hm
+        from contextual_bert.data.sources.hm import import_hm
 
         result = import_hm(hm_source, work / "hm" / "raw", ImportHMConfig())
         rows = result["rows"] | {"baskets": result["baskets"], "baskets_kept": result["baskets_kept"]}

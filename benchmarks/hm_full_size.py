@@ -258,7 +258,7 @@ def run_step(step: str, scratch: Path) -> dict:
     work = scratch / "pipeline"
     started, cpu_started = time.perf_counter(), time.process_time()
     if step in IMPORTS:
-        from contextual_bert.data.importers import import_hm
+        from contextual_bert.data.sources.hm import import_hm
 
         phases: dict = {}
         copy = IMPORTS[step]

@@ -121,6 +121,6 @@ def test_the_derivation_follows_handlers_and_function_local_imports():
     run = modules_run_by("contextual-bert evaluate --variant ${item.variant} --seed ${item.seed}")
     assert {"cli", "config", "errors", "evaluation.evaluate", "registry.tracking", "data.feature_store", "model",
             "model.encoder", "devices"} <= run
-    assert "registry.models" not in run and "data.generator" not in run
+    assert "registry.models" not in run and "data.sources.synthetic" not in run
     # ingest dispatches to the generate and import-hm handlers: both are run by it.
-    assert {"data.generator", "data.importers", "data.contract"} <= modules_run_by("contextual-bert ingest")
+    assert {"data.sources.synthetic", "data.sources.hm", "data.contract"} <= modules_run_by("contextual-bert ingest")

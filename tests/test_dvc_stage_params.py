@@ -35,8 +35,8 @@ SECTIONS = set(Config.model_fields) | {"validate"}
 ELSEWHERE = {
     ("evaluate", "features"): "registry.tracking logs the features section with a training's MLflow run",
     ("register", "features"): "registry.tracking logs the features section with a training's MLflow run",
-    ("optimum", "ingest"): "data.planted's ingest reads it; optimum reads what ingest wrote (data/raw, a dep)",
-    ("optimum", "planted"): "data.planted's ingest reads it; optimum reads what ingest wrote (data/raw, a dep)",
+    ("optimum", "ingest"): "data.sources.planted's ingest reads it; optimum reads what ingest wrote (data/raw, a dep)",
+    ("optimum", "planted"): "data.sources.planted's ingest reads it; optimum reads what ingest wrote (data/raw, a dep)",
     ("source", "generate"): "the generators' ingest reads it; a generated source has no file to fingerprint",
     ("source", "planted"): "the generators' ingest reads it; a generated source has no file to fingerprint",
 }

@@ -1,4 +1,4 @@
-"""The closets Table 1 (issue 56, item 5): planted closets (data/closets.py) at about real personalised outfits'
+"""The closets Table 1 (issue 56, item 5): planted closets (data/planted/closets.py) at about real personalised outfits'
 shape, 30k outfits of 80k articles, each customer re-wearing a hidden closet; time split, history on, one seed, ids
 only: the four context variants and the bag of items + c, every yardstick (baseline: popularity, popularity by
 attribute, popularity + own history) and the exact optimum (without context, with context, with context and

@@ -1,6 +1,6 @@
 """Table 1 before and after a change of recipe: each row's test mean of two `reports/metrics.json` (the seeds'
 mean and SE that `contextual-bert report` writes), their difference and the SE of the difference, as
-Table 1 compares two rows (report.compare). A row "loses" when it is worse by more than that SE, "gains" when better
+Table 1 compares two rows (report_stats.compare). A row "loses" when it is worse by more than that SE, "gains" when better
 by more. `--before` may name a git revision (`REV:path`), so the committed Table 1 is the baseline.
 
 `--runs-before REV` also pairs every run's best validation cross-entropy (`reports/train/<run>.json`) with the
@@ -20,7 +20,8 @@ import statistics
 import subprocess
 from pathlib import Path
 
-from contextual_bert.evaluation.report import LABELS, compare
+from contextual_bert.evaluation.report_stats import compare
+from contextual_bert.evaluation.table1 import LABELS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `studies.project`: studies/ is a folder of scripts, not an installed package
 from studies.project import record  # noqa: E402

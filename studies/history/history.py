@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scri
 from studies.project import Project, override, record, relocated  # noqa: E402
 
 from contextual_bert.evaluation.bootstrap import OUTFITS_KEY, mean_record, paired_difference  # noqa: E402
-from contextual_bert.evaluation.report import LABELS  # noqa: E402
+from contextual_bert.evaluation.table1 import LABELS  # noqa: E402
 
 METRICS = (("cross_entropy", False), ("recall@5", True))
 

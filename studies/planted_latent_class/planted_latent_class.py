@@ -39,7 +39,7 @@ from contextual_bert.evaluation.evaluate import evaluate_split
 from contextual_bert.data.feature_spec import N_SPECIAL
 from contextual_bert.data.feature_store import load_split
 from contextual_bert.evaluation.optimum import optimum_from_features
-from contextual_bert.data.planted import load_truth
+from contextual_bert.data.planted.tastes import load_truth
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `studies.project`: studies/ is a folder of scripts, not an installed package
 from studies.project import record  # noqa: E402

@@ -4,7 +4,7 @@ Reads data/validated (the raw contract, `contract.py`) and writes data/features 
 `feature_store.py` and docs/architecture.md; everyone else reads it through `feature_store`). Everything
 learned from data (article vocabulary, context vocabularies, numeric bucket edges) is fit on the TRAIN split
 only, so validation and test rows can hold unseen values exactly as serving requests can. The encoding
-rules are in `feature_store.py`.
+rules are in `encoding.py`.
 
 Split: by outfit, from a keyed hash (BLAKE2b, 8 bytes, key = `split_seed`) of the outfit_id mapped to
 [0, 1): below `test_fraction` -> test, below `test_fraction + val_fraction` -> val, else train. An outfit
@@ -52,16 +52,10 @@ from contextual_bert.data.feature_store import (
     SPECIAL_ARTICLES,
     SPEC_FILE,
     SPLITS,
-    ArticleVocab,
-    Catalogue,
-    ContextIndexer,
-    as_object_array,
-    explode_values,
     file_sha256,
-    text_lists,
-    text_of,
-    to_float,
 )
+from contextual_bert.data.encoding import as_object_array, explode_values, text_lists, text_of, to_float
+from contextual_bert.data.vocabularies import ArticleVocab, Catalogue, ContextIndexer
 
 # Columns of the encoded outfits table that a context feature must not be named after.
 OUTFIT_COLUMNS = ("outfit_id", "customer_id", "split", "items", HISTORY_FEATURE)
@@ -249,7 +243,7 @@ def _fit_feature(name: str, kind: str, source: str, values, cfg: FeaturesConfig,
     """One feature's spec and vocabulary entry (values or bucket edges), fitted on `values`: the one fitting
     code of context features and article attributes."""
     max_values = 1
-    if kind == "text":  # its words, as a list of values (feature_store.text_words)
+    if kind == "text":  # its words, as a list of values (encoding.text_words)
         values_seen, longest = fit_multi(text_lists(values), cfg.min_text_count)
         max_values = min(cfg.max_text_words, longest)
         entry = {"kind": kind, "source": source, "values": values_seen, "max_values": max_values}

@@ -20,7 +20,7 @@ LEVEL = 0.95
 CI_METRICS = ("cross_entropy", "recall@1", "recall@5", "recall@10")
 OUTFITS_KEY = "test_outfits"  # the evaluation JSON's per-outfit record (outfit_record)
 KNOWN_OUTFITS_KEY = "test_known_outfits"  # a catalogue ranker's record of its targets with an id embedding alone
-DEPENDENCE_METRIC = "outfit_dependence"  # the evaluation JSON's outfit dependence (evaluation.py), read by report.py
+DEPENDENCE_METRIC = "outfit_dependence"  # the evaluation JSON's outfit dependence (evaluation.py), read by table1.py
 SUM_DIGITS = 9  # per-outfit sums in the JSON: far below 1e-6 nats, yet a short number
 
 

@@ -40,13 +40,8 @@ import torch
 from contextual_bert.devices import autocast, select_device
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.data.feature_spec import N_SPECIAL, PAD_INDEX
-from contextual_bert.data.feature_store import (
-    CATALOGUE_FEATURE_FILES,
-    MODEL_FEATURE_FILES,
-    EncodedRows,
-    OutfitEncoder,
-    load_catalogue,
-)
+from contextual_bert.data.feature_store import CATALOGUE_FEATURE_FILES, MODEL_FEATURE_FILES, load_catalogue
+from contextual_bert.data.outfit_encoder import EncodedRows, OutfitEncoder
 from contextual_bert.data.contract import read_table_file
 
 MAX_TOP_K = 250
@@ -76,7 +71,7 @@ class OutfitCompleterCore:
     def _traced_masked_logits(self):
         """The model's masked_logits as a TorchScript trace. On the CPU a small request's forward pass is
         a few hundred small ops, and Python's share of each is most of the time: the trace runs them
-        without it (one row: 4.6 -> 2.3 ms CPU, measured; the same numbers, tests/test_serving.py).
+        without it (one row: 4.6 -> 2.3 ms CPU, measured; the same numbers, tests/serving/test_serving.py).
         Shapes stay free (batch and width are read at run time); the trace keeps no Python check, and
         needs none here: the encoder gives every row exactly one [MASK]. TorchScript is deprecated from
         torch 2.13 on, though still supported: where it goes, serve the module (self.model.masked_logits)."""
@@ -256,7 +251,7 @@ def signature(spec, top_k: int):
     from mlflow.types.schema import AnyType, Array, ColSpec, ParamSchema, ParamSpec, Schema
 
     # Every input is declared Any and checked where it is read, by one rule in and out of the scoring server:
-    # the outfit by feature_store.outfit_ids_of (not a list, empty, a repeated or odd id: a one-line error
+    # the outfit by outfit_encoder.outfit_ids_of (not a list, empty, a repeated or odd id: a one-line error
     # naming the row, HTTP 400), a context value by the encoder (a plain string is a one-value list; a value
     # it cannot use, such as a word or true/false for a number, is reported per row as unknown). A typed
     # column is enforced by MLflow before predict, differently per path: over HTTP it casts true to 1.0 and

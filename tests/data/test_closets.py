@@ -1,4 +1,4 @@
-"""Planted closets (data/closets.py): the data, draws that follow the story, and its exact optimum (optimum.py)
+"""Planted closets (data/planted/closets.py): the data, draws that follow the story, and its exact optimum (optimum.py)
 against brute-force enumeration of the story on a tiny truth, and through the pipeline's stages."""
 
 from __future__ import annotations
@@ -14,20 +14,19 @@ import pytest
 import torch
 
 from contextual_bert.config import PlantedConfig
-from contextual_bert.data.closets import CLOSET_CONTEXT_COLUMNS, ClosetTruth, _story, closet_schema
+from contextual_bert.data.planted.closets import CLOSET_CONTEXT_COLUMNS, ClosetTruth, _story, closet_schema
 from contextual_bert.data.contract import DATE_COLUMN, TABLES, DataSchema
 from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, UNKNOWN_INDEX
-from contextual_bert.data.planted import TRUTH_JSON
-from contextual_bert.data.planted_source import generate as generate_planted, load_truth
-from contextual_bert.evaluation.optimum import (
-    HISTORY_RESULT,
+from contextual_bert.data.planted.tastes import TRUTH_JSON
+from contextual_bert.data.sources.planted import generate as generate_planted, load_truth
+from contextual_bert.data.planted.optimum import (
     OUTFIT_ROW,
     ClosetHistoryOptimum,
     ClosetOptimum,
     build_closet_optimum,
     closet_history_log_prior,
-    optimum_from_features,
 )
+from contextual_bert.evaluation.optimum import HISTORY_RESULT, optimum_from_features
 
 SMALL = PlantedConfig(n_outfits=3000, n_articles=2000, n_customers=60, n_types=10, closet_size=12,
                       rewear_probability=0.4, seed=3)  # fmt: skip

@@ -82,7 +82,8 @@ def test_the_traced_forward_pass_equals_the_models_at_any_batch_and_width(tiny_p
     sizes and outfit widths, gives exactly the model's own logits."""
     import torch
 
-    from contextual_bert.data.feature_store import OutfitEncoder, load_article_vocab
+    from contextual_bert.data.feature_store import load_article_vocab
+    from contextual_bert.data.outfit_encoder import OutfitEncoder
     from contextual_bert.model import build_model
 
     cfg = tiny_project.cfg

@@ -14,10 +14,11 @@ import pytest
 from contextual_bert.config import ImportHMConfig
 from contextual_bert.data.contract import DATE_COLUMN, DATE_TYPE, HM_SCHEMA, IMPORT_QUARANTINE, DataSchema
 from contextual_bert.errors import DataError
-from contextual_bert.data.importers import ARTICLES, CUSTOMERS, TRANSACTIONS, _article_id_sql, import_hm
+from contextual_bert.data.sources.hm import _article_id_sql, import_hm
+from contextual_bert.data.sources.hm_files import ARTICLES, CUSTOMERS, TRANSACTIONS
 from helpers import hm_fixture
 
-HM_SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "hm_sample"
+HM_SAMPLE = Path(__file__).resolve().parents[3] / "shared" / "data" / "hm_sample"
 
 
 @pytest.fixture(scope="module")
@@ -364,7 +365,7 @@ def test_a_parquet_t_dat_with_a_time_zone_gives_its_utc_day_on_any_machine(tmp_p
     frame["t_dat"] = frame["t_dat"].dt.tz_localize("UTC") + pd.Timedelta(hours=23, minutes=30)  # late in the day
     frame.to_parquet(source / "transactions_train.parquet", index=False)
     (source / TRANSACTIONS).unlink()
-    code = ("import sys; from contextual_bert.data.importers import import_hm; "
+    code = ("import sys; from contextual_bert.data.sources.hm import import_hm; "
             "from contextual_bert.config import ImportHMConfig; import_hm(sys.argv[1], sys.argv[2], ImportHMConfig())")
     subprocess.run([sys.executable, "-c", code, str(source), str(tmp_path / "out")], check=True,
                    env={**os.environ, "TZ": "Pacific/Auckland"})  # where 23:30 UTC is the next day

@@ -20,7 +20,7 @@ from contextual_bert.data.contract import DATE_COLUMN, DATE_TYPE, IMPORT_QUARANT
 from contextual_bert.errors import DataError
 from contextual_bert.data.feature_store import load_split
 from contextual_bert.data.features import build_features
-from contextual_bert.data.import_sets import import_sets
+from contextual_bert.data.sources.sets import import_sets
 from contextual_bert.data.validation import validate
 from helpers import TINY_MODEL, dvc_project
 

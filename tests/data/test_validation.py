@@ -19,8 +19,8 @@ from contextual_bert.cli import main
 from contextual_bert.config import GeneratorSize, ImportHMConfig, ValidateConfig
 from contextual_bert.data.contract import DATE_COLUMN, DATE_TYPE, TABLES
 from contextual_bert.errors import ContextualBertError, DataError
-from contextual_bert.data.generator import generate
-from contextual_bert.data.importers import import_hm
+from contextual_bert.data.sources.synthetic import generate
+from contextual_bert.data.sources.hm import import_hm
 from contextual_bert.data.validation import FAILED_COLUMN, validate
 from helpers import hm_fixture
 

@@ -13,18 +13,20 @@ import yaml
 from contextual_bert.cli import main
 from contextual_bert.config import EvaluateConfig
 from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
-from contextual_bert.evaluation.optimum import (
-    HISTORY_RESULT,
+from contextual_bert.data.planted.optimum import (
     OUTFIT_ROW,
-    RESULTS,
     build_optimum,
     elementary_symmetric_excluding,
-    evaluate_optimum,
     history_log_prior,
+)
+from contextual_bert.evaluation.optimum import (
+    HISTORY_RESULT,
+    RESULTS,
+    evaluate_optimum,
     history_optimum_data,
     optimum_from_features,
 )
-from contextual_bert.data.planted import PlantedTruth
+from contextual_bert.data.planted.tastes import PlantedTruth
 
 # The hand-computed case: 3 types (a0 a1 | a2 a3 | a4 a5), 2 tastes, 2 customers.
 W = np.array([[1, 3], [3, 1], [2, 1], [2, 3], [1, 4], [1, 1]], dtype=float)  # w[a, z]
@@ -195,7 +197,7 @@ def test_without_history_the_optimum_with_history_is_the_one_with_context(histor
     from contextual_bert.data.contract import DATE_COLUMN
     from contextual_bert.data.feature_store import load_split
     from contextual_bert.data.history import earlier_outfits
-    from contextual_bert.data.planted import load_truth
+    from contextual_bert.data.planted.tastes import load_truth
 
     raw, features = history_project / "data/raw", history_project / "data/features"
     model, rows, _ = history_optimum_data(raw, features)

@@ -11,7 +11,7 @@ import yaml
 
 from contextual_bert.config import Config
 from contextual_bert.errors import DataError
-from contextual_bert.data.importers import TRANSACTIONS
+from contextual_bert.data.sources.hm_files import TRANSACTIONS
 from contextual_bert.data.sources import SOURCES, fingerprint, hash_cache_path, write_fingerprint
 from helpers import dvc_project, hm_fixture
 

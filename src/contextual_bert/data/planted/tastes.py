@@ -1,6 +1,6 @@
 """Planted data: outfits from a generative story whose Bayes-optimal masked-item predictor is exact.
 
-The stylist generator (`generator.py`) is realistic but its optimum cannot be computed. This one is simpler
+The stylist generator (`data/sources/synthetic.py`) is realistic but its optimum cannot be computed. This one is simpler
 on purpose: a latent taste z links the customer's context to the articles of an outfit, and every
 probability in the story is known, so `optimum.py` can say how well any model could possibly do.
 
@@ -68,7 +68,7 @@ customer_taste_table (U, K), s * H: P(z | x_c, u) = softmax(taste_logit[c] + cus
 vocabulary lacks exactly); this module writes the data and the truth it needs.
 
 Planted closets (planted.closet_size > 0) are another story, with their own truth (closets.py);
-planted_source.py, the `planted` source, picks the story.
+data/sources/planted.py, the `planted` source, picks the story.
 
 Files (the raw contract of `contract.py`, so validate / features / train run unchanged, plus the truth):
 data/raw/{articles,customers,outfits}.parquet, schema.json (source "planted"), ingest_report.json, and

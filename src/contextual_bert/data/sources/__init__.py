@@ -40,13 +40,13 @@ class Source:
 
 
 SOURCES: dict[str, Source] = {
-    "synthetic": Source("contextual_bert.data.generator", "generate",
+    "synthetic": Source("contextual_bert.data.sources.synthetic", "generate",
                         "synthetic stylist outfits with the paper's customer context"),
-    "hm": Source("contextual_bert.data.importers", "import_hm",
+    "hm": Source("contextual_bert.data.sources.hm", "import_hm",
                  "H&M Kaggle transactions, grouped into baskets; customers.csv columns as context"),
-    "sets": Source("contextual_bert.data.import_sets", "import_sets",
+    "sets": Source("contextual_bert.data.sources.sets", "import_sets",
                    "curated sets (outfit id, item id) or Polyvore Outfits JSON; customers optional"),
-    "planted": Source("contextual_bert.data.planted_source", "planted",
+    "planted": Source("contextual_bert.data.sources.planted", "planted",
                       "planted customer signal whose exact Bayes-optimal predictor is known (optimum stage)"),
 }  # fmt: skip
 

@@ -14,7 +14,7 @@ import pytest
 from contextual_bert.config import PlantedConfig
 from contextual_bert.data.contract import DATE_COLUMN, TABLES, DataSchema
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.data.planted import (
+from contextual_bert.data.planted.tastes import (
     CONTEXT_COLUMNS,
     TRUTH_JSON,
     _catalogue,

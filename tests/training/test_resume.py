@@ -3,7 +3,7 @@ checkpoint, mid-epoch, during the validation pass, between epochs) and started a
 optimizer state, history and metrics, bit for bit, as one never interrupted; and two uninterrupted runs of one
 unit are bit-identical whatever thread count the environment offers (train.num_threads decides).
 
-Each run is a child process (`python tests/test_resume.py <out> <kill> <checkpoint_every_s>`) so that a kill is
+Each run is a child process (`python tests/training/test_resume.py <out> <kill> <checkpoint_every_s>`) so that a kill is
 a real SIGKILL: nothing is flushed, no `finally` runs.
 """
 
@@ -89,7 +89,7 @@ def child(out: Path, kill: str, checkpoint_every_s: float) -> None:
 
 
 def run_child(out: Path, kill: str = "none", checkpoint_every_s: float = 0.0, env: dict | None = None) -> int:
-    src = str(HERE.parent / "src")
+    src = str(HERE.parents[1] / "src")
     env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, __file__, str(out), kill, str(checkpoint_every_s)], env=env,
                           capture_output=True, text=True, timeout=600).returncode

@@ -18,10 +18,10 @@ from contextual_bert.cli import main
 from contextual_bert.config import ImportSetsConfig, load_config
 from contextual_bert.data.contract import IMPORT_QUARANTINE
 from contextual_bert.errors import DataError
-from contextual_bert.data.import_sets import article_name, import_sets
+from contextual_bert.data.sources.sets import article_name, import_sets
 from helpers import TINY_MODEL
 
-RETAILER = Path(__file__).parent / "fixtures" / "retailer"
+RETAILER = Path(__file__).resolve().parents[1] / "fixtures" / "retailer"
 # what a user of that retailer's files sets (docs/curated_products.md)
 RETAILER_SETS = {"source": str(RETAILER / "outfits.csv"), "outfit_column": "Outfit ID", "item_column": "Item ID",
                  "articles": str(RETAILER / "products.tsv"), "article_id_column": "item_id",

@@ -1,7 +1,7 @@
 """Planted closets: real personalised outfits' shape (a large catalogue, each article seen once or twice, customers
-who wear their own clothes again), from a story whose Bayes-optimal predictor is exact (evaluation/optimum.py).
+who wear their own clothes again), from a story whose Bayes-optimal predictor is exact (optimum.py).
 
-`planted.closet_size > 0` switches the planted source to this story (`planted_source.py` picks it); 0, the
+`planted.closet_size > 0` switches the planted source to this story (`data/sources/planted.py` picks it); 0, the
 default, leaves today's planted data byte for byte. Its tastes are not used: the only latent is the customer.
 
 The story (numpy; one `numpy.random.Generator` seeded `planted.seed` for all but the dates):
@@ -48,7 +48,7 @@ import pyarrow as pa
 
 from contextual_bert.config import PlantedConfig
 from contextual_bert.data.contract import ContextColumn, DataSchema
-from contextual_bert.data import planted
+from contextual_bert.data.planted import tastes
 
 # (column, number of values): the customers' context, of few combinations (24): it narrows the customer down to a
 # group, never to one customer
@@ -104,11 +104,11 @@ class ClosetTruth:
         return out
 
     def save(self, out_dir: Path, about: dict) -> None:
-        np.savez_compressed(Path(out_dir) / planted.TRUTH_FILE, article_ids=self.article_ids.astype(str),
+        np.savez_compressed(Path(out_dir) / tastes.TRUTH_FILE, article_ids=self.article_ids.astype(str),
                             article_type=self.article_type, log_popularity=self.log_popularity,
                             customer_ids=self.customer_ids.astype(str), **{CLOSET_KEY: self.closet},
                             rewear=np.float64(self.rewear), n_types=np.int64(self.n_types))  # fmt: skip
-        (Path(out_dir) / planted.TRUTH_JSON).write_text(json.dumps(about, indent=2))
+        (Path(out_dir) / tastes.TRUTH_JSON).write_text(json.dumps(about, indent=2))
 
     @classmethod
     def from_npz(cls, z) -> "ClosetTruth":
@@ -125,8 +125,8 @@ def truth_from_npz(z, path: Path) -> ClosetTruth:
 
 
 def closet_schema() -> DataSchema:
-    return DataSchema(source=planted.SOURCE, context_columns=tuple(
-        ContextColumn(name, "customers", "categorical", nullable=False, values=tuple(planted._names(name, k)))
+    return DataSchema(source=tastes.SOURCE, context_columns=tuple(
+        ContextColumn(name, "customers", "categorical", nullable=False, values=tuple(tastes._names(name, k)))
         for name, k in CLOSET_CONTEXT_COLUMNS))  # fmt: skip
 
 
@@ -154,7 +154,7 @@ def _story(cfg: PlantedConfig, max_set_size: int, min_set_size: int) -> dict:
     popularity = (rng.permutation(a) + 1.0) ** -cfg.popularity_exponent
     values = {}
     for name, n_values in CLOSET_CONTEXT_COLUMNS:
-        values[name] = rng.choice(n_values, c, p=rng.dirichlet(np.full(n_values, planted.VALUE_ODDS_CONCENTRATION)))
+        values[name] = rng.choice(n_values, c, p=rng.dirichlet(np.full(n_values, tastes.VALUE_ODDS_CONCENTRATION)))
     closet = rng.choice(a, (c, cfg.closet_size), p=popularity / popularity.sum())
 
     customer = rng.integers(0, c, n)
@@ -178,26 +178,26 @@ def _story(cfg: PlantedConfig, max_set_size: int, min_set_size: int) -> dict:
     order = np.lexsort((rng.random(len(draw_outfit)), draw_outfit))  # grouped by outfit, items shuffled
     return dict(article_type=article_type, popularity=popularity, values=values, closet=closet, customer=customer,
                 size=size, draw_outfit=draw_outfit[order], article=article[order], rewear=rewear[order],
-                date=planted.outfit_dates(cfg.seed, n))  # fmt: skip
+                date=tastes.outfit_dates(cfg.seed, n))  # fmt: skip
 
 
 def generate_closets(cfg: PlantedConfig, out_dir: Path, max_set_size: int, min_set_size: int) -> dict:
     """Write the raw contract and the ClosetTruth into out_dir (planted_source.generate with closet_size > 0)."""
-    planted.check_sizes(cfg, max_set_size)
+    tastes.check_sizes(cfg, max_set_size)
     started = time.perf_counter()
     s = _story(cfg, max_set_size, min_set_size)
-    article_id, customer_id = planted._names("P", cfg.n_articles), planted._names("PC", cfg.n_customers)
+    article_id, customer_id = tastes._names("P", cfg.n_articles), tastes._names("PC", cfg.n_customers)
     none = pa.nulls(cfg.n_articles, pa.string())
     tables = {
         "articles": pa.table({
             "article_id": pa.array(article_id, pa.string()),
-            "product_type": pa.array(planted._names("type", cfg.n_types)[s["article_type"]], pa.string()),
+            "product_type": pa.array(tastes._names("type", cfg.n_types)[s["article_type"]], pa.string()),
             "brand": none, "color": none, "style": none, "price": pa.nulls(cfg.n_articles, pa.float64())}),
         "customers": pa.table({
             "customer_id": pa.array(customer_id, pa.string()),
-            **{name: pa.array(planted._names(name, k)[s["values"][name]], pa.string())
+            **{name: pa.array(tastes._names(name, k)[s["values"][name]], pa.string())
                for name, k in CLOSET_CONTEXT_COLUMNS}}),
-        "outfits": planted.outfits_table(customer_id[s["customer"]], article_id[s["article"]], s["size"], s["date"]),
+        "outfits": tastes.outfits_table(customer_id[s["customer"]], article_id[s["article"]], s["size"], s["date"]),
     }  # fmt: skip
     truth = ClosetTruth(article_ids=article_id.astype(str), article_type=s["article_type"],
                         log_popularity=np.log(s["popularity"]), customer_ids=customer_id.astype(str),
@@ -221,7 +221,7 @@ def generate_closets(cfg: PlantedConfig, out_dir: Path, max_set_size: int, min_s
         "signal": signal,
     }
     report = {
-        "source": planted.SOURCE,
+        "source": tastes.SOURCE,
         "story": "closets",
         "seed": cfg.seed,
         "size": {"n_outfits": cfg.n_outfits, "n_articles": cfg.n_articles, "n_customers": cfg.n_customers,
@@ -231,5 +231,5 @@ def generate_closets(cfg: PlantedConfig, out_dir: Path, max_set_size: int, min_s
         "articles_never_drawn": int(cfg.n_articles - len(drawn)),
         "planted_signal": signal,
     }
-    planted.write_raw(Path(out_dir), tables, closet_schema(), truth, about, report)
+    tastes.write_raw(Path(out_dir), tables, closet_schema(), truth, about, report)
     return {**report, "seconds": round(time.perf_counter() - started, 2)}

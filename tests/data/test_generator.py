@@ -11,7 +11,9 @@ import pytest
 
 from contextual_bert.config import GeneratorSize
 from contextual_bert.data.contract import DATE_COLUMN, DATE_TYPE, PAPER_SCHEMA, TABLES, DataSchema
-from contextual_bert.data.generator import COLORS, DATE_SPAN_DAYS, DATE_START, OCCASION_RULES, PRODUCT_TYPES, generate
+from contextual_bert.data.sources.synthetic import generate
+from contextual_bert.data.sources.synthetic_world import (COLORS, DATE_SPAN_DAYS, DATE_START, OCCASION_RULES,
+                                                         PRODUCT_TYPES)
 
 SMALL = GeneratorSize(n_outfits=3000, n_articles=1500, n_customers=400)
 
@@ -163,7 +165,8 @@ def test_every_outfit_has_a_date_over_about_two_years(data):
 
 def _hidden(seed: int, size: GeneratorSize, strength: float) -> dict:
     """The hidden tastes generate() draws (from their own stream), recomputed."""
-    from contextual_bert.data.generator import TASTE_STREAM, _hidden_tastes, _make_articles, _make_customers
+    from contextual_bert.data.sources.synthetic_world import (TASTE_STREAM, _hidden_tastes, _make_articles,
+                                                             _make_customers)
 
     rng = np.random.default_rng(seed)
     art = _make_articles(rng, size.n_articles)
@@ -174,7 +177,7 @@ def _hidden(seed: int, size: GeneratorSize, strength: float) -> dict:
 def test_customer_taste_strength_0_draws_the_articles_as_without_hidden_tastes(tmp_path, monkeypatch):
     """Strength 0 consults no taste at all: the tables are those of a run where the hidden tastes cannot be
     drawn; strength > 0 moves only the article draws (the same customers, occasions, sizes and dates)."""
-    import contextual_bert.data.generator as generator
+    import contextual_bert.data.sources.synthetic as generator
 
     generate(SMALL, seed=7, out_dir=tmp_path / "zero", customer_taste_strength=0.0)
     generate(SMALL, seed=7, out_dir=tmp_path / "one", customer_taste_strength=1.0)

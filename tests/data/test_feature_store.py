@@ -7,14 +7,10 @@ import torch
 
 from contextual_bert.errors import ContextualBertError, DataError
 from contextual_bert.data.feature_spec import MASK_INDEX, MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec
-from contextual_bert.data.feature_store import (
-    SMALL_FRAME_ROWS,
-    ArticleVocab,
-    ContextIndexer,
-    OutfitEncoder,
-    load_article_vocab,
-    load_split,
-)
+from contextual_bert.data.encoding import SMALL_FRAME_ROWS
+from contextual_bert.data.feature_store import load_article_vocab, load_context_indexer, load_split
+from contextual_bert.data.outfit_encoder import OutfitEncoder
+from contextual_bert.data.vocabularies import ArticleVocab, ContextIndexer
 from feature_data import build_paper_features
 
 
@@ -45,7 +41,7 @@ def test_load_split_round_trip_matches_the_tables(paper):
 
 def test_context_indexer_matches_training_rows_and_reports_unknowns(paper):
     features_dir, _, (_, customers, outfits) = paper
-    encoder = ContextIndexer.load(features_dir)
+    encoder = load_context_indexer(features_dir)
     split = load_split(features_dir, "test", max_set_size=8)
     raw = outfits.set_index("outfit_id").loc[split.outfit_ids].reset_index()
     rows = raw[["customer_id", "occasion"]].merge(customers, on="customer_id", how="left")

@@ -6,7 +6,8 @@ import pytest
 
 from contextual_bert.config import Config
 from contextual_bert.errors import DataError
-from contextual_bert.evaluation.report import build_report, compare, mean_se
+from contextual_bert.evaluation.report import build_report
+from contextual_bert.evaluation.report_stats import compare, mean_se
 
 KS = [1, 2, 5, 10, 20, 50, 100, 250]
 # Made-up test metrics per variant and seed: [None] clearly worst, [C] within noise of [None] on

@@ -22,8 +22,8 @@ from contextual_bert.evaluation.evaluate import outfit_dependence
 from contextual_bert.evaluation.ranking import case_ranks
 from contextual_bert.data.feature_spec import N_SPECIAL, PAD_INDEX, ContextSpec, EncodedOutfits
 from contextual_bert.model import ContextualBert
-from contextual_bert.evaluation.optimum import build_optimum
-from contextual_bert.data.planted import generate_planted, load_truth
+from contextual_bert.data.planted.optimum import build_optimum
+from contextual_bert.data.planted.tastes import generate_planted, load_truth
 from contextual_bert.training import fit
 
 from helpers import REPO
