@@ -11,9 +11,34 @@ from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, ValidationError, model_validator
 
+from contextual_bert.config_sources import (  # noqa: F401 - the sources' sections, read through the config
+    AttributeKindName,
+    GenerateConfig,
+    GeneratorSize,
+    ImportHMConfig,
+    ImportSetsConfig,
+    IngestConfig,
+    PlantedConfig,
+    Section,
+)
 from contextual_bert.errors import ContextualBertError
+from contextual_bert.names import (  # noqa: F401 - the model names, read through the config by most modules
+    ATTRIBUTE_MODELS,
+    ATTRIBUTES_SUFFIX,
+    BASELINE_MODELS,
+    CHECKPOINT_FILE,
+    CONTEXT_FREE,
+    CURVE_FILE,
+    LAST_FILE,
+    METRICS_FILE,
+    MODELS,
+    NOT_APPLICABLE,
+    VARIANTS,
+    base_model,
+    uses_attributes,
+)
 
 
 def _distinct(values: list) -> list:
@@ -33,17 +58,7 @@ def recall_k(metric: str) -> int:
         raise ContextualBertError(f"promote.metric '{metric}' is not recall@K (the paired test compares hits@K)")
     return int(match.group(1))
 
-VARIANTS = ("none", "concat", "new_position", "global_state", "global_state_update")  # the paper's five
-BASELINE_MODELS = ("bag_of_items", "bag_of_items_context")  # learned baselines, trained by the same code
-CONTEXT_FREE = ("none", "bag_of_items")  # the models that read no customer context (and their "_attrs" twins)
-NOT_APPLICABLE = "not_applicable"  # a run's metrics.json key: this data cannot train the model, and why
-# A run directory's files (Config.run_dir): the best checkpoint, the resume state, the training curve (a row per
-# epoch) and the run's result
-CHECKPOINT_FILE, LAST_FILE, CURVE_FILE, METRICS_FILE = "checkpoint.pt", "last.pt", "curve.json", "metrics.json"
-# Every model again with article attributes (issue 14): "<model>_attrs" reads the catalogue's attributes
-# (features.article_attributes) beside the article ids. Named models of their own, so DVC matrix keys, run
-# directories, reports and MLflow runs never mix them with the paper's rows.
-ATTRIBUTES_SUFFIX = "_attrs"
+
 ATTRIBUTE_SETTINGS = ("id_dropout", "attribute_overlap")  # settings only the "_attrs" models read: set per model
 ENCODER_SETTINGS = ("bag_warmup_epochs", "bag_warmup_check_steps")  # train settings only the paper's encoders read
 InitEmbeddings = Literal["random", "cooccurrence"]  # how the article-id embeddings start (cooccurrence.py)
@@ -51,23 +66,7 @@ InitOutput = Literal["random", "counts"]  # how the logits start: random, or as 
 # an "_attrs" model's id dropout: a rate, or "auto", the validation articles' share without an id (training.id_dropout_rate)
 IdDropout = Annotated[float, Field(ge=0, lt=1)] | Literal["auto"]
 Softmax = Literal["full", "sampled"]  # the training loss's output layer (training.NegativeSampler)
-ATTRIBUTE_MODELS = tuple(m + ATTRIBUTES_SUFFIX for m in VARIANTS + BASELINE_MODELS)
-MODELS = VARIANTS + BASELINE_MODELS + ATTRIBUTE_MODELS
 Variant = Literal[MODELS]  # type: ignore[valid-type]  # a model name, as pydantic validates it (Literal[("a", "b")] is Literal["a", "b"])
-
-
-def uses_attributes(model: str) -> bool:
-    """Does this model name read article attributes ("<model>_attrs")?"""
-    return model.endswith(ATTRIBUTES_SUFFIX)
-
-
-def base_model(model: str) -> str:
-    """The paper variant or learned baseline a model name is built on ("none_attrs" -> "none")."""
-    return model[: -len(ATTRIBUTES_SUFFIX)] if uses_attributes(model) else model
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class PathsConfig(Section):
@@ -78,114 +77,6 @@ class PathsConfig(Section):
     models_dir: Path = Path("models")
     reports_dir: Path = Path("reports")
     source_fingerprint: Path = Path("data/source.json")  # the `source` stage's output, which ingest depends on
-
-
-class GeneratorSize(Section):
-    n_outfits: int = Field(gt=0)
-    n_articles: int = Field(gt=0)
-    n_customers: int = Field(gt=0)
-
-
-class IngestConfig(Section):
-    source: str = "synthetic"  # a name in contextual_bert.data.sources.SOURCES (checked there: sources.chosen)
-    # The smallest outfit generated, imported or valid (the largest: model.max_set_size). Here, not under
-    # `model`: only ingest and validate read it, and the trainings (which list `model`) need not re-run.
-    min_set_size: int = Field(4, ge=1)
-
-
-class GenerateConfig(Section):
-    size: str = "default"
-    seed: int = 0
-    # how strongly a customer's hidden favourite brand and colour (in no table) weigh: x(1 + 2s), x(1 + s);
-    # 0: none, the article draws as without them (generator.py's docstring)
-    customer_taste_strength: float = Field(1.0, ge=0)
-    sizes: dict[str, GeneratorSize] = {
-        "tiny": GeneratorSize(n_outfits=2_000, n_articles=400, n_customers=300),
-        "default": GeneratorSize(n_outfits=6_000, n_articles=600, n_customers=1_500),
-        "paper": GeneratorSize(n_outfits=380_000, n_articles=30_000, n_customers=100_000),
-    }
-
-    @model_validator(mode="after")
-    def _size_is_known(self):
-        if self.size not in self.sizes:
-            raise ValueError(f"generate.size '{self.size}' is not one of {sorted(self.sizes)}")
-        return self
-
-    @property
-    def chosen(self) -> GeneratorSize:
-        return self.sizes[self.size]
-
-
-class PlantedConfig(Section):
-    """The planted-signal generator (planted.py): sizes, and the strengths of its two signals."""
-
-    seed: int = 0
-    n_outfits: int = Field(24_000, gt=0)
-    n_articles: int = Field(3_000, gt=0)
-    n_customers: int = Field(6_000, gt=0)
-    n_types: int = Field(24, ge=1)
-    n_tastes: int = Field(128, ge=1)
-    taste_strength: float = Field(1.3, ge=0)  # how strongly a taste shifts the articles drawn
-    # the same through a hidden style per article that no column of the articles table carries (0: off, and
-    # the data is today's byte for byte); with taste_strength 0 only the articles themselves reveal the taste
-    hidden_taste_strength: float = Field(0.0, ge=0)
-    context_strength: float = Field(4.0, ge=0)  # how strongly the context shifts the taste
-    # a hidden taste per customer (one of n_customer_tastes, in no column) shifting its outfits' tastes as
-    # strongly as this: what a customer's history can tell beyond the context (0: off, today's data and truth)
-    customer_taste_strength: float = Field(0.0, ge=0)
-    n_customer_tastes: int = Field(16, ge=1)
-    popularity_exponent: float = Field(0.8, ge=0)  # Zipf exponent of the articles' popularity
-    # planted closets (closets.py, another story: no tastes): each customer re-wears articles of a hidden closet
-    # of this many slots (0: off, and the data is today's byte for byte) ...
-    closet_size: int = Field(0, ge=0)
-    # ... an item of a type the closet holds being one of its closet's articles of that type with this chance
-    rewear_probability: float = Field(0.3, ge=0, lt=1)
-
-    @model_validator(mode="after")
-    def _one_story(self):
-        if self.closet_size and (self.hidden_taste_strength or self.customer_taste_strength):
-            raise ValueError("planted.closet_size > 0 is the closets' story, which has no tastes: set "
-                             "hidden_taste_strength and customer_taste_strength to 0")
-        return self
-
-
-class ImportHMConfig(Section):
-    source: Path = Path("../shared/data/hm_sample")
-    # One basket = one customer's distinct articles per day, per week (Monday to Sunday), or per session:
-    # purchase days at most `session_gap_days` apart belong to one session.
-    basket: Literal["day", "week", "session"] = "day"
-    session_gap_days: int = Field(1, ge=1)
-    # t_dat in another form than ISO (YYYY-MM-DD, or an ISO date and time, always read): a strptime format,
-    # e.g. "%d/%m/%Y" or "%m/%d/%Y %H:%M"; its date as written is the day.
-    date_format: str | None = None
-    memory_limit_gib: float = Field(3.0, gt=0)  # DuckDB's working memory; beyond it, it spills to disk
-    threads: int = Field(0, ge=0)  # DuckDB threads; 0: one per core
-
-
-ContextKindName = Literal["categorical", "multi_categorical", "numeric"]
-AttributeKindName = Literal["categorical", "multi_categorical", "numeric", "text"]  # text: article attributes only
-
-
-class ImportSetsConfig(Section):
-    """Curated sets: (outfit id, item id) pairs (or a set per row, its items as a list), or the Polyvore Outfits
-    JSON layout; customers optional."""
-
-    source: Path = Path("data/sets.json")  # .csv/.tsv, .parquet, .jsonl pairs or .json (Polyvore); text may be .gz
-    outfit_column: str = "outfit_id"
-    item_column: str = "item_id"
-    customer_column: str | None = None  # the customer of each outfit, when the pairs name one
-    customers: Path | None = None  # a customers table (.csv / .parquet / .jsonl) keyed by customer_column
-    # the date of each outfit (a column of the pairs, a key of a Polyvore set): a date, or an integer sequence
-    # number k read as 1970-01-01 + k days; without it the outfits have no date (and no history)
-    date_column: str | None = None
-    context: dict[str, ContextKindName] = {}  # its context columns and their kinds
-    # A products table (.csv/.tsv/.parquet/.jsonl, or .json: Polyvore's item metadata keyed by item id): its
-    # columns become article columns (import_sets.article_name); features.article_attributes.sets says which
-    # the models read. Its id column (default: item_column), and attribute -> its column where the names
-    # differ beyond letter case and separators.
-    articles: Path | None = None
-    article_id_column: str | None = None
-    article_columns: dict[str, str] = {}
 
 
 class ValidateConfig(Section):

@@ -1,0 +1,121 @@
+"""The sources' sections of params.yaml (`ingest`, `generate`, `planted`, `import_hm`, `import_sets`) and the base
+every section of the one configuration shares; `config.py` composes them into `Config`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GeneratorSize(Section):
+    n_outfits: int = Field(gt=0)
+    n_articles: int = Field(gt=0)
+    n_customers: int = Field(gt=0)
+
+
+class IngestConfig(Section):
+    source: str = "synthetic"  # a name in contextual_bert.data.sources.SOURCES (checked there: sources.chosen)
+    # The smallest outfit generated, imported or valid (the largest: model.max_set_size). Here, not under
+    # `model`: only ingest and validate read it, and the trainings (which list `model`) need not re-run.
+    min_set_size: int = Field(4, ge=1)
+
+
+class GenerateConfig(Section):
+    size: str = "default"
+    seed: int = 0
+    # how strongly a customer's hidden favourite brand and colour (in no table) weigh: x(1 + 2s), x(1 + s);
+    # 0: none, the article draws as without them (generator.py's docstring)
+    customer_taste_strength: float = Field(1.0, ge=0)
+    sizes: dict[str, GeneratorSize] = {
+        "tiny": GeneratorSize(n_outfits=2_000, n_articles=400, n_customers=300),
+        "default": GeneratorSize(n_outfits=6_000, n_articles=600, n_customers=1_500),
+        "paper": GeneratorSize(n_outfits=380_000, n_articles=30_000, n_customers=100_000),
+    }
+
+    @model_validator(mode="after")
+    def _size_is_known(self):
+        if self.size not in self.sizes:
+            raise ValueError(f"generate.size '{self.size}' is not one of {sorted(self.sizes)}")
+        return self
+
+    @property
+    def chosen(self) -> GeneratorSize:
+        return self.sizes[self.size]
+
+
+class PlantedConfig(Section):
+    """The planted-signal generator (planted.py): sizes, and the strengths of its two signals."""
+
+    seed: int = 0
+    n_outfits: int = Field(24_000, gt=0)
+    n_articles: int = Field(3_000, gt=0)
+    n_customers: int = Field(6_000, gt=0)
+    n_types: int = Field(24, ge=1)
+    n_tastes: int = Field(128, ge=1)
+    taste_strength: float = Field(1.3, ge=0)  # how strongly a taste shifts the articles drawn
+    # the same through a hidden style per article that no column of the articles table carries (0: off, and
+    # the data is today's byte for byte); with taste_strength 0 only the articles themselves reveal the taste
+    hidden_taste_strength: float = Field(0.0, ge=0)
+    context_strength: float = Field(4.0, ge=0)  # how strongly the context shifts the taste
+    # a hidden taste per customer (one of n_customer_tastes, in no column) shifting its outfits' tastes as
+    # strongly as this: what a customer's history can tell beyond the context (0: off, today's data and truth)
+    customer_taste_strength: float = Field(0.0, ge=0)
+    n_customer_tastes: int = Field(16, ge=1)
+    popularity_exponent: float = Field(0.8, ge=0)  # Zipf exponent of the articles' popularity
+    # planted closets (closets.py, another story: no tastes): each customer re-wears articles of a hidden closet
+    # of this many slots (0: off, and the data is today's byte for byte) ...
+    closet_size: int = Field(0, ge=0)
+    # ... an item of a type the closet holds being one of its closet's articles of that type with this chance
+    rewear_probability: float = Field(0.3, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _one_story(self):
+        if self.closet_size and (self.hidden_taste_strength or self.customer_taste_strength):
+            raise ValueError("planted.closet_size > 0 is the closets' story, which has no tastes: set "
+                             "hidden_taste_strength and customer_taste_strength to 0")
+        return self
+
+
+class ImportHMConfig(Section):
+    source: Path = Path("../shared/data/hm_sample")
+    # One basket = one customer's distinct articles per day, per week (Monday to Sunday), or per session:
+    # purchase days at most `session_gap_days` apart belong to one session.
+    basket: Literal["day", "week", "session"] = "day"
+    session_gap_days: int = Field(1, ge=1)
+    # t_dat in another form than ISO (YYYY-MM-DD, or an ISO date and time, always read): a strptime format,
+    # e.g. "%d/%m/%Y" or "%m/%d/%Y %H:%M"; its date as written is the day.
+    date_format: str | None = None
+    memory_limit_gib: float = Field(3.0, gt=0)  # DuckDB's working memory; beyond it, it spills to disk
+    threads: int = Field(0, ge=0)  # DuckDB threads; 0: one per core
+
+
+ContextKindName = Literal["categorical", "multi_categorical", "numeric"]
+AttributeKindName = Literal["categorical", "multi_categorical", "numeric", "text"]  # text: article attributes only
+
+
+class ImportSetsConfig(Section):
+    """Curated sets: (outfit id, item id) pairs (or a set per row, its items as a list), or the Polyvore Outfits
+    JSON layout; customers optional."""
+
+    source: Path = Path("data/sets.json")  # .csv/.tsv, .parquet, .jsonl pairs or .json (Polyvore); text may be .gz
+    outfit_column: str = "outfit_id"
+    item_column: str = "item_id"
+    customer_column: str | None = None  # the customer of each outfit, when the pairs name one
+    customers: Path | None = None  # a customers table (.csv / .parquet / .jsonl) keyed by customer_column
+    # the date of each outfit (a column of the pairs, a key of a Polyvore set): a date, or an integer sequence
+    # number k read as 1970-01-01 + k days; without it the outfits have no date (and no history)
+    date_column: str | None = None
+    context: dict[str, ContextKindName] = {}  # its context columns and their kinds
+    # A products table (.csv/.tsv/.parquet/.jsonl, or .json: Polyvore's item metadata keyed by item id): its
+    # columns become article columns (import_sets.article_name); features.article_attributes.sets says which
+    # the models read. Its id column (default: item_column), and attribute -> its column where the names
+    # differ beyond letter case and separators.
+    articles: Path | None = None
+    article_id_column: str | None = None
+    article_columns: dict[str, str] = {}
