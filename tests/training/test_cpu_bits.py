@@ -1,0 +1,68 @@
+"""A short training's bits, per CPU model (docs/reproducibility.md, 3b): [GSU] on the tiny planted outfits, two
+epochs of the real step with the sampled softmax and dropout, the kernels pinned as a training pins them, in a
+process of its own. On the CPU model the bits were measured on they must be those bits; on any other, its
+validation cross-entropy must lie within TOLERANCE of the one measured (an Intel and an AMD CPU give other bits)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from contextual_bert import cpu_kernels
+
+HERE = Path(__file__).resolve().parent
+# /proc/cpuinfo's model name -> (SHA-256 prefix of the final weights, validation cross-entropy), torch 2.13.0
+MEASURED = {"AMD EPYC": ("148daffacee006f9", 3.015693988883868)}
+REFERENCE = MEASURED["AMD EPYC"][1]
+# Between MKL's AVX2 and COMPATIBLE code paths on the AMD EPYC the cross-entropy moved by 3.7e-9 nats: another
+# CPU's kernels may round differently, by about that much, not by a training's worth.
+TOLERANCE = 1e-6
+
+CHILD = """
+import hashlib, json, sys
+from contextual_bert import cpu_kernels
+cpu_kernels.pin("avx2")
+import torch
+sys.path[:0] = sys.argv[1:]  # this folder, for test_training; tests/, for its helpers
+from test_training import N_ITEMS, TINY, new_model, planted
+from contextual_bert.config import TrainConfig
+from contextual_bert.training import NegativeSampler, make_optimizer, train_step, validation_cross_entropy
+
+torch.set_num_threads(1)
+cfg = TrainConfig(device="cpu", negatives=16)
+model = new_model("global_state_update", 0, TINY.model_copy(update={"dropout": 0.1}))
+data = planted(320, 0)
+optimizer = make_optimizer(model, cfg, torch.device("cpu"))
+scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+generator = torch.Generator().manual_seed(0)
+sampler = NegativeSampler.for_training(data.items, N_ITEMS, cfg.negatives, generator)
+torch.manual_seed(0)
+for epoch in range(2):
+    for start in range(0, 320, 64):
+        index = torch.arange(start, start + 64)
+        context = {name: values[index] for name, values in data.context.items()}
+        train_step(model, optimizer, scheduler, data.items[index], context, cfg, generator, sampler)
+digest = hashlib.sha256()
+for tensor in model.state_dict().values():
+    digest.update(tensor.contiguous().numpy().tobytes())
+model.eval()
+ce = validation_cross_entropy(model, planted(128, 1), 256, torch.device("cpu"))
+print(json.dumps([digest.hexdigest()[:16], ce]))
+"""
+
+
+def short_training() -> tuple[str, float]:
+    env = {k: v for k, v in os.environ.items() if k not in cpu_kernels.PINNED["avx2"]}
+    out = subprocess.run([sys.executable, "-c", CHILD, str(HERE), str(HERE.parent)], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    digest, ce = json.loads(out.strip().splitlines()[-1])
+    return digest, ce
+
+
+def test_a_short_training_gives_its_cpu_models_bits_and_elsewhere_its_loss_within_the_spread():
+    digest, ce = short_training()
+    model = cpu_kernels.cpu()["model"]
+    if model in MEASURED:
+        assert (digest, ce) == MEASURED[model], f"{model}: other bits than measured on it"
+    assert abs(ce - REFERENCE) <= TOLERANCE, f"{model}: {ce} is {ce - REFERENCE:+.2e} from {REFERENCE}"
