@@ -90,7 +90,9 @@ def child(out: Path, kill: str, checkpoint_every_s: float) -> None:
 
 def run_child(out: Path, kill: str = "none", checkpoint_every_s: float = 0.0, env: dict | None = None) -> int:
     src = str(HERE.parents[1] / "src")
-    env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    # the child imports the tests' helpers (`from helpers import ...`) from tests/, one folder up
+    env = {**os.environ, **(env or {}),
+           "PYTHONPATH": os.pathsep.join([src, str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, __file__, str(out), kill, str(checkpoint_every_s)], env=env,
                           capture_output=True, text=True, timeout=600).returncode
 
