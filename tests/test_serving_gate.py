@@ -20,9 +20,16 @@ from helpers import free_port, stop_process_group, wait_for_http
 TOKEN = "gate-test-token-7f3a9c"
 
 
+ECHO = """import mlflow.models, mlflow.pyfunc
+
+
 class Echo(mlflow.pyfunc.PythonModel):
     def predict(self, context, model_input, params=None):
         return [len(model_input)] * len(model_input)
+
+
+mlflow.models.set_model(Echo())
+"""
 
 
 def _post(url: str, body: bytes, headers: dict) -> tuple[int, dict]:
@@ -37,7 +44,8 @@ def _post(url: str, body: bytes, headers: dict) -> tuple[int, dict]:
 @pytest.fixture(scope="module")
 def gate(tmp_path_factory):
     root = tmp_path_factory.mktemp("gate")
-    mlflow.pyfunc.save_model(str(root / "model"), python_model=Echo())
+    (root / "echo.py").write_text(ECHO)  # logged from code, as the project's pyfunc is
+    mlflow.pyfunc.save_model(str(root / "model"), python_model=str(root / "echo.py"))
     port = free_port()
     env = {**os.environ, "CONTEXTUAL_BERT_SERVING_TOKEN": TOKEN}
     log_path = root / "gate.log"
