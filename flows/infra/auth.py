@@ -100,6 +100,9 @@ def write_auth_ini(root: Path) -> Path:
         "admin_username = admin",
         "authorization_function = mlflow.server.auth:authenticate_request_basic_auth",
         "grant_default_workspace_access = false",
+        # A password check is PBKDF2 (seconds on a loaded machine, on every request of every training):
+        # cached 60 s per (user, password). One worker process, so a password change applies at once.
+        "auth_cache_ttl_seconds = 60",
     ]) + "\n")
     return path
 
