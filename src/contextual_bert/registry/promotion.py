@@ -227,7 +227,7 @@ def require_manage(mlflow_client, name: str, command: str) -> None:
     if resp.status_code == 404:
         return  # a server without the auth app
     if resp.status_code == 401:
-        raise ContextualBertError(f"{command}: MLflow server {uri} refused user '{user}' (HTTP 401: wrong password?)")
+        raise ContextualBertError(f"MLflow server {uri} refused user '{user}' (HTTP 401: wrong password?)")
     if resp.status_code == 200 and resp.json().get("user", {}).get("is_admin"):
         return
     resp = http_request(creds, "/api/3.0/mlflow/users/permissions/get", "GET", max_retries=2,
@@ -235,8 +235,8 @@ def require_manage(mlflow_client, name: str, command: str) -> None:
     permission = resp.json().get("permission", "?") if resp.status_code == 200 else f"HTTP {resp.status_code}"
     if permission != "MANAGE":
         raise ContextualBertError(
-            f"{command}: MLflow user '{user}' lacks MANAGE on registered model '{name}' (has {permission}), which "
-            f"moving alias '{CHAMPION}' needs; run it as a user who may promote (the stack's 'promoter')")
+            f"MLflow user '{user}' lacks MANAGE on registered model '{name}' (has {permission}), which `{command}` "
+            f"needs to move alias '{CHAMPION}'; run it as a user who may promote (the stack's 'promoter')")
 
 
 def _alias_version(mlflow_client, name: str, alias: str):
