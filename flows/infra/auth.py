@@ -63,6 +63,13 @@ def read_env_file(path: Path) -> dict[str, str]:
     return values
 
 
+class Secrets(dict):
+    """The secrets as a dict whose repr shows only the keys (tracebacks and test reports print reprs)."""
+
+    def __repr__(self) -> str:
+        return f"Secrets({sorted(self)})"
+
+
 def credentials(root: Path) -> dict[str, str]:
     """The stack's secrets from <root>/credentials.env; created at the first call, keys missing from an
     older file added. Refuses a file others may read."""
@@ -79,7 +86,7 @@ def credentials(root: Path) -> dict[str, str]:
         lines = ["# contextual-bert stack secrets: never commit, never paste (docs/scaling.md, rotation)"]
         lines += [f"# {KEYS.get(k, '')}\n{k}={values[k]}" for k in values]
         write_private(path, "\n".join(lines) + "\n")
-    return values
+    return Secrets(values)
 
 
 def write_pgpass(root: Path, port: int, creds: dict[str, str]) -> Path:

@@ -446,8 +446,7 @@ def test_only_the_promoter_moves_the_champion(stack_up, undisturbed, creds):
             with pytest.raises(MlflowException) as refused:
                 call()
             assert refused.value.get_http_status_code() == 403
-        client.set_registered_model_alias(name, "candidate", other)  # EDIT moves other aliases: the rule is narrow
-        client.delete_registered_model_alias(name, "candidate")
+        client.set_registered_model_alias(name, "candidate", other)  # EDIT sets other aliases: the rule is narrow
 
     for args in (["promote"], ["promote", "--rollback"]):
         proc = subprocess.run([str(VENV_BIN / "contextual-bert"), *args], cwd=ws, text=True, timeout=300,
@@ -462,6 +461,7 @@ def test_only_the_promoter_moves_the_champion(stack_up, undisturbed, creds):
     try:
         client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
         client.set_registered_model_alias(name, "champion", champion.version)  # allowed; changes nothing
+        client.delete_registered_model_alias(name, "candidate")  # deleting an alias: MANAGE in MLflow itself
     finally:
         os.environ.update(auth.mlflow_user_env(creds, "trainer"))
     assert reader.get_model_version_by_alias(name, "champion").version == champion.version
