@@ -69,6 +69,7 @@ prefect-help:
 	@echo "make prefect-run [SIZE=tiny] [FAN_OUT=remote]  run the nightly pipeline deployment now"
 	@echo "make stack-up [WORKERS=2]           PostgreSQL, Prefect + MLflow servers on it, workers (.stack/)"
 	@echo "make stack-status | stack-down      what runs / stop it all"
+	@echo "eval \"\$$(make -s stack-env AS=promoter)\"  URLs and credentials of a stack client (trainer|promoter|admin)"
 
 prefect-server: $(STAMP)
 	$(PREFECT_ENV) $(BIN)/prefect server start --host 127.0.0.1 --port $(PREFECT_PORT)
@@ -91,15 +92,22 @@ prefect-run: $(STAMP)
 
 # --- the whole stack on one machine, no compose (flows/infra/stack.py, docs/scaling.md) -------------------
 # PostgreSQL (Debian's postgresql package), Prefect and MLflow servers on it, a DVC remote directory,
-# WORKERS process workers in $(STACK_DIR)/worker-<i>. `make stack-up` prints the PREFECT_API_URL and
-# MLFLOW_TRACKING_URI to export; then `make prefect-deploy` and `make prefect-run SIZE=tiny FAN_OUT=remote`.
+# WORKERS process workers in $(STACK_DIR)/worker-<i>. After `make stack-up`, `eval "$$(make -s stack-env)"`
+# exports the URLs and credentials; then `make prefect-deploy` and `make prefect-run SIZE=tiny FAN_OUT=remote`.
+# Secure by default: secrets in $(STACK_DIR)/credentials.env (0600), every server authenticates, both
+# bound to STACK_HOST (loopback unless named). A client's environment: eval "$$(make -s stack-env AS=promoter)".
 STACK_DIR ?= $(CURDIR)/.stack
 WORKERS ?= 2
+STACK_HOST ?= 127.0.0.1
+AS ?= trainer
 
-.PHONY: stack-up stack-down stack-status
+.PHONY: stack-up stack-down stack-status stack-env
 
 stack-up: $(STAMP)
-	$(BIN)/python -m flows.infra.stack up --dir $(STACK_DIR) --workers $(WORKERS)
+	$(BIN)/python -m flows.infra.stack up --dir $(STACK_DIR) --workers $(WORKERS) --host $(STACK_HOST)
+
+stack-env:
+	@$(BIN)/python -m flows.infra.stack env --dir $(STACK_DIR) --as $(AS)
 
 stack-down:
 	$(BIN)/python -m flows.infra.stack down --dir $(STACK_DIR)

@@ -1,18 +1,25 @@
 """The whole stack on one machine, without compose: PostgreSQL, Prefect and MLflow servers on it, a DVC
 remote directory, and workers in directories of their own (which see nothing of the workspace).
 
-    python -m flows.infra.stack up [--dir .stack] [--workers 2]    # start; prints the environment to use
+    python -m flows.infra.stack up [--dir .stack] [--workers 2] [--host 127.0.0.1]   # start
+    eval "$(python -m flows.infra.stack env --as trainer)"    # a client's environment (trainer|promoter|admin)
     python -m flows.infra.stack status
     python -m flows.infra.stack down
 
 - PostgreSQL: a private cluster (`initdb` + `pg_ctl`, Debian's `postgresql` package: binaries under
-  /usr/lib/postgresql/<version>/bin) in <dir>/postgres on a free port of 127.0.0.1, trust
-  authentication for local connections; as root it runs as the `postgres` user (PostgreSQL refuses
-  root). Databases `prefect` and `mlflow`.
-- Prefect server: PREFECT_API_DATABASE_CONNECTION_URL=postgresql+asyncpg://... (driver asyncpg).
-- MLflow server: --backend-store-uri postgresql://... (tracking and registry; driver psycopg2) and
+  /usr/lib/postgresql/<version>/bin) in <dir>/postgres on a free port of 127.0.0.1, scram-sha-256
+  authentication for every connection; as root it runs as the `postgres` user (PostgreSQL refuses
+  root). Databases `prefect` and `mlflow`, each owned by a role of its name with its own password.
+- Secrets: <dir>/credentials.env (0600), made at the first `up` (flows/infra/auth.py); the database
+  passwords reach the servers through <dir>/pgpass (PGPASSFILE), never in a URL.
+- Prefect server: PREFECT_API_DATABASE_CONNECTION_URL=postgresql+asyncpg://prefect@... (driver asyncpg),
+  PREFECT_SERVER_API_AUTH_STRING; every worker and flow run has PREFECT_API_AUTH_STRING.
+- MLflow server: --app-name contextual-bert-auth (basic-auth; only MANAGE moves 'champion'),
+  --backend-store-uri postgresql://mlflow@... (tracking and registry; driver psycopg2) and
   --artifacts-destination <dir>/mlartifacts: the artifact root (s3://bucket/prefix with
-  MLFLOW_S3_ENDPOINT_URL and AWS_* credentials for S3-compatible stores, docs/scaling.md).
+  MLFLOW_S3_ENDPOINT_URL and AWS_* credentials for S3-compatible stores, docs/scaling.md). Users
+  trainer (the training workers) and promoter (the pipeline worker, which runs register and promote).
+- Both servers listen on 127.0.0.1 unless `--host` names another address.
 - Pools, slots and the zombie automation: `python -m flows.infra.work_pools`; workers: `prefect worker start
   --pool cpu --work-queue default` in <dir>/worker-<i> for the trainings, their temporary files in
   <dir>/worker-<i>/tmp, and `--work-queue pipeline` in <dir>/worker-pipeline for the flows that drive
@@ -27,6 +34,7 @@ import argparse
 import json
 import os
 import pwd
+import shlex
 import shutil
 import signal
 import subprocess
@@ -35,6 +43,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from flows.infra import auth
 from flows.infra.net import free_port, wait_healthy
 from flows.infra.work_pools import CPU_POOL, PIPELINE_QUEUE, RESILIENT_ENV, TRAIN_QUEUE
 
@@ -71,20 +80,23 @@ class Postgres:
 
     datadir: Path
     port: int
+    password: str  # the superuser's (scram-sha-256 for every connection, also on the socket)
 
     @property
     def as_root(self) -> bool:
         return os.geteuid() == 0
 
-    def _run(self, tool: str, *args: str, timeout: float = 120) -> str:
+    def _run(self, tool: str, *args: str, timeout: float = 120, input: str | None = None) -> str:
         bindir = pg_bindir()
         if bindir is None:
             raise RuntimeError(postgres_missing())
         kwargs = {}
         if self.as_root:  # initdb and postgres refuse to run as root
             kwargs = dict(user=PG_USER, group=pwd.getpwnam(PG_USER).pw_gid)
+        # The superuser's password through the environment (not the command line, which `ps` shows).
+        env = {**os.environ, "PGPASSWORD": self.password}
         proc = subprocess.run([str(bindir / tool), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=timeout, cwd="/", **kwargs)
+                              text=True, timeout=timeout, cwd="/", input=input, env=env, **kwargs)
         if proc.returncode != 0:
             raise RuntimeError(f"{tool} {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}")
         return proc.stdout
@@ -101,8 +113,16 @@ class Postgres:
             os.chown(self.datadir, user.pw_uid, user.pw_gid)
             self.log.touch()
             os.chown(self.log, user.pw_uid, user.pw_gid)
-        self._run("initdb", "-D", str(self.datadir), "-U", PG_USER, "--auth=trust", "-E", "UTF8",
-                  "--no-sync", "--no-instructions")
+        # initdb reads the password from a file; it lives only while initdb runs.
+        pwfile = self.datadir.parent / f".{self.datadir.name}.pw"
+        auth.write_private(pwfile, self.password + "\n")
+        try:
+            if self.as_root:
+                os.chown(pwfile, user.pw_uid, user.pw_gid)
+            self._run("initdb", "-D", str(self.datadir), "-U", PG_USER, "--auth=scram-sha-256",
+                      f"--pwfile={pwfile}", "-E", "UTF8", "--no-sync", "--no-instructions")
+        finally:
+            pwfile.unlink(missing_ok=True)
 
     def start(self) -> None:
         # The socket lives in the data directory: the system's /var/run/postgresql may not be writable.
@@ -119,29 +139,55 @@ class Postgres:
         except RuntimeError:
             return False
 
-    def create_database(self, name: str) -> None:
-        self._run("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", PG_USER, name)
+    def create_database(self, name: str, owner_password: str) -> None:
+        """Database `name` owned by a login role `name` (what `url` connects as). The SQL goes through
+        stdin: a password on psql's command line would show in `ps`."""
+        self._run("psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", PG_USER, "-d", "postgres", "-q",
+                  "-v", "ON_ERROR_STOP=1", "-f", "-",
+                  input=f"CREATE ROLE {name} LOGIN PASSWORD '{owner_password}';\n"
+                        f"CREATE DATABASE {name} OWNER {name};\n")
 
     def url(self, database: str, driver: str | None = None) -> str:
+        """No password in it: the servers read theirs from PGPASSFILE (auth.write_pgpass)."""
         scheme = f"postgresql+{driver}" if driver else "postgresql"
-        return f"{scheme}://{PG_USER}@127.0.0.1:{self.port}/{database}"
+        return f"{scheme}://{database}@127.0.0.1:{self.port}/{database}"
 
 
-def prefect_server_command(port: int, scheduler: bool = True) -> list[str]:
-    cmd = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"]
+def prefect_server_command(port: int, scheduler: bool = True, host: str = "127.0.0.1") -> list[str]:
+    cmd = [str(BIN / "prefect"), "server", "start", "--host", host, "--port", str(port), "--no-ui"]
     return cmd if scheduler else cmd + ["--no-scheduler"]
 
 
-def prefect_server_env(pg: Postgres, home: Path) -> dict[str, str]:
+def prefect_server_env(pg: Postgres, home: Path, creds: dict[str, str], pgpass: Path) -> dict[str, str]:
     return {"PREFECT_HOME": str(home),
-            "PREFECT_API_DATABASE_CONNECTION_URL": pg.url("prefect", "asyncpg")}
+            "PREFECT_API_DATABASE_CONNECTION_URL": pg.url("prefect", "asyncpg"), "PGPASSFILE": str(pgpass),
+            **auth.prefect_server_env(creds), **auth.prefect_client_env(creds)}
 
 
-def mlflow_server_command(pg: Postgres, port: int, artifact_root: str) -> list[str]:
-    """An MLflow server with tracking and registry in PostgreSQL; artifacts under `artifact_root`
-    (a directory here; s3://bucket/prefix elsewhere)."""
-    return [str(BIN / "mlflow"), "server", "--backend-store-uri", pg.url("mlflow", "psycopg2"), "--artifacts-destination",
-            artifact_root, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+def mlflow_server_command(pg: Postgres, port: int, artifact_root: str, host: str = "127.0.0.1") -> list[str]:
+    """An MLflow server with tracking and registry in PostgreSQL, behind the auth app; artifacts under
+    `artifact_root` (a directory here; s3://bucket/prefix elsewhere)."""
+    return [str(BIN / "mlflow"), "server", "--app-name", auth.MLFLOW_APP, "--backend-store-uri",
+            pg.url("mlflow", "psycopg2"), "--artifacts-destination", artifact_root, "--host", host,
+            "--port", str(port), "--workers", "1"]
+
+
+def mlflow_server_env(root: Path, creds: dict[str, str], pgpass: Path) -> dict[str, str]:
+    return {"PGPASSFILE": str(pgpass), **auth.mlflow_server_env(root, creds)}
+
+
+def client_env(creds: dict[str, str], user: str) -> dict[str, str]:
+    """What a client of both servers needs besides the URLs: Prefect's auth string, MLflow user `user`."""
+    return {**auth.prefect_client_env(creds), **auth.mlflow_user_env(creds, user)}
+
+
+def mlflow_names(workspace: Path) -> tuple[str, str]:
+    """The experiment and registered model the workspace's params.yaml names (the stack creates both)."""
+    from contextual_bert.config import MlflowConfig, load_config
+
+    params = workspace / "params.yaml"
+    cfg = load_config(params).mlflow if params.exists() else MlflowConfig()
+    return cfg.experiment, cfg.model_name
 
 
 def worker_command(pool: str, name: str, queue: str | None = None) -> list[str]:
@@ -172,7 +218,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def up(root: Path, workers: int) -> dict[str, str]:
+def up(root: Path, workers: int, host: str = "127.0.0.1") -> dict[str, str]:
     root = root.resolve()
     if (root / "stack.json").exists():
         raise SystemExit(f"{root}/stack.json exists: `python -m flows.infra.stack down --dir {root}` first")
@@ -180,40 +226,62 @@ def up(root: Path, workers: int) -> dict[str, str]:
     if reason:
         raise SystemExit(reason)
     started = time.monotonic()
-    pg = Postgres(root / "postgres", free_port())
+    creds = auth.credentials(root)
+    pg = Postgres(root / "postgres", free_port(), creds["POSTGRES_PASSWORD"])
     pg.init()
     pg.start()
     for db in ("prefect", "mlflow"):
-        pg.create_database(db)
+        pg.create_database(db, creds[f"{db.upper()}_DB_PASSWORD"])
+    pgpass = auth.write_pgpass(root, pg.port, creds)
     prefect_port, mlflow_port = free_port(), free_port()
-    api, mlflow_uri = f"http://127.0.0.1:{prefect_port}/api", f"http://127.0.0.1:{mlflow_port}"
+    # Clients on this machine use loopback; elsewhere the address the servers were bound to.
+    reach = "127.0.0.1" if host in ("127.0.0.1", "0.0.0.0", "::") else host
+    api, mlflow_uri = f"http://{reach}:{prefect_port}/api", f"http://{reach}:{mlflow_port}"
     state = {"postgres": str(pg.datadir), "postgres_port": pg.port, "PREFECT_API_URL": api,
-             "MLFLOW_TRACKING_URI": mlflow_uri, "dvc_remote": str(root / "dvc-remote")}
+             "MLFLOW_TRACKING_URI": mlflow_uri, "dvc_remote": str(root / "dvc-remote"),
+             "credentials": str(root / auth.CREDENTIALS)}
     (root / "stack.json").write_text(json.dumps(state, indent=2))
-    pid = _spawn(root, "prefect-server", prefect_server_command(prefect_port), root,
-                 prefect_server_env(pg, root / "prefect-home"))
+    pid = _spawn(root, "prefect-server", prefect_server_command(prefect_port, host=host), root,
+                 prefect_server_env(pg, root / "prefect-home", creds, pgpass))
     wait_healthy(f"{api}/health", 180, "prefect server", lambda: _alive(pid))
-    pid = _spawn(root, "mlflow-server", mlflow_server_command(pg, mlflow_port, str(root / "mlartifacts")), root, {})
+    pid = _spawn(root, "mlflow-server", mlflow_server_command(pg, mlflow_port, str(root / "mlartifacts"), host),
+                 root, mlflow_server_env(root, creds, pgpass))
     wait_healthy(f"{mlflow_uri}/health", 180, "mlflow server", lambda: _alive(pid))
-    client_env = {**os.environ, "PREFECT_API_URL": api, "MLFLOW_TRACKING_URI": mlflow_uri}
+    repo = Path(__file__).resolve().parents[2]
+    auth.setup_mlflow(mlflow_uri, creds, *mlflow_names(repo))
+    urls = {"PREFECT_API_URL": api, "MLFLOW_TRACKING_URI": mlflow_uri}
     subprocess.run([sys.executable, "-m", "flows.infra.work_pools", "--cpu-trainings", str(workers)], check=True,
-                   env=client_env, cwd=Path(__file__).resolve().parents[1])
-    worker_env = {"PREFECT_API_URL": api, "MLFLOW_TRACKING_URI": mlflow_uri, **RESILIENT_ENV}
+                   env={**os.environ, **urls, **client_env(creds, "promoter")}, cwd=repo)
+    # The training workers log as trainer; the pipeline worker runs register and promote: promoter.
+    worker_env = {**urls, **RESILIENT_ENV}
     # The flows that drive the trainings on a worker of their own, the trainings on the others: a
     # worker lost under a training never takes its parent flow with it (flows/infra/work_pools.py).
     _spawn(root, "worker-pipeline", worker_command(CPU_POOL, "worker-pipeline", PIPELINE_QUEUE),
-           root / "worker-pipeline", worker_env)
+           root / "worker-pipeline", {**worker_env, **client_env(creds, "promoter")})
     for i in range(1, workers + 1):
         wdir = root / f"worker-{i}"
         (wdir / "tmp").mkdir(parents=True, exist_ok=True)
         _spawn(root, f"worker-{i}", worker_command(CPU_POOL, f"worker-{i}", TRAIN_QUEUE), wdir,
-               {**worker_env, "TMPDIR": str(wdir / "tmp")})
+               {**worker_env, **client_env(creds, "trainer"), "TMPDIR": str(wdir / "tmp")})
     (root / "dvc-remote").mkdir(exist_ok=True)
-    print(f"stack up in {time.monotonic() - started:.0f} s; use it with:")
-    print(f"  export PREFECT_API_URL={api} MLFLOW_TRACKING_URI={mlflow_uri}")
+    print(f"stack up in {time.monotonic() - started:.0f} s; secrets in {root / auth.CREDENTIALS} (0600); use it with:")
+    print(f'  eval "$(python -m flows.infra.stack env --dir {root} --as promoter)"   # URLs and credentials')
     print(f"  dvc remote add -d stack {root / 'dvc-remote'}   # then commit .dvc/config and git push")
     print("  make prefect-deploy && make prefect-run SIZE=tiny   # or a run with fan_out=remote")
     return state
+
+
+def env(root: Path, user: str) -> str:
+    """`export` lines for a client of the stack as MLflow user `user`, for eval (they hold secrets:
+    never paste them into a file that is committed or a log)."""
+    root = root.resolve()
+    if not (root / "stack.json").exists():
+        raise SystemExit(f"no stack in {root}")
+    info = json.loads((root / "stack.json").read_text())
+    creds = auth.read_env_file(root / auth.CREDENTIALS)
+    values = {"PREFECT_API_URL": info["PREFECT_API_URL"], "MLFLOW_TRACKING_URI": info["MLFLOW_TRACKING_URI"],
+              **client_env(creds, user)}
+    return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in values.items())
 
 
 def down(root: Path) -> None:
@@ -237,7 +305,7 @@ def down(root: Path) -> None:
     state = root / "stack.json"
     if state.exists():
         info = json.loads(state.read_text())
-        pg = Postgres(Path(info["postgres"]), int(info["postgres_port"]))
+        pg = Postgres(Path(info["postgres"]), int(info["postgres_port"]), "")  # pg_ctl needs no password
         if pg.running():
             pg.stop()
             print("stopped postgres")
@@ -253,17 +321,23 @@ def status(root: Path) -> None:
     print(json.dumps(info, indent=2))
     for pidfile in sorted((root / "pids").glob("*.pid")):
         print(f"{pidfile.stem}: {'up' if _alive(int(pidfile.read_text())) else 'DOWN'}")
-    print(f"postgres: {'up' if Postgres(Path(info['postgres']), info['postgres_port']).running() else 'DOWN'}")
+    print(f"postgres: {'up' if Postgres(Path(info['postgres']), info['postgres_port'], '').running() else 'DOWN'}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.infra.stack", description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=["up", "down", "status"])
+    parser.add_argument("action", choices=["up", "down", "status", "env"])
     parser.add_argument("--dir", type=Path, default=Path(".stack"))
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="the servers' address (default loopback only; docs/scaling.md before another)")
+    parser.add_argument("--as", dest="user", default="trainer", choices=["trainer", "promoter", "admin"],
+                        help="env: the MLflow user")
     args = parser.parse_args(argv)
     if args.action == "up":
-        up(args.dir, args.workers)
+        up(args.dir, args.workers, args.host)
+    elif args.action == "env":
+        print(env(args.dir, args.user))
     elif args.action == "down":
         down(args.dir)
     else:

@@ -167,6 +167,7 @@ class PrefectServer:
     url: str  # the API, http://127.0.0.1:<port>/api
     home: Path
     processes: Processes
+    client_env: dict = field(default_factory=dict)  # e.g. PREFECT_API_AUTH_STRING, for every client
 
     def env(self, **extra: str) -> dict[str, str]:
         return clean_env(
@@ -176,7 +177,7 @@ class PrefectServer:
             PREFECT_WORKER_QUERY_SECONDS="2",
             PREFECT_WORKER_PREFETCH_SECONDS="2",
             PREFECT_LOGGING_LEVEL="INFO",
-            **extra,
+            **{**self.client_env, **extra},
         )
 
     def cli(self, args: list[str], cwd: Path, timeout: float = 120) -> str:

@@ -9,8 +9,22 @@ an MLflow server (tracking, registry) on it, MLflow artifacts in a directory giv
 root, a bare git repository and a local-directory DVC remote outside the workspace. The nightly
 deployment runs the real pipeline at its tiny size with `fan_out=remote`.
 
+Authenticated as `make stack-up` is (flows/infra/auth.py): secrets from a credentials.env made by the
+stack's own generator, PostgreSQL with scram-sha-256 and a role per server (passwords through PGPASSFILE),
+the Prefect server with its auth string and every client with it, the MLflow server behind the
+`contextual-bert-auth` app with users trainer (the training workers) and promoter (the pipeline worker).
+
+- test_every_server_refuses_...: Prefect API 401 (and its events websocket closed) without the auth
+  string, MLflow 401 without a user, PostgreSQL refuses a connection without the password; each
+  accepts the right credential.
 - test_nightly_...: undisturbed; Completed, MLflow runs and champion, an empty `dvc status`, and the
   units ran in clones under the workers' directories, handed only values.
+- test_only_the_promoter_...: the trainer cannot move 'champion' (403) and `contextual-bert promote`
+  (and `--rollback`) as trainer fails with one line naming MANAGE, the champion unchanged; the
+  promoter may.
+- test_no_secret_...: no secret of credentials.env in params.yaml, dvc.lock, reports/, MLflow params,
+  tags and artifacts, Prefect flow-run parameters, job variables, artifacts and logs, or the logs of
+  the servers and workers.
 - test_faults_...: the units of that workspace forgotten (records and outputs), the nightly run
   again; one training worker is SIGKILLed (with its process tree, as if its machine died) while it
   trains, and PostgreSQL is stopped for 10 s. The dead worker's unit
@@ -25,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import shutil
 import tempfile
 import time
@@ -33,9 +48,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.infra import dvc_stages, stack
+from flows.infra import auth, dvc_stages, stack
 from flows.infra.work_pools import CPU_POOL, PIPELINE_QUEUE, RESILIENT_ENV, TRAIN_QUEUE
 from flows_testkit import (
+    REPO,
     SERVER_START_TIMEOUT,
     TINY_PARAMS,
     TINY_VARIANTS,
@@ -62,10 +78,25 @@ RUN_TIMEOUT = 1200
 PG_SERVER_START_TIMEOUT = 4 * SERVER_START_TIMEOUT
 WORKERS = ("worker-1", "worker-2")
 UNITS = [f"{v}-s{s}" for v in TINY_VARIANTS for s in TINY_PARAMS["train.seeds"]]
+MLFLOW_USER_VARS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+
+
+def prefect_settings(stack_up) -> dict:
+    """This process's Prefect client settings for the stack: its URL and auth string."""
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL
+
+    return {PREFECT_API_URL: stack_up["server"].url,
+            PREFECT_API_AUTH_STRING: stack_up["creds"]["PREFECT_AUTH_STRING"]}
 
 
 @pytest.fixture(scope="module")
-def postgres():
+def creds(tmp_path_factory):
+    """The stack's secrets, made by its own generator (0600)."""
+    return auth.credentials(tmp_path_factory.mktemp("secrets"))
+
+
+@pytest.fixture(scope="module")
+def postgres(creds):
     reason = stack.postgres_missing()
     if reason:
         if os.environ.get("CI") == "true":
@@ -74,12 +105,12 @@ def postgres():
     # Not under pytest's tmp dir: that one is private to root, and the cluster runs as `postgres`.
     root = Path(tempfile.mkdtemp(prefix="cb-postgres-"))
     root.chmod(0o755)
-    pg = stack.Postgres(root / "data", free_port())
+    pg = stack.Postgres(root / "data", free_port(), creds["POSTGRES_PASSWORD"])
     try:
         pg.init()
         pg.start()
         for db in ("prefect", "mlflow"):
-            pg.create_database(db)
+            pg.create_database(db, creds[f"{db.upper()}_DB_PASSWORD"])
         yield pg
     finally:
         if pg.running():
@@ -88,26 +119,31 @@ def postgres():
 
 
 @pytest.fixture(scope="module")
-def stack_up(postgres, tmp_path_factory):
-    """Prefect and MLflow on PostgreSQL, pools and the zombie automation, the remotes, a workspace
-    pushed to its origin, `prefect deploy --all`, and two workers in directories of their own."""
+def stack_up(postgres, creds, tmp_path_factory):
+    """Prefect and MLflow on PostgreSQL, authenticated, pools and the zombie automation, the remotes, a
+    workspace pushed to its origin, `prefect deploy --all`, and two workers in directories of their own."""
     root = tmp_path_factory.mktemp("stack")
     processes = Processes(root / "logs")
+    saved = {k: os.environ.get(k) for k in MLFLOW_USER_VARS}
     try:
         port, mlflow_port = free_port(), free_port()
-        server = PrefectServer(f"http://127.0.0.1:{port}/api", root / "prefect-home", processes)
+        pgpass = auth.write_pgpass(root, postgres.port, creds)
+        server = PrefectServer(f"http://127.0.0.1:{port}/api", root / "prefect-home", processes,
+                               auth.prefect_client_env(creds))
         proc = processes.start("prefect-server", stack.prefect_server_command(port, scheduler=False), root,
-                               {**server.env(), **stack.prefect_server_env(postgres, server.home)})
+                               {**server.env(), **stack.prefect_server_env(postgres, server.home, creds, pgpass)})
         mlflow_uri = f"http://127.0.0.1:{mlflow_port}"
         artifacts = root / "mlartifacts"
         mlflow = processes.start("mlflow-server", stack.mlflow_server_command(postgres, mlflow_port, str(artifacts)),
-                                 root, clean_env())
+                                 root, clean_env(**stack.mlflow_server_env(root, creds, pgpass)))
         stack.wait_healthy(f"{server.url}/health", PG_SERVER_START_TIMEOUT, "prefect server", proc.alive)
         stack.wait_healthy(f"{mlflow_uri}/health", PG_SERVER_START_TIMEOUT, "mlflow server", mlflow.alive)
+        auth.setup_mlflow(mlflow_uri, creds, *stack.mlflow_names(REPO))
+        os.environ.update(auth.mlflow_user_env(creds, "trainer"))  # this process's MLflow reads
 
         origin, storage = root / "origin.git", root / "dvc-remote"
         run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], root)
-        env = server.env(MLFLOW_TRACKING_URI=mlflow_uri)
+        env = server.env(MLFLOW_TRACKING_URI=mlflow_uri, **auth.mlflow_user_env(creds, "promoter"))
         template = copy_working_tree(root / "template")
         run([str(VENV_BIN / "python"), "-m", "flows.infra.work_pools", "--cpu-trainings", "2"], template, env)
         dvc(["remote", "add", "-d", "storage", str(storage)], template)
@@ -120,8 +156,10 @@ def stack_up(postgres, tmp_path_factory):
         # The flows that drive the trainings on a worker of their own (queue `pipeline`), as `flows.infra.stack
         # up` starts them: the training workers (queue `default`) can die without taking a parent along.
         (root / "worker-pipeline").mkdir()
+        # As the stack does: the pipeline worker (register, promote) is the promoter, the trainers trainer.
         pipeline_worker = server.start_worker(processes, CPU_POOL, root / "worker-pipeline", "worker-pipeline",
-                                              queue=PIPELINE_QUEUE, MLFLOW_TRACKING_URI=mlflow_uri, **RESILIENT_ENV)
+                                              queue=PIPELINE_QUEUE, MLFLOW_TRACKING_URI=mlflow_uri, **RESILIENT_ENV,
+                                              **auth.mlflow_user_env(creds, "promoter"))
         workers = {}
         for name in WORKERS:
             wdir = root / name
@@ -129,12 +167,17 @@ def stack_up(postgres, tmp_path_factory):
             # TMPDIR: each flow run's working directory (its clone) lies in the worker's own directory.
             workers[name] = server.start_worker(processes, CPU_POOL, wdir, name, queue=TRAIN_QUEUE,
                                                 MLFLOW_TRACKING_URI=mlflow_uri, TMPDIR=str(wdir / "tmp"),
-                                                **RESILIENT_ENV)
+                                                **RESILIENT_ENV, **auth.mlflow_user_env(creds, "trainer"))
         yield {"server": server, "mlflow": mlflow_uri, "root": root, "origin": origin, "storage": storage,
                "artifacts": artifacts, "workers": workers, "pipeline_worker": pipeline_worker,
-               "processes": processes, "pg": postgres}
+               "processes": processes, "pg": postgres, "creds": creds}
     finally:
         processes.stop_all()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def workspace(stack_up, name: str) -> Path:
@@ -147,10 +190,10 @@ def workspace(stack_up, name: str) -> Path:
 def start_nightly(stack_up, ws: Path):
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import temporary_settings
 
     server = stack_up["server"]
-    with temporary_settings(updates={PREFECT_API_URL: server.url}):
+    with temporary_settings(updates=prefect_settings(stack_up)):
         with get_client(sync_client=True) as client:
             nightly = client.read_deployment_by_name("pipeline/nightly")
         # The deployment runs where it was deployed from; this run works in `ws` instead.
@@ -163,10 +206,10 @@ def start_nightly(stack_up, ws: Path):
 
 def wait_final(stack_up, flow_run_id, during=None):
     from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import temporary_settings
 
     deadline = time.monotonic() + RUN_TIMEOUT
-    with temporary_settings(updates={PREFECT_API_URL: stack_up["server"].url}):
+    with temporary_settings(updates=prefect_settings(stack_up)):
         with get_client(sync_client=True) as client:
             while time.monotonic() < deadline:
                 if during is not None:
@@ -188,10 +231,10 @@ def unit_runs(stack_up, ws: Path, since) -> list:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterType, DeploymentFilter,
                                                 DeploymentFilterName, FlowRunFilter, FlowRunFilterId)
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import temporary_settings
 
     commit = git(["rev-parse", "HEAD"], ws).strip()
-    with temporary_settings(updates={PREFECT_API_URL: stack_up["server"].url}):
+    with temporary_settings(updates=prefect_settings(stack_up)):
         with get_client(sync_client=True) as client:
             runs = client.read_flow_runs(deployment_filter=DeploymentFilter(
                 name=DeploymentFilterName(any_=["train-run-remote-cpu"])))
@@ -323,3 +366,165 @@ def test_faults_a_worker_killed_mid_training_and_postgres_down_for_10_s(stack_up
     print(f"fault run: worker {killed} killed at {killed_at:.0f} s, PostgreSQL down at "
           f"{events['postgres'][0]:.0f} s for {events['postgres'][1]:.0f} s, {len(crashed)} unit(s) retried, "
           f"completed in {seconds:.0f} s (undisturbed: {undisturbed_s:.0f} s)")
+
+
+# --- authentication: every server refuses who has no credential ----------------------------------------
+
+
+def _status(method: str, url: str, **kwargs) -> int:
+    import requests
+
+    return requests.request(method, url, timeout=30, **kwargs).status_code
+
+
+def test_every_server_refuses_a_request_without_credentials(stack_up, creds):
+    import base64
+
+    import psycopg2
+    from websockets.sync.client import connect
+
+    assert (stack_up["root"] / "pgpass").stat().st_mode & 0o777 == 0o600
+    api = stack_up["server"].url
+    auth_string = creds["PREFECT_AUTH_STRING"]
+    assert _status("POST", f"{api}/flows/filter", json={}) == 401
+    assert _status("POST", f"{api}/flows/filter", json={}, auth=tuple(auth_string.split(":", 1))) == 200
+    assert _status("POST", f"{api}/flows/filter", json={}, auth=("prefect", "wrong")) == 401
+    assert _status("GET", f"{api}/health") == 200  # probes stay open, as Prefect documents
+
+    # The events websocket (PrefectHQ #17687): prefect 3.9 closes it unless the first message holds the
+    # auth string (flows/infra/auth.py, docs/scaling.md).
+    ws_url = api.replace("http://", "ws://") + "/events/in"
+    for subprotocols, token in ((None, None), (["prefect"], None), (["prefect"], "wrong")):
+        with pytest.raises(Exception):
+            with connect(ws_url, subprotocols=subprotocols, open_timeout=30) as ws:
+                ws.send(json.dumps({"type": "auth", "token": token}))
+                ws.recv(timeout=30)
+    with connect(ws_url, subprotocols=["prefect"], open_timeout=30) as ws:
+        ws.send(json.dumps({"type": "auth", "token": auth_string}))
+        assert json.loads(ws.recv(timeout=30)) == {"type": "auth_success"}
+
+    search = f"{stack_up['mlflow']}/api/2.0/mlflow/experiments/search"
+    assert _status("GET", search, params={"max_results": 1}) == 401
+    assert _status("GET", search, params={"max_results": 1}, auth=("trainer", "wrong")) == 401
+    for user in auth.MLFLOW_USERS:
+        assert _status("GET", search, params={"max_results": 1},
+                       auth=(user, creds[f"MLFLOW_{user.upper()}_PASSWORD"])) == 200
+    token = base64.b64encode(f"admin:{creds['MLFLOW_ADMIN_PASSWORD']}".encode()).decode()
+    assert _status("GET", search, params={"max_results": 1}, headers={"Authorization": f"Basic {token}"}) == 200
+
+    pg = stack_up["pg"]
+    nowhere = str(stack_up["root"] / "no-pgpass")  # not the stack's pgpass, nor ~/.pgpass
+    for user, password in (("mlflow", None), ("mlflow", "wrong"), ("postgres", None), ("prefect", "wrong")):
+        with pytest.raises(psycopg2.OperationalError, match="password"):
+            psycopg2.connect(host="127.0.0.1", port=pg.port, user=user, dbname=user if user != "postgres" else
+                             "postgres", password=password, passfile=nowhere, connect_timeout=10).close()
+    psycopg2.connect(host="127.0.0.1", port=pg.port, user="mlflow", dbname="mlflow",
+                     password=creds["MLFLOW_DB_PASSWORD"], passfile=nowhere, connect_timeout=10).close()
+
+
+def _as(creds, user: str, **extra) -> dict:
+    return clean_env(**auth.mlflow_user_env(creds, user), **extra)
+
+
+def test_only_the_promoter_moves_the_champion(stack_up, undisturbed, creds):
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    ws = undisturbed[0]
+    name = "outfit-completion"
+    uri = stack_up["mlflow"]
+    reader = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    champion = reader.get_model_version_by_alias(name, "champion")
+    other = next(v.version for v in reader.search_model_versions(f"name = '{name}'") if v.version != champion.version)
+
+    for user in ("trainer",):
+        os.environ.update(auth.mlflow_user_env(creds, user))
+        client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+        for call in (lambda: client.set_registered_model_alias(name, "champion", other),
+                     lambda: client.delete_registered_model_alias(name, "champion"),
+                     lambda: client.set_registered_model_alias(name, "previous", other)):
+            with pytest.raises(MlflowException) as refused:
+                call()
+            assert refused.value.get_http_status_code() == 403
+        client.set_registered_model_alias(name, "candidate", other)  # EDIT sets other aliases: the rule is narrow
+
+    for args in (["promote"], ["promote", "--rollback"]):
+        proc = subprocess.run([str(VENV_BIN / "contextual-bert"), *args], cwd=ws, text=True, timeout=300,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              env=_as(creds, "trainer", MLFLOW_TRACKING_URI=uri))
+        assert proc.returncode != 0
+        lines = proc.stdout.strip().splitlines()
+        assert len(lines) == 1 and "lacks MANAGE" in lines[0] and "'trainer'" in lines[0], proc.stdout
+        assert reader.get_model_version_by_alias(name, "champion").version == champion.version
+
+    os.environ.update(auth.mlflow_user_env(creds, "promoter"))
+    try:
+        client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+        client.set_registered_model_alias(name, "champion", champion.version)  # allowed; changes nothing
+        client.delete_registered_model_alias(name, "candidate")  # deleting an alias: MANAGE in MLflow itself
+    finally:
+        os.environ.update(auth.mlflow_user_env(creds, "trainer"))
+    assert reader.get_model_version_by_alias(name, "champion").version == champion.version
+
+
+def _prefect_records(stack_up) -> list[str]:
+    """Every flow run's parameters, job variables, artifacts and logs on the Prefect server, as text."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
+    from prefect.settings import temporary_settings
+
+    out = []
+    with temporary_settings(updates=prefect_settings(stack_up)):
+        with get_client(sync_client=True) as client:
+            runs = client.read_flow_runs(limit=200)
+            assert runs
+            for r in runs:
+                out.append(json.dumps({"parameters": r.parameters, "job_variables": r.job_variables,
+                                       "tags": r.tags}, default=str))
+            for a in client.read_artifacts(limit=200):
+                out.append(json.dumps(a.data, default=str) + str(a.description))
+            ids = [r.id for r in runs]
+            offset = 0
+            while True:
+                logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)),
+                                        limit=200, offset=offset)
+                out += [f"{log.name} {log.message}" for log in logs]
+                if len(logs) < 200:
+                    break
+                offset += 200
+            assert offset or len(out) > len(runs), "no flow-run logs to scan"
+    return out
+
+
+def _mlflow_records(stack_up) -> list[str]:
+    import mlflow
+
+    uri = stack_up["mlflow"]
+    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    out = []
+    experiments = client.search_experiments()
+    for run in client.search_runs([e.experiment_id for e in experiments], max_results=1000):
+        out.append(json.dumps({"params": run.data.params, "tags": run.data.tags}))
+    for model in client.search_registered_models():
+        out.append(json.dumps(model.tags))
+        for v in client.search_model_versions(f"name = '{model.name}'"):
+            out.append(json.dumps({"tags": v.tags, "source": v.source}))
+    return out
+
+
+def test_no_secret_in_any_record(stack_up, undisturbed, creds):
+    """After a training run on the stack: no secret in the workspace's records, MLflow's, Prefect's, the
+    artifact root, the DVC remote or the processes' logs."""
+    ws = undisturbed[0]
+    secrets_ = {k: v for k, v in creds.items()} | {"PREFECT_AUTH_STRING (password)":
+                                                    creds["PREFECT_AUTH_STRING"].split(":", 1)[1]}
+    files = [ws / "params.yaml", ws / "dvc.lock", *(p for p in (ws / "reports").rglob("*") if p.is_file())]
+    for where in (stack_up["artifacts"], stack_up["storage"], stack_up["root"] / "logs", ws / "models"):
+        files += [p for p in where.rglob("*") if p.is_file()]
+    assert len(files) > 20
+    texts = {str(p): p.read_bytes().decode("latin-1") for p in files}
+    texts.update({f"prefect record {i}": t for i, t in enumerate(_prefect_records(stack_up))})
+    texts.update({f"mlflow record {i}": t for i, t in enumerate(_mlflow_records(stack_up))})
+    found = [(key, where) for where, text in texts.items() for key, value in secrets_.items() if value in text]
+    assert not found, f"secrets found: {found[:10]}"
+    print(f"secret scan: {len(texts)} records and files, nothing found")
