@@ -212,7 +212,7 @@ def test_missing_eval_or_history_is_a_clear_error(tmp_path):
         build_report(cfg)
     cfg = write_fake_runs(tmp_path / "again")
     (tmp_path / "again" / "models" / "concat-s2" / "curve.json").unlink()
-    with pytest.raises(DataError, match=r"concat-s2/history\.json: training history"):
+    with pytest.raises(DataError, match=r"concat-s2/curve\.json: training curve"):
         build_report(cfg)
 
 

@@ -78,9 +78,10 @@ def test_init_sets_the_rows_with_pairs_at_the_tables_scale_and_keeps_the_rest(va
         assert new[N_SPECIAL : N_SPECIAL + 12].std().item() == pytest.approx(old[N_SPECIAL:].std().item(), rel=1e-5)
 
 
-def test_init_embeddings_is_outside_the_run_key_at_its_default_only():
-    """Runs recorded before the setting existed keep their key and logged params; a run that uses it holds it."""
-    assert "init_embeddings" not in TrainConfig().read_by("none")
+def test_init_embeddings_is_in_the_run_key_at_every_value():
+    """One checkpoint version, no older keys kept: a run holds the setting at its default too, so changing it
+    starts the run afresh."""
+    assert TrainConfig().read_by("none")["init_embeddings"] == "random"
     assert TrainConfig(init_embeddings="cooccurrence").read_by("none")["init_embeddings"] == "cooccurrence"
 
 

@@ -27,7 +27,7 @@ def _num(value) -> float:
 
 
 def write_plots(plots_dir: Path, evals: dict[str, list[dict]], popularity: dict,
-                histories: dict[str, dict[int, list[dict]]], labels: dict[str, str]) -> list[Path]:
+                training_curves: dict[str, dict[int, list[dict]]], labels: dict[str, str]) -> list[Path]:
     """recall_at_k.png / .csv and training_curves.png under plots_dir; `labels`: a model's name in the legend."""
     import matplotlib
 
@@ -69,19 +69,19 @@ def write_plots(plots_dir: Path, evals: dict[str, list[dict]], popularity: dict,
 
     fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=120)
     rows = []
-    for variant, per_seed in histories.items():
-        for i, (seed, history) in enumerate(sorted(per_seed.items())):
-            epochs = [h["epoch"] for h in history]
+    for variant, per_seed in training_curves.items():
+        for i, (seed, curve) in enumerate(sorted(per_seed.items())):
+            epochs = [h["epoch"] for h in curve]
             label = labels.get(variant, variant) if i == 0 else None
             # The training sample's cross-entropy, measured as validation's (older runs: the objective's loss).
-            train_key = "train_cross_entropy" if all("train_cross_entropy" in h for h in history) else "train_loss"
-            ax_train.plot(epochs, [_num(h.get(train_key)) for h in history], color=colors.get(variant),
+            train_key = "train_cross_entropy" if all("train_cross_entropy" in h for h in curve) else "train_loss"
+            ax_train.plot(epochs, [_num(h.get(train_key)) for h in curve], color=colors.get(variant),
                           label=label, alpha=0.85, marker=".")
-            ax_val.plot(epochs, [_num(h.get("val_cross_entropy")) for h in history], color=colors.get(variant),
+            ax_val.plot(epochs, [_num(h.get("val_cross_entropy")) for h in curve], color=colors.get(variant),
                         label=label, alpha=0.85, marker=".")
             rows += [{"variant": variant, "seed": seed, "epoch": h["epoch"], "train_loss": h.get("train_loss"),
                       "train_cross_entropy": h.get("train_cross_entropy"),
-                      "val_cross_entropy": h.get("val_cross_entropy")} for h in history]
+                      "val_cross_entropy": h.get("val_cross_entropy")} for h in curve]
     for ax, title in ((ax_train, "Training cross-entropy (a fixed sample, measured as validation)"),
                       (ax_val, "Validation cross-entropy")):
         ax.set_xlabel("epoch")

@@ -63,11 +63,11 @@ def checked_eval(result: dict, path: Path) -> dict:
     return result
 
 
-def read_history(path: Path) -> list[dict]:
-    history = _read_json(path, "training history (run `contextual-bert train`)")
-    if not isinstance(history, list):
+def read_curve(path: Path) -> list[dict]:
+    curve = _read_json(path, "training curve (run `contextual-bert train`)")
+    if not isinstance(curve, list):
         raise DataError("expected a list of epochs", path=path)
-    return history
+    return curve
 
 
 def read_references(cfg: Config) -> dict[str, dict]:
@@ -166,7 +166,7 @@ def build_report(cfg: Config) -> dict:
     evals = {v: [checked_eval(r, cfg.eval_path(f"{v}-s{s}")) for r, s in zip(results[v], seeds)] for v in variants}
     references = read_references(cfg)
     popularity = references["popularity"]
-    histories = {v: {s: read_history(cfg.run_dir(v, s) / CURVE_FILE) for s in seeds} for v in variants}
+    curves = {v: {s: read_curve(cfg.run_dir(v, s) / CURVE_FILE) for s in seeds} for v in variants}
 
     summary = {v: summarize_runs(runs) for v, runs in evals.items()}
     for v in variants:
@@ -194,7 +194,7 @@ def build_report(cfg: Config) -> dict:
     (reports_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     from contextual_bert.evaluation.plots import write_plots
 
-    plots = write_plots(reports_dir / "plots", evals, popularity, histories, LABELS)
+    plots = write_plots(reports_dir / "plots", evals, popularity, curves, LABELS)
     return {
         "table": str(reports_dir / "table1.md"),
         "metrics": str(reports_dir / "metrics.json"),
