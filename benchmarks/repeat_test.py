@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +39,7 @@ def main() -> int:
               "host": {"cpus": os.cpu_count(), "load_at_start": os.getloadavg()}, "runs": []}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for i in range(1, args.times + 1):
-        started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        started = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         t0 = time.monotonic()
         try:
             proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-s", "-p", "no:cacheprovider",

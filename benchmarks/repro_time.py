@@ -33,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 from contextual_bert import cpu_kernels  # noqa: E402
+
 OUT = ROOT / "reports" / "benchmarks" / "repro.json"
 
 

@@ -52,8 +52,8 @@ def build_project(work: Path, size: str, variant: str, history: int = 0) -> tupl
     from contextual_bert.data.feature_store import load_article_vocab, load_spec
     from contextual_bert.data.features import build_features
     from contextual_bert.data.sources.synthetic import generate
-    from contextual_bert.model import ContextualBert, count_paper_parameters, save_checkpoint
     from contextual_bert.data.validation import validate
+    from contextual_bert.model import ContextualBert, count_paper_parameters, save_checkpoint
 
     cfg = load_config(REPO / "params.yaml")
     generate(cfg.generate.sizes[size], seed=0, out_dir=work / "raw")

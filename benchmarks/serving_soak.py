@@ -41,8 +41,17 @@ import numpy as np
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving_latency import (MODEL_NAME, REPO, build_project, free_port, percentiles,  # noqa: E402
-                             register_champion, register_version, request_rows, wait_until_up)
+from serving_latency import (  # noqa: E402
+    MODEL_NAME,
+    REPO,
+    build_project,
+    free_port,
+    percentiles,
+    register_champion,
+    register_version,
+    request_rows,
+    wait_until_up,
+)
 
 OUT = REPO / "reports" / "benchmarks" / "serving_soak.json"
 MALFORMED = ("not_json", "no_article_ids", "junk_article_ids", "junk_top_k", "unknown_articles")

@@ -46,10 +46,17 @@ from torch import nn
 
 from contextual_bert.config import VARIANTS, ModelConfig, TrainConfig
 from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, ContextSpec, FeatureSpec
-from contextual_bert.model import PAPER_SIZES, ContextualBert, count_paper_parameters
 from contextual_bert.devices import autocast, keep_freed_memory, select_device
-from contextual_bert.training import (BUCKET_BATCHES, NegativeSampler, length_batches, lr_factor, make_optimizer,
-                                     mask_items, train_step)
+from contextual_bert.model import PAPER_SIZES, ContextualBert, count_paper_parameters
+from contextual_bert.training import (
+    BUCKET_BATCHES,
+    NegativeSampler,
+    length_batches,
+    lr_factor,
+    make_optimizer,
+    mask_items,
+    train_step,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 OUT_DIR = REPO / "reports" / "benchmarks"

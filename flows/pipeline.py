@@ -49,20 +49,6 @@ from contextual_bert.data.sources import SOURCES
 from flows import one_line_errors
 from flows.infra import dvc_stages, remote
 from flows.infra.params_file import pipeline_overrides
-from flows.tasks import (
-    TASK_DEFAULTS,
-    log_output,
-    not_user_error,
-    apply_params,
-    bring_back,
-    plan_stages,
-    repro_mlflow_stage,
-    repro_stage,
-    require_fresh,
-    stale_units,
-    wait_for_mlflow,
-)
-from flows.train_run import REPORT_ARTIFACT, prepare_checkout, train_unit
 from flows.infra.work_pools import (
     CLONE_COMMIT_ENV,
     CLONE_URL_ENV,
@@ -71,14 +57,28 @@ from flows.infra.work_pools import (
     HEARTBEAT_S,
     RESILIENT_ENV,
     TRAIN_FLOW,
-    TRAIN_TAG,
     TRAIN_REMOTE_DEPLOYMENT,
     TRAIN_REMOTE_FLOW,
+    TRAIN_TAG,
     Placement,
     deployments_exist,
     place,
     read_cluster,
 )
+from flows.tasks import (
+    TASK_DEFAULTS,
+    apply_params,
+    bring_back,
+    log_output,
+    not_user_error,
+    plan_stages,
+    repro_mlflow_stage,
+    repro_stage,
+    require_fresh,
+    stale_units,
+    wait_for_mlflow,
+)
+from flows.train_run import REPORT_ARTIFACT, prepare_checkout, train_unit
 
 CHECKOUTS = Path(".dvc/tmp/checkouts")  # inside the parent's workspace; ignored by git and DVC
 # A line per stage and per finished training unit, for a person watching: `make repro` prints these (and

@@ -32,9 +32,9 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 from contextual_bert.config import load_config  # noqa: E402
 from flows import one_line_errors  # noqa: E402
-from flows.pipeline import is_server, pipeline, progress, tracking_uri  # noqa: E402
 from flows.infra.net import free_port, wait_healthy  # noqa: E402
 from flows.infra.stack import BIN  # noqa: E402
+from flows.pipeline import is_server, pipeline, progress, tracking_uri  # noqa: E402
 
 
 @contextmanager

@@ -33,8 +33,8 @@ from prefect import flow, get_run_logger, task
 from prefect.concurrency.sync import concurrency
 
 from flows.infra import checkouts, remote
-from flows.tasks import TASK_DEFAULTS, log_output, repro_stage
 from flows.infra.work_pools import TRAIN_FLOW, TRAIN_REMOTE_FLOW, TRAIN_SLOT_LEASE_S
+from flows.tasks import TASK_DEFAULTS, log_output, repro_stage
 
 REPORT_ARTIFACT = "unit-report"  # the artifact type a remote unit reports back with
 

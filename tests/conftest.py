@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from helpers import PLAIN_TRAIN, STRONG, TINY_MODEL, WEAK, TinyProject
 
 # The tests mirror src/'s packages, in folders without __init__.py: a test that imports another's helpers

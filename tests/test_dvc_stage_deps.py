@@ -12,10 +12,10 @@ import re
 import shlex
 from pathlib import Path
 
+import import_graph
 import pytest
 import yaml
 
-import import_graph
 from contextual_bert.cli import build_parser
 from contextual_bert.config import VARIANTS
 

@@ -8,14 +8,13 @@ in the modules it runs, its own CLI handler only of cli.py).
 
 import ast
 
+import import_graph
 import pytest
 import yaml
+from test_dvc_stage_deps import REPO, STAGES, cli_functions, command_args, modules_run_by
 
-import import_graph
-from contextual_bert.config import ATTRIBUTE_SETTINGS, Config, ModelConfig, TrainConfig, VariantOverrides
-from test_dvc_stage_deps import REPO, STAGES, cli_functions, modules_run_by
 from contextual_bert.cli import build_parser
-from test_dvc_stage_deps import command_args
+from contextual_bert.config import ATTRIBUTE_SETTINGS, Config, ModelConfig, TrainConfig, VariantOverrides
 
 PARAMS = yaml.safe_load((REPO / "params.yaml").read_text())
 PER_MODEL = "variants.${item.variant}"

@@ -107,9 +107,12 @@ def _cmd_evaluate(cfg: Config, args) -> None:
 
 
 def _cmd_baseline(cfg: Config, args) -> None:
-    from contextual_bert.evaluation.evaluate import (evaluate_attribute_history_popularity,
-                                                     evaluate_attribute_popularity, evaluate_history_popularity,
-                                                     evaluate_popularity)
+    from contextual_bert.evaluation.evaluate import (
+        evaluate_attribute_history_popularity,
+        evaluate_attribute_popularity,
+        evaluate_history_popularity,
+        evaluate_popularity,
+    )
 
     report = evaluate_popularity(
         features_dir=cfg.paths.features_dir,
@@ -177,9 +180,8 @@ def _cmd_promote(cfg: Config, args) -> None:
 
 
 def _cmd_describe_model(cfg: Config, args) -> None:
-    from contextual_bert.model import describe_variants
-
     from contextual_bert.data.feature_store import SPEC_FILE, load_spec
+    from contextual_bert.model import describe_variants
 
     # The width of c: the features stage's spec when there is one (default_dim included); before the
     # features stage has run, the sum of params' embedding_dims; the paper's when there are none.

@@ -126,7 +126,7 @@ def write_report(rows: list[dict], choice: dict[str, dict], out_dir: Path) -> li
     keys = sorted({k for row in rows for k in row["setting"]})
     lines = ["# Sweep: validation cross-entropy per variant and setting", "",
              "One seed per setting; the lowest best-epoch validation cross-entropy wins (marked **). "
-             f"Never chosen on test.", "",
+             "Never chosen on test.", "",
              "| Variant | " + " | ".join(keys) + " | Val cross-entropy | Best epoch / epochs | Converged |",
              "|---|" + "---|" * (len(keys) + 3)]
     for row in sorted(rows, key=lambda r: (r["variant"], [str(r["setting"].get(k) or 0) if k in NAMED_KEYS

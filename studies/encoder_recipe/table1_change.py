@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 
 from contextual_bert.evaluation.report_stats import compare

@@ -23,8 +23,8 @@ from pathlib import Path
 import yaml
 from learning_curve import CONTEXT_FREE
 
-from contextual_bert.evaluation.bootstrap import OUTFITS_KEY, paired_difference
 from contextual_bert.config import base_model
+from contextual_bert.evaluation.bootstrap import OUTFITS_KEY, paired_difference
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `studies.project`: studies/ is a folder of scripts, not an installed package
 from studies.project import record  # noqa: E402

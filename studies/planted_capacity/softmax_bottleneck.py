@@ -24,7 +24,6 @@ head's cost (with the fit's curve to show whether it had stopped falling).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path

@@ -25,7 +25,6 @@ optimum is about what the data allows, not what a recipe gets wrong.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -35,11 +34,11 @@ import scipy.sparse as sp
 import torch
 
 from contextual_bert.config import EvaluateConfig, ModelConfig
-from contextual_bert.evaluation.evaluate import evaluate_split
 from contextual_bert.data.feature_spec import N_SPECIAL
 from contextual_bert.data.feature_store import load_split
-from contextual_bert.evaluation.optimum import optimum_from_features
 from contextual_bert.data.planted.tastes import load_truth
+from contextual_bert.evaluation.evaluate import evaluate_split
+from contextual_bert.evaluation.optimum import optimum_from_features
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `studies.project`: studies/ is a folder of scripts, not an installed package
 from studies.project import record  # noqa: E402

@@ -28,9 +28,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scripts, not an installed package
+from contextual_bert.evaluation.bootstrap import KNOWN_OUTFITS_KEY, OUTFITS_KEY, paired_difference  # noqa: E402
 from studies.closets.closets import settings as closet_settings  # noqa: E402
 from studies.project import Project, override, record, relocated  # noqa: E402
-from contextual_bert.evaluation.bootstrap import KNOWN_OUTFITS_KEY, OUTFITS_KEY, paired_difference  # noqa: E402
 
 DATA_DIRS = ("raw_dir", "validated_dir", "quarantine_dir", "features_dir", "source_fingerprint")
 HIDDEN = ["ingest.source=planted", "planted.taste_strength=0.0", "planted.hidden_taste_strength=1.3"]

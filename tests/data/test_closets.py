@@ -14,11 +14,9 @@ import pytest
 import torch
 
 from contextual_bert.config import PlantedConfig
-from contextual_bert.data.planted.closets import CLOSET_CONTEXT_COLUMNS, ClosetTruth, _story, closet_schema
 from contextual_bert.data.contract import DATE_COLUMN, TABLES, DataSchema
 from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, UNKNOWN_INDEX
-from contextual_bert.data.planted.tastes import TRUTH_JSON
-from contextual_bert.data.sources.planted import generate as generate_planted, load_truth
+from contextual_bert.data.planted.closets import CLOSET_CONTEXT_COLUMNS, ClosetTruth, _story, closet_schema
 from contextual_bert.data.planted.optimum import (
     OUTFIT_ROW,
     ClosetHistoryOptimum,
@@ -26,6 +24,9 @@ from contextual_bert.data.planted.optimum import (
     build_closet_optimum,
     closet_history_log_prior,
 )
+from contextual_bert.data.planted.tastes import TRUTH_JSON
+from contextual_bert.data.sources.planted import generate as generate_planted
+from contextual_bert.data.sources.planted import load_truth
 from contextual_bert.evaluation.optimum import HISTORY_RESULT, optimum_from_features
 
 SMALL = PlantedConfig(n_outfits=3000, n_articles=2000, n_customers=60, n_types=10, closet_size=12,

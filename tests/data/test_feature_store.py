@@ -4,14 +4,21 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from feature_data import build_paper_features
 
-from contextual_bert.errors import ContextualBertError, DataError
-from contextual_bert.data.feature_spec import MASK_INDEX, MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec
 from contextual_bert.data.encoding import SMALL_FRAME_ROWS
+from contextual_bert.data.feature_spec import (
+    MASK_INDEX,
+    MISSING_INDEX,
+    N_SPECIAL,
+    PAD_INDEX,
+    UNKNOWN_INDEX,
+    ContextSpec,
+)
 from contextual_bert.data.feature_store import load_article_vocab, load_context_indexer, load_split
 from contextual_bert.data.outfit_encoder import OutfitEncoder
 from contextual_bert.data.vocabularies import ArticleVocab, ContextIndexer
-from feature_data import build_paper_features
+from contextual_bert.errors import ContextualBertError, DataError
 
 
 @pytest.fixture(scope="module")

@@ -4,14 +4,14 @@ import os
 import numpy as np
 import pandas as pd
 import pytest
+from feature_data import PAPER_DIMS, build_paper_features, paper_cfg, paper_tables, write_validated
 
 from contextual_bert.config import FeaturesConfig
 from contextual_bert.data.contract import HM_SCHEMA, PAPER_SCHEMA
-from contextual_bert.errors import ContextualBertError, DataError
 from contextual_bert.data.feature_spec import MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
 from contextual_bert.data.feature_store import MANIFEST_FILE, load_article_vocab, load_spec, load_split
 from contextual_bert.data.features import assign_splits, build_features
-from feature_data import PAPER_DIMS, build_paper_features, paper_cfg, paper_tables, write_validated
+from contextual_bert.errors import ContextualBertError, DataError
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,13 @@ import pytest
 from contextual_bert.config import GeneratorSize
 from contextual_bert.data.contract import DATE_COLUMN, DATE_TYPE, PAPER_SCHEMA, TABLES, DataSchema
 from contextual_bert.data.sources.synthetic import generate
-from contextual_bert.data.sources.synthetic_world import (COLORS, DATE_SPAN_DAYS, DATE_START, OCCASION_RULES,
-                                                         PRODUCT_TYPES)
+from contextual_bert.data.sources.synthetic_world import (
+    COLORS,
+    DATE_SPAN_DAYS,
+    DATE_START,
+    OCCASION_RULES,
+    PRODUCT_TYPES,
+)
 
 SMALL = GeneratorSize(n_outfits=3000, n_articles=1500, n_customers=400)
 
@@ -165,8 +170,12 @@ def test_every_outfit_has_a_date_over_about_two_years(data):
 
 def _hidden(seed: int, size: GeneratorSize, strength: float) -> dict:
     """The hidden tastes generate() draws (from their own stream), recomputed."""
-    from contextual_bert.data.sources.synthetic_world import (TASTE_STREAM, _hidden_tastes, _make_articles,
-                                                             _make_customers)
+    from contextual_bert.data.sources.synthetic_world import (
+        TASTE_STREAM,
+        _hidden_tastes,
+        _make_articles,
+        _make_customers,
+    )
 
     rng = np.random.default_rng(seed)
     art = _make_articles(rng, size.n_articles)

@@ -6,20 +6,19 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import torch
+from feature_data import paper_cfg, paper_tables, write_validated
 
 from contextual_bert.config import EvaluateConfig, HistoryConfig, ModelConfig
 from contextual_bert.data.contract import DATE_COLUMN, PAPER_SCHEMA
-from contextual_bert.errors import DataError
 from contextual_bert.data.feature_spec import HISTORY_COLUMN, HISTORY_FEATURE, PAD_INDEX
 from contextual_bert.data.feature_store import OUTFITS_FILE, load_article_vocab, load_spec, load_split
-from contextual_bert.data.outfit_encoder import OutfitEncoder
-from contextual_bert.data.vocabularies import ArticleVocab, ContextIndexer
 from contextual_bert.data.features import assign_time_splits, build_features
 from contextual_bert.data.history import earlier_outfits, history_items, listed_history
+from contextual_bert.data.outfit_encoder import OutfitEncoder
+from contextual_bert.errors import DataError
 from contextual_bert.evaluation.counts import HISTORY_WEIGHTS, HistoryPopularityModel, history_log_probs, history_weight
 from contextual_bert.evaluation.ranking import case_ranks
 from contextual_bert.model import HistoryAttentionPooling, HistoryBag, HistoryPooling, HistoryRepeat, build_model
-from feature_data import paper_cfg, paper_tables, write_validated
 
 MAX_ITEMS = 12
 

@@ -13,17 +13,16 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from helpers import TINY_MODEL, dvc_project
 
 from contextual_bert.cli import main
 from contextual_bert.config import FeaturesConfig, ImportSetsConfig, ValidateConfig
 from contextual_bert.data.contract import DATE_COLUMN, DATE_TYPE, IMPORT_QUARANTINE, DataSchema
-from contextual_bert.errors import DataError
 from contextual_bert.data.feature_store import load_split
 from contextual_bert.data.features import build_features
 from contextual_bert.data.sources.sets import import_sets
 from contextual_bert.data.validation import validate
-from helpers import TINY_MODEL, dvc_project
-
+from contextual_bert.errors import DataError
 
 
 def polyvore_sets(n_sets: int = 300, n_items: int = 60, seed: int = 0) -> list[dict]:
@@ -209,7 +208,7 @@ def test_lines_that_cannot_be_read_are_quarantined_and_the_rest_imported(tmp_pat
     data.insert(15, b"")  # a blank line: skipped, not a pair
     (tmp_path / name).write_bytes(b"\r\n".join(data) + b"\r\n")  # and Windows line ends
     report = import_sets(tmp_path / name, tmp_path / "raw", ImportSetsConfig())
-    clean = import_sets(tmp_path / "train.json", tmp_path / "clean", ImportSetsConfig())
+    import_sets(tmp_path / "train.json", tmp_path / "clean", ImportSetsConfig())
     for table in ("outfits", "articles"):
         assert pq.read_table(tmp_path / "raw" / f"{table}.parquet").equals(pq.read_table(tmp_path / "clean" / f"{table}.parquet"))
     quarantine = pq.read_table(tmp_path / "raw" / IMPORT_QUARANTINE).to_pylist()

@@ -10,13 +10,13 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from helpers import hm_fixture
 
 from contextual_bert.config import ImportHMConfig
 from contextual_bert.data.contract import DATE_COLUMN, DATE_TYPE, HM_SCHEMA, IMPORT_QUARANTINE, DataSchema
-from contextual_bert.errors import DataError
 from contextual_bert.data.sources.hm import _article_id_sql, import_hm
 from contextual_bert.data.sources.hm_files import ARTICLES, CUSTOMERS, TRANSACTIONS
-from helpers import hm_fixture
+from contextual_bert.errors import DataError
 
 HM_SAMPLE = Path(__file__).resolve().parents[3] / "shared" / "data" / "hm_sample"
 
@@ -32,7 +32,7 @@ def normalize_article_ids(ids: pd.Series) -> pd.Series:
     """H&M article ids through the importer's own SQL expression."""
     import duckdb
 
-    frame = pd.DataFrame({"id": ids.astype("string")})
+    frame = pd.DataFrame({"id": ids.astype("string")})  # noqa: F841 - DuckDB's SQL reads it by its name
     with duckdb.connect() as con:
         out = con.execute(f"SELECT {_article_id_sql('id')} AS id FROM frame").df()["id"]
     return out.astype("string").set_axis(ids.index)

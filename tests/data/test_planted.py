@@ -14,7 +14,6 @@ import pytest
 from contextual_bert import cpu_kernels
 from contextual_bert.config import PlantedConfig
 from contextual_bert.data.contract import DATE_COLUMN, TABLES, DataSchema
-from contextual_bert.errors import ContextualBertError
 from contextual_bert.data.planted.tastes import (
     CONTEXT_COLUMNS,
     TRUTH_JSON,
@@ -25,6 +24,7 @@ from contextual_bert.data.planted.tastes import (
     load_truth,
     planted_schema,
 )
+from contextual_bert.errors import ContextualBertError
 
 SMALL = PlantedConfig(n_outfits=3000, n_articles=400, n_customers=300, n_types=10, n_tastes=6, seed=3)
 

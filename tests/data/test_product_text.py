@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from contextual_bert.config import FeaturesConfig
-from contextual_bert.data.feature_spec import MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec
 from contextual_bert.data.encoding import text_words
-from contextual_bert.data.vocabularies import ContextIndexer
+from contextual_bert.data.feature_spec import MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec
 from contextual_bert.data.features import _fit_feature
+from contextual_bert.data.vocabularies import ContextIndexer
 from contextual_bert.model import ArticleAttributes, TextEmbedding
 
 

@@ -13,13 +13,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from helpers import TINY_MODEL
 
 from contextual_bert.cli import main
 from contextual_bert.config import ImportSetsConfig, load_config
 from contextual_bert.data.contract import IMPORT_QUARANTINE
-from contextual_bert.errors import DataError
 from contextual_bert.data.sources.sets import article_name, import_sets
-from helpers import TINY_MODEL
+from contextual_bert.errors import DataError
 
 RETAILER = Path(__file__).resolve().parents[1] / "fixtures" / "retailer"
 # what a user of that retailer's files sets (docs/curated_products.md)

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import dvc_project, hm_fixture
 
 from contextual_bert.config import Config
-from contextual_bert.errors import DataError
-from contextual_bert.data.sources.hm_files import TRANSACTIONS
 from contextual_bert.data.sources import SOURCES, fingerprint, hash_cache_path, write_fingerprint
-from helpers import dvc_project, hm_fixture
+from contextual_bert.data.sources.hm_files import TRANSACTIONS
+from contextual_bert.errors import DataError
 
 
 def _hm_config(source: Path, tmp_path: Path) -> Config:
@@ -72,7 +72,7 @@ def test_a_file_unchanged_since_its_last_hashing_is_not_read_again(tmp_path, mon
     os.utime(source / "customers.csv", ns=(1, 1))  # touched back in time: read again, the same md5
     read.clear()
     assert write_fingerprint(cfg) == changed and read == ["customers.csv"]
-    for spoiled in ("{not json", "[1, 2]", '{"%s": 7}' % (source / TRANSACTIONS).resolve()):
+    for spoiled in ("{not json", "[1, 2]", f'{{"{(source / TRANSACTIONS).resolve()}": 7}}'):
         hash_cache_path(cfg).write_text(spoiled)  # a spoiled cache: every file hashed, nothing wrong
         read.clear()
         assert write_fingerprint(cfg) == changed and len(read) == 3

@@ -14,15 +14,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from helpers import hm_fixture
 
 from contextual_bert.cli import main
 from contextual_bert.config import GeneratorSize, ImportHMConfig, ValidateConfig
 from contextual_bert.data.contract import DATE_COLUMN, DATE_TYPE, TABLES
-from contextual_bert.errors import ContextualBertError, DataError
-from contextual_bert.data.sources.synthetic import generate
 from contextual_bert.data.sources.hm import import_hm
+from contextual_bert.data.sources.synthetic import generate
 from contextual_bert.data.validation import FAILED_COLUMN, validate
-from helpers import hm_fixture
+from contextual_bert.errors import ContextualBertError, DataError
 
 SMALL = GeneratorSize(n_outfits=400, n_articles=200, n_customers=60)
 TAG = "_tag"  # an extra column the tests add to every table: which fault a row carries ("clean" otherwise)

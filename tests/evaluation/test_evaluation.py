@@ -5,10 +5,18 @@ import numpy as np
 import pytest
 import torch
 
-from contextual_bert.evaluation.bootstrap import paired_difference
 from contextual_bert.config import EvaluateConfig, ModelConfig
-from contextual_bert.data.feature_spec import (HISTORY_FEATURE, MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX,
-                                               ContextSpec, EncodedOutfits, FeatureSpec)
+from contextual_bert.data.feature_spec import (
+    HISTORY_FEATURE,
+    MASK_INDEX,
+    N_SPECIAL,
+    PAD_INDEX,
+    UNKNOWN_INDEX,
+    ContextSpec,
+    EncodedOutfits,
+    FeatureSpec,
+)
+from contextual_bert.evaluation.bootstrap import paired_difference
 from contextual_bert.evaluation.counts import PopularityModel
 from contextual_bert.evaluation.evaluate import (
     evaluate_popularity,
@@ -17,9 +25,9 @@ from contextual_bert.evaluation.evaluate import (
     outfit_dependence,
     recall_curve,
 )
-from contextual_bert.model import ContextualBert, count_paper_parameters, save_checkpoint
 from contextual_bert.evaluation.ranking import case_ranks, donor_outfits, measures_dependence
 from contextual_bert.evaluation.yardstick import verdict_of
+from contextual_bert.model import ContextualBert, count_paper_parameters, save_checkpoint
 
 # Articles 3..8 with fixed scores; the special indices get the highest scores and must still never be ranked.
 SCORES = torch.tensor([9.0, 9.0, 9.0, 0.5, 2.0, 1.0, 3.0, 1.0, -1.0])
@@ -223,8 +231,11 @@ def test_attribute_popularity_lifted_by_history_is_popularity_plus_own_history_f
     """With one attribute value and every article an id, the attribute-aware popularity is the popularity of the
     counts (without the + 1): lifted by the history it is popularity + own history at the same weight; and its
     history's articles of a value already in the outfit are lifted from that value's small share."""
-    from contextual_bert.evaluation.counts import (AttributeHistoryPopularityModel, AttributePopularityModel,
-                                                   HistoryPopularityModel)
+    from contextual_bert.evaluation.counts import (
+        AttributeHistoryPopularityModel,
+        AttributePopularityModel,
+        HistoryPopularityModel,
+    )
 
     counts = np.array([0, 0, 0, 6, 3, 2, 2, 1, 4])  # every article at least once: P_attr(a) = count / sum
     one_value = AttributePopularityModel(np.array([0, 0, 0] + [1] * 6), counts, n_ids=9, in_outfit_share=0.5)

@@ -157,8 +157,9 @@ def test_a_candidate_outside_an_ids_only_models_vocabulary_scores_as_unknown():
 def test_table1_has_fitb_easy_and_hard_for_every_row_popularity_included(tmp_path):
     import json
 
-    from contextual_bert.evaluation.report import build_report
     from test_report import write_fake_runs
+
+    from contextual_bert.evaluation.report import build_report
 
     cfg = write_fake_runs(tmp_path, seeds=(0, 1), variants=("none", "global_state"))
     evals = tmp_path / "reports" / "eval"

@@ -19,6 +19,7 @@ from contextual_bert.data.planted.optimum import (
     elementary_symmetric_excluding,
     history_log_prior,
 )
+from contextual_bert.data.planted.tastes import PlantedTruth
 from contextual_bert.evaluation.optimum import (
     HISTORY_RESULT,
     RESULTS,
@@ -26,7 +27,6 @@ from contextual_bert.evaluation.optimum import (
     history_optimum_data,
     optimum_from_features,
 )
-from contextual_bert.data.planted.tastes import PlantedTruth
 
 # The hand-computed case: 3 types (a0 a1 | a2 a3 | a4 a5), 2 tastes, 2 customers.
 W = np.array([[1, 3], [3, 1], [2, 1], [2, 3], [1, 4], [1, 1]], dtype=float)  # w[a, z]

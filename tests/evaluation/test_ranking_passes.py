@@ -14,8 +14,16 @@ import pytest
 import torch
 
 from contextual_bert.config import FitbConfig, ModelConfig
-from contextual_bert.data.feature_spec import (HISTORY_FEATURE, MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX,
-                                               ContextSpec, EncodedOutfits, FeatureSpec)
+from contextual_bert.data.feature_spec import (
+    HISTORY_FEATURE,
+    MASK_INDEX,
+    N_SPECIAL,
+    PAD_INDEX,
+    UNKNOWN_INDEX,
+    ContextSpec,
+    EncodedOutfits,
+    FeatureSpec,
+)
 from contextual_bert.evaluation import ranking
 from contextual_bert.evaluation.counts import AttributePopularityModel, HistoryPopularityModel, PopularityModel
 from contextual_bert.evaluation.fitb import PROTOCOLS, answer, make_questions
@@ -357,8 +365,11 @@ def test_the_count_models_closed_form_ranks_are_the_scored_catalogues(n_articles
 def test_the_attribute_history_counts_log_probs_of_every_weight_are_its_ranking_passes(n_articles):
     """attribute_history_log_probs (the weight's one pass) gives what a ranking pass of the model gives at each
     weight, some histories holding articles without an id."""
-    from contextual_bert.evaluation.counts import (HISTORY_WEIGHTS, AttributeHistoryPopularityModel,
-                                                   attribute_history_log_probs)
+    from contextual_bert.evaluation.counts import (
+        HISTORY_WEIGHTS,
+        AttributeHistoryPopularityModel,
+        attribute_history_log_probs,
+    )
 
     counts, values, data = count_cases(n_articles, 300, seed=n_articles)
     n_ids = len(counts) - 7

@@ -406,6 +406,6 @@ def test_a_row_worse_than_its_yardstick_is_marked_worse_and_a_better_one_better(
     assert "| better than popularity (-" in rows["| [GS]"]
     assert "**1 of 2 learned rows are worse than their yardstick: [None].**" in table
     rule = "SE" if len(seeds) > 1 else "paired bootstrap 95% CI"
-    assert f"- [None]: " in table and f"({rule}" in table.split("## Against the yardsticks")[1]
+    assert "- [None]: " in table and f"({rule}" in table.split("## Against the yardsticks")[1]
     metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
     assert metrics["none"]["vs_yardstick"]["verdict"] == -1 and metrics["global_state"]["vs_yardstick"]["verdict"] == 1

@@ -9,12 +9,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from flows_testkit import (
     SERVER_START_TIMEOUT,
     VENV_BIN,
-    Processes,
     PrefectServer,
+    Processes,
     free_port,
     make_toy_repo,
     wait_until,
@@ -64,9 +63,8 @@ def processes(tmp_path):
 @pytest.fixture
 def prefect_api(prefect_server):
     """Point this process's flows at the session server (in-process flow runs)."""
-    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
-
     from prefect.logging.handlers import APILogWorker
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
     with temporary_settings(updates={PREFECT_API_URL: prefect_server.url, PREFECT_HOME: prefect_server.home}):
         yield prefect_server

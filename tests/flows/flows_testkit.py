@@ -183,7 +183,7 @@ class PrefectServer:
     def cli(self, args: list[str], cwd: Path, timeout: float = 120) -> str:
         return run([str(VENV_BIN / "prefect"), "--no-prompt", *args], cwd, self.env(), timeout)
 
-    def start_worker(self, processes: "Processes", pool: str, cwd: Path, name: str, queue: str | None = None,
+    def start_worker(self, processes: Processes, pool: str, cwd: Path, name: str, queue: str | None = None,
                      **env: str) -> Proc:
         """A process worker on `pool`, on its work queue `queue` only when given (in `processes`, so the
         test that started it ends it)."""

@@ -11,6 +11,7 @@ import threading
 from types import SimpleNamespace
 
 import pytest
+from flows_testkit import REPO, free_port
 from prefect import Task
 from prefect.cache_policies import NO_CACHE
 
@@ -18,11 +19,17 @@ import flows.pipeline
 import flows.tasks
 import flows.train_run
 from flows.infra.dvc_stages import StageFailed
+from flows.infra.work_pools import (
+    CLONE_COMMIT_ENV,
+    CLONE_URL_ENV,
+    PIPELINE_QUEUE,
+    RESILIENT_ENV,
+    TRAIN_DEPLOYMENT,
+    TRAIN_QUEUE,
+    TRAIN_REMOTE_DEPLOYMENT,
+)
 from flows.pipeline import _crashed, is_server, tracking_uri
 from flows.tasks import not_user_error, repro_mlflow_stage, repro_stage, wait_for_mlflow
-from flows.infra.work_pools import (CLONE_COMMIT_ENV, CLONE_URL_ENV, PIPELINE_QUEUE, RESILIENT_ENV, TRAIN_DEPLOYMENT,
-                              TRAIN_QUEUE, TRAIN_REMOTE_DEPLOYMENT)
-from flows_testkit import REPO, free_port
 
 
 def all_tasks() -> dict[str, Task]:
@@ -120,7 +127,7 @@ def test_remote_trainings_clone_the_parents_commit_on_their_worker():
         assert d["work_pool"]["name"] == pool
         assert d["entrypoint"] == "flows/train_run.py:train_run_remote"
         assert d["pull"] == [{"prefect.deployments.steps.git_clone": {
-            "repository": "{{ $%s }}" % CLONE_URL_ENV, "commit_sha": "{{ $%s }}" % CLONE_COMMIT_ENV}}]
+            "repository": "{{ $%s }}" % CLONE_URL_ENV, "commit_sha": "{{ $%s }}" % CLONE_COMMIT_ENV}}]  # noqa: UP031
     for name in ("nightly", "train-run-cpu"):
         assert "pull" not in deployments[name]  # these run in the workspace itself
     # Every deployment's runs retry a server without its database (500) instead of failing.

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from flows.infra import dvc_stages
-from flows.pipeline import pipeline, promotion, tracking_uri, training
 from flows.infra.work_pools import CPU_SLOT, Cluster, ensure_pools, read_cluster
+from flows.pipeline import pipeline, promotion, tracking_uri, training
 
 
 def test_pipeline_runs_what_dvc_finds_stale_and_nothing_twice(prefect_api, toy_repo):

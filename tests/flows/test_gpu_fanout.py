@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from flows_testkit import make_toy_repo, wait_until
 
 from flows.infra import dvc_stages
-from flows.pipeline import pipeline
 from flows.infra.work_pools import ensure_pools, read_cluster
-from flows_testkit import make_toy_repo, wait_until
+from flows.pipeline import pipeline
 
 pytestmark = pytest.mark.slow
 

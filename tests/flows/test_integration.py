@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 
 import pytest
+from flows_testkit import TINY_PARAMS, TINY_VARIANTS, VENV_BIN, clean_env, copy_working_tree, free_port, run
 
 from flows.infra import dvc_stages
-from flows_testkit import TINY_PARAMS, TINY_VARIANTS, VENV_BIN, clean_env, copy_working_tree, free_port, run
 
 pytestmark = pytest.mark.slow
 

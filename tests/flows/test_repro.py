@@ -9,13 +9,12 @@ import subprocess
 import sys
 
 import pytest
-
+from flows_testkit import REPO
 from mlflow.tracking import MlflowClient
 
 from contextual_bert.registry.tracking import artifact_location
-from flows.repro import mlflow_server_over
 from flows.infra.net import healthy
-from flows_testkit import REPO
+from flows.repro import mlflow_server_over
 
 
 def test_the_server_writes_the_sqlite_store_and_its_artifacts_beside_it(tmp_path):

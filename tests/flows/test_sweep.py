@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from flows_testkit import VENV_BIN, git, run
 
 from contextual_bert.config import Config
 from contextual_bert.sweep import choose, experiments, rows_from_exp_show, settings_grid
-from flows_testkit import VENV_BIN, git, run
 
 # A stand-in training: its validation cross-entropy is a parabola in log10(learning rate) with its minimum
 # at 10^-2.5 for [None] and 10^-3 for [GS]; it writes reports/train/<variant>-s<seed>.json as train does.

@@ -5,20 +5,20 @@ import torch
 
 from contextual_bert.cli import main
 from contextual_bert.config import VARIANTS, ModelConfig
-from contextual_bert.errors import ContextualBertError
 from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec, FeatureSpec
+from contextual_bert.errors import ContextualBertError
 from contextual_bert.model import (
-    AttributeOverlap,
     PAPER_PARAMETERS,
-    build_model,
+    AttributeOverlap,
     ContextEmbedding,
     ContextualBert,
+    Dropout,
+    build_model,
     count_paper_parameters,
     describe_variants,
     load_checkpoint,
     other_articles_mean,
     save_checkpoint,
-    Dropout,
     scaled_keep_mask,
 )
 

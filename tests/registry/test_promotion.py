@@ -5,11 +5,13 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import STRONG, WEAK
+from helpers import with_registry_settings as _with
 
-from helpers import STRONG, WEAK, with_registry_settings as _with
 from contextual_bert.cli import main
-from contextual_bert.errors import ContextualBertError
 from contextual_bert.data.feature_store import load_split
+from contextual_bert.errors import ContextualBertError
+from contextual_bert.registry.models import register_all
 from contextual_bert.registry.promotion import (
     CHAMPION,
     PREVIOUS,
@@ -20,7 +22,6 @@ from contextual_bert.registry.promotion import (
     recall_k,
     validation_cases,
 )
-from contextual_bert.registry.models import register_all
 from contextual_bert.registry.tracking import client
 
 

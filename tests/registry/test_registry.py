@@ -2,11 +2,11 @@ import json
 
 import pytest
 import torch
+from helpers import STRONG, WEAK
+from helpers import with_registry_settings as _with
 
-from helpers import STRONG, WEAK, with_registry_settings as _with
 from contextual_bert.registry.models import register_all
 from contextual_bert.registry.tracking import client, directory_sha256, read_run_file
-
 
 # --- register --------------------------------------------------------------------------------------------
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import mlflow
 import pytest
 import yaml
-
 from helpers import STRONG, WEAK, free_port, stop_process_group, wait_for_http
+
 from contextual_bert.config import Config, MlflowConfig
 from contextual_bert.registry.tracking import (
     RUN_FILE,

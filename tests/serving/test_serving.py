@@ -11,12 +11,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from helpers import STRONG, free_port, stop_process_group, wait_for_http
 from mlflow.exceptions import MlflowException
 
-from helpers import STRONG, free_port, stop_process_group, wait_for_http
-from contextual_bert.errors import ContextualBertError
 from contextual_bert.data.feature_spec import N_SPECIAL
 from contextual_bert.data.feature_store import load_spec
+from contextual_bert.errors import ContextualBertError
+from contextual_bert.registry.tracking import client, experiment_id
 from contextual_bert.serving.completer import (
     MAX_TOP_K,
     OUTPUT_COLUMNS,
@@ -25,7 +26,6 @@ from contextual_bert.serving.completer import (
     log_pyfunc_model,
     signature,
 )
-from contextual_bert.registry.tracking import client, experiment_id
 
 
 @pytest.fixture(scope="session")
@@ -275,8 +275,8 @@ def _post(url: str, payload) -> tuple[int, dict]:
 
 @pytest.mark.slow
 def test_mlflow_models_serve_answers_the_champion(tiny_trained_runs, requests, tmp_path):
-    from contextual_bert.registry.promotion import promote
     from contextual_bert.registry.models import register_all
+    from contextual_bert.registry.promotion import promote
 
     cfg = tiny_trained_runs.cfg
     cfg = cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"model_name": "serving-champion"}),
@@ -329,13 +329,13 @@ def attribute_model(tmp_path_factory):
     """(checkpoint of a "none_attrs" model, its features dir, raw articles): the weights are untrained (the
     outfit offsets drawn at random, so that they count), the catalogue and its encoding are the features stage's."""
     import torch
+    from feature_data import paper_cfg, paper_tables, write_validated
 
     from contextual_bert.config import ModelConfig
     from contextual_bert.data.contract import PAPER_SCHEMA, DataSchema
     from contextual_bert.data.feature_store import load_article_vocab, load_catalogue
     from contextual_bert.data.features import build_features
     from contextual_bert.model import AttributeOverlap, build_model, save_checkpoint
-    from feature_data import paper_cfg, paper_tables, write_validated
 
     root = tmp_path_factory.mktemp("attributes")
     articles, customers, outfits = paper_tables(n_outfits=600)

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import mlflow.pyfunc
 import pytest
-
 from helpers import free_port, stop_process_group, wait_for_http
 
 TOKEN = "gate-test-token-7f3a9c"

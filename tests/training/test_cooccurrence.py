@@ -87,8 +87,9 @@ def test_init_embeddings_is_in_the_run_key_at_every_value():
 
 def test_train_starts_from_cooccurrence_only_when_asked(tmp_path, monkeypatch):
     """`training.train` applies the setting before `fit` (stubbed here: only the start matters)."""
-    import contextual_bert.training as training
     from feature_data import build_paper_features
+
+    import contextual_bert.training as training
 
     features_dir, _, _ = build_paper_features(tmp_path)
     started = []

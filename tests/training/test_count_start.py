@@ -5,11 +5,19 @@ decay (training/regularisers.RareIdDecay)."""
 import numpy as np
 import pytest
 import torch
+from feature_data import paper_cfg, write_validated
+from test_history import dated_tables
 
 from contextual_bert.config import HistoryConfig, ModelConfig
 from contextual_bert.data.contract import PAPER_SCHEMA
-from contextual_bert.data.feature_spec import (HISTORY_FEATURE, MASK_INDEX, N_SPECIAL, UNKNOWN_INDEX, ContextSpec,
-                                              FeatureSpec)
+from contextual_bert.data.feature_spec import (
+    HISTORY_FEATURE,
+    MASK_INDEX,
+    N_SPECIAL,
+    UNKNOWN_INDEX,
+    ContextSpec,
+    FeatureSpec,
+)
 from contextual_bert.data.feature_store import load_article_vocab, load_spec, load_split
 from contextual_bert.data.features import build_features
 from contextual_bert.evaluation.counts import HistoryPopularityModel, PopularityModel
@@ -17,8 +25,6 @@ from contextual_bert.evaluation.ranking import case_ranks
 from contextual_bert.model import HistoryRepeat, build_model
 from contextual_bert.training.count_start import log_popularity, start_from_counts
 from contextual_bert.training.regularisers import RareIdDecay
-from feature_data import paper_cfg, write_validated
-from test_history import dated_tables
 
 SMALL = ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32)
 

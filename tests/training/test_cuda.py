@@ -10,13 +10,13 @@ import json
 
 import pytest
 import torch
-
-from contextual_bert.model import load_checkpoint
-from contextual_bert.evaluation.ranking import case_ranks
-from contextual_bert.training import fit
-from contextual_bert.devices import autocast
-from contextual_bert.data.feature_spec import MASK_INDEX
 from test_training import DROPOUT, PLANTED_TRAIN, SHORT, new_model, planted
+
+from contextual_bert.data.feature_spec import MASK_INDEX
+from contextual_bert.devices import autocast
+from contextual_bert.evaluation.ranking import case_ranks
+from contextual_bert.model import load_checkpoint
+from contextual_bert.training import fit
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 CUDA = torch.device("cuda")

@@ -15,18 +15,17 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from helpers import REPO
 
 from contextual_bert.config import ModelConfig, PlantedConfig, TrainConfig, load_config
+from contextual_bert.data.feature_spec import N_SPECIAL, PAD_INDEX, ContextSpec, EncodedOutfits
+from contextual_bert.data.planted.optimum import build_optimum
+from contextual_bert.data.planted.tastes import generate_planted, load_truth
 from contextual_bert.evaluation.counts import PopularityModel
 from contextual_bert.evaluation.evaluate import outfit_dependence
 from contextual_bert.evaluation.ranking import case_ranks
-from contextual_bert.data.feature_spec import N_SPECIAL, PAD_INDEX, ContextSpec, EncodedOutfits
 from contextual_bert.model import ContextualBert
-from contextual_bert.data.planted.optimum import build_optimum
-from contextual_bert.data.planted.tastes import generate_planted, load_truth
 from contextual_bert.training import fit
-
-from helpers import REPO
 
 TINY = PlantedConfig(n_outfits=3000, n_articles=32, n_customers=50, n_types=4, n_tastes=4, taste_strength=0.0,
                      hidden_taste_strength=6.0, context_strength=0.0, popularity_exponent=0.5, seed=1)  # fmt: skip

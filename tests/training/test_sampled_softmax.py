@@ -6,15 +6,21 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import PLAIN_TRAIN
+from test_training import DROPOUT, N_ITEMS, PLANTED_TRAIN, SPEC, TINY, new_model, planted
 
 from contextual_bert import cpu_kernels
 from contextual_bert.config import Config, TrainConfig
 from contextual_bert.data.feature_spec import N_SPECIAL, ContextSpec, FeatureSpec
 from contextual_bert.model import AttributeOverlap, build_model
-from contextual_bert.training import (LinearCrossEntropy, NegativeSampler, fit, mask_items, masked_item_loss,
-                                     sampled_cross_entropy)
-from helpers import PLAIN_TRAIN
-from test_training import DROPOUT, PLANTED_TRAIN, N_ITEMS, SPEC, TINY, new_model, planted
+from contextual_bert.training import (
+    LinearCrossEntropy,
+    NegativeSampler,
+    fit,
+    mask_items,
+    masked_item_loss,
+    sampled_cross_entropy,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

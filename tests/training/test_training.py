@@ -5,16 +5,24 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import PLAIN_TRAIN
 
 import contextual_bert.training as training
 from contextual_bert.config import ModelConfig, TrainConfig
+from contextual_bert.data.feature_spec import (
+    MASK_INDEX,
+    N_SPECIAL,
+    PAD_INDEX,
+    UNKNOWN_INDEX,
+    ContextSpec,
+    EncodedOutfits,
+    FeatureSpec,
+)
 from contextual_bert.evaluation.counts import PopularityModel
 from contextual_bert.evaluation.evaluate import metrics_from_ranks
 from contextual_bert.evaluation.ranking import case_ranks
-from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec, EncodedOutfits, FeatureSpec
 from contextual_bert.model import AttributeOverlap, ContextualBert, load_checkpoint
 from contextual_bert.training import LinearCrossEntropy, fit, length_batches, mask_items
-from helpers import PLAIN_TRAIN
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: a second thread only adds synchronisation
 

@@ -308,7 +308,7 @@ class DataSchema:
         return path
 
     @classmethod
-    def load(cls, directory: Path) -> "DataSchema":
+    def load(cls, directory: Path) -> DataSchema:
         from contextual_bert.errors import DataError
 
         path = Path(directory) / SCHEMA_FILE

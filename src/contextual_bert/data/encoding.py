@@ -28,7 +28,6 @@ import pandas as pd
 
 from contextual_bert.data.feature_spec import MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
 
-
 # --- encoding: the one code path for stored tables and serving -------------------------------------------
 
 # Plain numpy and Python over object arrays, no pandas Series per feature: a one-row request pays

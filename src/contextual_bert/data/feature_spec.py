@@ -66,14 +66,14 @@ class ContextSpec:
         return json.dumps({"features": [asdict(f) for f in self.features]}, indent=2)
 
     @classmethod
-    def from_json(cls, text: str) -> "ContextSpec":
+    def from_json(cls, text: str) -> ContextSpec:
         return cls(tuple(FeatureSpec(**f) for f in json.loads(text)["features"]))
 
     def save(self, path: Path) -> None:
         Path(path).write_text(self.to_json())
 
     @classmethod
-    def load(cls, path: Path) -> "ContextSpec":
+    def load(cls, path: Path) -> ContextSpec:
         return cls.from_json(Path(path).read_text())
 
 
@@ -93,11 +93,11 @@ class EncodedOutfits:
     def __len__(self) -> int:
         return self.items.shape[0]
 
-    def to(self, device: torch.device | str) -> "EncodedOutfits":
+    def to(self, device: torch.device | str) -> EncodedOutfits:
         return EncodedOutfits(
             self.items.to(device), {k: v.to(device) for k, v in self.context.items()}, self.outfit_ids
         )
 
-    def subset(self, index: torch.Tensor) -> "EncodedOutfits":
+    def subset(self, index: torch.Tensor) -> EncodedOutfits:
         ids = None if self.outfit_ids is None else [self.outfit_ids[i] for i in index.tolist()]
         return EncodedOutfits(self.items[index], {k: v[index] for k, v in self.context.items()}, ids)

@@ -17,10 +17,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from contextual_bert.errors import ContextualBertError, DataError
-from contextual_bert.data.feature_spec import (MISSING_INDEX, PAD_INDEX, UNKNOWN_INDEX, ContextSpec, EncodedOutfits,
-                                               FeatureSpec)
+from contextual_bert.data.feature_spec import (
+    MISSING_INDEX,
+    PAD_INDEX,
+    UNKNOWN_INDEX,
+    ContextSpec,
+    EncodedOutfits,
+    FeatureSpec,
+)
 from contextual_bert.data.vocabularies import ArticleVocab, Catalogue, ContextIndexer
+from contextual_bert.errors import ContextualBertError, DataError
 
 SPLITS = ("train", "val", "test")
 SPECIAL_ARTICLES = ("[PAD]", "[MASK]", "[UNK]")

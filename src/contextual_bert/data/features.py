@@ -28,18 +28,16 @@ import pyarrow.parquet as pq
 
 from contextual_bert.config import FeaturesConfig
 from contextual_bert.data.contract import DATE_COLUMN, ID_COLUMN, SCHEMA_FILE, TABLES, DataSchema
-from contextual_bert.errors import DataError
+from contextual_bert.data.encoding import as_object_array, explode_values, text_lists, text_of, to_float
 from contextual_bert.data.feature_spec import (
+    HISTORY_FEATURE,
     MISSING_INDEX,
     N_SPECIAL,
     PAD_INDEX,
     UNKNOWN_INDEX,
     ContextSpec,
-    HISTORY_FEATURE,
     FeatureSpec,
 )
-from contextual_bert.data.history import earlier_outfits, eligible_rows, history_items
-from contextual_bert.data.split_guards import check_splits, split_counts
 from contextual_bert.data.feature_store import (
     ARTICLE_VOCAB_FILE,
     ATTRIBUTES_FILE,
@@ -49,13 +47,15 @@ from contextual_bert.data.feature_store import (
     CUSTOMERS_FILE,
     MANIFEST_FILE,
     OUTFITS_FILE,
-    SPECIAL_ARTICLES,
     SPEC_FILE,
+    SPECIAL_ARTICLES,
     SPLITS,
     file_sha256,
 )
-from contextual_bert.data.encoding import as_object_array, explode_values, text_lists, text_of, to_float
+from contextual_bert.data.history import earlier_outfits, eligible_rows, history_items
+from contextual_bert.data.split_guards import check_splits, split_counts
 from contextual_bert.data.vocabularies import ArticleVocab, Catalogue, ContextIndexer
+from contextual_bert.errors import DataError
 
 # Columns of the encoded outfits table that a context feature must not be named after.
 OUTFIT_COLUMNS = ("outfit_id", "customer_id", "split", "items", HISTORY_FEATURE)

@@ -10,14 +10,19 @@ import numpy as np
 import pandas as pd
 import torch
 
-from contextual_bert.errors import ContextualBertError
-from contextual_bert.data.history import listed_history
 from contextual_bert.data.encoding import LIST_LIKE, column_arrays
-from contextual_bert.data.feature_spec import (HISTORY_COLUMN, MASK_INDEX, PAD_INDEX, UNKNOWN_INDEX, EncodedOutfits,
-                                               FeatureSpec)
+from contextual_bert.data.feature_spec import (
+    HISTORY_COLUMN,
+    MASK_INDEX,
+    PAD_INDEX,
+    UNKNOWN_INDEX,
+    EncodedOutfits,
+    FeatureSpec,
+)
 from contextual_bert.data.feature_store import load_article_vocab, load_context_indexer
+from contextual_bert.data.history import listed_history
 from contextual_bert.data.vocabularies import ArticleVocab, ContextIndexer
-
+from contextual_bert.errors import ContextualBertError
 
 # --- the one outfit encoder: raw outfits + context -> model tensors ----------------------------------------
 
@@ -79,7 +84,7 @@ class OutfitEncoder:
         self.max_set_size = max_set_size
 
     @classmethod
-    def load(cls, features_dir: Path, max_set_size: int) -> "OutfitEncoder":
+    def load(cls, features_dir: Path, max_set_size: int) -> OutfitEncoder:
         return cls(load_article_vocab(features_dir), load_context_indexer(features_dir), max_set_size)
 
     def encode(self, rows: pd.DataFrame, with_mask: bool, id_column: str | None = None,

@@ -13,10 +13,18 @@ import numpy as np
 import pandas as pd
 import torch
 
-from contextual_bert.errors import ContextualBertError
-from contextual_bert.data.encoding import (as_object_array, column_arrays, encode_categorical, encode_multi,
-                                           encode_numeric, index_of, lookup, text_lists)
+from contextual_bert.data.encoding import (
+    as_object_array,
+    column_arrays,
+    encode_categorical,
+    encode_multi,
+    encode_numeric,
+    index_of,
+    lookup,
+    text_lists,
+)
 from contextual_bert.data.feature_spec import N_SPECIAL, UNKNOWN_INDEX, ContextSpec, FeatureSpec
+from contextual_bert.errors import ContextualBertError
 
 
 class ContextIndexer:
@@ -164,7 +172,7 @@ class Catalogue:
         indices, _, _ = self.indexer.encode_arrays(articles.reset_index(drop=True), source="article")
         return indices
 
-    def extend(self, articles: pd.DataFrame) -> "Catalogue":
+    def extend(self, articles: pd.DataFrame) -> Catalogue:
         """The catalogue with the articles of `articles` (column article_id + raw attribute columns) that it
         does not hold yet appended, without an id embedding. Articles it holds keep their row."""
         if "article_id" not in articles.columns:

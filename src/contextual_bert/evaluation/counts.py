@@ -20,8 +20,14 @@ import torch
 from torch import nn
 
 from contextual_bert.config import EvaluateConfig
-from contextual_bert.data.feature_spec import (HISTORY_FEATURE, MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX,
-                                              EncodedOutfits)
+from contextual_bert.data.feature_spec import (
+    HISTORY_FEATURE,
+    MASK_INDEX,
+    N_SPECIAL,
+    PAD_INDEX,
+    UNKNOWN_INDEX,
+    EncodedOutfits,
+)
 from contextual_bert.evaluation.ranking import ScoreOrder, distinct_real, is_ahead, others_ahead
 
 CLOSED_FORM_CELLS = 1 << 20  # (cases x attribute values) the attribute popularity's closed form holds at a time

@@ -42,20 +42,32 @@ from pathlib import Path
 
 import numpy as np
 
-from contextual_bert.evaluation.bootstrap import (DEPENDENCE_METRIC, KNOWN_OUTFITS_KEY, OUTFITS_KEY, bootstrap_ci, case_values,
-                                       outfit_record)
 from contextual_bert.config import CURVE_FILE, NOT_APPLICABLE, EvaluateConfig, ModelConfig, uses_attributes
+from contextual_bert.data.feature_spec import HISTORY_FEATURE, EncodedOutfits
 from contextual_bert.devices import evaluation_device, keep_freed_memory
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.data.feature_spec import HISTORY_FEATURE, EncodedOutfits
+from contextual_bert.evaluation.bootstrap import (
+    DEPENDENCE_METRIC,
+    KNOWN_OUTFITS_KEY,
+    OUTFITS_KEY,
+    bootstrap_ci,
+    case_values,
+    outfit_record,
+)
+from contextual_bert.evaluation.counts import (
+    AttributeHistoryPopularityModel,
+    AttributePopularityModel,
+    HistoryPopularityModel,
+    PopularityModel,
+    attribute_history_weight,
+    history_weight,
+    in_outfit_share,
+)
 from contextual_bert.evaluation.fitb import RESULT_KEY as FITB_KEY
 from contextual_bert.evaluation.fitb import fitb_result, split_questions
-from contextual_bert.model import count_paper_parameters, load_checkpoint
-from contextual_bert.evaluation.counts import (AttributeHistoryPopularityModel, AttributePopularityModel,
-                                                HistoryPopularityModel, PopularityModel, attribute_history_weight,
-                                                history_weight, in_outfit_share)
 from contextual_bert.evaluation.ranking import case_ranks, measures_dependence, outfit_dependence
 from contextual_bert.evaluation.yardstick import CATALOGUE_YARDSTICKS, VERDICT_KEY, run_verdict, yardstick_of
+from contextual_bert.model import count_paper_parameters, load_checkpoint
 
 RECALL_CURVE_MAX_K = 250
 NO_HISTORY = "features.history is off: the features hold no history"  # a history yardstick's "why"

@@ -42,10 +42,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from contextual_bert.evaluation.bootstrap import bootstrap_ci
 from contextual_bert.config import FitbConfig
-from contextual_bert.errors import ContextualBertError
 from contextual_bert.data.feature_spec import MASK_INDEX, MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
+from contextual_bert.errors import ContextualBertError
+from contextual_bert.evaluation.bootstrap import bootstrap_ci
 from contextual_bert.evaluation.ranking import progress, scorer_name, scoring_pass
 
 PROTOCOLS = ("easy", "hard")
@@ -184,7 +184,7 @@ def answer(model, data, questions: Questions, batch_size: int, device) -> dict[s
     model.eval()
     items = data.items.to(device)
     context = {name: values.to(device) for name, values in data.context.items()}
-    n_items = int(getattr(model, "n_items"))
+    n_items = int(model.n_items)
     out = {p: np.full(len(questions.outfit), np.nan) for p in PROTOCOLS}
     lengths = (items != PAD_INDEX).sum(dim=1)
     bar = progress(len(questions.outfit), f"{scorer_name(model)} FITB", "question")

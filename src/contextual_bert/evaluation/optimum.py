@@ -15,7 +15,6 @@ import pyarrow.parquet as pq
 import torch
 
 from contextual_bert.config import EvaluateConfig, ModelConfig
-from contextual_bert.errors import ContextualBertError, DataError
 from contextual_bert.data.planted.closets import ClosetTruth
 from contextual_bert.data.planted.optimum import (
     OUTFIT_ROW,
@@ -29,6 +28,7 @@ from contextual_bert.data.planted.optimum import (
 )
 from contextual_bert.data.planted.tastes import PlantedTruth
 from contextual_bert.data.sources.planted import load_truth, truth_exists
+from contextual_bert.errors import ContextualBertError, DataError
 
 RESULTS = {"optimum_context": True, "optimum_no_context": False}  # eval name -> uses the context
 HISTORY_RESULT = "optimum_history"  # the optimum with context and history (data/planted/optimum.py)

@@ -170,7 +170,7 @@ def case_ranks(model, data: EncodedOutfits, batch_size: int, device, with_ranks:
     by_length = torch.sort(lengths[outfit], stable=True).indices
     ranks, log_probs, shuffled = [], [], []
     donor = donor_outfits(items) if dependence else None
-    article_index = torch.arange(getattr(model, "n_items"), device=device)
+    article_index = torch.arange(model.n_items, device=device)
     bar = progress(len(target), f"{scorer_name(model)} {'dependence' if dependence else 'ranking'}", "case")
     # fp32 on every device: bf16 logits tie, and ties would be broken by article index
     with torch.no_grad(), scoring_pass(model), bar:

@@ -19,8 +19,14 @@ from pathlib import Path
 
 from contextual_bert.config import CURVE_FILE, VARIANTS, Config
 from contextual_bert.errors import ContextualBertError, DataError
-from contextual_bert.evaluation.report_stats import (VERDICT_METRICS, compare_models, comparison_numbers,
-                                                     convergence_summary, summarize_runs, yardstick_verdicts)
+from contextual_bert.evaluation.report_stats import (
+    VERDICT_METRICS,
+    compare_models,
+    comparison_numbers,
+    convergence_summary,
+    summarize_runs,
+    yardstick_verdicts,
+)
 from contextual_bert.evaluation.table1 import LABELS, comparison_text, render_table1
 
 PAPER_ORDER = ("global_state_update", "global_state", "new_position", "concat")  # by recall@1, best first

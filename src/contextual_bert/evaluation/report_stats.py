@@ -8,13 +8,18 @@ import math
 
 import numpy as np
 
-from contextual_bert.evaluation.bootstrap import (CI_METRICS, KNOWN_OUTFITS_KEY, OUTFITS_KEY, mean_record,
-                                                  paired_difference, pooled_interval)
 from contextual_bert.config import base_model
+from contextual_bert.evaluation.bootstrap import (
+    CI_METRICS,
+    KNOWN_OUTFITS_KEY,
+    OUTFITS_KEY,
+    mean_record,
+    paired_difference,
+    pooled_interval,
+)
 from contextual_bert.evaluation.fitb import METRICS as FITB_METRICS
 from contextual_bert.evaluation.fitb import RESULT_KEY as FITB_KEY
 from contextual_bert.evaluation.yardstick import VERDICT_KEY, summary_verdict, yardstick_of
-
 
 # (metric, True when higher is better) for the "beats [None]" verdicts.
 VERDICT_METRICS = (("cross_entropy", False), ("recall@5", True))

@@ -7,15 +7,19 @@ import json
 
 import numpy as np
 
-from contextual_bert.evaluation.bootstrap import DEPENDENCE_METRIC, KNOWN_OUTFITS_KEY, LEVEL, OUTFITS_KEY
 from contextual_bert.config import ATTRIBUTES_SUFFIX, BASELINE_MODELS, VARIANTS, Config, base_model, uses_attributes
 from contextual_bert.data.feature_store import MANIFEST_FILE
+from contextual_bert.evaluation.bootstrap import DEPENDENCE_METRIC, KNOWN_OUTFITS_KEY, LEVEL, OUTFITS_KEY
 from contextual_bert.evaluation.fitb import METRICS as FITB_METRICS
 from contextual_bert.evaluation.fitb import RESULT_KEY as FITB_KEY
 from contextual_bert.evaluation.ranking import STUCK_BELOW
-from contextual_bert.evaluation.report_stats import (TARGET_PARTS, VERDICT_METRICS, compare, compare_models,
-                                                     fitb_interval)
-
+from contextual_bert.evaluation.report_stats import (
+    TARGET_PARTS,
+    VERDICT_METRICS,
+    compare,
+    compare_models,
+    fitb_interval,
+)
 
 LABELS = {
     "popularity": "Popularity",

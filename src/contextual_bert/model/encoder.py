@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from contextual_bert.config import VARIANTS, ModelConfig, base_model
-from contextual_bert.data.feature_spec import PAD_INDEX, ContextSpec, N_SPECIAL
+from contextual_bert.data.feature_spec import N_SPECIAL, PAD_INDEX, ContextSpec
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.model.context import ContextEmbedding
 from contextual_bert.model.dropout import Dropout

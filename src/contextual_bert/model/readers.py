@@ -21,8 +21,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from contextual_bert.config import ModelConfig
-from contextual_bert.data.feature_spec import (HISTORY_FEATURE, MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX,
-                                                ContextSpec)
+from contextual_bert.data.feature_spec import (
+    HISTORY_FEATURE,
+    MASK_INDEX,
+    N_SPECIAL,
+    PAD_INDEX,
+    UNKNOWN_INDEX,
+    ContextSpec,
+)
 from contextual_bert.model.context import history_mean
 
 
@@ -49,13 +55,13 @@ class LogitOffset(Protocol):
     """An offset added to the logits at the `select` positions of `items`."""
 
     def __call__(self, model, items: torch.Tensor, select: torch.Tensor, context: dict | None = None,
-                 articles: torch.Tensor | None = None) -> "torch.Tensor | CatalogueOffsets | None":
+                 articles: torch.Tensor | None = None) -> torch.Tensor | CatalogueOffsets | None:
         """(M, n_items) offsets (without gradient over the whole catalogue, a CatalogueOffsets may stand for
         them), or (M, C) for the catalogue indices `articles` (C,) only; None where it reads nothing."""
         ...
 
-    def add_to(self, model, total: "torch.Tensor | CatalogueOffsets", items: torch.Tensor, select: torch.Tensor,
-               context: dict | None = None) -> "torch.Tensor | CatalogueOffsets":
+    def add_to(self, model, total: torch.Tensor | CatalogueOffsets, items: torch.Tensor, select: torch.Tensor,
+               context: dict | None = None) -> torch.Tensor | CatalogueOffsets:
         """`total` (the offsets before it, over the whole catalogue, without gradient) + these offsets: the
         same numbers as total + the call's, in place where it can."""
         ...
@@ -138,7 +144,7 @@ class CatalogueOffsets:
     def shape(self) -> tuple[int, int]:
         return self.gains.shape[1], self.index.shape[0]
 
-    def add_sparse(self, articles: torch.Tensor, values: torch.Tensor) -> "CatalogueOffsets":
+    def add_sparse(self, articles: torch.Tensor, values: torch.Tensor) -> CatalogueOffsets:
         """These offsets + `values` (M, K) at the articles `articles` (M, K) of each row (an article once per
         row; a 0 value anywhere): the sum the history repeat's forward would make with a (M, n) tensor."""
         self.sparse.append((articles, values))
@@ -209,15 +215,15 @@ class AttributeOverlap(nn.Module):
         self._values: tuple | None = None  # value_table's cache: (the catalogue's tensors, their versions, the table)
 
     def forward(self, model, items: torch.Tensor, select: torch.Tensor, context: dict | None = None,
-                articles: torch.Tensor | None = None) -> "torch.Tensor | CatalogueOffsets":
+                articles: torch.Tensor | None = None) -> torch.Tensor | CatalogueOffsets:
         """The logit-offset seam: the offsets of `model`'s catalogue (`offsets`); over the whole catalogue
         without gradient (every evaluation pass, serving) by `catalogue_offsets`, else by `offsets_for`."""
         if articles is None and not torch.is_grad_enabled():
             return self.catalogue_offsets(model.attributes.catalogue(), items, select)
         return self.offsets_for(model.attributes.catalogue(), items, select, articles)
 
-    def add_to(self, model, total: "torch.Tensor | CatalogueOffsets", items: torch.Tensor, select: torch.Tensor,
-               context: dict | None = None) -> "torch.Tensor | CatalogueOffsets":
+    def add_to(self, model, total: torch.Tensor | CatalogueOffsets, items: torch.Tensor, select: torch.Tensor,
+               context: dict | None = None) -> torch.Tensor | CatalogueOffsets:
         """`total` + the catalogue's offsets (a new tensor: they are made whole to be added)."""
         return total + self(model, items, select, context)
 
@@ -362,8 +368,8 @@ class HistoryRepeat(nn.Module):
         out = gain.new_zeros(history.shape[0], len(articles) + 1).scatter_(1, column[history], gain)
         return out[:, :-1]
 
-    def add_to(self, model, total: "torch.Tensor | CatalogueOffsets", items: torch.Tensor, select: torch.Tensor,
-               context: dict | None = None) -> "torch.Tensor | CatalogueOffsets":
+    def add_to(self, model, total: torch.Tensor | CatalogueOffsets, items: torch.Tensor, select: torch.Tensor,
+               context: dict | None = None) -> torch.Tensor | CatalogueOffsets:
         """`total` (M, n_items; a tensor or a CatalogueOffsets) + these offsets over the whole catalogue, in
         place and only where they are not 0 (passes without gradient: no (M, n_items) tensor of zeros); the
         same numbers as total + forward()."""

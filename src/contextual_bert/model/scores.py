@@ -123,7 +123,7 @@ class ArticleScores:
             if side is not None:
                 side.id_dropout = float(rate)
 
-    def output_articles(self, table: nn.Embedding, attributes: "ArticleAttributes | None",
+    def output_articles(self, table: nn.Embedding, attributes: ArticleAttributes | None,
                         articles: torch.Tensor | None = None):
         """(weight (n_items, d), bias (n_items,)) of the output layer over every article, from the id table
         `table` and, with attributes, the attribute embeddings `attributes`; or (C, d), (C,) for the catalogue

@@ -16,8 +16,8 @@ from contextual_bert.config import CURVE_FILE, Config
 from contextual_bert.registry.tracking import (
     client,
     directory_sha256,
-    file_sha256,
     experiment_id,
+    file_sha256,
     find_run,
     metric_key,
     numeric_items,
@@ -46,7 +46,13 @@ def _ensure_registered_model(mlflow_client, name: str) -> None:
 def _training_run(mlflow_client, cfg: Config, variant: str, seed: int, model_dir: Path):
     """The MLflow run of this training: from mlflow_run.json, else the run logged for the same checkpoint,
     else a run logged now from the files (a model trained elsewhere, e.g. pulled from a DVC remote)."""
-    from contextual_bert.registry.tracking import features_lineage, log_epochs, log_params, log_run_artifacts, training_params
+    from contextual_bert.registry.tracking import (
+        features_lineage,
+        log_epochs,
+        log_params,
+        log_run_artifacts,
+        training_params,
+    )
 
     checkpoint_sha = file_sha256(model_dir / "checkpoint.pt")
     run = find_run(mlflow_client, model_dir)

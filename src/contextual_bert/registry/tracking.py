@@ -22,15 +22,14 @@ import re
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import yaml
 
 from contextual_bert.config import CHECKPOINT_FILE, CURVE_FILE, METRICS_FILE, NOT_APPLICABLE, Config, MlflowConfig
-from contextual_bert.errors import ContextualBertError
 from contextual_bert.data.feature_store import (
     CATALOGUE_FEATURE_FILES,
     CUSTOMERS_FILE,
@@ -38,6 +37,7 @@ from contextual_bert.data.feature_store import (
     MODEL_FEATURE_FILES,
     file_sha256,
 )
+from contextual_bert.errors import ContextualBertError
 
 RUN_FILE = "mlflow_run.json"
 # The vocabularies and context tables of the features stage (not the encoded outfits: the data, not the model).
@@ -250,7 +250,7 @@ def read_run_file(run_dir: Path) -> dict | None:
         record = json.loads(path.read_text())
         record["run_id"]
     except (json.JSONDecodeError, KeyError, TypeError):
-        raise ContextualBertError(f"{path}: not a valid MLflow run file (expected a JSON object with 'run_id')")
+        raise ContextualBertError(f"{path}: not a valid MLflow run file (expected a JSON object with 'run_id')") from None
     return record
 
 

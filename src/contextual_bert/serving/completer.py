@@ -37,12 +37,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from contextual_bert.devices import autocast, select_device
-from contextual_bert.errors import ContextualBertError
+from contextual_bert.data.contract import read_table_file
 from contextual_bert.data.feature_spec import N_SPECIAL, PAD_INDEX
 from contextual_bert.data.feature_store import CATALOGUE_FEATURE_FILES, MODEL_FEATURE_FILES, load_catalogue
 from contextual_bert.data.outfit_encoder import EncodedRows, OutfitEncoder
-from contextual_bert.data.contract import read_table_file
+from contextual_bert.devices import autocast, select_device
+from contextual_bert.errors import ContextualBertError
 
 MAX_TOP_K = 250
 BATCH_ROWS = 1024  # rows scored per forward pass: bounds memory for large requests
@@ -89,7 +89,7 @@ class OutfitCompleterCore:
 
     @classmethod
     def load(cls, checkpoint: Path, features_dir: Path, device: str = "auto",
-             catalogue: Path | None = None) -> "OutfitCompleterCore":
+             catalogue: Path | None = None) -> OutfitCompleterCore:
         """`catalogue`: an articles table whose articles the model does not hold yet are added (attribute
         models only); by default the one CONTEXTUAL_BERT_CATALOGUE names, if any."""
         from contextual_bert.model import load_checkpoint

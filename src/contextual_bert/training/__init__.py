@@ -2,15 +2,46 @@
 and its state (resume.py), the warm-up from the bag of items (warmup.py), what training hides from a model
 (regularisers.py) and the co-occurrence start of the article table (cooccurrence.py)."""
 
-from contextual_bert.training.loop import (BUCKET_BATCHES, CONVERGENCE_EPOCHS, CONVERGENCE_NATS, EpochHook, Run,
-                                           convergence, fit, length_batches, lr_factor, make_optimizer, train,
-                                           even_sample, train_step, validation_cross_entropy)
-from contextual_bert.training.losses import (LOSS_CHUNK_ROWS, LinearCrossEntropy, NegativeSampler, fused_loss_applies,
-                                             mask_items, masked_item_loss, negative_sampler, sampled_cross_entropy,
-                                             sampled_item_loss)
+from contextual_bert.training.loop import (
+                                           BUCKET_BATCHES,
+                                           CONVERGENCE_EPOCHS,
+                                           CONVERGENCE_NATS,
+                                           EpochHook,
+                                           Run,
+                                           convergence,
+                                           even_sample,
+                                           fit,
+                                           length_batches,
+                                           lr_factor,
+                                           make_optimizer,
+                                           train,
+                                           train_step,
+                                           validation_cross_entropy,
+)
+from contextual_bert.training.losses import (
+                                           LOSS_CHUNK_ROWS,
+                                           LinearCrossEntropy,
+                                           NegativeSampler,
+                                           fused_loss_applies,
+                                           mask_items,
+                                           masked_item_loss,
+                                           negative_sampler,
+                                           sampled_cross_entropy,
+                                           sampled_item_loss,
+)
 from contextual_bert.training.regularisers import drop_history, id_dropout_rate
-from contextual_bert.training.resume import (CURVE_FILE, RESUMABLE_CHANGES, Position, RunState,
-                                             code_digest, load_resume_state, pin_threads_and_algorithms,
-                                             random_states, restore_random_states, run_key, save_resume_state,
-                                             seeded_random_states)
+from contextual_bert.training.resume import (
+                                           CURVE_FILE,
+                                           RESUMABLE_CHANGES,
+                                           Position,
+                                           RunState,
+                                           code_digest,
+                                           load_resume_state,
+                                           pin_threads_and_algorithms,
+                                           random_states,
+                                           restore_random_states,
+                                           run_key,
+                                           save_resume_state,
+                                           seeded_random_states,
+)
 from contextual_bert.training.warmup import BagWarmup, bag_warmup_weight, reads_bag_warmup, set_bag_weight, stuck_check

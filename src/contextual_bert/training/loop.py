@@ -20,26 +20,36 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
 
 from contextual_bert import cpu_kernels
-from contextual_bert.config import (CONTEXT_FREE, NOT_APPLICABLE, ModelConfig, TrainConfig, base_model,
-                                    uses_attributes)
+from contextual_bert.config import CONTEXT_FREE, NOT_APPLICABLE, ModelConfig, TrainConfig, base_model, uses_attributes
 from contextual_bert.data.feature_spec import HISTORY_FEATURE, PAD_INDEX, EncodedOutfits
 from contextual_bert.devices import autocast, keep_freed_memory, select_device
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.model import build_model, count_paper_parameters, save_checkpoint
 from contextual_bert.training.losses import NegativeSampler, mask_items, masked_item_loss, negative_sampler
 from contextual_bert.training.regularisers import RareIdDecay, drop_history, id_dropout_rate
-from contextual_bert.training.resume import (CHECKPOINT_FILE, CURVE_FILE, LAST_FILE, METRICS_FILE, Position,
-                                             RunState, load_resume_state, pin_threads_and_algorithms,
-                                             restore_random_states, run_key, save_resume_state,
-                                             seeded_random_states, write_json)
+from contextual_bert.training.resume import (
+    CHECKPOINT_FILE,
+    CURVE_FILE,
+    LAST_FILE,
+    METRICS_FILE,
+    Position,
+    RunState,
+    load_resume_state,
+    pin_threads_and_algorithms,
+    restore_random_states,
+    run_key,
+    save_resume_state,
+    seeded_random_states,
+    write_json,
+)
 from contextual_bert.training.warmup import BagWarmup, reads_bag_warmup, set_bag_weight, stuck_check
 
 EpochHook = Callable[[int, dict], None]  # (epoch, its row of the curve)
@@ -415,9 +425,9 @@ def train(
     and data; patience, device and checkpoint_every_s may differ). A run that already finished is not
     re-trained (its metrics are returned again); a run whose settings or data differ starts from scratch.
     """
+    from contextual_bert.data.feature_store import load_article_vocab, load_catalogue, load_spec, load_split
     from contextual_bert.training.cooccurrence import init_from_cooccurrence
     from contextual_bert.training.count_start import start_from_counts
-    from contextual_bert.data.feature_store import load_article_vocab, load_catalogue, load_spec, load_split
 
     spec = load_spec(features_dir)
     if base_model(variant) not in CONTEXT_FREE and not spec.features:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import math
+import os
 import random
 import warnings
 from dataclasses import dataclass, field
@@ -81,7 +81,7 @@ class RunState:
                 "bag_warmup": self.bag_warmup.to_dict()}
 
     @classmethod
-    def from_dict(cls, saved: dict) -> "RunState":
+    def from_dict(cls, saved: dict) -> RunState:
         return cls(**{**saved, "bag_warmup": BagWarmup.from_dict(saved["bag_warmup"])})
 
 

@@ -80,7 +80,7 @@ class BagWarmup:
     lifted: bool | None = None
 
     @classmethod
-    def at_start(cls, cfg: TrainConfig, model) -> "BagWarmup":
+    def at_start(cls, cfg: TrainConfig, model) -> BagWarmup:
         """A run's warm-up before its first epoch: from epoch 1, due a check, or none."""
         if not reads_bag_warmup(cfg, model):
             return cls()
@@ -143,5 +143,5 @@ class BagWarmup:
                 "outfit_dependence": self.outfit_dependence, "before": self.before, "lifted": self.lifted}
 
     @classmethod
-    def from_dict(cls, saved: dict) -> "BagWarmup":
+    def from_dict(cls, saved: dict) -> BagWarmup:
         return cls(**saved)

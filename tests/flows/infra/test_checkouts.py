@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from flows_testkit import git
 
 from flows.infra import checkouts, dvc_stages
-from flows_testkit import git
 
 UNIT = ("train@none-0", "evaluate@none-0")
 

@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from flows_testkit import REPO
 
 from flows.infra import dvc_stages
 from flows.infra.dvc_stages import Plan, StageFailed, plan
-from flows_testkit import REPO
 
 PIPELINE = ["ingest", "validate", "features"] + [
     f"{kind}@{v}-{s}" for kind in ("train", "evaluate") for v in ("none", "global_state") for s in (0, 1)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from flows_testkit import REPO
 
 from contextual_bert.config import load_config
 from contextual_bert.errors import ContextualBertError
 from flows.infra.params_file import apply_overrides, pipeline_overrides
-from flows_testkit import REPO
 
 
 @pytest.fixture

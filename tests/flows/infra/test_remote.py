@@ -8,10 +8,10 @@ import json
 import shutil
 
 import pytest
+from flows_testkit import dvc, git, make_toy_repo, run
 
 from flows.infra import dvc_stages, remote
 from flows.infra.remote import RemoteModeError
-from flows_testkit import dvc, git, make_toy_repo, run
 
 UNIT = ("train@none-0", "evaluate@none-0")
 

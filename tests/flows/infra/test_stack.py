@@ -39,17 +39,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-
-from flows.infra import auth, dvc_stages, stack
-from flows.infra.work_pools import CPU_POOL, PIPELINE_QUEUE, RESILIENT_ENV, TRAIN_QUEUE
 from flows_testkit import (
     REPO,
     SERVER_START_TIMEOUT,
@@ -68,6 +65,9 @@ from flows_testkit import (
     kill_tree,
     run,
 )
+
+from flows.infra import auth, dvc_stages, stack
+from flows.infra.work_pools import CPU_POOL, PIPELINE_QUEUE, RESILIENT_ENV, TRAIN_QUEUE
 
 pytestmark = pytest.mark.slow
 
@@ -192,7 +192,6 @@ def start_nightly(stack_up, ws: Path):
     from prefect.deployments import run_deployment
     from prefect.settings import temporary_settings
 
-    server = stack_up["server"]
     with temporary_settings(updates=prefect_settings(stack_up)):
         with get_client(sync_client=True) as client:
             nightly = client.read_deployment_by_name("pipeline/nightly")
@@ -229,8 +228,14 @@ def unit_runs(stack_up, ws: Path, since) -> list:
     """The train-run-remote flow runs started for workspace `ws` after `since`, oldest first, each with
     the report it published (None if it published none)."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterType, DeploymentFilter,
-                                                DeploymentFilterName, FlowRunFilter, FlowRunFilterId)
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterType,
+        DeploymentFilter,
+        DeploymentFilterName,
+        FlowRunFilter,
+        FlowRunFilterId,
+    )
     from prefect.settings import temporary_settings
 
     commit = git(["rev-parse", "HEAD"], ws).strip()
@@ -395,7 +400,7 @@ def test_every_server_refuses_a_request_without_credentials(stack_up, creds):
     # auth string (flows/infra/auth.py, docs/scaling.md).
     ws_url = api.replace("http://", "ws://") + "/events/in"
     for subprotocols, token in ((None, None), (["prefect"], None), (["prefect"], "wrong")):
-        with pytest.raises(Exception):
+        with pytest.raises(Exception):  # noqa: B017 - a refused handshake or a closed socket, as the server chooses
             with connect(ws_url, subprotocols=subprotocols, open_timeout=30) as ws:
                 ws.send(json.dumps({"type": "auth", "token": token}))
                 ws.recv(timeout=30)
@@ -440,9 +445,9 @@ def test_only_the_promoter_moves_the_champion(stack_up, undisturbed, creds):
     for user in ("trainer",):
         os.environ.update(auth.mlflow_user_env(creds, user))
         client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
-        for call in (lambda: client.set_registered_model_alias(name, "champion", other),
-                     lambda: client.delete_registered_model_alias(name, "champion"),
-                     lambda: client.set_registered_model_alias(name, "previous", other)):
+        for call in (lambda client=client: client.set_registered_model_alias(name, "champion", other),
+                     lambda client=client: client.delete_registered_model_alias(name, "champion"),
+                     lambda client=client: client.set_registered_model_alias(name, "previous", other)):
             with pytest.raises(MlflowException) as refused:
                 call()
             assert refused.value.get_http_status_code() == 403
@@ -470,7 +475,7 @@ def test_only_the_promoter_moves_the_champion(stack_up, undisturbed, creds):
 def _prefect_records(stack_up) -> list[str]:
     """Every flow run's parameters, job variables, artifacts and logs on the Prefect server, as text."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.settings import temporary_settings
 
     out = []
@@ -503,8 +508,8 @@ def _mlflow_records(stack_up) -> list[str]:
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     out = []
     experiments = client.search_experiments()
-    for run in client.search_runs([e.experiment_id for e in experiments], max_results=1000):
-        out.append(json.dumps({"params": run.data.params, "tags": run.data.tags}))
+    for found in client.search_runs([e.experiment_id for e in experiments], max_results=1000):
+        out.append(json.dumps({"params": found.data.params, "tags": found.data.tags}))
     for model in client.search_registered_models():
         out.append(json.dumps(model.tags))
         for v in client.search_model_versions(f"name = '{model.name}'"):

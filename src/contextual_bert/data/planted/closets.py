@@ -111,7 +111,7 @@ class ClosetTruth:
         (Path(out_dir) / tastes.TRUTH_JSON).write_text(json.dumps(about, indent=2))
 
     @classmethod
-    def from_npz(cls, z) -> "ClosetTruth":
+    def from_npz(cls, z) -> ClosetTruth:
         return cls(article_ids=z["article_ids"], article_type=z["article_type"].astype(np.int64),
                    log_popularity=z["log_popularity"].astype(np.float64), customer_ids=z["customer_ids"],
                    closet=z[CLOSET_KEY].astype(np.int64), rewear=float(z["rewear"]), n_types=int(z["n_types"]))

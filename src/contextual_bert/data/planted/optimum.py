@@ -60,10 +60,9 @@ import pandas as pd
 import torch
 from torch import nn
 
-from contextual_bert.errors import ContextualBertError, DataError
 from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, UNKNOWN_INDEX
 from contextual_bert.data.planted.tastes import PlantedTruth
-
+from contextual_bert.errors import ContextualBertError, DataError
 
 OUTFIT_ROW = "__outfit_row__"  # a context entry of the history optimum's cases: the case's outfit (its prior)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from contextual_bert.config import IngestConfig, ModelConfig, PlantedConfig
-from contextual_bert.data.planted import closets, tastes
 from contextual_bert.data.contract import DataSchema
+from contextual_bert.data.planted import closets, tastes
 from contextual_bert.errors import DataError
 
 

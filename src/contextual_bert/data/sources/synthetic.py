@@ -59,7 +59,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from contextual_bert.config import GenerateConfig, GeneratorSize, IngestConfig, ModelConfig
-from contextual_bert.errors import ContextualBertError
 from contextual_bert.data.contract import (
     BOTTOM_SIZES,
     COUNTRIES,
@@ -68,20 +67,21 @@ from contextual_bert.data.contract import (
     GENDERS,
     OCCASIONS,
     PAPER_SCHEMA,
-    DataSchema,
     SHOE_SIZES,
     TOP_SIZES,
+    DataSchema,
 )
 from contextual_bert.data.sources.synthetic_world import (
+    _MAX_SAMPLING_CELLS,
     ANCHOR_FROM_CUSTOMER,
     ANCHOR_STYLE_BOOST,
     COLORS,
     DATE_SPAN_DAYS,
     DATE_START,
     DATE_STREAM,
-    FITS,
     FIT_MISMATCH,
     FIT_REGULAR_ARTICLE,
+    FITS,
     NORTHERN,
     OCCASION_BASE_ODDS,
     OCCASION_RULES,
@@ -95,7 +95,6 @@ from contextual_bert.data.sources.synthetic_world import (
     STYLES,
     TASTE_STREAM,
     UNLISTED_TYPE_WEIGHT,
-    _MAX_SAMPLING_CELLS,
     _categorical,
     _cut_for,
     _gumbel_top_k,
@@ -104,6 +103,7 @@ from contextual_bert.data.sources.synthetic_world import (
     _make_articles,
     _make_customers,
 )
+from contextual_bert.errors import ContextualBertError
 
 
 def _ids(prefix: str, n: int, width: int) -> np.ndarray:

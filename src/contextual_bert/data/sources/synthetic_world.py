@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from contextual_bert.errors import ContextualBertError
 from contextual_bert.data.contract import BOTTOM_SIZES, COUNTRIES, GENDERS, SHOE_SIZES, TOP_SIZES
+from contextual_bert.errors import ContextualBertError
 
 STYLES = (
     "casual", "classic", "business", "elegant", "sporty", "streetwear",
