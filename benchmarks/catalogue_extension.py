@@ -64,19 +64,25 @@ def main() -> int:
         table = Path(tmp) / "articles.parquet"
         pd.concat([articles, new]).to_parquet(table)
         extended, load_extended = timed_load(checkpoint, features, table)
-    known = list(trained.article_vocab.ids[N_SPECIAL:N_SPECIAL + 3])
+    known = list(trained.article_vocab.ids[N_SPECIAL : N_SPECIAL + 3])
     result = {
-        "checkpoint": str(checkpoint), "variant": trained.model.variant,
+        "checkpoint": str(checkpoint),
+        "variant": trained.model.variant,
         "outfit_offsets": getattr(trained.model, "overlap", None) is not None,
-        "articles": {"catalogue_at_training": trained.model.n_items - N_SPECIAL, "added": args.new,
-                     "served": extended.model.n_items - N_SPECIAL},
+        "articles": {
+            "catalogue_at_training": trained.model.n_items - N_SPECIAL,
+            "added": args.new,
+            "served": extended.model.n_items - N_SPECIAL,
+        },
         "load_seconds": {"trained_catalogue": round(load_trained, 3), "extended_catalogue": round(load_extended, 3)},
         "one_row_request_ms": {
             "trained_catalogue": latency_ms(trained, pd.DataFrame({"article_ids": [known]}), args.requests),
             "extended_catalogue_new_article_in_outfit": latency_ms(
-                extended, pd.DataFrame({"article_ids": [[new["article_id"].iloc[0], *known[:2]]]}), args.requests),
+                extended, pd.DataFrame({"article_ids": [[new["article_id"].iloc[0], *known[:2]]]}), args.requests
+            ),
         },
-        "torch_threads": 1, "machine": platform.processor() or platform.machine(),
+        "torch_threads": 1,
+        "machine": platform.processor() or platform.machine(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

@@ -57,10 +57,15 @@ def main() -> None:
                     samples[name] += items.shape[0]
     finally:
         training.autocast = modes["fp32"]
-    result = {"what": f"{args.variant} training step at the paper's sizes, sampled softmax, fp32 against bf16 "
-                      f"autocast, stepped in turns on the same {args.steps} batches", "note": args.note,
-              "threads": args.threads, "torch": torch.__version__, "load_average": [load_before, os.getloadavg()],
-              "train_samples_per_s": {name: round(samples[name] / seconds[name], 1) for name in modes}}
+    result = {
+        "what": f"{args.variant} training step at the paper's sizes, sampled softmax, fp32 against bf16 "
+        f"autocast, stepped in turns on the same {args.steps} batches",
+        "note": args.note,
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "load_average": [load_before, os.getloadavg()],
+        "train_samples_per_s": {name: round(samples[name] / seconds[name], 1) for name in modes},
+    }
     OUT.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 

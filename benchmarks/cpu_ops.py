@@ -111,12 +111,15 @@ def op_hashes(steps: int) -> dict[str, str]:
 
 def step_seconds(mkl_path: str, steps: int) -> dict:
     """One fresh process: the training steps under MKL_CBWR=mkl_path; their seconds and the weights' bits."""
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import cpu_ops; "
-            f"h = cpu_ops.op_hashes({steps}); "
-            f"print(cpu_ops.STEP_SECONDS[-1], h['[GS] weights after {steps} training step(s)'])")
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import cpu_ops; "
+        f"h = cpu_ops.op_hashes({steps}); "
+        f"print(cpu_ops.STEP_SECONDS[-1], h['[GS] weights after {steps} training step(s)'])"
+    )
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_CBWR": mkl_path}
-    seconds, bits = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                   check=True).stdout.split()
+    seconds, bits = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
     return {"seconds": float(seconds), "bits": bits}
 
 
@@ -132,10 +135,15 @@ def main() -> None:
     from contextual_bert import cpu_kernels
 
     cpu_kernels.pin("avx2")
-    report = {"benchmark": "cpu_ops", "cpu": cpu_kernels.cpu(), "cores": os.cpu_count(),
-              "load_average_before": os.getloadavg()}
-    report["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                                      text=True).stdout.strip()
+    report = {
+        "benchmark": "cpu_ops",
+        "cpu": cpu_kernels.cpu(),
+        "cores": os.cpu_count(),
+        "load_average_before": os.getloadavg(),
+    }
+    report["commit"] = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
     import torch
 
     report |= {"torch": torch.__version__, "kernels": cpu_kernels.in_effect(), "ops": op_hashes(args.steps)}
@@ -145,14 +153,22 @@ def main() -> None:
             for path in MKL_PATHS:
                 runs[path].append(step_seconds(path, args.steps))
         base = statistics.median(r["seconds"] for r in runs["AVX2,STRICT"])
-        report["mkl_paths"] = {path: {"why": MKL_PATHS[path], "median_s": round(statistics.median(
-            r["seconds"] for r in rs), 3), "vs_pinned": round(statistics.median(r["seconds"] for r in rs) / base, 2),
-            "bits": sorted({r["bits"] for r in rs})} for path, rs in runs.items()}
+        report["mkl_paths"] = {
+            path: {
+                "why": MKL_PATHS[path],
+                "median_s": round(statistics.median(r["seconds"] for r in rs), 3),
+                "vs_pinned": round(statistics.median(r["seconds"] for r in rs) / base, 2),
+                "bits": sorted({r["bits"] for r in rs}),
+            }
+            for path, rs in runs.items()
+        }
     report["load_average_after"] = os.getloadavg()
     if args.compare:
         other = json.loads(args.compare.read_text())
-        report["compared_with"] = {"cpu": other["cpu"], "differ": [name for name, bits in report["ops"].items()
-                                                                   if other["ops"].get(name) != bits]}
+        report["compared_with"] = {
+            "cpu": other["cpu"],
+            "differ": [name for name, bits in report["ops"].items() if other["ops"].get(name) != bits],
+        }
     vendor = report["cpu"]["vendor"].lower() or "unknown"
     out = args.out or ROOT / "reports" / "benchmarks" / f"cpu_ops_{vendor}.json"
     out.write_text(json.dumps(report, indent=2) + "\n")

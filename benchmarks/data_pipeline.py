@@ -124,8 +124,14 @@ def main() -> None:
     load_before = os.getloadavg()
     steps = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for step in ("generate", "validate_paper", "validate_paper_with_faults", "import_sets", "import_hm",
-                     "validate_hm"):
+        for step in (
+            "generate",
+            "validate_paper",
+            "validate_paper_with_faults",
+            "import_sets",
+            "import_hm",
+            "validate_hm",
+        ):
             if step.endswith("hm") and not args.hm_source.is_dir():
                 steps[step] = {"skipped": f"{args.hm_source} is absent"}
                 continue

@@ -41,40 +41,55 @@ def write_paper_sized(directory: Path, n_outfits: int, n_customers: int, n_artic
     rng = np.random.default_rng(seed)
     directory.mkdir(parents=True, exist_ok=True)
     article_ids = np.array([f"a{i:06d}" for i in range(n_articles)], dtype=object)
-    pq.write_table(pa.table({
-        "article_id": article_ids.tolist(),
-        "product_type": rng.choice([f"type_{i}" for i in range(40)], n_articles).tolist(),
-        "brand": rng.choice([f"brand_{i}" for i in range(500)], n_articles).tolist(),
-        "color": rng.choice([f"color_{i}" for i in range(30)], n_articles).tolist(),
-        "style": rng.choice([f"style_{i}" for i in range(20)], n_articles).tolist(),
-        "price": rng.uniform(5, 300, n_articles),
-    }), directory / "articles.parquet")
+    pq.write_table(
+        pa.table(
+            {
+                "article_id": article_ids.tolist(),
+                "product_type": rng.choice([f"type_{i}" for i in range(40)], n_articles).tolist(),
+                "brand": rng.choice([f"brand_{i}" for i in range(500)], n_articles).tolist(),
+                "color": rng.choice([f"color_{i}" for i in range(30)], n_articles).tolist(),
+                "style": rng.choice([f"style_{i}" for i in range(20)], n_articles).tolist(),
+                "price": rng.uniform(5, 300, n_articles),
+            }
+        ),
+        directory / "articles.parquet",
+    )
     age = rng.integers(18, 80, n_customers).astype(float)
     age[rng.random(n_customers) < 0.05] = np.nan
-    pq.write_table(pa.table({
-        "customer_id": [f"c{i:07d}" for i in range(n_customers)],
-        "age": age,
-        "gender": rng.choice(["f", "m", "d"], n_customers).tolist(),
-        "country": rng.choice([f"country_{i}" for i in range(15)], n_customers).tolist(),
-        "preferred_brands": _lists(rng, n_customers, [f"brand_{i}" for i in range(500)], 0, 10),
-        "preferred_colors": _lists(rng, n_customers, [f"color_{i}" for i in range(30)], 0, 4),
-        "preferred_styles": _lists(rng, n_customers, [f"style_{i}" for i in range(20)], 0, 3),
-        "nogo_product_types": _lists(rng, n_customers, [f"type_{i}" for i in range(40)], 0, 3),
-        "size_top": rng.choice(["XS", "S", "M", "L", "XL"], n_customers).tolist(),
-        "size_bottom": rng.choice([str(s) for s in range(30, 46, 2)], n_customers).tolist(),
-        "size_shoes": rng.choice([str(s) for s in range(35, 47)], n_customers).tolist(),
-        "price_min": rng.uniform(5, 50, n_customers),
-        "price_max": rng.uniform(50, 500, n_customers),
-    }), directory / "customers.parquet")
+    pq.write_table(
+        pa.table(
+            {
+                "customer_id": [f"c{i:07d}" for i in range(n_customers)],
+                "age": age,
+                "gender": rng.choice(["f", "m", "d"], n_customers).tolist(),
+                "country": rng.choice([f"country_{i}" for i in range(15)], n_customers).tolist(),
+                "preferred_brands": _lists(rng, n_customers, [f"brand_{i}" for i in range(500)], 0, 10),
+                "preferred_colors": _lists(rng, n_customers, [f"color_{i}" for i in range(30)], 0, 4),
+                "preferred_styles": _lists(rng, n_customers, [f"style_{i}" for i in range(20)], 0, 3),
+                "nogo_product_types": _lists(rng, n_customers, [f"type_{i}" for i in range(40)], 0, 3),
+                "size_top": rng.choice(["XS", "S", "M", "L", "XL"], n_customers).tolist(),
+                "size_bottom": rng.choice([str(s) for s in range(30, 46, 2)], n_customers).tolist(),
+                "size_shoes": rng.choice([str(s) for s in range(35, 47)], n_customers).tolist(),
+                "price_min": rng.uniform(5, 50, n_customers),
+                "price_max": rng.uniform(50, 500, n_customers),
+            }
+        ),
+        directory / "customers.parquet",
+    )
     sizes = rng.integers(4, 9, n_outfits)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
     popularity = rng.zipf(1.3, offsets[-1]) % n_articles  # long-tailed, as real outfits are
-    pq.write_table(pa.table({
-        "outfit_id": [f"o{i:07d}" for i in range(n_outfits)],
-        "customer_id": [f"c{i:07d}" for i in rng.integers(0, n_customers, n_outfits)],
-        "article_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(article_ids[popularity].tolist())),
-        "occasion": rng.choice([f"occasion_{i}" for i in range(12)], n_outfits).tolist(),
-    }), directory / "outfits.parquet")
+    pq.write_table(
+        pa.table(
+            {
+                "outfit_id": [f"o{i:07d}" for i in range(n_outfits)],
+                "customer_id": [f"c{i:07d}" for i in rng.integers(0, n_customers, n_outfits)],
+                "article_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(article_ids[popularity].tolist())),
+                "occasion": rng.choice([f"occasion_{i}" for i in range(12)], n_outfits).tolist(),
+            }
+        ),
+        directory / "outfits.parquet",
+    )
     PAPER_SCHEMA.save(directory)
 
 
@@ -106,8 +121,11 @@ def main() -> None:
         "rows": manifest["rows"],
         "n_items": manifest["n_items"],
         "d_context": manifest["d_context"],
-        "machine": {"python": sys.version.split()[0], "platform": platform.platform(),
-                    "cpus": __import__("os").cpu_count()},
+        "machine": {
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "cpus": __import__("os").cpu_count(),
+        },
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

@@ -46,8 +46,15 @@ IMPORTS = {"import_hm": None, "import_hm_malformed": "malformed", "import_hm_sem
 SAME_TABLES = ("import_hm_semicolon", "import_hm_parquet")  # steps that must write exactly what import_hm wrote
 TARGETS = {step: {"wall_s": 180.0, "peak_rss_mib": 6 * 1024.0} for step in IMPORTS}
 TARGETS["features_history"] = {"wall_s": 180.0, "peak_rss_mib": 8 * 1024.0}  # issue 58: within 3 minutes and 8 GiB
-STEPS = ("import_hm", "validate", "features", "features_history", "import_hm_malformed", "import_hm_semicolon",
-         "import_hm_parquet")
+STEPS = (
+    "import_hm",
+    "validate",
+    "features",
+    "features_history",
+    "import_hm_malformed",
+    "import_hm_semicolon",
+    "import_hm_parquet",
+)
 MALFORMED_EVERY = 100_000  # import_hm_malformed: every 100,000th line of the transactions is spoiled
 ARTICLE_HEADER = (
     "article_id,product_code,prod_name,product_type_no,product_type_name,product_group_name,"
@@ -193,7 +200,7 @@ def malformed_copy(scratch: Path) -> Path:
             if number > 1 and number % MALFORMED_EVERY == 0:
                 line = ",".join(line.split(",")[:3]) + "\n"
             elif number > 1 and number % MALFORMED_EVERY == half:
-                line = "bad-date" + line[line.index(","):]
+                line = "bad-date" + line[line.index(",") :]
             out.write(line)
     (folder / "partial.csv").rename(folder / "transactions_train.csv")
     return folder
@@ -278,8 +285,11 @@ def run_step(step: str, scratch: Path) -> dict:
         from contextual_bert.config import HistoryConfig
         from contextual_bert.data.features import build_features
 
-        cfg = FeaturesConfig(split="time", history=HistoryConfig(enabled=True)) if step == "features_history" \
+        cfg = (
+            FeaturesConfig(split="time", history=HistoryConfig(enabled=True))
+            if step == "features_history"
             else FeaturesConfig()
+        )
         manifest = build_features(work / "validated", work / step, cfg, max_set_size=ModelConfig().max_set_size)
         rows = manifest["rows"] | {"n_items": manifest["n_items"]}
         if step == "features_history":
@@ -287,8 +297,11 @@ def run_step(step: str, scratch: Path) -> dict:
 
             history = pq.read_table(work / step / "outfits.parquet", columns=["history"]).column("history")
             lengths = history.combine_chunks().value_lengths().to_numpy(zero_copy_only=False)
-            rows["history_slots"] = {"mean": round(float(lengths.mean()), 2),
-                                     "with_history": int((lengths > 0).sum()), "max": int(lengths.max())}
+            rows["history_slots"] = {
+                "mean": round(float(lengths.mean()), 2),
+                "with_history": int((lengths > 0).sum()),
+                "max": int(lengths.max()),
+            }
     return {
         "wall_s": round(time.perf_counter() - started, 2),
         "cpu_s": round(time.process_time() - cpu_started, 2),
@@ -299,8 +312,12 @@ def run_step(step: str, scratch: Path) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scratch", type=Path, default=Path("/tmp/hm_full_size"),
-                        help="where the generated files go (outside git; about 3.3 GB plus the pipeline's)")
+    parser.add_argument(
+        "--scratch",
+        type=Path,
+        default=Path("/tmp/hm_full_size"),
+        help="where the generated files go (outside git; about 3.3 GB plus the pipeline's)",
+    )
     parser.add_argument("--steps", nargs="+", default=list(STEPS), choices=STEPS)
     parser.add_argument("--keep", action="store_true", help="keep the generated files and outputs")
     parser.add_argument("--step", help=argparse.SUPPRESS)  # internal: run one step in this process

@@ -111,8 +111,15 @@ def main() -> None:
             calls["MLflow epoch logging"] += 1
 
         t = time.perf_counter()
-        result = loop.train(features, work / "run", args.variant, args.seed, cfg.model_for(args.variant), train_cfg,
-                            on_epoch_end=log_epoch)
+        result = loop.train(
+            features,
+            work / "run",
+            args.variant,
+            args.seed,
+            cfg.model_for(args.variant),
+            train_cfg,
+            on_epoch_end=log_epoch,
+        )
         seconds["train() total"] = time.perf_counter() - t
         t = time.perf_counter()
         tracker.log_result(result)
@@ -123,13 +130,24 @@ def main() -> None:
     seconds["rest of train() (data, model, epoch bookkeeping)"] = seconds["train() total"] - inside
     epochs = result["epochs"]
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "src", "params.yaml"], cwd=ROOT,
-                                capture_output=True, text=True).stdout.strip())
+    dirty = bool(
+        subprocess.run(
+            ["git", "status", "--porcelain", "src", "params.yaml"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+    )
     report = {
-        "benchmark": "profile_run", "commit": commit, "uncommitted_changes": dirty, "cpu": cpu_kernels.cpu(),
-        "variant": args.variant, "seed": args.seed, "epochs": epochs, "batch_size": train_cfg.batch_size,
-        "threads": train_cfg.num_threads, "steps_per_epoch": result.get("steps_per_epoch"),
-        "load_average_before": load_before, "load_average_after": os.getloadavg(),
+        "benchmark": "profile_run",
+        "commit": commit,
+        "uncommitted_changes": dirty,
+        "cpu": cpu_kernels.cpu(),
+        "variant": args.variant,
+        "seed": args.seed,
+        "epochs": epochs,
+        "batch_size": train_cfg.batch_size,
+        "threads": train_cfg.num_threads,
+        "steps_per_epoch": result.get("steps_per_epoch"),
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
         "process_start_to_run_s": round(started_run - STARTED, 2),
         "run_s": round(total, 2),
         "parts_s": {k: round(v, 3) for k, v in sorted(seconds.items(), key=lambda kv: -kv[1])},

@@ -93,9 +93,13 @@ def run_pass(name: str, n_articles: int, n_outfits: int, threads: int) -> dict:
         result = {"outfit_dependence": check["outfit_dependence"]}
     else:
         result = {"cross_entropy": validation_cross_entropy(model, data, batch, "cpu")}
-    return {"seconds": round(time.perf_counter() - started, 2), "cpu_seconds": round(time.process_time() - cpu_started, 2),
-            "cases": int((items != PAD_INDEX).sum()), **result,
-            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    return {
+        "seconds": round(time.perf_counter() - started, 2),
+        "cpu_seconds": round(time.process_time() - cpu_started, 2),
+        "cases": int((items != PAD_INDEX).sum()),
+        **result,
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
 
 
 def cpu_name() -> str:
@@ -112,19 +116,27 @@ def summarise(report: dict) -> None:
         rows = [r for r in report["rounds"] if r["code"] == code]
         medians = {p: round(statistics.median(r["passes"][p]["seconds"] for r in rows if p in r["passes"]), 2)
                    for p in PASSES if any(p in r["passes"] for r in rows)}  # fmt: skip
-        cpu = {p: round(statistics.median(r["passes"][p]["cpu_seconds"] for r in rows if p in r["passes"]), 2)
-               for p in medians}
+        cpu = {
+            p: round(statistics.median(r["passes"][p]["cpu_seconds"] for r in rows if p in r["passes"]), 2)
+            for p in medians
+        }
         ratios = {}
         if {"attrs_validation", "ids_validation"} <= medians.keys():
-            ratios["attrs_validation / ids_validation"] = round(medians["attrs_validation"] / medians["ids_validation"], 2)
+            ratios["attrs_validation / ids_validation"] = round(
+                medians["attrs_validation"] / medians["ids_validation"], 2
+            )
         if {"attrs_stuck_check", "attrs_validation"} <= medians.keys():
             ratios["attrs_stuck_check / attrs_validation"] = round(
-                medians["attrs_stuck_check"] / medians["attrs_validation"], 2)
+                medians["attrs_stuck_check"] / medians["attrs_validation"], 2
+            )
         summary[code] = {"median_seconds": medians, "median_cpu_seconds": cpu, "ratios": ratios,
                          "meets_targets": {k: v <= TARGETS[k] for k, v in ratios.items()}}  # fmt: skip
     if summary.get("before", {}).get("median_seconds") and summary["after"]["median_seconds"]:
-        summary["speed_up"] = {p: round(summary["before"]["median_seconds"][p] / summary["after"]["median_seconds"][p], 2)
-                               for p in summary["after"]["median_seconds"] if p in summary["before"]["median_seconds"]}
+        summary["speed_up"] = {
+            p: round(summary["before"]["median_seconds"][p] / summary["after"]["median_seconds"][p], 2)
+            for p in summary["after"]["median_seconds"]
+            if p in summary["before"]["median_seconds"]
+        }
     report["summary"] = summary
 
 

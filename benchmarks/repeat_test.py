@@ -34,24 +34,40 @@ def main() -> int:
     if args.times < 1:
         parser.error("--times must be at least 1")
 
-    record = {"node": args.node, "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True,
-                                                          capture_output=True).stdout.strip(),
-              "host": {"cpus": os.cpu_count(), "load_at_start": os.getloadavg()}, "runs": []}
+    record = {
+        "node": args.node,
+        "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True, capture_output=True).stdout.strip(),
+        "host": {"cpus": os.cpu_count(), "load_at_start": os.getloadavg()},
+        "runs": [],
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for i in range(1, args.times + 1):
         started = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         t0 = time.monotonic()
         try:
-            proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-s", "-p", "no:cacheprovider",
-                                   args.node], cwd=ROOT, text=True, capture_output=True, timeout=args.timeout)
+            proc = subprocess.run(
+                [sys.executable, "-m", "pytest", "-x", "-q", "-s", "-p", "no:cacheprovider", args.node],
+                cwd=ROOT,
+                text=True,
+                capture_output=True,
+                timeout=args.timeout,
+            )
             code, output = proc.returncode, proc.stdout + proc.stderr
         except subprocess.TimeoutExpired as exc:
             code, output = None, f"timed out after {args.timeout} s\n{exc.stdout or ''}"
-        run = {"run": i, "started_utc": started, "seconds": round(time.monotonic() - t0, 1), "exit_code": code,
-               "passed": code == 0, "load_after": [round(x, 1) for x in os.getloadavg()],
-               "summary": [line for line in output.splitlines()
-                           if line.startswith(("fault run:", "undisturbed nightly")) or " passed" in line
-                           or " failed" in line]}
+        run = {
+            "run": i,
+            "started_utc": started,
+            "seconds": round(time.monotonic() - t0, 1),
+            "exit_code": code,
+            "passed": code == 0,
+            "load_after": [round(x, 1) for x in os.getloadavg()],
+            "summary": [
+                line
+                for line in output.splitlines()
+                if line.startswith(("fault run:", "undisturbed nightly")) or " passed" in line or " failed" in line
+            ],
+        }
         if code != 0:
             run["tail"] = output[-4000:]
         record["runs"].append(run)

@@ -53,12 +53,16 @@ def analyse(clone: Path) -> dict:
     run_id, started, ended = flow_run
     tasks = db.execute(
         "SELECT name, start_time, end_time FROM task_run WHERE flow_run_id = ? AND end_time IS NOT NULL "
-        "ORDER BY start_time", (run_id,)
+        "ORDER BY start_time",
+        (run_id,),
     ).fetchall()
     units = {n.split()[1]: _seconds(s, e) for n, s, e in tasks if n.startswith("train ") and n.endswith("process")}
     bring = {n.split()[2]: _seconds(s, e) for n, s, e in tasks if n.startswith("bring back ")}
-    series = {n.removeprefix("dvc repro "): round(_seconds(s, e), 1) for n, s, e in tasks
-              if n.startswith("dvc repro ") and "@" not in n}
+    series = {
+        n.removeprefix("dvc repro "): round(_seconds(s, e), 1)
+        for n, s, e in tasks
+        if n.startswith("dvc repro ") and "@" not in n
+    }
     trained = {}
     for path in sorted((clone / "reports" / "train").glob("*.json")):
         record = json.loads(path.read_text())
@@ -101,8 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    result: dict = {"benchmark": "repro_time", "commit": head, "cpu": cpu_kernels.cpu(), "cores": os.cpu_count(),
-                    "load_average_before": os.getloadavg()}
+    result: dict = {
+        "benchmark": "repro_time",
+        "commit": head,
+        "cpu": cpu_kernels.cpu(),
+        "cores": os.cpu_count(),
+        "load_average_before": os.getloadavg(),
+    }
     machine_before, children_before = machine_cpu_s(), children_cpu_s()
     if args.analyse:
         clone = args.analyse.resolve()
@@ -116,12 +125,18 @@ def main(argv: list[str] | None = None) -> int:
             with open(clone.parent / f"make-{target}.log", "w") as log:
                 subprocess.run(["make", target], cwd=clone, stdout=log, stderr=subprocess.STDOUT, check=True)
             timings[target] = time.perf_counter() - started
-        result.update(total_s=round(sum(timings.values()), 1), install_s=round(timings["install"], 1),
-                      how="git clone, make install, make repro")
+        result.update(
+            total_s=round(sum(timings.values()), 1),
+            install_s=round(timings["install"], 1),
+            how="git clone, make install, make repro",
+        )
     if not args.analyse:
         other = (machine_cpu_s() - machine_before) - (children_cpu_s() - children_before)
-        result.update(other_cpu_s=round(other, 1), load_average_after=os.getloadavg(),
-                      quiet=other < 0.02 * result["total_s"] * (os.cpu_count() or 1))
+        result.update(
+            other_cpu_s=round(other, 1),
+            load_average_after=os.getloadavg(),
+            quiet=other < 0.02 * result["total_s"] * (os.cpu_count() or 1),
+        )
     result.update(analyse(clone))
     if result.get("total_s"):
         result["total_min"] = round(result["total_s"] / 60, 1)

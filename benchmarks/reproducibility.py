@@ -43,8 +43,12 @@ CONFIGS = {
     "onednn_avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2"},
     "an_avx2_machine": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
     "pinned": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"},
-    "pinned_on_an_avx2_machine": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT",
-                                  "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    "pinned_on_an_avx2_machine": {
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "MKL_CBWR": "AVX2,STRICT",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    },
 }
 ENV_KEYS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "DETERMINISTIC")
 
@@ -59,8 +63,9 @@ def one_run(features_dir: Path, variant: str, epochs: int, threads: int) -> dict
     if os.environ.get("DETERMINISTIC") == "0":
         training.pin_threads_and_algorithms = lambda cfg: torch.set_num_threads(cfg.num_threads)
     cfg = load_config(REPO / "params.yaml")
-    train_cfg = cfg.train_for(variant).model_copy(update={"max_epochs": epochs, "num_threads": threads,
-                                                          "device": "cpu", "checkpoint_every_s": 0})
+    train_cfg = cfg.train_for(variant).model_copy(
+        update={"max_epochs": epochs, "num_threads": threads, "device": "cpu", "checkpoint_every_s": 0}
+    )
     with tempfile.TemporaryDirectory(prefix="repro-run-") as out:
         wall, cpu = time.perf_counter(), time.process_time()
         training.train(features_dir, Path(out), variant, 0, cfg.model_for(variant), train_cfg)
@@ -70,10 +75,15 @@ def one_run(features_dir: Path, variant: str, epochs: int, threads: int) -> dict
     digest = hashlib.sha256()
     for name in sorted(weights):
         digest.update(weights[name].numpy().tobytes())
-    return {"sha256": digest.hexdigest(), "val_cross_entropy": [row["val_cross_entropy"] for row in history],
-            "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-            "threads": torch.get_num_threads()}
+    return {
+        "sha256": digest.hexdigest(),
+        "val_cross_entropy": [row["val_cross_entropy"] for row in history],
+        "wall_s": round(wall, 2),
+        "cpu_s": round(cpu, 2),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "threads": torch.get_num_threads(),
+    }
 
 
 def main() -> None:
@@ -110,9 +120,22 @@ def main() -> None:
                     threads = settings.pop("threads", "1")
                     env = {k: v for k, v in os.environ.items() if k not in ENV_KEYS}
                     env.update(settings, TQDM_DISABLE="1")
-                    proc = subprocess.run([sys.executable, __file__, "--variant", args.variant, "--run",
-                                           str(features_dir), str(args.epochs), threads],
-                                          env=env, capture_output=True, text=True, timeout=3600)
+                    proc = subprocess.run(
+                        [
+                            sys.executable,
+                            __file__,
+                            "--variant",
+                            args.variant,
+                            "--run",
+                            str(features_dir),
+                            str(args.epochs),
+                            threads,
+                        ],
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                        timeout=3600,
+                    )
                     if proc.returncode != 0:
                         raise SystemExit(f"{name}: {proc.stderr[-2000:]}")
                     runs[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -123,15 +146,20 @@ def main() -> None:
     summary = {}
     for name, results in runs.items():
         shas = {r["sha256"] for r in results}
-        entry = {"settings": CONFIGS[name], "bit_identical_across_its_repeats": len(shas) == 1,
-                 "val_cross_entropy": results[0]["val_cross_entropy"],
-                 "cpu_s_median": statistics.median(r["cpu_s"] for r in results),
-                 "wall_s_median": statistics.median(r["wall_s"] for r in results),
-                 "cpu_capability": results[0]["cpu_capability"], "threads": results[0]["threads"]}
+        entry = {
+            "settings": CONFIGS[name],
+            "bit_identical_across_its_repeats": len(shas) == 1,
+            "val_cross_entropy": results[0]["val_cross_entropy"],
+            "cpu_s_median": statistics.median(r["cpu_s"] for r in results),
+            "wall_s_median": statistics.median(r["wall_s"] for r in results),
+            "cpu_capability": results[0]["cpu_capability"],
+            "threads": results[0]["threads"],
+        }
         if base is not None:
             entry["bit_identical_to_baseline"] = shas == {base["sha256"]}
             entry["max_abs_val_ce_difference_to_baseline"] = max(
-                abs(a - b) for a, b in zip(results[0]["val_cross_entropy"], base["val_cross_entropy"]))
+                abs(a - b) for a, b in zip(results[0]["val_cross_entropy"], base["val_cross_entropy"])
+            )
             entry["cpu_cost_vs_baseline"] = round(entry["cpu_s_median"] / base_cpu - 1, 3)
         summary[name] = entry
     groups: dict[str, list[str]] = {}
@@ -139,13 +167,17 @@ def main() -> None:
         groups.setdefault(results[0]["sha256"][:16], []).append(name)
     result = {
         "what": f"{args.variant} seed 0, {args.epochs} epochs of the default data, one process per run, "
-                f"{args.repeats} round-robin repeats",
+        f"{args.repeats} round-robin repeats",
         "note": args.note,
         "configs": summary,
         "same_bits": list(groups.values()),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": _cpu_name(),
-                    "load_average_before": None if args.from_log else [round(x, 2) for x in load_before],
-                    "load_average_after": None if args.from_log else [round(x, 2) for x in os.getloadavg()]},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "cpu": _cpu_name(),
+            "load_average_before": None if args.from_log else [round(x, 2) for x in load_before],
+            "load_average_after": None if args.from_log else [round(x, 2) for x in os.getloadavg()],
+        },
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

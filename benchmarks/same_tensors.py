@@ -33,10 +33,15 @@ from contextual_bert.model import build_model
 from contextual_bert.training import fit
 
 N_STYLES, N_IDS, N_CATALOGUE, MAX_HISTORY = 8, N_SPECIAL + 38, N_SPECIAL + 38 + 6, 6
-CONTEXT = ContextSpec((FeatureSpec("style", "categorical", "customer", N_SPECIAL + N_STYLES, 8),
-                       FeatureSpec("brands", "multi_categorical", "customer", N_SPECIAL + 6, 4, max_values=3)))
-HISTORY = ContextSpec(CONTEXT.features + (FeatureSpec(HISTORY_FEATURE, "history", "history", N_IDS, 8,
-                                                      max_values=MAX_HISTORY),))
+CONTEXT = ContextSpec(
+    (
+        FeatureSpec("style", "categorical", "customer", N_SPECIAL + N_STYLES, 8),
+        FeatureSpec("brands", "multi_categorical", "customer", N_SPECIAL + 6, 4, max_values=3),
+    )
+)
+HISTORY = ContextSpec(
+    CONTEXT.features + (FeatureSpec(HISTORY_FEATURE, "history", "history", N_IDS, 8, max_values=MAX_HISTORY),)
+)
 ATTRIBUTES = ContextSpec((FeatureSpec("product_type", "categorical", "article", N_SPECIAL + 5, 8),))
 MODEL = ModelConfig(d_model=16, n_blocks=2, n_heads=4, d_ff=32, dropout=0.1, max_set_size=8)
 # (name, model, spec, train settings beyond TRAIN)
@@ -55,9 +60,20 @@ def train_settings(epochs: int, extra: dict) -> TrainConfig:
     """The same settings whatever the learning rate's warm-up is called (train.warmup_steps, later
     train.lr_warmup_steps) and whatever TrainConfig's defaults are: each one set that a default changed for."""
     warmup = "lr_warmup_steps" if "lr_warmup_steps" in TrainConfig.model_fields else "warmup_steps"
-    settings = {"batch_size": 32, "max_epochs": epochs, "learning_rate": 3e-3, "weight_decay": 0.01, warmup: 5,
-                "patience": epochs, "softmax": "full", "bag_warmup_epochs": 0, "bag_warmup_check_steps": None,
-                "device": "cpu", "num_threads": 1, "checkpoint_every_s": 0}
+    settings = {
+        "batch_size": 32,
+        "max_epochs": epochs,
+        "learning_rate": 3e-3,
+        "weight_decay": 0.01,
+        warmup: 5,
+        "patience": epochs,
+        "softmax": "full",
+        "bag_warmup_epochs": 0,
+        "bag_warmup_check_steps": None,
+        "device": "cpu",
+        "num_threads": 1,
+        "checkpoint_every_s": 0,
+    }
     return TrainConfig(**{**settings, **extra})
 
 
@@ -109,8 +125,10 @@ def run(name: str, variant: str, spec: ContextSpec, extra: dict, epochs: int, wo
     train, val = planted(300, 0, history), planted(60, 1, history)
     metrics = fit(model, train, val, train_settings(epochs, extra), work / name, seed=3)
     last = torch.load(work / name / "last.pt", map_location="cpu", weights_only=True)
-    lines = [f"{name}: epochs {metrics['epochs']}, best epoch {metrics['best_epoch']}, "
-             f"best val {metrics['best_val_cross_entropy']!r}"]
+    lines = [
+        f"{name}: epochs {metrics['epochs']}, best epoch {metrics['best_epoch']}, "
+        f"best val {metrics['best_val_cross_entropy']!r}"
+    ]
     tensors = list(model.state_dict().items()) + optimizer_tensors(last["optimizer"])
     for i, (key, tensor) in enumerate(tensors):
         lines.append(f"  {i:3d} {sha(tensor)[:16]}  {key}")

@@ -44,7 +44,6 @@ OUT = REPO / "reports" / "benchmarks" / "serving.json"
 MODEL_NAME = "outfit-completion"
 
 
-
 def build_project(work: Path, size: str, variant: str, history: int = 0) -> tuple[dict, Path]:
     """Data, features and an untrained model at params.yaml's sizes (with `history`, features.history on and
     that many history articles); (description, features_dir)."""
@@ -60,8 +59,9 @@ def build_project(work: Path, size: str, variant: str, history: int = 0) -> tupl
     validate(work / "raw", work / "validated", work / "quarantine", work / "reports", cfg.validate_)
     features_cfg = cfg.features
     if history:
-        features_cfg = features_cfg.model_copy(update={"history": features_cfg.history.model_copy(
-            update={"enabled": True, "max_items": history})})
+        features_cfg = features_cfg.model_copy(
+            update={"history": features_cfg.history.model_copy(update={"enabled": True, "max_items": history})}
+        )
     build_features(work / "validated", work / "features", features_cfg, max_set_size=cfg.model.max_set_size)
     spec = load_spec(work / "features")
     n_items = len(load_article_vocab(work / "features"))
@@ -89,8 +89,11 @@ def register_version(work: Path, checkpoint: Path, features_dir: Path):
     cfg = load_config(REPO / "params.yaml")
     mlflow_client = mlflow.MlflowClient()
     experiment = mlflow_client.get_experiment_by_name("benchmark")
-    exp_id = experiment.experiment_id if experiment else \
-        mlflow_client.create_experiment("benchmark", artifact_location=(work / "mlruns").as_uri())
+    exp_id = (
+        experiment.experiment_id
+        if experiment
+        else mlflow_client.create_experiment("benchmark", artifact_location=(work / "mlruns").as_uri())
+    )
     logged = mlflow_client.create_logged_model(exp_id, name=MODEL_NAME)
     log_pyfunc_model(checkpoint, features_dir, model_name=MODEL_NAME, top_k=cfg.mlflow.top_k,
                      model_id=logged.model_id, input_example=example_request(features_dir))  # fmt: skip
@@ -132,8 +135,9 @@ def request_rows(validated_dir: Path, features_dir: Path, n: int, seed: int = 0,
         rows[HISTORY_COLUMN] = [list(rng.choice(ids, min(history, len(ids)), replace=False)) for _ in range(len(rows))]
     from contextual_bert.data.contract import DATE_COLUMN
 
-    return json.loads(rows.drop(columns=["outfit_id", "customer_id", DATE_COLUMN], errors="ignore")
-                      .to_json(orient="records"))
+    return json.loads(
+        rows.drop(columns=["outfit_id", "customer_id", DATE_COLUMN], errors="ignore").to_json(orient="records")
+    )
 
 
 class Client:
@@ -192,8 +196,7 @@ def single_request_latency(client: Client, records: list[dict], n: int, warmup: 
     return timed(one, n, warmup)
 
 
-def batch_throughput(score, records: list[dict], batch_size: int, min_seconds: float = 4.0,
-                     cpu: bool = False) -> dict:
+def batch_throughput(score, records: list[dict], batch_size: int, min_seconds: float = 4.0, cpu: bool = False) -> dict:
     """Rows per second scoring batches of `batch_size` rows, repeated for at least min_seconds (and 3 times).
 
     `cpu` (in-process scoring only): also this process's CPU time per request. On a shared machine the
@@ -224,9 +227,12 @@ def main() -> None:
     parser.add_argument("--model-uri", help="serve this model instead of building one (MLFLOW_TRACKING_URI)")
     parser.add_argument("--requests", type=int, default=300, help="single-row requests timed")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 128, 1024])
-    parser.add_argument("--history", type=int, default=0,
-                        help="a model with features.history, each request with this many history ids "
-                             "(writes serving_history.json)")
+    parser.add_argument(
+        "--history",
+        type=int,
+        default=0,
+        help="a model with features.history, each request with this many history ids (writes serving_history.json)",
+    )
     args = parser.parse_args()
 
     from contextual_bert.config import load_config
@@ -253,9 +259,23 @@ def main() -> None:
         bin_dir = Path(sys.executable).parent
         env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
         server = subprocess.Popen(
-            [str(bin_dir / "mlflow"), "models", "serve", "-m", model_uri, "--env-manager", "local",
-             "--host", "127.0.0.1", "--port", str(port)],  # fmt: skip
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            [
+                str(bin_dir / "mlflow"),
+                "models",
+                "serve",
+                "-m",
+                model_uri,
+                "--env-manager",
+                "local",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],  # fmt: skip
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         try:
             startup_s = wait_until_up(port, server, timeout=300)
@@ -292,11 +312,18 @@ def main() -> None:
         "single_request": single,
         "batch_throughput_http": http_batches,
         "in_process": {"single_row": local_single, "batches": local_batches},
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": {f"below {PARALLEL_ROWS} rows": serving_threads(1),
-                                                         f"from {PARALLEL_ROWS} rows": serving_threads(PARALLEL_ROWS)},
-                    "device": "cpu", "load_average_before": [round(x, 2) for x in load_before],
-                    "load_average_between_http_and_in_process": [round(x, 2) for x in load_between],
-                    "load_average_after": [round(x, 2) for x in os.getloadavg()]},  # fmt: skip
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "torch_threads": {
+                f"below {PARALLEL_ROWS} rows": serving_threads(1),
+                f"from {PARALLEL_ROWS} rows": serving_threads(PARALLEL_ROWS),
+            },
+            "device": "cpu",
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_between_http_and_in_process": [round(x, 2) for x in load_between],
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        },  # fmt: skip
     }
     out = OUT.with_name("serving_history.json") if args.history else OUT
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -78,9 +78,23 @@ def start_server(model_uri: str, log: Path) -> tuple[subprocess.Popen, int]:
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
     server = subprocess.Popen(
-        [str(bin_dir / "mlflow"), "models", "serve", "-m", model_uri, "--env-manager", "local",
-         "--host", "127.0.0.1", "--port", str(port)],  # fmt: skip
-        env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            str(bin_dir / "mlflow"),
+            "models",
+            "serve",
+            "-m",
+            model_uri,
+            "--env-manager",
+            "local",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],  # fmt: skip
+        env=env,
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     wait_until_up(port, server, timeout=300)
     return server, port
@@ -206,13 +220,15 @@ def main() -> None:
             moved_at = None
             mlflow_client = mlflow.MlflowClient()
             while any(t.is_alive() for t in threads) and time.monotonic() < deadline + 180:
-                time.sleep(min(args.sample_s, max(0.1, deadline - time.monotonic())) if time.monotonic() < deadline
-                           else 1.0)
+                time.sleep(
+                    min(args.sample_s, max(0.1, deadline - time.monotonic())) if time.monotonic() < deadline else 1.0
+                )
                 now = time.monotonic() - started
                 memory.append((round(now, 1), tree_rss_mb(server.pid)))
                 if moved_at is None and now >= args.minutes * 30:
-                    move_champion(mlflow_client, MODEL_NAME, v2.version, _alias_version(mlflow_client, MODEL_NAME,
-                                                                                        CHAMPION))
+                    move_champion(
+                        mlflow_client, MODEL_NAME, v2.version, _alias_version(mlflow_client, MODEL_NAME, CHAMPION)
+                    )
                     moved_at = round(now, 1)
             for thread in threads:
                 thread.join(timeout=1)
@@ -237,37 +253,57 @@ def main() -> None:
         statuses = {}
         for r in mine:
             statuses[str(r[1])] = statuses.get(str(r[1]), 0) + 1
-        by_kind[kind] = {"requests": len(mine), "statuses": statuses,
-                         **({k: v for k, v in percentiles([r[2] for r in mine]).items() if k != "n"} if mine else {})}
+        by_kind[kind] = {
+            "requests": len(mine),
+            "statuses": statuses,
+            **({k: v for k, v in percentiles([r[2] for r in mine]).items() if k != "n"} if mine else {}),
+        }
     valid = [r for r in done if r[0] in ("single", "batch")]
     server_errors = sum(1 for r in done if r[1] >= 500 or r[1] == 0)
-    unexpected = [r for r in done if (r[0] in ("single", "batch") and r[1] != 200)
-                  or (r[0] in MALFORMED and r[1] not in (200, 400))]
+    unexpected = [
+        r
+        for r in done
+        if (r[0] in ("single", "batch") and r[1] != 200) or (r[0] in MALFORMED and r[1] not in (200, 400))
+    ]
     rss = [m for _, m in memory]
+
     def trend(samples):  # MB per minute, least squares
-        return round(float(np.polyfit([t for t, _ in samples], [m for _, m in samples], 1)[0]) * 60, 3) \
-            if len(samples) > 2 else None
+        return (
+            round(float(np.polyfit([t for t, _ in samples], [m for _, m in samples], 1)[0]) * 60, 3)
+            if len(samples) > 2
+            else None
+        )
 
     half = [(t, m) for t, m in memory if t >= seconds / 2]
     result = {
         "what": "mlflow models serve --env-manager local (one uvicorn worker), loopback; concurrent keep-alive "
-                "clients, POST /invocations, dataframe_records",
+        "clients, POST /invocations, dataframe_records",
         "model": model,
         "minutes": round(seconds / 60, 2),
         "clients": args.clients,
         "requests": len(done),
-        "throughput": {"requests_per_s": round(len(done) / seconds, 1),
-                       "valid_rows_per_s": round(sum(r[3] for r in valid) / seconds, 1)},
+        "throughput": {
+            "requests_per_s": round(len(done) / seconds, 1),
+            "valid_rows_per_s": round(sum(r[3] for r in valid) / seconds, 1),
+        },
         "latency_all": {k: v for k, v in percentiles([r[2] for r in done]).items()},
         "by_kind": by_kind,
         "server_errors": server_errors,
         "unexpected_statuses": len(unexpected),
         "clients_still_running_at_the_end": hung,
-        "memory_mb": {"start": round(rss[0], 1), "end": round(memory_end, 1), "min": round(min(rss), 1),
-                      "max": round(max(rss), 1), "trend_mb_per_min": trend(memory),
-                      "second_half": {"from": round(half[0][1], 1) if half else None,
-                                      "to": round(memory_end, 1), "trend_mb_per_min": trend(half)},
-                      "samples": [[t, round(m, 1)] for t, m in memory]},
+        "memory_mb": {
+            "start": round(rss[0], 1),
+            "end": round(memory_end, 1),
+            "min": round(min(rss), 1),
+            "max": round(max(rss), 1),
+            "trend_mb_per_min": trend(memory),
+            "second_half": {
+                "from": round(half[0][1], 1) if half else None,
+                "to": round(memory_end, 1),
+                "trend_mb_per_min": trend(half),
+            },
+            "samples": [[t, round(m, 1)] for t, m in memory],
+        },
         "promotion": {
             "champion_moved_at_s": moved_at,
             "champion_after": int(champion_now),
@@ -275,12 +311,15 @@ def main() -> None:
             "running_server_answers_as_before_the_move": after_move == before_move,
             "a_server_started_after_answers_with_the_new_champion": new_answer != before_move,
             "how_a_served_model_picks_up_a_new_champion": "it does not while it runs: `mlflow models serve -m "
-                "models:/<name>@champion` resolves the alias once, at start; restart it (or start a new server "
-                "and move the traffic) after `promote`",
+            "models:/<name>@champion` resolves the alias once, at start; restart it (or start a new server "
+            "and move the traffic) after `promote`",
         },
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "load_average_before": [round(x, 2) for x in load_before],
-                    "load_average_after": [round(x, 2) for x in os.getloadavg()]},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        },
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

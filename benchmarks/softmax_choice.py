@@ -40,9 +40,14 @@ def main() -> None:
     cfg = load_config(args.params)
     torch.set_num_threads(1)
     report = json.loads(args.out.read_text()) if args.out.exists() else {"runs": []}
-    report.update(what="full vs sampled softmax at the same epochs: best validation cross-entropy (full ranking) "
-                       "and seconds, one torch thread", params=str(args.params), features=str(args.features),
-                  manifest=json.loads((args.features / "manifest.json").read_text()).get("counts"), note=args.note)
+    report.update(
+        what="full vs sampled softmax at the same epochs: best validation cross-entropy (full ranking) "
+        "and seconds, one torch thread",
+        params=str(args.params),
+        features=str(args.features),
+        manifest=json.loads((args.features / "manifest.json").read_text()).get("counts"),
+        note=args.note,
+    )
     for spec in args.runs:
         variant, softmax, negatives, seed = spec.split(":")
         update = {"softmax": softmax, "negatives": int(negatives), "num_threads": 1, "device": "cpu"}

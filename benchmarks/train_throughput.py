@@ -72,8 +72,10 @@ PAPER_FEATURES = [
     ("price_min", "numeric", 13, 32), ("price_max", "numeric", 13, 32), ("occasion", "categorical", 10, 48),
 ]  # fmt: skip
 SPEC = ContextSpec(
-    tuple(FeatureSpec(name, kind, "customer", card, dim, max_values=8 if kind == "multi_categorical" else 1)
-          for name, kind, card, dim in PAPER_FEATURES)  # fmt: skip
+    tuple(
+        FeatureSpec(name, kind, "customer", card, dim, max_values=8 if kind == "multi_categorical" else 1)
+        for name, kind, card, dim in PAPER_FEATURES
+    )  # fmt: skip
 )
 MODEL = ModelConfig(d_model=128, n_blocks=4, n_heads=8, d_ff=256, dropout=0.1, max_set_size=MAX_SET)
 TRAIN = TrainConfig(batch_size=BATCH, learning_rate=1e-3, lr_warmup_steps=200, device="cpu")
@@ -86,8 +88,14 @@ def popularity_counts(n_items: int) -> torch.Tensor:
     return counts
 
 
-def make_batches(n: int, seed: int = 0, n_items: int = N_ITEMS, device: torch.device | str = "cpu",
-                 warmup: int = 0, padded: bool = False) -> list[tuple[torch.Tensor, dict]]:
+def make_batches(
+    n: int,
+    seed: int = 0,
+    n_items: int = N_ITEMS,
+    device: torch.device | str = "cpu",
+    warmup: int = 0,
+    padded: bool = False,
+) -> list[tuple[torch.Tensor, dict]]:
     """`warmup` batches, then `n` more, of outfits of 4-8 random articles (of n_items) with random customer
     contexts, batched as training batches them (`training.length_batches`: outfits of similar length together,
     each batch trimmed to its longest). Each group is picked from one window of training's batches, spread
@@ -118,8 +126,13 @@ def _length_batches(n: int, seed: int, n_items: int, device) -> list[tuple[torch
     batches = length_batches(torch.randperm(size, generator=g), lengths, BATCH, g)
     by_width = sorted(batches, key=lambda index: int(lengths[index].max()))
     picked = [by_width[(2 * i + 1) * len(by_width) // (2 * n)] for i in torch.randperm(n, generator=g).tolist()]
-    return [(items[index, : int(lengths[index].max())].to(device),
-             {name: values[index].to(device) for name, values in context.items()}) for index in picked]
+    return [
+        (
+            items[index, : int(lengths[index].max())].to(device),
+            {name: values[index].to(device) for name, values in context.items()},
+        )
+        for index in picked
+    ]
 
 
 def mean_width(batches) -> float:
@@ -178,8 +191,11 @@ def rates(prefix: str, seconds: list[float]) -> dict:
     mean = sum(seconds) / len(seconds)
     return {
         f"{prefix}_samples_per_s": round(BATCH / mean, 1),
-        f"{prefix}_batch_ms": {"mean": round(mean * 1e3, 1), "median": round(statistics.median(seconds) * 1e3, 1),
-                               "min": round(min(seconds) * 1e3, 1)},  # fmt: skip
+        f"{prefix}_batch_ms": {
+            "mean": round(mean * 1e3, 1),
+            "median": round(statistics.median(seconds) * 1e3, 1),
+            "min": round(min(seconds) * 1e3, 1),
+        },  # fmt: skip
     }
 
 
@@ -234,8 +250,9 @@ def bench_variant(variant: str, batches, warmup: int, negatives: int | None = No
     }
 
 
-def repeated(variant: str, batches, warmup: int, repeats: int, negatives: int | None = None,
-             compile_mode: str = "none") -> dict:
+def repeated(
+    variant: str, batches, warmup: int, repeats: int, negatives: int | None = None, compile_mode: str = "none"
+) -> dict:
     """bench_variant `repeats` times; the first run's row, with every run's training rate and their mean."""
     runs = [bench_variant(variant, batches, warmup, negatives, compile_mode) for _ in range(repeats)]
     if repeats == 1:
@@ -321,12 +338,22 @@ def main() -> None:
     parser.add_argument("--negatives", type=int, default=TrainConfig().negatives)
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (as train.device)")
     parser.add_argument("--out", type=Path, help="default: reports/benchmarks/throughput[_cuda].json")
-    parser.add_argument("--repeats", type=int, default=1, help="time each variant this many times (fresh models); "
-                        "the rows then give every run's train_samples_per_s and their mean")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="time each variant this many times (fresh models); "
+        "the rows then give every run's train_samples_per_s and their mean",
+    )
     parser.add_argument("--padded", action="store_true", help="batches padded to 8 (not as training forms them)")
-    parser.add_argument("--compile", nargs="+", choices=["none", "static", "dynamic"], default=["none"],
-                        help="time each row under these torch.compile modes (compile_blocks); rows other than "
-                             "none go under variants[_sampled]_compile_<mode>")
+    parser.add_argument(
+        "--compile",
+        nargs="+",
+        choices=["none", "static", "dynamic"],
+        default=["none"],
+        help="time each row under these torch.compile modes (compile_blocks); rows other than "
+        "none go under variants[_sampled]_compile_<mode>",
+    )
     args = parser.parse_args()
 
     device = select_device(args.device)
@@ -340,8 +367,11 @@ def main() -> None:
     for variant in args.variants:
         for softmax in args.softmax:
             for mode in args.compile:  # the modes in turn, so that each is timed in the same period
-                key = ("variants" + ("_sampled" if softmax == "sampled" else "")
-                       + (f"_compile_{mode}" if mode != "none" else ""))
+                key = (
+                    "variants"
+                    + ("_sampled" if softmax == "sampled" else "")
+                    + (f"_compile_{mode}" if mode != "none" else "")
+                )
                 negatives = args.negatives if softmax == "sampled" else None
                 row = repeated(variant, batches, args.warmup, args.repeats, negatives, mode)
                 rows.setdefault(key, {})[variant] = row
@@ -354,15 +384,24 @@ def main() -> None:
 
     report = {
         "what": "training and inference samples/s at the paper's sizes, "
-                + ("CPU, fp32" if device.type == "cpu" else f"{device.type}, bf16 autocast (as training and serving)"),
-        "settings": {"n_articles": N_ARTICLES, "batch_size": BATCH,
-                     "outfit_sizes": "uniform 4..8, " + ("padded to 8" if args.padded else "batched as training does"),
-                     "mean_width": mean_width(batches[args.warmup:]),
-                     **PAPER_SIZES, "dropout": MODEL.dropout, "mask_prob": TRAIN.mask_prob,
-                     "grad_clip": TRAIN.grad_clip, "timed_batches": args.steps, "warmup_batches": args.warmup,
-                     "reference_timed_batches": args.reference_steps, "repeats": args.repeats, "softmax": args.softmax,
-                     "negatives": args.negatives if "sampled" in args.softmax else None,
-                     "compile": args.compile},  # fmt: skip
+        + ("CPU, fp32" if device.type == "cpu" else f"{device.type}, bf16 autocast (as training and serving)"),
+        "settings": {
+            "n_articles": N_ARTICLES,
+            "batch_size": BATCH,
+            "outfit_sizes": "uniform 4..8, " + ("padded to 8" if args.padded else "batched as training does"),
+            "mean_width": mean_width(batches[args.warmup :]),
+            **PAPER_SIZES,
+            "dropout": MODEL.dropout,
+            "mask_prob": TRAIN.mask_prob,
+            "grad_clip": TRAIN.grad_clip,
+            "timed_batches": args.steps,
+            "warmup_batches": args.warmup,
+            "reference_timed_batches": args.reference_steps,
+            "repeats": args.repeats,
+            "softmax": args.softmax,
+            "negatives": args.negatives if "sampled" in args.softmax else None,
+            "compile": args.compile,
+        },  # fmt: skip
         "machine": {
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),

@@ -73,8 +73,9 @@ def encoder_only_step(model, optimizer, items, context, generator, probe):
     return predict
 
 
-def run_one(model_name: str, n_articles: int, softmax: str, negatives: int, steps: int, warmup: int,
-            device: torch.device) -> dict:
+def run_one(
+    model_name: str, n_articles: int, softmax: str, negatives: int, steps: int, warmup: int, device: torch.device
+) -> dict:
     n_items = N_SPECIAL + n_articles
     batches = tt.make_batches(steps, warmup=warmup, n_items=n_items, device=device)
     if model_name == "reference":
@@ -84,8 +85,9 @@ def run_one(model_name: str, n_articles: int, softmax: str, negatives: int, step
         result["cpu_seconds_all_calls"] = round(time.process_time() - cpu_started, 1)
         return {**result, **tt.peak_memory(device)}
     model = build(model_name, n_items).to(device)
-    optimizer, scheduler, generator, sampler = tt.step_state(model, len(batches),
-                                                             negatives if softmax == "sampled" else None, n_items)
+    optimizer, scheduler, generator, sampler = tt.step_state(
+        model, len(batches), negatives if softmax == "sampled" else None, n_items
+    )
     probe = torch.randn(tt.MODEL.d_model, device=device)
     masked, candidates = [], []
     if sampler is not None:  # count the candidates a step scores
@@ -162,8 +164,12 @@ def main() -> None:
     parser.add_argument("--note", default="")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (as train.device); cuda: bf16 autocast")
     parser.add_argument("--out", type=Path, help="default: reports/benchmarks/throughput_catalogue[_cuda].json")
-    parser.add_argument("--configs", nargs="+", help="model:articles:softmax, in this order (default: every "
-                        "model x articles x softmax, then encoder_only and the reference per size)")
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        help="model:articles:softmax, in this order (default: every "
+        "model x articles x softmax, then encoder_only and the reference per size)",
+    )
     parser.add_argument("--reproject", action="store_true", help="recompute the projections of --out only")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: model:articles:softmax, in its own process
     args = parser.parse_args()
@@ -223,9 +229,16 @@ def main() -> None:
         report["results"].setdefault(str(n_articles), {}).setdefault(model_name, {})[softmax] = row
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")
-        print(model_name, n_articles, softmax, row["train_samples_per_s"], row.get("train_samples_per_cpu_s"),
-              row.get("candidates_per_batch"),
-              row["peak_rss_mib"], flush=True)
+        print(
+            model_name,
+            n_articles,
+            softmax,
+            row["train_samples_per_s"],
+            row.get("train_samples_per_cpu_s"),
+            row.get("candidates_per_batch"),
+            row["peak_rss_mib"],
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

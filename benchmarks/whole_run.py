@@ -61,7 +61,7 @@ TARGETS = {"total_minutes": 60.0, "peak_rss_gib": 8.0, "validation_and_probe_ove
 # Every stage's Python process loads this first (PYTHONPATH): it wraps the library's functions once their
 # modules are imported and writes one JSON line per measured call to $WHOLE_RUN_LOG. Nothing in the library
 # knows of it.
-SITECUSTOMIZE = r'''
+SITECUSTOMIZE = r"""
 import atexit, importlib.abc, json, os, resource, sys, time
 
 _LOG = os.environ.get("WHOLE_RUN_LOG")
@@ -168,7 +168,7 @@ if _LOG:
         _write({"process": " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv)),
                 "seconds": round(time.perf_counter() - _STARTED, 2), "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 2),
                 "peak_rss_mib": round(usage.ru_maxrss / 1024, 1)})
-'''
+"""
 
 
 def generate(folder: Path, outfits: int, seed: int) -> dict:
@@ -179,7 +179,10 @@ def generate(folder: Path, outfits: int, seed: int) -> dict:
     hm.N_TRANSACTIONS = int(outfits / OUTFITS_PER_TRANSACTION)
     hm.N_CUSTOMERS = max(500, outfits // 4)  # a customer has about 4 outfits: a history to read
     started = time.perf_counter()
-    generated = hm.generate(folder, seed) | {"outfits_asked": outfits, "wall_s": round(time.perf_counter() - started, 1)}
+    generated = hm.generate(folder, seed) | {
+        "outfits_asked": outfits,
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
     marker.write_text(json.dumps(generated))
     return generated
 
@@ -215,9 +218,14 @@ def write_project(root: Path, params: dict) -> None:
 
 def run_repro(root: Path, log: Path) -> dict:
     """`dvc repro report` in the project; the time at which each stage started (from DVC's output)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "instrument"), str(root / "src")]),
-           "WHOLE_RUN_LOG": str(log), "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
-           "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root / "instrument"), str(root / "src")]),
+        "WHOLE_RUN_LOG": str(log),
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    }
     started = time.perf_counter()
     stages, lines = [], []
     proc = subprocess.Popen([str(Path(sys.executable).parent / "dvc"), "repro", "report"], cwd=root, env=env,
@@ -260,26 +268,40 @@ def summarise(records: list[dict], repro: dict, root: Path) -> dict:
                 epochs[r["epoch"]]["validation_outfits"] = r["outfits"]
     for row in epochs.values():
         if "train_s" in row and "validation_s" in row and "probe_s" in row:
-            row["validation_and_probe_over_training"] = round((row["validation_s"] + row["probe_s"]) / row["train_s"], 3)
+            row["validation_and_probe_over_training"] = round(
+                (row["validation_s"] + row["probe_s"]) / row["train_s"], 3
+            )
     passes = [{k: v for k, v in r.items() if k not in ("pid", "t")} for r in records if "pass" in r]
     peak = max([r["peak_rss_mib"] for r in processes] or [0.0])
     worst_epoch = max((row.get("validation_and_probe_over_training", 0.0) for row in epochs.values()), default=None)
-    features = json.loads((root / "data" / "features" / "manifest.json").read_text()) if (
-        root / "data" / "features" / "manifest.json").exists() else {}
-    ingest = json.loads((root / "data" / "raw" / "ingest_report.json").read_text()) if (
-        root / "data" / "raw" / "ingest_report.json").exists() else {}
+    features = (
+        json.loads((root / "data" / "features" / "manifest.json").read_text())
+        if (root / "data" / "features" / "manifest.json").exists()
+        else {}
+    )
+    ingest = (
+        json.loads((root / "data" / "raw" / "ingest_report.json").read_text())
+        if (root / "data" / "raw" / "ingest_report.json").exists()
+        else {}
+    )
     return {
-        "data": {"ingest": ingest.get("rows", ingest), "features_rows": features.get("rows"),
-                 "n_items": features.get("n_items")},
+        "data": {
+            "ingest": ingest.get("rows", ingest),
+            "features_rows": features.get("rows"),
+            "n_items": features.get("n_items"),
+        },
         "total_minutes": round(repro["total_s"] / 60, 2),
         "peak_rss_gib": round(peak / 1024, 2),
         "stages": stages,
         "epochs": sorted(epochs.values(), key=lambda row: row["epoch"]),
         "ranking_passes": passes,
-        "meets_targets": {"total_minutes": repro["total_s"] / 60 <= TARGETS["total_minutes"],
-                          "peak_rss_gib": peak / 1024 <= TARGETS["peak_rss_gib"],
-                          "validation_and_probe_over_training": None if worst_epoch is None
-                          else worst_epoch <= TARGETS["validation_and_probe_over_training"]},  # fmt: skip
+        "meets_targets": {
+            "total_minutes": repro["total_s"] / 60 <= TARGETS["total_minutes"],
+            "peak_rss_gib": peak / 1024 <= TARGETS["peak_rss_gib"],
+            "validation_and_probe_over_training": None
+            if worst_epoch is None
+            else worst_epoch <= TARGETS["validation_and_probe_over_training"],
+        },  # fmt: skip
     }
 
 
@@ -288,8 +310,13 @@ def main() -> None:
     parser.add_argument("--outfits", type=int, default=100_000)
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--variant", default="global_state_attrs")
-    parser.add_argument("--threads", type=int, default=1, help="train.num_threads (params.yaml's 1: on a machine "
-                        "with other work, 2 threads ran the small run's epochs 2-3x slower)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="train.num_threads (params.yaml's 1: on a machine "
+        "with other work, 2 threads ran the small run's epochs 2-3x slower)",
+    )
     parser.add_argument("--set", action="append", default=[], help="key.path=value (YAML) in the project's params")
     parser.add_argument("--root", type=Path, help="the project folder (default /tmp/whole_run/<variant>)")
     parser.add_argument("--data", type=Path, help="the generated H&M files (default /tmp/whole_run/hm_<outfits>)")
@@ -315,15 +342,28 @@ def main() -> None:
     result = {
         "benchmark": "the whole run: one `dvc repro report` on a generated H&M-format set (issue 58, item 2)",
         "full_size": args.outfits >= 100_000 and args.epochs >= 8,
-        "settings": {"outfits_asked": args.outfits, "epochs": args.epochs, "variant": args.variant,
-                     "threads": args.threads, "set": args.set, "split": "time", "history": True,
-                     "articles": hm.N_ARTICLES, "project": str(root)},
+        "settings": {
+            "outfits_asked": args.outfits,
+            "epochs": args.epochs,
+            "variant": args.variant,
+            "threads": args.threads,
+            "set": args.set,
+            "split": "time",
+            "history": True,
+            "articles": hm.N_ARTICLES,
+            "project": str(root),
+        },
         "generated": generated,
         **summarise(records, repro, root),
         "dvc_stage_starts": repro["stages"],
         "targets": TARGETS,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "load_average_before": load_before, "load_average_after": [round(x, 2) for x in os.getloadavg()]},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "load_average_before": load_before,
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        },
         "note": args.note,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

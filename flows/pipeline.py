@@ -99,8 +99,10 @@ def unit_summary(workdir: Path, key: str) -> str:
         pass
     try:
         r = json.loads(path.read_text())
-        return (f"best validation CE {r['best_val_cross_entropy']:.4f} at epoch {r['best_epoch']} of {r['epochs']}"
-                f" ({'converged' if r['converged'] else 'NOT converged'}), {r['seconds']:.0f} s")
+        return (
+            f"best validation CE {r['best_val_cross_entropy']:.4f} at epoch {r['best_epoch']} of {r['epochs']}"
+            f" ({'converged' if r['converged'] else 'NOT converged'}), {r['seconds']:.0f} s"
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return f"done (no training report at {path})"
 
@@ -144,13 +146,19 @@ def _run_unit_deployment(
             client.set_flow_run_state(run.id, Cancelling(), force=True)
         raise UnitFailed(f"training {key}: flow run {run.name} did not end within {timeout_s:.0f} s; cancelled")
     if not state.is_completed():
-        raise UnitFailed(f"training {key}: flow run {run.name} ended {state.name}: {state.message}",
-                         state_type=state.type.value)
+        raise UnitFailed(
+            f"training {key}: flow run {run.name} ended {state.name}: {state.message}", state_type=state.type.value
+        )
     return run
 
 
-@task(name="train-unit", task_run_name="train {key} on {placement.pool}", retries=1,
-      retry_condition_fn=_crashed, **TASK_DEFAULTS)
+@task(
+    name="train-unit",
+    task_run_name="train {key} on {placement.pool}",
+    retries=1,
+    retry_condition_fn=_crashed,
+    **TASK_DEFAULTS,
+)
 def launch_unit(
     key: str,
     stages: tuple[str, ...],
@@ -161,14 +169,24 @@ def launch_unit(
     timeout_s: float,
 ) -> str:
     """Start the unit's training flow run (a checkout of `workdir`) on its pool and wait until it ends."""
-    parameters = {"stages": list(stages), "workdir": str(workdir), "checkout": str(checkout),
-                  "slot": placement.slot, "slot_timeout_s": timeout_s}
+    parameters = {
+        "stages": list(stages),
+        "workdir": str(workdir),
+        "checkout": str(checkout),
+        "slot": placement.slot,
+        "slot_timeout_s": timeout_s,
+    }
     _run_unit_deployment(key, f"{TRAIN_FLOW}/{placement.deployment}", parameters, placement, env, timeout_s)
     return str(checkout)
 
 
-@task(name="train-unit-remote", task_run_name="train {key} on {placement.pool}, no shared disk", retries=1,
-      retry_condition_fn=_crashed, **TASK_DEFAULTS)
+@task(
+    name="train-unit-remote",
+    task_run_name="train {key} on {placement.pool}, no shared disk",
+    retries=1,
+    retry_condition_fn=_crashed,
+    **TASK_DEFAULTS,
+)
 def launch_remote_unit(
     key: str,
     stages: tuple[str, ...],
@@ -180,11 +198,11 @@ def launch_remote_unit(
     """Start the unit's training flow run in a fresh clone on its pool; return the report it published.
 
     The git_clone pull step of the deployment reads the repository and commit from the environment."""
-    parameters = {"stages": list(stages), **state.as_parameters(), "slot": placement.slot,
-                  "slot_timeout_s": timeout_s}
+    parameters = {"stages": list(stages), **state.as_parameters(), "slot": placement.slot, "slot_timeout_s": timeout_s}
     clone_env = {CLONE_URL_ENV: state.git_url, CLONE_COMMIT_ENV: state.commit}
-    run = _run_unit_deployment(key, f"{TRAIN_REMOTE_FLOW}/{placement.deployment}", parameters, placement,
-                               {**env, **clone_env}, timeout_s)
+    run = _run_unit_deployment(
+        key, f"{TRAIN_REMOTE_FLOW}/{placement.deployment}", parameters, placement, {**env, **clone_env}, timeout_s
+    )
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterType, FlowRunFilter, FlowRunFilterId
 
     with get_client(sync_client=True) as client:
@@ -205,12 +223,15 @@ def bring_back_remote(key: str, report: dict, workdir: Path, dvc_remote: str) ->
 
 
 @task(name="hand-over", **TASK_DEFAULTS)
-def hand_over(workdir: Path, units: list[tuple[str, ...]], git_remote: str, dvc_remote: str | None) -> remote.ParentState:
+def hand_over(
+    workdir: Path, units: list[tuple[str, ...]], git_remote: str, dvc_remote: str | None
+) -> remote.ParentState:
     """What remote units need from this workspace (as values), and their inputs pushed to the DVC remote."""
     state = remote.parent_state(workdir, git_remote, dvc_remote)
     pushed = remote.push_inputs(workdir, units, state.dvc_remote)
-    get_run_logger().info("units clone %s at %s; pushed %s to DVC remote %s",
-                          state.git_url, state.commit[:12], pushed, state.dvc_remote)
+    get_run_logger().info(
+        "units clone %s at %s; pushed %s to DVC remote %s", state.git_url, state.commit[:12], pushed, state.dvc_remote
+    )
     return state
 
 
@@ -226,9 +247,11 @@ def _resolve_fan_out(fan_out: str, gpu_ready: bool) -> str:
     if fan_out == "remote":
         with get_client(sync_client=True) as client:
             if not deployments_exist(client, pools, remote=True):
-                raise RuntimeError(f"fan_out='remote' needs the deployments "
-                                   f"{[f'{TRAIN_REMOTE_FLOW}/{TRAIN_REMOTE_DEPLOYMENT[p]}' for p in sorted(pools)]}:"
-                                   " `make prefect-deploy`")
+                raise RuntimeError(
+                    f"fan_out='remote' needs the deployments "
+                    f"{[f'{TRAIN_REMOTE_FLOW}/{TRAIN_REMOTE_DEPLOYMENT[p]}' for p in sorted(pools)]}:"
+                    " `make prefect-deploy`"
+                )
         return fan_out
     if fan_out != "auto":
         return fan_out
@@ -242,8 +265,8 @@ def tracking_uri(workdir: Path) -> str:
     store, not to a database of its own that is deleted with it)."""
     uri = os.environ.get("MLFLOW_TRACKING_URI") or load_config(workdir / "params.yaml").mlflow.tracking_uri
     prefix = "sqlite:///"
-    if uri.startswith(prefix) and not Path(uri[len(prefix):]).is_absolute():
-        uri = prefix + str((workdir / uri[len(prefix):]).resolve())
+    if uri.startswith(prefix) and not Path(uri[len(prefix) :]).is_absolute():
+        uri = prefix + str((workdir / uri[len(prefix) :]).resolve())
     return uri
 
 
@@ -287,18 +310,25 @@ def fan_out_units(
     state = None
     if mode == "remote":
         if not is_server(uri):
-            raise RuntimeError(f"fan_out='remote': the MLflow store {uri} is a file here; units elsewhere "
-                               "need a server (MLFLOW_TRACKING_URI=http://...)")
-        placements = {u: dataclasses.replace(p, deployment=TRAIN_REMOTE_DEPLOYMENT[p.pool])
-                      for u, p in placements.items()}
+            raise RuntimeError(
+                f"fan_out='remote': the MLflow store {uri} is a file here; units elsewhere "
+                "need a server (MLFLOW_TRACKING_URI=http://...)"
+            )
+        placements = {
+            u: dataclasses.replace(p, deployment=TRAIN_REMOTE_DEPLOYMENT[p.pool]) for u, p in placements.items()
+        }
         state = hand_over(workdir, todo, git_remote, dvc_remote)
     if mode == "local" and max_parallel > 1 and "OMP_NUM_THREADS" not in os.environ:
         # units share this machine's cores; torch threads beyond a unit's share only wait on each other
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max_parallel))
-    logger.info("fan-out (%s): %d units, pool %s, %d at a time", mode, len(todo),
-                placements[todo[0]].pool if mode in ("deployments", "remote") else "none", max_parallel)
-    progress.info("training: %d of %d units stale, %d at a time (%s)", len(todo), len(units), max_parallel,
-                  mode)
+    logger.info(
+        "fan-out (%s): %d units, pool %s, %d at a time",
+        mode,
+        len(todo),
+        placements[todo[0]].pool if mode in ("deployments", "remote") else "none",
+        max_parallel,
+    )
+    progress.info("training: %d of %d units stale, %d at a time (%s)", len(todo), len(units), max_parallel, mode)
 
     brought: list[str] = []
     failures: list[str] = []
@@ -364,8 +394,9 @@ def _run_series(stages: tuple[str, ...], workdir: Path) -> list[str]:
             output = repro_stage(stage, workdir)
         if f"Running stage '{stage}'" in output:
             ran.append(stage)
-        progress.info("%s: %s (%.0f s)", stage, "ran" if ran and ran[-1] == stage else "up to date",
-                      time.monotonic() - start)
+        progress.info(
+            "%s: %s (%.0f s)", stage, "ran" if ran and ran[-1] == stage else "up to date", time.monotonic() - start
+        )
     return ran
 
 
@@ -378,13 +409,25 @@ def final_status(workdir: Path) -> dict:
     return changes
 
 
-@task(name="contextual-bert", task_run_name="contextual-bert {args}", retries=3,
-      retry_delay_seconds=[10, 30, 60], retry_condition_fn=not_user_error, **TASK_DEFAULTS)
+@task(
+    name="contextual-bert",
+    task_run_name="contextual-bert {args}",
+    retries=3,
+    retry_delay_seconds=[10, 30, 60],
+    retry_condition_fn=not_user_error,
+    **TASK_DEFAULTS,
+)
 def cli(args: list[str], workdir: Path) -> str:
     """A `contextual-bert` command outside DVC: an operator's action (rollback), or register/promote
     while dvc.yaml has no such stages. Both are idempotent against the registry."""
-    proc = subprocess.run(["contextual-bert", *args], cwd=workdir, env=dvc_stages.stage_env(workdir),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(
+        ["contextual-bert", *args],
+        cwd=workdir,
+        env=dvc_stages.stage_env(workdir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     if proc.returncode != 0:
         raise dvc_stages.StageFailed(["contextual-bert", *args], proc.returncode, proc.stdout)
     log_output(proc.stdout)
@@ -495,14 +538,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description="run the pipeline flow here")
     parser.add_argument("--size", choices=["tiny", "default", "paper"])
     parser.add_argument("--source", choices=sorted(SOURCES))
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=YAML", type=_override,
-                        help="a params.yaml override, e.g. --set train.seeds=[0] (repeatable)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=YAML",
+        type=_override,
+        help="a params.yaml override, e.g. --set train.seeds=[0] (repeatable)",
+    )
     parser.add_argument("--fan-out", default="auto", choices=["auto", "deployments", "local", "remote"])
     parser.add_argument("--workdir", default=".")
     args = parser.parse_args(argv)
     overrides = dict(args.set)
-    result = pipeline(size=args.size, source=args.source, params=overrides or None,
-                      workdir=args.workdir, fan_out=args.fan_out)
+    result = pipeline(
+        size=args.size, source=args.source, params=overrides or None, workdir=args.workdir, fan_out=args.fan_out
+    )
     print(json.dumps(result, indent=2))
     return 0
 

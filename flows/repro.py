@@ -53,9 +53,23 @@ def mlflow_server_over(uri: str, experiment: str, log: Path):
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         server = subprocess.Popen(
-            [str(BIN / "mlflow"), "server", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port),
-             "--workers", "1"],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            [
+                str(BIN / "mlflow"),
+                "server",
+                "--backend-store-uri",
+                uri,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                "1",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(f"{url}/health", 180, f"mlflow server (log: {log})", lambda: server.poll() is None)
@@ -72,8 +86,14 @@ TABLE1_BLOCK = ("<!-- table1: reports/table1.md -->", "<!-- /table1 -->")  # REA
 
 
 # The columns a reader compares; the full table (CIs, parameters, convergence, outfit dependence) stays in table1.md.
-COMPACT_COLUMNS = ("Model", "Cross-entropy", "Recall@1 %", "Recall@5 %", "FITB easy % [95% CI]",
-                   "Against its yardstick (CE)")
+COMPACT_COLUMNS = (
+    "Model",
+    "Cross-entropy",
+    "Recall@1 %",
+    "Recall@5 %",
+    "FITB easy % [95% CI]",
+    "Against its yardstick (CE)",
+)
 
 
 def compact_table1(table1: str) -> str:
@@ -154,8 +174,9 @@ def quiet_console(log: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.repro", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", default=".")
-    parser.add_argument("--max-parallel", type=int, default=os.cpu_count() or 1,
-                        help="trainings at once (default: one per core)")
+    parser.add_argument(
+        "--max-parallel", type=int, default=os.cpu_count() or 1, help="trainings at once (default: one per core)"
+    )
     args = parser.parse_args(argv)
     workdir = Path(args.workdir).resolve()
     cfg = load_config(workdir / "params.yaml")
@@ -167,8 +188,11 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["MLFLOW_TRACKING_URI"] = uri
         result = pipeline(workdir=str(workdir), fan_out="local", max_parallel=args.max_parallel)
     sync_readme(workdir)
-    progress.info("done: %d stages ran; DVC finds %s stale", len(result["ran"]) + len(result["trained"]),
-                  result["stale"] or "nothing")
+    progress.info(
+        "done: %d stages ran; DVC finds %s stale",
+        len(result["ran"]) + len(result["trained"]),
+        result["stale"] or "nothing",
+    )
     return 0 if not result["stale"] else 1
 
 

@@ -77,8 +77,14 @@ def choose_and_apply(workdir: Path, apply: bool) -> dict:
     return choice
 
 
-def run_sweep(workdir: str = ".", jobs: int = 1, apply: bool = True, threads: int = 0,
-              steps=(queue_experiments, run_queue, choose_and_apply), log=print) -> dict:
+def run_sweep(
+    workdir: str = ".",
+    jobs: int = 1,
+    apply: bool = True,
+    threads: int = 0,
+    steps=(queue_experiments, run_queue, choose_and_apply),
+    log=print,
+) -> dict:
     """Queue, run and read back the sweep; write the winners into params.yaml (unless apply is false).
     On a small CPU, jobs=2 with threads=1 trains two experiments at once, one core each."""
     queue, run, choose_settings = steps
@@ -94,8 +100,14 @@ def run_sweep(workdir: str = ".", jobs: int = 1, apply: bool = True, threads: in
 @flow(name="sweep", log_prints=True)
 def sweep(workdir: str = ".", jobs: int = 1, apply: bool = True, threads: int = 0) -> dict:
     """The sweep as a Prefect flow (deployment `sweep`): the same steps, each a task."""
-    steps = tuple(task(name=name, **TASK_DEFAULTS)(fn) for name, fn in (
-        ("queue-sweep", queue_experiments), ("run-queue", run_queue), ("choose-settings", choose_and_apply)))
+    steps = tuple(
+        task(name=name, **TASK_DEFAULTS)(fn)
+        for name, fn in (
+            ("queue-sweep", queue_experiments),
+            ("run-queue", run_queue),
+            ("choose-settings", choose_and_apply),
+        )
+    )
     return run_sweep(workdir, jobs, apply, threads, steps, log=lambda message: get_run_logger().info(message))
 
 

@@ -44,9 +44,7 @@ def apply_params(workdir: Path, overrides: dict) -> dict:
 @task(name="plan-stages", **TASK_DEFAULTS)
 def plan_stages(workdir: Path) -> dvc_stages.Plan:
     p = dvc_stages.load_plan(Path(workdir))
-    get_run_logger().info(
-        "before: %s; %d training units; after: %s", list(p.before), len(p.units), list(p.after)
-    )
+    get_run_logger().info("before: %s; %d training units; after: %s", list(p.before), len(p.units), list(p.after))
     return p
 
 
@@ -78,8 +76,9 @@ def stale_units(units: list[tuple[str, ...]], workdir: Path) -> list[tuple[str, 
     """The units in which DVC finds at least one stale stage (one `dvc status` for all)."""
     changes = dvc_stages.stale([s for unit in units for s in unit], Path(workdir))
     todo = [tuple(unit) for unit in units if any(s in changes for s in unit)]
-    get_run_logger().info("%d of %d training units stale per DVC: %s", len(todo), len(units),
-                          [dvc_stages.unit_key(u[0]) for u in todo])
+    get_run_logger().info(
+        "%d of %d training units stale per DVC: %s", len(todo), len(units), [dvc_stages.unit_key(u[0]) for u in todo]
+    )
     return todo
 
 

@@ -55,8 +55,7 @@ def _slot(slot: str | None, slot_timeout_s: float | None):
     if not slot:
         return nullcontext()
     get_run_logger().info("waiting for concurrency slot %s", slot)
-    return concurrency(slot, occupy=1, strict=True, timeout_seconds=slot_timeout_s,
-                       lease_duration=TRAIN_SLOT_LEASE_S)
+    return concurrency(slot, occupy=1, strict=True, timeout_seconds=slot_timeout_s, lease_duration=TRAIN_SLOT_LEASE_S)
 
 
 def train_unit(
@@ -81,11 +80,7 @@ def train_unit(
 
 @flow(name=TRAIN_FLOW, log_prints=True)
 def train_run(
-    stages: list[str],
-    workdir: str,
-    checkout: str,
-    slot: str | None = None,
-    slot_timeout_s: float | None = None,
+    stages: list[str], workdir: str, checkout: str, slot: str | None = None, slot_timeout_s: float | None = None
 ) -> list[str]:
     """Train (and evaluate) one variant and seed in its own checkout of `workdir`.
 
@@ -104,8 +99,9 @@ def prepare_clone(state: remote.ParentState, clone: Path, make: bool) -> str:
     if make:
         remote.clone_at(state.git_url, state.commit, clone)
     remote.prepare_clone(clone, state)
-    get_run_logger().info("fresh clone %s of %s at %s, the parent's params.yaml and dvc.lock",
-                          clone, state.git_url, state.commit[:12])
+    get_run_logger().info(
+        "fresh clone %s of %s at %s, the parent's params.yaml and dvc.lock", clone, state.git_url, state.commit[:12]
+    )
     return str(clone)
 
 
@@ -119,8 +115,9 @@ def pull_inputs(clone: Path, stages: list[str], dvc_remote: str) -> list[str]:
 @task(name="push-outputs", **TASK_DEFAULTS)
 def push_outputs(clone: Path, stages: list[str], dvc_remote: str) -> dict:
     report = remote.push_outputs(Path(clone), stages, dvc_remote)
-    get_run_logger().info("pushed to DVC remote %s: %s; %d uncached files in the report",
-                          dvc_remote, stages, len(report["files"]))
+    get_run_logger().info(
+        "pushed to DVC remote %s: %s; %d uncached files in the report", dvc_remote, stages, len(report["files"])
+    )
     return report
 
 
@@ -134,10 +131,14 @@ def publish_report(report: dict) -> None:
     if ctx is None or ctx.flow_run is None:
         return
     with get_client(sync_client=True) as client:
-        client.create_artifact(ArtifactCreate(
-            type=REPORT_ARTIFACT, data=report, flow_run_id=ctx.flow_run.id,
-            description=f"dvc.lock records and uncached outputs of {list(report['stages'])}",
-        ))
+        client.create_artifact(
+            ArtifactCreate(
+                type=REPORT_ARTIFACT,
+                data=report,
+                flow_run_id=ctx.flow_run.id,
+                description=f"dvc.lock records and uncached outputs of {list(report['stages'])}",
+            )
+        )
 
 
 def train_unit_remote(

@@ -23,9 +23,13 @@ from helpers import PLAIN_TRAIN, STRONG, TINY_MODEL, WEAK, TinyProject
 # The tests mirror src/'s packages, in folders without __init__.py: a test that imports another's helpers
 # (`from test_training import new_model`) finds it in whichever folder it lies.
 TESTS = Path(__file__).resolve().parent
-sys.path[:0] = [str(d) for d in sorted(TESTS.iterdir())
-                if d.is_dir() and d.name in ("data", "model", "training", "evaluation", "registry", "serving")
-                and str(d) not in sys.path]
+sys.path[:0] = [
+    str(d)
+    for d in sorted(TESTS.iterdir())
+    if d.is_dir()
+    and d.name in ("data", "model", "training", "evaluation", "registry", "serving")
+    and str(d) not in sys.path
+]
 
 
 @pytest.fixture

@@ -49,7 +49,6 @@ class TinyProject:
         return self.root / "data" / "features"
 
 
-
 def wait_for_http(url: str, process: subprocess.Popen, timeout: float) -> None:
     """Poll `url` until it answers 200; fail when the server exits or `timeout` seconds pass."""
     import urllib.request

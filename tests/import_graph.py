@@ -88,7 +88,7 @@ def find_cycle() -> list[str] | None:
         path.append(module)
         for other in sorted(direct_imports(module) - with_packages(module)):
             if state.get(other) == 1:
-                return path[path.index(other):] + [other]
+                return path[path.index(other) :] + [other]
             if other not in state and (cycle := visit(other)):
                 return cycle
         path.pop()

@@ -27,8 +27,9 @@ print(at_import, get_telemetry_client() is not None, threads)
 def _probe(first: str, tmp_path) -> str:
     env = {k: v for k, v in os.environ.items() if k not in ITSELF_OFF}
     code = PROBE.format(first=first, db=tmp_path / "mlflow.db")
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
-                          cwd=tmp_path).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd=tmp_path
+    ).stdout.strip()
 
 
 def test_a_pipeline_process_starts_no_mlflow_telemetry(tmp_path):

@@ -35,8 +35,11 @@ def test_bad_value_and_bad_yaml_and_missing_file(tmp_path):
         load_config(bad)
     broken = tmp_path / "broken.yaml"
     broken.write_text("train: [unclosed\n")
-    with pytest.raises(ContextualBertError, match=r"broken\.yaml, line 2, column 1: not valid YAML \(expected ',' or "
-                                                  r"']', but got '<stream end>'\)$") as error:
+    with pytest.raises(
+        ContextualBertError,
+        match=r"broken\.yaml, line 2, column 1: not valid YAML \(expected ',' or "
+        r"']', but got '<stream end>'\)$",
+    ) as error:
         load_config(broken)
     assert "\n" not in str(error.value)  # one line, where PyYAML's own message spans four
     broken.write_bytes(b"train: \xff\n")
@@ -72,18 +75,23 @@ def test_lists_the_stages_are_made_from_are_checked_at_load(tmp_path):
     named in one line, not by the stage that meets it."""
     path = tmp_path / "params.yaml"
     at_least_one = "List should have at least 1 item"
-    for setting, message in (("train:\n  variants: []", f"'train.variants': {at_least_one}"),
-                             ("train:\n  seeds: []", f"'train.seeds': {at_least_one}"),
-                             ("train:\n  seeds: [0, 1, 0]", "'train.seeds': 0 listed more than once$"),
-                             ("train:\n  variants: [none, concat, none]",
-                              "'train.variants': none listed more than once$"),
-                             ("evaluate:\n  ks: [5, 0]", "'evaluate.ks.1': Input should be greater than or equal to 1"),
-                             ("evaluate:\n  ks: [5, 5, 10]", "'evaluate.ks': 5 listed more than once$"),
-                             ("evaluate:\n  ks: [1, 10]",
-                              r"promote.metric recall@5: evaluate.ks \[1, 10\] has no 5, so no evaluation computes "
-                              "it$"),
-                             ("features:\n  embedding_dims: {age: 0}",
-                              "'features.embedding_dims.age': Input should be greater than or equal to 1")):
+    for setting, message in (
+        ("train:\n  variants: []", f"'train.variants': {at_least_one}"),
+        ("train:\n  seeds: []", f"'train.seeds': {at_least_one}"),
+        ("train:\n  seeds: [0, 1, 0]", "'train.seeds': 0 listed more than once$"),
+        ("train:\n  variants: [none, concat, none]", "'train.variants': none listed more than once$"),
+        ("evaluate:\n  ks: [5, 0]", "'evaluate.ks.1': Input should be greater than or equal to 1"),
+        ("evaluate:\n  ks: [5, 5, 10]", "'evaluate.ks': 5 listed more than once$"),
+        (
+            "evaluate:\n  ks: [1, 10]",
+            r"promote.metric recall@5: evaluate.ks \[1, 10\] has no 5, so no evaluation computes "
+            "it$",
+        ),
+        (
+            "features:\n  embedding_dims: {age: 0}",
+            "'features.embedding_dims.age': Input should be greater than or equal to 1",
+        ),
+    ):
         path.write_text(setting + "\n")
         with pytest.raises(ContextualBertError, match=rf"params\.yaml: {message}"):
             load_config(path)
@@ -95,11 +103,13 @@ def test_variant_overrides_are_held_to_the_sections_bounds(tmp_path):
     """An override is applied by copying (train_for, model_for), which checks nothing: a negative learning
     rate or a dropout of 1.5 would have trained."""
     path = tmp_path / "params.yaml"
-    for override, message in (("learning_rate: -0.001", "learning_rate: Input should be greater than 0"),
-                              ("dropout: 1.5", "dropout: Input should be less than 1"),
-                              ("batch_size: 0", "batch_size: Input should be greater than or equal to 1"),
-                              ("max_epochs: -1", "max_epochs: Input should be greater than or equal to 1"),
-                              ("weight_decay: -1", "weight_decay: Input should be greater than or equal to 0")):
+    for override, message in (
+        ("learning_rate: -0.001", "learning_rate: Input should be greater than 0"),
+        ("dropout: 1.5", "dropout: Input should be less than 1"),
+        ("batch_size: 0", "batch_size: Input should be greater than or equal to 1"),
+        ("max_epochs: -1", "max_epochs: Input should be greater than or equal to 1"),
+        ("weight_decay: -1", "weight_decay: Input should be greater than or equal to 0"),
+    ):
         path.write_text(f"variants:\n  global_state:\n    {override}\n")
         with pytest.raises(ContextualBertError, match=rf"params\.yaml: variants\.global_state\.{message}$"):
             load_config(path)
@@ -109,9 +119,7 @@ def test_variant_overrides_are_held_to_the_sections_bounds(tmp_path):
 
 
 def test_variant_overrides_apply_to_that_variant_only():
-    cfg = Config.model_validate(
-        {"variants": {"global_state": {"learning_rate": 0.005, "dropout": 0.2}}}
-    )
+    cfg = Config.model_validate({"variants": {"global_state": {"learning_rate": 0.005, "dropout": 0.2}}})
     assert cfg.train_for("global_state").learning_rate == 0.005
     assert cfg.model_for("global_state").dropout == 0.2
     assert cfg.train_for("none").learning_rate == cfg.train.learning_rate
@@ -121,8 +129,9 @@ def test_variant_overrides_apply_to_that_variant_only():
 def test_attribute_models_are_named_after_their_base_model():
     assert [base_model(m) for m in ATTRIBUTE_MODELS] == list(VARIANTS + BASELINE_MODELS)
     assert base_model("none") == "none" and all(m.endswith("_attrs") for m in ATTRIBUTE_MODELS)
-    cfg = Config.model_validate({"train": {"variants": ["none", "none_attrs"]},
-                                 "variants": {"none_attrs": {"learning_rate": 0.001}}})
+    cfg = Config.model_validate(
+        {"train": {"variants": ["none", "none_attrs"]}, "variants": {"none_attrs": {"learning_rate": 0.001}}}
+    )
     assert cfg.train_for("none_attrs").learning_rate == 0.001
 
 
@@ -136,7 +145,10 @@ def test_id_dropout_is_set_per_attribute_model_only():
         Config.model_validate({"train": {"id_dropout": 0.5}})
     with pytest.raises(ValueError, match="variants.none.id_dropout"):
         Config.model_validate({"variants": {"none": {"id_dropout": 0.5}}})
-    assert Config.model_validate({"variants": {"none_attrs": {"id_dropout": "auto"}}}).train_for("none_attrs").id_dropout == "auto"
+    assert (
+        Config.model_validate({"variants": {"none_attrs": {"id_dropout": "auto"}}}).train_for("none_attrs").id_dropout
+        == "auto"
+    )
     for bad in ("often", 1.0, -0.1):
         with pytest.raises(ValueError, match="id_dropout"):
             Config.model_validate({"variants": {"none_attrs": {"id_dropout": bad}}})
@@ -145,8 +157,14 @@ def test_id_dropout_is_set_per_attribute_model_only():
 # The project's tables in params.yaml, not defaults: the paper's feature dims, each source's attributes, the
 # per-model overrides and the sweep's lists; and the switch that encodes them (off by default: a new source
 # declares its attributes first)
-PROJECT_TABLES = {"features.embedding_dims", "features.article_attributes", "features.article_features", "variants",
-                  "sweep.variants", "sweep.grids"}
+PROJECT_TABLES = {
+    "features.embedding_dims",
+    "features.article_attributes",
+    "features.article_features",
+    "variants",
+    "sweep.variants",
+    "sweep.grids",
+}
 
 
 def test_the_defaults_are_the_shipped_params():
@@ -163,7 +181,9 @@ def test_the_defaults_are_the_shipped_params():
     defaults = leaves(Config().model_dump(mode="json", by_alias=True))
     shipped = leaves(load_config(REPO / "params.yaml").model_dump(mode="json", by_alias=True))
     assert defaults.keys() == shipped.keys()
-    differing = {k: (defaults[k], shipped[k]) for k in defaults if defaults[k] != shipped[k] and k not in PROJECT_TABLES}
+    differing = {
+        k: (defaults[k], shipped[k]) for k in defaults if defaults[k] != shipped[k] and k not in PROJECT_TABLES
+    }
     assert not differing
 
 
@@ -175,4 +195,3 @@ def test_a_renamed_setting_is_refused_naming_its_new_key(tmp_path):
     with pytest.raises(ContextualBertError, match=r"params\.yaml: train\.warmup_steps is now train\.lr_warmup_steps$"):
         load_config(path)
     assert TrainConfig.RENAMED == {"warmup_steps": "lr_warmup_steps"} and "lr_warmup_steps" in TrainConfig.model_fields
-

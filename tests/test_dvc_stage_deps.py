@@ -55,11 +55,18 @@ def source_modules(functions: list[ast.FunctionDef]) -> set[str]:
     found = set()
     for function in functions:
         for node in ast.walk(function):
-            if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "SOURCES"
-                    and isinstance(node.slice, ast.Constant)):
+            if (
+                isinstance(node, ast.Subscript)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "SOURCES"
+                and isinstance(node.slice, ast.Constant)
+            ):
                 found.add(SOURCES[node.slice.value].module)
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in (
-                    "ingest", "write_fingerprint"):  # each runs the chosen source's module: any of them
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("ingest", "write_fingerprint")
+            ):  # each runs the chosen source's module: any of them
                 found |= {source.module for source in SOURCES.values()}
     return set().union(*(import_graph.with_packages(m.removeprefix(import_graph.PACKAGE + ".")) for m in found))
 
@@ -79,8 +86,11 @@ def modules_run_by(cmd: str) -> set[str]:
     run = {"cli"} | import_graph.closure(module_level | in_handler)
     # a module's file that a run module logs as code (serving.completer.PYFUNC_CODE:
     # `PACKAGE_DIR / "serving" / "pyfunc_model.py"`)
-    logged = {".".join([*(part.strip(' /"') for part in folders.split(" / ") if part.strip(' /"')), name])
-              for r in sorted(run) for folders, name in LOGGED_CODE.findall(import_graph.module_path(r).read_text())}
+    logged = {
+        ".".join([*(part.strip(' /"') for part in folders.split(" / ") if part.strip(' /"')), name])
+        for r in sorted(run)
+        for folders, name in LOGGED_CODE.findall(import_graph.module_path(r).read_text())
+    }
     return run | logged
 
 
@@ -119,8 +129,17 @@ def test_the_derivation_follows_handlers_and_function_local_imports():
     # evaluate's handler imports evaluation and tracking inside the function; evaluation imports
     # feature_store inside functions and model at module level.
     run = modules_run_by("contextual-bert evaluate --variant ${item.variant} --seed ${item.seed}")
-    assert {"cli", "config", "errors", "evaluation.evaluate", "registry.tracking", "data.feature_store", "model",
-            "model.encoder", "devices"} <= run
+    assert {
+        "cli",
+        "config",
+        "errors",
+        "evaluation.evaluate",
+        "registry.tracking",
+        "data.feature_store",
+        "model",
+        "model.encoder",
+        "devices",
+    } <= run
     assert "registry.models" not in run and "data.sources.synthetic" not in run
     # ingest dispatches to the generate and import-hm handlers: both are run by it.
     assert {"data.sources.synthetic", "data.sources.hm", "data.contract"} <= modules_run_by("contextual-bert ingest")

@@ -63,19 +63,27 @@ def training_settings() -> dict[str, str]:
 
 def test_a_training_lists_every_setting_that_changes_its_result():
     params = stage_params("train")
-    missing = sorted(setting for setting, key in training_settings().items()
-                     if not (covers(params, key) or key == PER_MODEL and PER_MODEL in params))
+    missing = sorted(
+        setting
+        for setting, key in training_settings().items()
+        if not (covers(params, key) or key == PER_MODEL and PER_MODEL in params)
+    )
     assert not missing, f"dvc.yaml stage 'train' does not list {missing} in params: editing them re-runs nothing"
 
 
 def test_every_training_setting_is_written_in_params_yaml():
     # what a training reads is visible where a user edits it, not only as a default in config.py
-    unwritten = sorted(key for key in training_settings().values() if key != PER_MODEL
-                       and key.split(".")[1] not in PARAMS[key.split(".")[0]])
+    unwritten = sorted(
+        key
+        for key in training_settings().values()
+        if key != PER_MODEL and key.split(".")[1] not in PARAMS[key.split(".")[0]]
+    )
     assert not unwritten, f"params.yaml does not write {unwritten}"
     for model, overrides in PARAMS["variants"].items():
         if model.endswith("_attrs"):
-            assert set(ATTRIBUTE_SETTINGS) <= set(overrides), f"params.yaml: variants.{model} lacks {ATTRIBUTE_SETTINGS}"
+            assert set(ATTRIBUTE_SETTINGS) <= set(overrides), (
+                f"params.yaml: variants.{model} lacks {ATTRIBUTE_SETTINGS}"
+            )
 
 
 def sections_read(cmd: str) -> set[str]:
@@ -85,8 +93,12 @@ def sections_read(cmd: str) -> set[str]:
     read = set()
     for tree in trees:
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "cfg"
-                    and node.attr.rstrip("_") in SECTIONS):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "cfg"
+                and node.attr.rstrip("_") in SECTIONS
+            ):
                 read.add(node.attr.rstrip("_"))
     return read - set(NOT_RESULT_SECTIONS) - {"train", "model", "variants"}
 
@@ -94,8 +106,11 @@ def sections_read(cmd: str) -> set[str]:
 @pytest.mark.parametrize("name", sorted(set(STAGES) - {"train"}))
 def test_every_other_stage_lists_the_sections_its_code_reads(name):
     params = stage_params(name)
-    missing = sorted(section for section in sections_read(STAGES[name]["cmd"])
-                     if not covers(params, section) and (name, section) not in ELSEWHERE)
+    missing = sorted(
+        section
+        for section in sections_read(STAGES[name]["cmd"])
+        if not covers(params, section) and (name, section) not in ELSEWHERE
+    )
     assert not missing, f"dvc.yaml stage '{name}' reads params.yaml's {missing} but does not list them in params"
 
 

@@ -92,25 +92,32 @@ def credentials(root: Path) -> dict[str, str]:
 def write_pgpass(root: Path, port: int, creds: dict[str, str]) -> Path:
     """<root>/pgpass for libpq (psycopg2) and asyncpg: the servers' URLs then carry no password."""
     path = root / PGPASS
-    write_private(path, "".join(f"127.0.0.1:{port}:{db}:{db}:{creds[f'{db.upper()}_DB_PASSWORD']}\n"
-                                for db in ("prefect", "mlflow")))
+    write_private(
+        path,
+        "".join(f"127.0.0.1:{port}:{db}:{db}:{creds[f'{db.upper()}_DB_PASSWORD']}\n" for db in ("prefect", "mlflow")),
+    )
     return path
 
 
 def write_auth_ini(root: Path) -> Path:
     """The MLflow auth app's config: its user database in the stack directory."""
     path = root / AUTH_INI
-    path.write_text("\n".join([
-        "[mlflow]",
-        "default_permission = READ",
-        f"database_uri = sqlite:///{(root / 'mlflow-auth.db').resolve()}",
-        "admin_username = admin",
-        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth",
-        "grant_default_workspace_access = false",
-        # A password check is PBKDF2 (seconds on a loaded machine, on every request of every training):
-        # cached 60 s per (user, password). One worker process, so a password change applies at once.
-        "auth_cache_ttl_seconds = 60",
-    ]) + "\n")
+    path.write_text(
+        "\n".join(
+            [
+                "[mlflow]",
+                "default_permission = READ",
+                f"database_uri = sqlite:///{(root / 'mlflow-auth.db').resolve()}",
+                "admin_username = admin",
+                "authorization_function = mlflow.server.auth:authenticate_request_basic_auth",
+                "grant_default_workspace_access = false",
+                # A password check is PBKDF2 (seconds on a loaded machine, on every request of every training):
+                # cached 60 s per (user, password). One worker process, so a password change applies at once.
+                "auth_cache_ttl_seconds = 60",
+            ]
+        )
+        + "\n"
+    )
     return path
 
 
@@ -124,10 +131,12 @@ def prefect_client_env(creds: dict[str, str]) -> dict[str, str]:
 
 
 def mlflow_server_env(root: Path, creds: dict[str, str]) -> dict[str, str]:
-    return {"MLFLOW_AUTH_CONFIG_PATH": str(write_auth_ini(root)),
-            "MLFLOW_FLASK_SERVER_SECRET_KEY": creds["MLFLOW_FLASK_SERVER_SECRET_KEY"],
-            # read only while the auth database has no admin yet (the first start)
-            "MLFLOW_AUTH_ADMIN_PASSWORD": creds["MLFLOW_ADMIN_PASSWORD"]}
+    return {
+        "MLFLOW_AUTH_CONFIG_PATH": str(write_auth_ini(root)),
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": creds["MLFLOW_FLASK_SERVER_SECRET_KEY"],
+        # read only while the auth database has no admin yet (the first start)
+        "MLFLOW_AUTH_ADMIN_PASSWORD": creds["MLFLOW_ADMIN_PASSWORD"],
+    }
 
 
 def mlflow_user_env(creds: dict[str, str], user: str) -> dict[str, str]:
@@ -154,20 +163,41 @@ def setup_mlflow(uri: str, creds: dict[str, str], experiment: str, model_name: s
         if "user" not in got:
             _call(uri, admin, "POST", "/api/2.0/mlflow/users/create", json={"username": user, "password": password})
         else:  # the file is the truth: a password changed there is set here (rotation)
-            _call(uri, admin, "PATCH", "/api/2.0/mlflow/users/update-password",
-                  json={"username": user, "password": password})
-    got = _call(uri, admin, "GET", "/api/2.0/mlflow/experiments/get-by-name", ok=(200, 404),
-                params={"experiment_name": experiment})
+            _call(
+                uri,
+                admin,
+                "PATCH",
+                "/api/2.0/mlflow/users/update-password",
+                json={"username": user, "password": password},
+            )
+    got = _call(
+        uri,
+        admin,
+        "GET",
+        "/api/2.0/mlflow/experiments/get-by-name",
+        ok=(200, 404),
+        params={"experiment_name": experiment},
+    )
     if "experiment" in got:
         experiment_id = got["experiment"]["experiment_id"]
     else:
-        experiment_id = _call(uri, admin, "POST", "/api/2.0/mlflow/experiments/create",
-                              json={"name": experiment})["experiment_id"]
+        experiment_id = _call(uri, admin, "POST", "/api/2.0/mlflow/experiments/create", json={"name": experiment})[
+            "experiment_id"
+        ]
     got = _call(uri, admin, "GET", "/api/2.0/mlflow/registered-models/get", ok=(200, 404), params={"name": model_name})
     if "registered_model" not in got:
         _call(uri, admin, "POST", "/api/2.0/mlflow/registered-models/create", json={"name": model_name})
-    grants = [("trainer", "experiment", experiment_id, "EDIT"), ("trainer", "registered_model", model_name, "EDIT"),
-              ("promoter", "experiment", experiment_id, "EDIT"), ("promoter", "registered_model", model_name, "MANAGE")]
+    grants = [
+        ("trainer", "experiment", experiment_id, "EDIT"),
+        ("trainer", "registered_model", model_name, "EDIT"),
+        ("promoter", "experiment", experiment_id, "EDIT"),
+        ("promoter", "registered_model", model_name, "MANAGE"),
+    ]
     for user, kind, resource, permission in grants:
-        _call(uri, admin, "POST", "/api/3.0/mlflow/users/permissions/grant",
-              json={"username": user, "resource_type": kind, "resource_id": resource, "permission": permission})
+        _call(
+            uri,
+            admin,
+            "POST",
+            "/api/3.0/mlflow/users/permissions/grant",
+            json={"username": user, "resource_type": kind, "resource_id": resource, "permission": permission},
+        )

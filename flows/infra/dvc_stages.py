@@ -84,7 +84,10 @@ def dvc_executable() -> str:
 
 
 def run_dvc(
-    args: list[str], workdir: Path, env: dict[str, str] | None = None, timeout: float | None = None,
+    args: list[str],
+    workdir: Path,
+    env: dict[str, str] | None = None,
+    timeout: float | None = None,
     log: Path | None = None,
 ) -> str:
     """Run `dvc <args>` in `workdir`; return its combined output, raise `StageFailed` on failure.
@@ -95,13 +98,13 @@ def run_dvc(
     command = [dvc_executable(), *args]
     env = env if env is not None else stage_env(workdir)
     if log is None:
-        proc = subprocess.run(command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=timeout)
+        proc = subprocess.run(
+            command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout
+        )
         output = proc.stdout
     else:
         with open(log, "w") as out:
-            proc = subprocess.run(command, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                  timeout=timeout)
+            proc = subprocess.run(command, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
         output = Path(log).read_text()
     if proc.returncode != 0:
         raise StageFailed(["dvc", *args], proc.returncode, output)
@@ -240,8 +243,11 @@ def keep_lock_entries(workdir: Path, stages) -> None:
     if not lock:
         return
     wanted = set(stages)
-    lock["stages"] = {name: entry for name, entry in lock.get("stages", {}).items()
-                      if name in wanted or kind(name) not in FANOUT_KINDS}
+    lock["stages"] = {
+        name: entry
+        for name, entry in lock.get("stages", {}).items()
+        if name in wanted or kind(name) not in FANOUT_KINDS
+    }
     (Path(workdir) / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
 
 

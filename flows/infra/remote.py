@@ -60,9 +60,10 @@ def default_dvc_remote(workdir: Path) -> str:
     """The DVC remote named by `core.remote` in the committed .dvc/config (a remote only in
     .dvc/config.local would be unknown to the clones)."""
     text = git(["show", "HEAD:.dvc/config"], workdir, check=False).strip()
-    names = [line.split('"')[1] for line in text.splitlines() if line.strip().startswith('[\'remote "')]
-    default = next((line.split("=", 1)[1].strip() for line in text.splitlines()
-                    if line.strip().startswith("remote =")), None)
+    names = [line.split('"')[1] for line in text.splitlines() if line.strip().startswith("['remote \"")]
+    default = next(
+        (line.split("=", 1)[1].strip() for line in text.splitlines() if line.strip().startswith("remote =")), None
+    )
     if default is None or default not in names:
         raise RemoteModeError(
             f"{workdir}/.dvc/config at HEAD names no default DVC remote: `dvc remote add -d storage <url>`, "
@@ -78,9 +79,12 @@ def parent_state(workdir: Path, git_remote: str = "origin", dvc_remote: str | No
     commit = git(["rev-parse", "HEAD"], workdir, RemoteModeError).strip()
     url = git(["remote", "get-url", git_remote], workdir, check=False).strip()
     if not url:
-        raise RemoteModeError(f"{workdir}: no git remote '{git_remote}' to clone from: `git remote add {git_remote} <url>`")
-    changed = [p for p in git(["diff", "--name-only", "HEAD"], workdir, RemoteModeError).splitlines()
-               if p not in CARRIED]
+        raise RemoteModeError(
+            f"{workdir}: no git remote '{git_remote}' to clone from: `git remote add {git_remote} <url>`"
+        )
+    changed = [
+        p for p in git(["diff", "--name-only", "HEAD"], workdir, RemoteModeError).splitlines() if p not in CARRIED
+    ]
     # Outputs of stages (metrics kept in git, say) are DVC's to judge through dvc.lock; the rest is code.
     cached, uncached = _outs(workdir) if changed else (set(), set())
     modified = [p for p in changed if not _under(p, cached | uncached)]
@@ -92,8 +96,8 @@ def parent_state(workdir: Path, git_remote: str = "origin", dvc_remote: str | No
     # On the remote: a ref points at it, or at a descendant this repository knows.
     remote_shas = git(["ls-remote", url], workdir, check=False).strip().split()[0::2]
     on_remote = commit in remote_shas or any(
-        subprocess.run(["git", "merge-base", "--is-ancestor", commit, sha], cwd=workdir,
-                       capture_output=True).returncode == 0
+        subprocess.run(["git", "merge-base", "--is-ancestor", commit, sha], cwd=workdir, capture_output=True).returncode
+        == 0
         for sha in remote_shas
     )
     if not on_remote:
@@ -137,8 +141,10 @@ def unit_inputs(workdir: Path, stages: list[str] | tuple[str, ...]) -> list[str]
     cached, uncached = _outs(workdir, set(stages))
     carried = sorted(d for d in deps if _under(d, uncached))
     if carried:
-        raise RemoteModeError(f"{list(stages)} depend on {carried}, outputs DVC does not cache: a unit "
-                              "elsewhere cannot pull them (cache them in dvc.yaml)")
+        raise RemoteModeError(
+            f"{list(stages)} depend on {carried}, outputs DVC does not cache: a unit "
+            "elsewhere cannot pull them (cache them in dvc.yaml)"
+        )
     return sorted(d for d in deps if _under(d, cached))
 
 
@@ -147,8 +153,13 @@ def _uncached_outs(workdir: Path, stages: list[str] | tuple[str, ...]) -> list[s
 
     workdir = Path(workdir)
     with Repo(str(workdir)) as repo:
-        return [o.def_path for name in stages for s in repo.stage.collect(_target(workdir, name)) for o in s.outs
-                if not o.use_cache]
+        return [
+            o.def_path
+            for name in stages
+            for s in repo.stage.collect(_target(workdir, name))
+            for o in s.outs
+            if not o.use_cache
+        ]
 
 
 def push_inputs(workdir: Path, units: list[tuple[str, ...]], dvc_remote: str) -> list[str]:
@@ -203,8 +214,10 @@ def push_outputs(clone: Path, stages: list[str] | tuple[str, ...], dvc_remote: s
                 files[f.relative_to(clone).as_posix()] = base64.b64encode(f.read_bytes()).decode()
     size = sum(len(v) for v in files.values())
     if size > MAX_REPORT_BYTES:
-        raise RuntimeError(f"uncached outputs of {list(stages)} take {size} bytes, over {MAX_REPORT_BYTES}: "
-                           "cache them (DVC) so they travel through the remote")
+        raise RuntimeError(
+            f"uncached outputs of {list(stages)} take {size} bytes, over {MAX_REPORT_BYTES}: "
+            "cache them (DVC) so they travel through the remote"
+        )
     return {
         "commit": git(["rev-parse", "HEAD"], clone, RemoteModeError).strip(),
         "stages": records,

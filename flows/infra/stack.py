@@ -51,14 +51,15 @@ BIN = Path(sys.executable).parent  # the venv's bin/: prefect, mlflow, dvc
 PG_USER = "postgres"  # the database superuser, and the system user that runs the cluster as root
 
 
-
 def pg_bindir() -> Path | None:
     """Where initdb and pg_ctl are: on PATH, else Debian's /usr/lib/postgresql/<newest>/bin."""
     found = shutil.which("pg_ctl")
     if found and shutil.which("initdb"):
         return Path(found).resolve().parent
-    candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"),
-                        key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0)
+    candidates = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"),
+        key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0,
+    )
     return candidates[-1].parent if candidates else None
 
 
@@ -95,8 +96,17 @@ class Postgres:
             kwargs = dict(user=PG_USER, group=pwd.getpwnam(PG_USER).pw_gid)
         # The superuser's password through the environment (not the command line, which `ps` shows).
         env = {**os.environ, "PGPASSWORD": self.password}
-        proc = subprocess.run([str(bindir / tool), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=timeout, cwd="/", input=input, env=env, **kwargs)
+        proc = subprocess.run(
+            [str(bindir / tool), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+            cwd="/",
+            input=input,
+            env=env,
+            **kwargs,
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"{tool} {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}")
         return proc.stdout
@@ -119,15 +129,37 @@ class Postgres:
         try:
             if self.as_root:
                 os.chown(pwfile, user.pw_uid, user.pw_gid)
-            self._run("initdb", "-D", str(self.datadir), "-U", PG_USER, "--auth=scram-sha-256",
-                      f"--pwfile={pwfile}", "-E", "UTF8", "--no-sync", "--no-instructions")
+            self._run(
+                "initdb",
+                "-D",
+                str(self.datadir),
+                "-U",
+                PG_USER,
+                "--auth=scram-sha-256",
+                f"--pwfile={pwfile}",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "--no-instructions",
+            )
         finally:
             pwfile.unlink(missing_ok=True)
 
     def start(self) -> None:
         # The socket lives in the data directory: the system's /var/run/postgresql may not be writable.
-        self._run("pg_ctl", "-D", str(self.datadir), "-l", str(self.log), "-w", "-t", "60", "-o",
-                  f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.datadir} -c fsync=off", "start")
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.datadir),
+            "-l",
+            str(self.log),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.datadir} -c fsync=off",
+            "start",
+        )
 
     def stop(self, mode: str = "fast") -> None:
         self._run("pg_ctl", "-D", str(self.datadir), "-m", mode, "-w", "-t", "60", "stop")
@@ -142,10 +174,23 @@ class Postgres:
     def create_database(self, name: str, owner_password: str) -> None:
         """Database `name` owned by a login role `name` (what `url` connects as). The SQL goes through
         stdin: a password on psql's command line would show in `ps`."""
-        self._run("psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", PG_USER, "-d", "postgres", "-q",
-                  "-v", "ON_ERROR_STOP=1", "-f", "-",
-                  input=f"CREATE ROLE {name} LOGIN PASSWORD '{owner_password}';\n"
-                        f"CREATE DATABASE {name} OWNER {name};\n")
+        self._run(
+            "psql",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-U",
+            PG_USER,
+            "-d",
+            "postgres",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-f",
+            "-",
+            input=f"CREATE ROLE {name} LOGIN PASSWORD '{owner_password}';\nCREATE DATABASE {name} OWNER {name};\n",
+        )
 
     def url(self, database: str, driver: str | None = None) -> str:
         """No password in it: the servers read theirs from PGPASSFILE (auth.write_pgpass)."""
@@ -159,17 +204,34 @@ def prefect_server_command(port: int, scheduler: bool = True, host: str = "127.0
 
 
 def prefect_server_env(pg: Postgres, home: Path, creds: dict[str, str], pgpass: Path) -> dict[str, str]:
-    return {"PREFECT_HOME": str(home),
-            "PREFECT_API_DATABASE_CONNECTION_URL": pg.url("prefect", "asyncpg"), "PGPASSFILE": str(pgpass),
-            **auth.prefect_server_env(creds), **auth.prefect_client_env(creds)}
+    return {
+        "PREFECT_HOME": str(home),
+        "PREFECT_API_DATABASE_CONNECTION_URL": pg.url("prefect", "asyncpg"),
+        "PGPASSFILE": str(pgpass),
+        **auth.prefect_server_env(creds),
+        **auth.prefect_client_env(creds),
+    }
 
 
 def mlflow_server_command(pg: Postgres, port: int, artifact_root: str, host: str = "127.0.0.1") -> list[str]:
     """An MLflow server with tracking and registry in PostgreSQL, behind the auth app; artifacts under
     `artifact_root` (a directory here; s3://bucket/prefix elsewhere)."""
-    return [str(BIN / "mlflow"), "server", "--app-name", auth.MLFLOW_APP, "--backend-store-uri",
-            pg.url("mlflow", "psycopg2"), "--artifacts-destination", artifact_root, "--host", host,
-            "--port", str(port), "--workers", "1"]
+    return [
+        str(BIN / "mlflow"),
+        "server",
+        "--app-name",
+        auth.MLFLOW_APP,
+        "--backend-store-uri",
+        pg.url("mlflow", "psycopg2"),
+        "--artifacts-destination",
+        artifact_root,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
 
 
 def mlflow_server_env(root: Path, creds: dict[str, str], pgpass: Path) -> dict[str, str]:
@@ -192,8 +254,18 @@ def mlflow_names(workspace: Path) -> tuple[str, str]:
 
 def worker_command(pool: str, name: str, queue: str | None = None) -> list[str]:
     """A process worker on `pool`; on `queue` only when given (else on every queue of the pool)."""
-    return [str(BIN / "prefect"), "worker", "start", "--pool", pool, "--name", name, "--type", "process",
-            *(["--work-queue", queue] if queue else [])]
+    return [
+        str(BIN / "prefect"),
+        "worker",
+        "start",
+        "--pool",
+        pool,
+        "--name",
+        name,
+        "--type",
+        "process",
+        *(["--work-queue", queue] if queue else []),
+    ]
 
 
 # --- the script: detached processes, their pids in <dir>/pids -------------------------------------
@@ -204,8 +276,15 @@ def _spawn(root: Path, name: str, cmd: list[str], cwd: Path, env: dict[str, str]
     (root / "pids").mkdir(parents=True, exist_ok=True)
     cwd.mkdir(parents=True, exist_ok=True)
     with open(root / "logs" / f"{name}.log", "ab") as out:
-        proc = subprocess.Popen(cmd, cwd=cwd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     (root / "pids" / f"{name}.pid").write_text(str(proc.pid))
     return proc.pid
 
@@ -237,32 +316,61 @@ def up(root: Path, workers: int, host: str = "127.0.0.1") -> dict[str, str]:
     # Clients on this machine use loopback; elsewhere the address the servers were bound to.
     reach = "127.0.0.1" if host in ("127.0.0.1", "0.0.0.0", "::") else host
     api, mlflow_uri = f"http://{reach}:{prefect_port}/api", f"http://{reach}:{mlflow_port}"
-    state = {"postgres": str(pg.datadir), "postgres_port": pg.port, "PREFECT_API_URL": api,
-             "MLFLOW_TRACKING_URI": mlflow_uri, "dvc_remote": str(root / "dvc-remote"),
-             "credentials": str(root / auth.CREDENTIALS)}
+    state = {
+        "postgres": str(pg.datadir),
+        "postgres_port": pg.port,
+        "PREFECT_API_URL": api,
+        "MLFLOW_TRACKING_URI": mlflow_uri,
+        "dvc_remote": str(root / "dvc-remote"),
+        "credentials": str(root / auth.CREDENTIALS),
+    }
     (root / "stack.json").write_text(json.dumps(state, indent=2))
-    pid = _spawn(root, "prefect-server", prefect_server_command(prefect_port, host=host), root,
-                 prefect_server_env(pg, root / "prefect-home", creds, pgpass))
+    pid = _spawn(
+        root,
+        "prefect-server",
+        prefect_server_command(prefect_port, host=host),
+        root,
+        prefect_server_env(pg, root / "prefect-home", creds, pgpass),
+    )
     wait_healthy(f"{api}/health", 180, "prefect server", lambda: _alive(pid))
-    pid = _spawn(root, "mlflow-server", mlflow_server_command(pg, mlflow_port, str(root / "mlartifacts"), host),
-                 root, mlflow_server_env(root, creds, pgpass))
+    pid = _spawn(
+        root,
+        "mlflow-server",
+        mlflow_server_command(pg, mlflow_port, str(root / "mlartifacts"), host),
+        root,
+        mlflow_server_env(root, creds, pgpass),
+    )
     wait_healthy(f"{mlflow_uri}/health", 180, "mlflow server", lambda: _alive(pid))
     repo = Path(__file__).resolve().parents[2]
     auth.setup_mlflow(mlflow_uri, creds, *mlflow_names(repo))
     urls = {"PREFECT_API_URL": api, "MLFLOW_TRACKING_URI": mlflow_uri}
-    subprocess.run([sys.executable, "-m", "flows.infra.work_pools", "--cpu-trainings", str(workers)], check=True,
-                   env={**os.environ, **urls, **client_env(creds, "promoter")}, cwd=repo)
+    subprocess.run(
+        [sys.executable, "-m", "flows.infra.work_pools", "--cpu-trainings", str(workers)],
+        check=True,
+        env={**os.environ, **urls, **client_env(creds, "promoter")},
+        cwd=repo,
+    )
     # The training workers log as trainer; the pipeline worker runs register and promote: promoter.
     worker_env = {**urls, **RESILIENT_ENV}
     # The flows that drive the trainings on a worker of their own, the trainings on the others: a
     # worker lost under a training never takes its parent flow with it (flows/infra/work_pools.py).
-    _spawn(root, "worker-pipeline", worker_command(CPU_POOL, "worker-pipeline", PIPELINE_QUEUE),
-           root / "worker-pipeline", {**worker_env, **client_env(creds, "promoter")})
+    _spawn(
+        root,
+        "worker-pipeline",
+        worker_command(CPU_POOL, "worker-pipeline", PIPELINE_QUEUE),
+        root / "worker-pipeline",
+        {**worker_env, **client_env(creds, "promoter")},
+    )
     for i in range(1, workers + 1):
         wdir = root / f"worker-{i}"
         (wdir / "tmp").mkdir(parents=True, exist_ok=True)
-        _spawn(root, f"worker-{i}", worker_command(CPU_POOL, f"worker-{i}", TRAIN_QUEUE), wdir,
-               {**worker_env, **client_env(creds, "trainer"), "TMPDIR": str(wdir / "tmp")})
+        _spawn(
+            root,
+            f"worker-{i}",
+            worker_command(CPU_POOL, f"worker-{i}", TRAIN_QUEUE),
+            wdir,
+            {**worker_env, **client_env(creds, "trainer"), "TMPDIR": str(wdir / "tmp")},
+        )
     (root / "dvc-remote").mkdir(exist_ok=True)
     print(f"stack up in {time.monotonic() - started:.0f} s; secrets in {root / auth.CREDENTIALS} (0600); use it with:")
     print(f'  eval "$(python -m flows.infra.stack env --dir {root} --as promoter)"   # URLs and credentials')
@@ -279,8 +387,11 @@ def env(root: Path, user: str) -> str:
         raise SystemExit(f"no stack in {root}")
     info = json.loads((root / "stack.json").read_text())
     creds = auth.read_env_file(root / auth.CREDENTIALS)
-    values = {"PREFECT_API_URL": info["PREFECT_API_URL"], "MLFLOW_TRACKING_URI": info["MLFLOW_TRACKING_URI"],
-              **client_env(creds, user)}
+    values = {
+        "PREFECT_API_URL": info["PREFECT_API_URL"],
+        "MLFLOW_TRACKING_URI": info["MLFLOW_TRACKING_URI"],
+        **client_env(creds, user),
+    }
     return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in values.items())
 
 
@@ -329,10 +440,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=["up", "down", "status", "env"])
     parser.add_argument("--dir", type=Path, default=Path(".stack"))
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="the servers' address (default loopback only; docs/scaling.md before another)")
-    parser.add_argument("--as", dest="user", default="trainer", choices=["trainer", "promoter", "admin"],
-                        help="env: the MLflow user")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the servers' address (default loopback only; docs/scaling.md before another)",
+    )
+    parser.add_argument(
+        "--as", dest="user", default="trainer", choices=["trainer", "promoter", "admin"], help="env: the MLflow user"
+    )
     args = parser.parse_args(argv)
     if args.action == "up":
         up(args.dir, args.workers, args.host)

@@ -95,11 +95,14 @@ def place(n_units: int, gpu_pool_ready: bool, devices: list[int], pin_devices: b
     """
     pool = choose_pool(gpu_pool_ready, devices)
     if pool == CPU_POOL:
-        return [Placement(CPU_POOL, TRAIN_DEPLOYMENT[CPU_POOL], CPU_SLOT, {"CUDA_VISIBLE_DEVICES": ""})
-                for _ in range(n_units)]
+        return [
+            Placement(CPU_POOL, TRAIN_DEPLOYMENT[CPU_POOL], CPU_SLOT, {"CUDA_VISIBLE_DEVICES": ""})
+            for _ in range(n_units)
+        ]
     return [
-        Placement(GPU_POOL, TRAIN_DEPLOYMENT[GPU_POOL], f"gpu-{d}",
-                  {"CUDA_VISIBLE_DEVICES": str(d)} if pin_devices else {})
+        Placement(
+            GPU_POOL, TRAIN_DEPLOYMENT[GPU_POOL], f"gpu-{d}", {"CUDA_VISIBLE_DEVICES": str(d)} if pin_devices else {}
+        )
         for d in (devices[i % len(devices)] for i in range(n_units))
     ]
 
@@ -156,19 +159,26 @@ def ensure_zombie_automation(client, after_s: float = ZOMBIE_AFTER_S) -> str:
         description=f"a flow run without a heartbeat for {after_s:.0f} s has lost its worker: Crashed",
         trigger=EventTrigger(
             after={"prefect.flow-run.heartbeat"},
-            expect={"prefect.flow-run.heartbeat", "prefect.flow-run.Completed", "prefect.flow-run.Failed",
-                    "prefect.flow-run.Cancelled", "prefect.flow-run.Crashed"},
+            expect={
+                "prefect.flow-run.heartbeat",
+                "prefect.flow-run.Completed",
+                "prefect.flow-run.Failed",
+                "prefect.flow-run.Cancelled",
+                "prefect.flow-run.Crashed",
+            },
             match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
             # Only trainings: every flow run sends a heartbeat (by default each 180 s), the pipeline's too.
-            match_related=ResourceSpecification({"prefect.resource.role": "tag",
-                                                 "prefect.resource.id": [f"prefect.tag.{TRAIN_TAG}"]}),
+            match_related=ResourceSpecification(
+                {"prefect.resource.role": "tag", "prefect.resource.id": [f"prefect.tag.{TRAIN_TAG}"]}
+            ),
             for_each={"prefect.resource.id"},
             posture=Posture.Proactive,
             threshold=1,
             within=timedelta(seconds=after_s),
         ),
-        actions=[ChangeFlowRunState(state=StateType.CRASHED,
-                                    message=f"no heartbeat for {after_s:.0f} s: its worker is gone")],
+        actions=[
+            ChangeFlowRunState(state=StateType.CRASHED, message=f"no heartbeat for {after_s:.0f} s: its worker is gone")
+        ],
     )
     existing = client.read_automations_by_name(ZOMBIE_AUTOMATION)
     if any(a.trigger == wanted.trigger and a.actions == wanted.actions for a in existing):
@@ -203,8 +213,11 @@ def ensure_pools(client, gpus: list[int], cpu_trainings: int, zombie_after_s: fl
     try:
         client.read_work_queue_by_name(PIPELINE_QUEUE, work_pool_name=CPU_POOL)
     except ObjectNotFound:
-        client.create_work_queue(PIPELINE_QUEUE, work_pool_name=CPU_POOL,
-                                 description="flows that drive others (pipeline, training, promotion, sweep)")
+        client.create_work_queue(
+            PIPELINE_QUEUE,
+            work_pool_name=CPU_POOL,
+            description="flows that drive others (pipeline, training, promotion, sweep)",
+        )
         done.append(f"queue {CPU_POOL}/{PIPELINE_QUEUE}: created")
     wanted = {CPU_SLOT: cpu_trainings, **{f"gpu-{g}": 1 for g in gpus}}
     for name, limit in wanted.items():
@@ -226,8 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.infra.work_pools", description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", default="", help="GPU indices, e.g. '0,1' or '0 1' (default: none)")
     parser.add_argument("--cpu-trainings", type=int, default=2, help="trainings at once on the CPU pool")
-    parser.add_argument("--zombie-after", type=float, default=ZOMBIE_AFTER_S,
-                        help="seconds without a heartbeat before a training counts as crashed")
+    parser.add_argument(
+        "--zombie-after",
+        type=float,
+        default=ZOMBIE_AFTER_S,
+        help="seconds without a heartbeat before a training counts as crashed",
+    )
     args = parser.parse_args(argv)
     gpus = [int(g) for g in re.split(r"[,\s]+", args.gpus.strip()) if g]
     with get_client(sync_client=True) as client:

@@ -122,22 +122,26 @@ def _cmd_baseline(cfg: Config, args) -> None:
     )
     _print_json(_without_curve(report))
     # the attribute models' yardstick; {"known": false, ...} when the article attributes are off
-    attribute = evaluate_attribute_popularity(cfg.paths.features_dir, cfg.eval_path("popularity_attribute"),
-                                              cfg.evaluate, cfg.model.max_set_size)
+    attribute = evaluate_attribute_popularity(
+        cfg.paths.features_dir, cfg.eval_path("popularity_attribute"), cfg.evaluate, cfg.model.max_set_size
+    )
     _print_json(_without_curve(attribute))
     # the history models' yardstick; {"known": false, ...} when features.history is off
-    history = evaluate_history_popularity(cfg.paths.features_dir, cfg.eval_path("popularity_history"), cfg.evaluate,
-                                          cfg.model.max_set_size)
+    history = evaluate_history_popularity(
+        cfg.paths.features_dir, cfg.eval_path("popularity_history"), cfg.evaluate, cfg.model.max_set_size
+    )
     _print_json(_without_curve(history))
     # the attribute models' yardstick where they read a history; {"known": false, ...} without either
-    both = evaluate_attribute_history_popularity(cfg.paths.features_dir, cfg.eval_path("popularity_attribute_history"),
-                                                 cfg.evaluate, cfg.model.max_set_size)
+    both = evaluate_attribute_history_popularity(
+        cfg.paths.features_dir, cfg.eval_path("popularity_attribute_history"), cfg.evaluate, cfg.model.max_set_size
+    )
     _print_json(_without_curve(both))
     if cfg.evaluate.fitb.enabled:  # the FITB questions every evaluation answers, for any other model to answer
         from contextual_bert.evaluation.fitb import split_questions, write_questions
 
-        questions, outfit_ids, article_ids = split_questions(cfg.paths.features_dir, cfg.model.max_set_size,
-                                                             cfg.evaluate.fitb)
+        questions, outfit_ids, article_ids = split_questions(
+            cfg.paths.features_dir, cfg.model.max_set_size, cfg.evaluate.fitb
+        )
         write_questions(questions, outfit_ids, article_ids, cfg.fitb_questions_path())
 
 
@@ -153,8 +157,13 @@ def _cmd_optimum(cfg: Config, args) -> None:
     )
     # which outfits may be history follows the features stage's split (history.py)
     results[HISTORY_RESULT] = evaluate_history_optimum(
-        cfg.paths.raw_dir, cfg.paths.features_dir, cfg.eval_path(HISTORY_RESULT), cfg.evaluate,
-        cfg.model.max_set_size, split_rule=cfg.features.split)
+        cfg.paths.raw_dir,
+        cfg.paths.features_dir,
+        cfg.eval_path(HISTORY_RESULT),
+        cfg.evaluate,
+        cfg.model.max_set_size,
+        split_rule=cfg.features.split,
+    )
     _print_json({name: _without_curve(result) for name, result in results.items()})
 
 
@@ -204,16 +213,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("source", _cmd_source, "fingerprint the files the chosen source reads (paths.source_fingerprint)")
     add("ingest", _cmd_ingest, "write data/raw from the source chosen in params (ingest.source)").set_defaults(
-        source_name=None)
+        source_name=None
+    )
     # One source forced, whatever ingest.source says: the same ingest, named by its source.
     add("generate", _cmd_ingest, "ingest synthetic stylist data (generate section)").set_defaults(
-        source_name="synthetic")
+        source_name="synthetic"
+    )
     add("generate-planted", _cmd_ingest, "ingest planted-signal data and its truth (planted)").set_defaults(
-        source_name="planted")
+        source_name="planted"
+    )
     p = add("import-hm", _cmd_ingest, "ingest the H&M Kaggle files (import_hm)")
     p.set_defaults(source_name="hm")
-    p.add_argument("--source", help="folder with transactions_train.csv, customers.csv, articles.csv "
-                                    "(each may be .csv.gz or .parquet)")
+    p.add_argument(
+        "--source",
+        help="folder with transactions_train.csv, customers.csv, articles.csv (each may be .csv.gz or .parquet)",
+    )
     p = add("import-sets", _cmd_ingest, "ingest curated sets, pairs or Polyvore JSON (import_sets)")
     p.set_defaults(source_name="sets")
     p.add_argument("--source", help="a .csv/.parquet/.jsonl file of (outfit, item) pairs or a Polyvore .json")

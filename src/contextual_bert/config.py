@@ -337,19 +337,25 @@ class Config(Section):
         for name in ATTRIBUTE_SETTINGS:
             section = "train" if name in TrainConfig.model_fields else "model"
             if name in getattr(self, section).model_fields_set:
-                raise ValueError(f"{section}.{name}: set it per model, variants.<model>_attrs.{name} (only the "
-                                 "models with article attributes read it)")
+                raise ValueError(
+                    f"{section}.{name}: set it per model, variants.<model>_attrs.{name} (only the "
+                    "models with article attributes read it)"
+                )
             for variant, overrides in self.variants.items():
                 if getattr(overrides, name) is not None and not uses_attributes(variant):
-                    raise ValueError(f"variants.{variant}.{name}: only the models with article attributes "
-                                     f"('{variant}{ATTRIBUTES_SUFFIX}') read it")
+                    raise ValueError(
+                        f"variants.{variant}.{name}: only the models with article attributes "
+                        f"('{variant}{ATTRIBUTES_SUFFIX}') read it"
+                    )
         return self
 
     @model_validator(mode="after")
     def _outfit_sizes_agree(self):
         if self.ingest.min_set_size > self.model.max_set_size:
-            raise ValueError(f"ingest.min_set_size ({self.ingest.min_set_size}) is above model.max_set_size "
-                             f"({self.model.max_set_size})")
+            raise ValueError(
+                f"ingest.min_set_size ({self.ingest.min_set_size}) is above model.max_set_size "
+                f"({self.model.max_set_size})"
+            )
         return self
 
     @model_validator(mode="after")
@@ -358,8 +364,10 @@ class Config(Section):
         # its own, checks its settings when it runs)
         k = recall_k(self.promote.metric)  # its pattern was checked with the field
         if k not in self.evaluate.ks:
-            raise ValueError(f"promote.metric {self.promote.metric}: evaluate.ks {self.evaluate.ks} has no {k}, so no "
-                             "evaluation computes it")
+            raise ValueError(
+                f"promote.metric {self.promote.metric}: evaluate.ks {self.evaluate.ks} has no {k}, so no "
+                "evaluation computes it"
+            )
         return self
 
     @model_validator(mode="after")

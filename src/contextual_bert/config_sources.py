@@ -77,8 +77,10 @@ class PlantedConfig(Section):
     @model_validator(mode="after")
     def _one_story(self):
         if self.closet_size and (self.hidden_taste_strength or self.customer_taste_strength):
-            raise ValueError("planted.closet_size > 0 is the closets' story, which has no tastes: set "
-                             "hidden_taste_strength and customer_taste_strength to 0")
+            raise ValueError(
+                "planted.closet_size > 0 is the closets' story, which has no tastes: set "
+                "hidden_taste_strength and customer_taste_strength to 0"
+            )
         return self
 
 

@@ -17,8 +17,10 @@ import os
 import sys
 from pathlib import Path
 
-PINNED = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"},
-          "native": {}}
+PINNED = {
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "native": {},
+}
 
 
 def pin(setting: str) -> bool:
@@ -47,5 +49,8 @@ def in_effect() -> dict:
     variables."""
     import torch
 
-    return {"cpu": cpu()["model"], "aten": torch.backends.cpu.get_cpu_capability(),
-            **{name: os.environ.get(name) for name in ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA")}}
+    return {
+        "cpu": cpu()["model"],
+        "aten": torch.backends.cpu.get_cpu_capability(),
+        **{name: os.environ.get(name) for name in ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA")},
+    }

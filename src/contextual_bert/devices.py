@@ -16,7 +16,9 @@ from contextual_bert.errors import ContextualBertError
 
 def select_device(name: str = "auto") -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
-        raise ContextualBertError("device 'cuda' was asked for (train.device or serving) but no CUDA device is available")
+        raise ContextualBertError(
+            "device 'cuda' was asked for (train.device or serving) but no CUDA device is available"
+        )
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(name)

@@ -32,8 +32,10 @@ def sweep_variants(cfg: Config) -> list[str]:
     if unswept:
         raise ContextualBertError(f"params.yaml: sweep.grids names {unswept}, which the sweep does not train")
     if cfg.sweep.seed not in cfg.train.seeds:
-        raise ContextualBertError(f"params.yaml: sweep.seed {cfg.sweep.seed} is not one of train.seeds "
-                                  f"{cfg.train.seeds} (the sweep trains train@<variant>-<seed>)")
+        raise ContextualBertError(
+            f"params.yaml: sweep.seed {cfg.sweep.seed} is not one of train.seeds "
+            f"{cfg.train.seeds} (the sweep trains train@<variant>-<seed>)"
+        )
     return variants
 
 
@@ -48,11 +50,14 @@ def settings_grid(cfg: Config, variant: str | None = None) -> list[dict]:
     for k in keys:
         if (k in NAMED_KEYS) != all(isinstance(v, str) for v in grid[k]):
             where = f"sweep.grids.{variant}" if variant in cfg.sweep.grids else "sweep.grid"
-            raise ContextualBertError(f"params.yaml: {where}.{k} takes " + ("names" if k in NAMED_KEYS else "numbers")
-                                      + f", got {grid[k]}")
+            raise ContextualBertError(
+                f"params.yaml: {where}.{k} takes " + ("names" if k in NAMED_KEYS else "numbers") + f", got {grid[k]}"
+            )
     combos = itertools.product(*(grid[k] for k in keys))
-    return [{k: v if k in NAMED_KEYS else int(v) if k in INTEGER_KEYS else float(v) for k, v in zip(keys, values)}
-            for values in combos]
+    return [
+        {k: v if k in NAMED_KEYS else int(v) if k in INTEGER_KEYS else float(v) for k, v in zip(keys, values)}
+        for values in combos
+    ]
 
 
 def experiments(cfg: Config) -> list[dict]:
@@ -60,13 +65,15 @@ def experiments(cfg: Config) -> list[dict]:
     planned = []
     for variant in sweep_variants(cfg):
         for i, setting in enumerate(settings_grid(cfg, variant)):
-            planned.append({
-                "name": f"sweep-{variant.replace('_', '-')}-{i}",
-                "variant": variant,
-                "setting": setting,
-                "target": f"train@{variant}-{cfg.sweep.seed}",  # the matrix stage
-                "set_params": [f"++variants.{variant}.{k}={v}" for k, v in setting.items()],
-            })
+            planned.append(
+                {
+                    "name": f"sweep-{variant.replace('_', '-')}-{i}",
+                    "variant": variant,
+                    "setting": setting,
+                    "target": f"train@{variant}-{cfg.sweep.seed}",  # the matrix stage
+                    "set_params": [f"++variants.{variant}.{k}={v}" for k, v in setting.items()],
+                }
+            )
     return planned
 
 
@@ -84,7 +91,9 @@ def rows_from_exp_show(exp_show: list[dict], cfg: Config) -> list[dict]:
             name = exp.get("name")
             if name not in names or not exp.get("data"):
                 continue
-            if name not in newest or (exp["data"].get("timestamp") or "") > (newest[name]["data"].get("timestamp") or ""):
+            if name not in newest or (exp["data"].get("timestamp") or "") > (
+                newest[name]["data"].get("timestamp") or ""
+            ):
                 newest[name] = exp
     rows = []
     for name in (n for n in names if n in newest):  # grid order
@@ -92,14 +101,23 @@ def rows_from_exp_show(exp_show: list[dict], cfg: Config) -> list[dict]:
         metrics_file = str(cfg.train_metrics_path(planned["variant"], cfg.sweep.seed))
         result = (data.get("metrics") or {}).get(metrics_file, {}).get("data") or {}
         params = (data.get("params") or {}).get("params.yaml", {}).get("data") or {}
-        overrides = ((params.get("variants") or {}).get(planned["variant"]) or {})
+        overrides = (params.get("variants") or {}).get(planned["variant"]) or {}
         setting = {k: overrides.get(k) for k in planned["setting"]}
         objective = result.get(OBJECTIVE)
         if objective is None or not math.isfinite(float(objective)):
             continue
-        rows.append({"experiment": name, "rev": exp.get("rev"), "variant": planned["variant"],
-                     "setting": setting, OBJECTIVE: float(objective), "converged": result.get("converged"),
-                     "best_epoch": result.get("best_epoch"), "epochs": result.get("epochs")})
+        rows.append(
+            {
+                "experiment": name,
+                "rev": exp.get("rev"),
+                "variant": planned["variant"],
+                "setting": setting,
+                OBJECTIVE: float(objective),
+                "converged": result.get("converged"),
+                "best_epoch": result.get("best_epoch"),
+                "epochs": result.get("epochs"),
+            }
+        )
     return rows
 
 
@@ -121,31 +139,48 @@ def write_report(rows: list[dict], choice: dict[str, dict], out_dir: Path) -> li
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "sweep.json").write_text(json.dumps({"objective": OBJECTIVE, "rows": rows, "choice": choice},
-                                                   indent=2))
+    (out_dir / "sweep.json").write_text(json.dumps({"objective": OBJECTIVE, "rows": rows, "choice": choice}, indent=2))
     keys = sorted({k for row in rows for k in row["setting"]})
-    lines = ["# Sweep: validation cross-entropy per variant and setting", "",
-             "One seed per setting; the lowest best-epoch validation cross-entropy wins (marked **). "
-             "Never chosen on test.", "",
-             "| Variant | " + " | ".join(keys) + " | Val cross-entropy | Best epoch / epochs | Converged |",
-             "|---|" + "---|" * (len(keys) + 3)]
-    for row in sorted(rows, key=lambda r: (r["variant"], [str(r["setting"].get(k) or 0) if k in NAMED_KEYS
-                                                          else r["setting"].get(k) or 0 for k in keys])):
+    lines = [
+        "# Sweep: validation cross-entropy per variant and setting",
+        "",
+        "One seed per setting; the lowest best-epoch validation cross-entropy wins (marked **). Never chosen on test.",
+        "",
+        "| Variant | " + " | ".join(keys) + " | Val cross-entropy | Best epoch / epochs | Converged |",
+        "|---|" + "---|" * (len(keys) + 3),
+    ]
+    for row in sorted(
+        rows,
+        key=lambda r: (
+            r["variant"],
+            [str(r["setting"].get(k) or 0) if k in NAMED_KEYS else r["setting"].get(k) or 0 for k in keys],
+        ),
+    ):
         chosen = choice.get(row["variant"]) == row["setting"]
         value = f"{row[OBJECTIVE]:.4f}"
-        lines.append(f"| {row['variant']} | " + " | ".join(str(row["setting"].get(k)) for k in keys)
-                     + f" | {'**' + value + '**' if chosen else value} | {row['best_epoch']} / {row['epochs']} | "
-                     f"{row['converged'] or 'no'} |")
+        lines.append(
+            f"| {row['variant']} | "
+            + " | ".join(str(row["setting"].get(k)) for k in keys)
+            + f" | {'**' + value + '**' if chosen else value} | {row['best_epoch']} / {row['epochs']} | "
+            f"{row['converged'] or 'no'} |"
+        )
     (out_dir / "sweep.md").write_text("\n".join(lines) + "\n")
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     x_key = "learning_rate" if "learning_rate" in keys else keys[0]
     for variant in sorted({r["variant"] for r in rows}):
         for name in sorted({str(r["setting"].get("init_embeddings", "")) for r in rows if r["variant"] == variant}):
-            points = sorted((r["setting"][x_key], r[OBJECTIVE]) for r in rows if r["variant"] == variant
-                            and str(r["setting"].get("init_embeddings", "")) == name)
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
-                    label=variant + (f" ({name})" if name else ""))
+            points = sorted(
+                (r["setting"][x_key], r[OBJECTIVE])
+                for r in rows
+                if r["variant"] == variant and str(r["setting"].get("init_embeddings", "")) == name
+            )
+            ax.plot(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                marker="o",
+                label=variant + (f" ({name})" if name else ""),
+            )
     ax.set_xscale("log")
     ax.set_xlabel(x_key)
     ax.set_ylabel("best validation cross-entropy (nats)")

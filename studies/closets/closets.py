@@ -57,8 +57,11 @@ def yardsticks(project: Project) -> dict:
         out[name] = {"test": pick(result[part]), "val": pick(result["val"])}
         if part != "test":
             out[name]["test_all"] = pick(result["test"])
-        out[name]["test_ci"] = {m: result[f"{part}_bootstrap"][m] for m in ("cross_entropy", "recall@5")
-                                if m in result.get(f"{part}_bootstrap", {})}
+        out[name]["test_ci"] = {
+            m: result[f"{part}_bootstrap"][m]
+            for m in ("cross_entropy", "recall@5")
+            if m in result.get(f"{part}_bootstrap", {})
+        }
         for key in ("weight", "attribute", "n_history_outfits"):
             if key in result:
                 out[name][key] = result[key]
@@ -72,21 +75,27 @@ def write_yardsticks(project: Project, out: Path, assignments: list[str]) -> dic
               "features": {k: manifest[k] for k in ("rows", "split", "unknown_items") if k in manifest},
               "rows": yardsticks(project), "seconds": project.timings}  # fmt: skip
     record(out, "yardsticks", result)
-    lines = ["# Planted closets: the yardsticks and the exact optimum (test split)", "",
-             f"Settings: {', '.join(assignments)}.", "",
-             "Every row on the same test cases: the targets in the training vocabulary (the attribute-aware popularity "
-             "ranks the whole catalogue; its numbers on all targets are in results.json's yardsticks, test_all).", "",
-             "| Row | Test cases | Cross-entropy [95% CI] | Recall@1 % | Recall@5 % | Recall@10 % | Recall@250 % "
-             "| MRR |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Planted closets: the yardsticks and the exact optimum (test split)",
+        "",
+        f"Settings: {', '.join(assignments)}.",
+        "",
+        "Every row on the same test cases: the targets in the training vocabulary (the attribute-aware popularity "
+        "ranks the whole catalogue; its numbers on all targets are in results.json's yardsticks, test_all).",
+        "",
+        "| Row | Test cases | Cross-entropy [95% CI] | Recall@1 % | Recall@5 % | Recall@10 % | Recall@250 % | MRR |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, row in result["rows"].items():
         if row.get("known") is False:
             lines.append(f"| {name} | unknown: {row['why']} | | | | | | |")
             continue
         t, ci = row["test"], row["test_ci"].get("cross_entropy")
         ce = f"{t['cross_entropy']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
-        lines.append(f"| {name} | {t['n_cases']:,} | {ce} | {100 * t['recall@1']:.2f} | {100 * t['recall@5']:.2f} | "
-                     f"{100 * t['recall@10']:.2f} | {100 * t['recall@250']:.2f} | {t['mrr']:.4f} |")
+        lines.append(
+            f"| {name} | {t['n_cases']:,} | {ce} | {100 * t['recall@1']:.2f} | {100 * t['recall@5']:.2f} | "
+            f"{100 * t['recall@10']:.2f} | {100 * t['recall@250']:.2f} | {t['mrr']:.4f} |"
+        )
     print("\n".join(lines))
     return result
 
@@ -97,14 +106,23 @@ def main() -> int:
     parser.add_argument("--params", type=Path, default=REPO / "params.yaml")
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--out", type=Path, default=HERE / "results.json", help="the results file")
-    parser.add_argument("--train", action="store_true", help="also train and evaluate train.variants x train.seeds "
-                        "and write the report (hours of CPU)")
+    parser.add_argument(
+        "--train",
+        action="store_true",
+        help="also train and evaluate train.variants x train.seeds and write the report (hours of CPU)",
+    )
     parser.add_argument("--jobs", type=int, default=2, help="trainings at a time")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per training")
-    parser.add_argument("--reuse", action="store_true", help="keep the models an earlier call with the same settings "
-                        "trained in --workdir (evaluated again)")
-    parser.add_argument("--written", action="store_true", help="run no data stage: read what an earlier "
-                        "call with the same settings wrote in --workdir")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the models an earlier call with the same settings trained in --workdir (evaluated again)",
+    )
+    parser.add_argument(
+        "--written",
+        action="store_true",
+        help="run no data stage: read what an earlier call with the same settings wrote in --workdir",
+    )
     args = parser.parse_args()
 
     assignments = settings(args.set)

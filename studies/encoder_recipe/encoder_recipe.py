@@ -49,27 +49,45 @@ from studies.project import Project, record, relocated  # noqa: E402
 # the hidden-taste planted data: the tastes carried by a hidden style alone (no column says it)
 HIDDEN = {"taste_strength": 0.0, "hidden_taste_strength": 1.3}
 RECIPES = {
-    "old": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "random", "weight_decay": 0.01,
-                                                         "bag_warmup_epochs": 0}},
+    "old": {
+        "model": {"bag_path": "none"},
+        "variant": {"init_embeddings": "random", "weight_decay": 0.01, "bag_warmup_epochs": 0},
+    },
     "bag": {"model": {"bag_path": "input"}, "variant": {"init_embeddings": "random", "bag_warmup_epochs": 0}},
     "outbag": {"model": {"bag_path": "output"}, "variant": {"init_embeddings": "random"}},
     "outbag_wd": {"model": {"bag_path": "output"}, "variant": {"init_embeddings": "random", "weight_decay": 0.1}},
     "outbag_wd3": {"model": {"bag_path": "output"}, "variant": {"init_embeddings": "random", "weight_decay": 0.3}},
     "outbag_wd1": {"model": {"bag_path": "output"}, "variant": {"init_embeddings": "random", "weight_decay": 1.0}},
-    "wd3": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "random", "weight_decay": 0.3,
-                                                         "bag_warmup_epochs": 0}},
-    "warmup": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "random", "weight_decay": 0.3,
-                                                            "bag_warmup_epochs": 2}},
-    "checked": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "random", "weight_decay": 0.3,
-                                                             "bag_warmup_epochs": 2, "bag_warmup_check_steps": 400}},
+    "wd3": {
+        "model": {"bag_path": "none"},
+        "variant": {"init_embeddings": "random", "weight_decay": 0.3, "bag_warmup_epochs": 0},
+    },
+    "warmup": {
+        "model": {"bag_path": "none"},
+        "variant": {"init_embeddings": "random", "weight_decay": 0.3, "bag_warmup_epochs": 2},
+    },
+    "checked": {
+        "model": {"bag_path": "none"},
+        "variant": {
+            "init_embeddings": "random",
+            "weight_decay": 0.3,
+            "bag_warmup_epochs": 2,
+            "bag_warmup_check_steps": 400,
+        },
+    },
     "cooc": {"model": {"bag_path": "none"}, "variant": {"init_embeddings": "cooccurrence", "bag_warmup_epochs": 0}},
-    "bag_cooc": {"model": {"bag_path": "input"}, "variant": {"init_embeddings": "cooccurrence",
-                                                               "bag_warmup_epochs": 0}},
+    "bag_cooc": {
+        "model": {"bag_path": "input"},
+        "variant": {"init_embeddings": "cooccurrence", "bag_warmup_epochs": 0},
+    },
     "outbag_cooc": {"model": {"bag_path": "output"}, "variant": {"init_embeddings": "cooccurrence"}},
 }
 # the checked recipe with a fixed id dropout (the `_attrs` models only)
 for name, rate in (("checked_ids", 0.0), ("checked_ids05", 0.05)):
-    RECIPES[name] = {"model": RECIPES["checked"]["model"], "variant": {**RECIPES["checked"]["variant"], "id_dropout": rate}}
+    RECIPES[name] = {
+        "model": RECIPES["checked"]["model"],
+        "variant": {**RECIPES["checked"]["variant"], "id_dropout": rate},
+    }
 DATA_DIRS = ("raw_dir", "validated_dir", "quarantine_dir", "features_dir", "source_fingerprint")
 
 
@@ -87,8 +105,7 @@ def data_params(base: dict, root: Path, kind: str, size: int, threads: int) -> d
     return params
 
 
-def recipe_params(base: dict, data: dict, root: Path, recipe: str, models: list[str],
-                  max_epochs: int | None) -> dict:
+def recipe_params(base: dict, data: dict, root: Path, recipe: str, models: list[str], max_epochs: int | None) -> dict:
     """The data project's params (`data`), its data folders kept, models / reports / MLflow under `root`."""
     params = json.loads(json.dumps(data))
     mine = relocated(base, root)
@@ -115,9 +132,15 @@ def row(project: Project, model: str, seed: int = 0) -> dict:
     result = json.loads((project.path("reports_dir") / "eval" / f"{model}-s{seed}.json").read_text())
     trained = json.loads((project.path("models_dir") / f"{model}-s{seed}" / "metrics.json").read_text())
     keep = ("cross_entropy", "recall@1", "recall@5", "outfit_dependence")
-    return {"val": {k: result["val"].get(k) for k in keep}, "test": {k: result["test"].get(k) for k in keep},
-            "converged": trained.get("converged"), "best_epoch": trained.get("best_epoch"),
-            "epochs": trained.get("epochs"), "train_seconds": trained.get("seconds"), "_result": result}
+    return {
+        "val": {k: result["val"].get(k) for k in keep},
+        "test": {k: result["test"].get(k) for k in keep},
+        "converged": trained.get("converged"),
+        "best_epoch": trained.get("best_epoch"),
+        "epochs": trained.get("epochs"),
+        "train_seconds": trained.get("seconds"),
+        "_result": result,
+    }
 
 
 def main() -> int:
@@ -133,8 +156,12 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/encoder_recipe"))
     parser.add_argument("--seed", type=int, default=0, help="the recipes' models' seed (the yardsticks: seed 0)")
     parser.add_argument("--run", required=True, help="the run's key in the results file")
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"),
-                        help="the results file (default: the study's results.json)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).with_name("results.json"),
+        help="the results file (default: the study's results.json)",
+    )
     args = parser.parse_args()
 
     base = yaml.safe_load((REPO / "params.yaml").read_text())
@@ -178,8 +205,10 @@ def main() -> int:
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(one, projects))
 
-    rows = {f"{recipe}/{model}": row(project, model, 0 if (recipe, model) in yardsticks else args.seed)
-            for (recipe, model), project in runs.items()}
+    rows = {
+        f"{recipe}/{model}": row(project, model, 0 if (recipe, model) in yardsticks else args.seed)
+        for (recipe, model), project in runs.items()
+    }
     for key, r in rows.items():
         model = key.split("/")[1]
         if uses_attributes(model) and "popularity_attribute" in references:
@@ -187,19 +216,30 @@ def main() -> int:
             if "optimum_no_context" in references:  # the share of the way from that popularity to the optimum
                 r["share_to_optimum_no_context"] = {
                     split: (references["popularity_attribute"][split]["cross_entropy"] - r[split]["cross_entropy"])
-                    / (references["popularity_attribute"][split]["cross_entropy"]
-                       - references["optimum_no_context"][split]["cross_entropy"]) for split in ("val", "test")}
+                    / (
+                        references["popularity_attribute"][split]["cross_entropy"]
+                        - references["optimum_no_context"][split]["cross_entropy"]
+                    )
+                    for split in ("val", "test")
+                }
         elif not model.startswith("bag_of_items") and "old/bag_of_items" in rows:
             r["test_vs_bag_of_items"] = paired_ce(rows["old/bag_of_items"]["_result"], r["_result"])
     out = {
-        "kind": args.kind, "size": args.size if args.kind != "default" else None,
+        "kind": args.kind,
+        "size": args.size if args.kind != "default" else None,
         "planted_hidden": HIDDEN if args.kind == "planted_hidden" else None,
         "rows_features": json.loads((data.path("features_dir") / "manifest.json").read_text()).get("rows"),
-        "max_epochs": args.max_epochs or base["train"]["max_epochs"], "threads": args.threads, "jobs": args.jobs,
+        "max_epochs": args.max_epochs or base["train"]["max_epochs"],
+        "threads": args.threads,
+        "jobs": args.jobs,
         "seed": args.seed,
-        "references": {k: {"val": {m: v["val"].get(m) for m in ("cross_entropy", "recall@5")},
-                           "test": {m: v["test"].get(m) for m in ("cross_entropy", "recall@5")}}
-                       for k, v in references.items()},
+        "references": {
+            k: {
+                "val": {m: v["val"].get(m) for m in ("cross_entropy", "recall@5")},
+                "test": {m: v["test"].get(m) for m in ("cross_entropy", "recall@5")},
+            }
+            for k, v in references.items()
+        },
         "runs": {k: {kk: vv for kk, vv in r.items() if kk != "_result"} for k, r in rows.items()},
         "seconds": round(time.perf_counter() - started, 1),
     }

@@ -46,8 +46,12 @@ def geometry(model, items: torch.Tensor) -> dict:
     mean = (weight[:, None] * table).sum(0)
     mean_square = (weight * (table**2).sum(1)).sum()
     singular = torch.linalg.svdvals((table - mean) * weight.sqrt()[:, None]) ** 2
-    return {"common_share": float(mean.dot(mean) / mean_square), "rms_norm": float(mean_square.sqrt()),
-            "top1_share": float(singular[0] / singular.sum()), "top8_share": float(singular[:8].sum() / singular.sum())}
+    return {
+        "common_share": float(mean.dot(mean) / mean_square),
+        "rms_norm": float(mean_square.sqrt()),
+        "top1_share": float(singular[0] / singular.sum()),
+        "top8_share": float(singular[:8].sum() / singular.sum()),
+    }
 
 
 def collect(folders: list[Path]) -> dict:
@@ -55,12 +59,20 @@ def collect(folders: list[Path]) -> dict:
     for folder in folders:
         for log in sorted(folder.glob("*.log")):
             text = log.read_text()
-            rows = [json.loads(line[line.index('{"epoch"'):]) for line in text.replace("\r", "\n").splitlines()
-                    if '{"epoch"' in line]
-            settings = next((json.loads(line[len("settings "):]) for line in text.splitlines()
-                             if line.startswith("settings ")), None)
-            out[f"{folder.name}/{log.stem}"] = {"settings": settings, "epochs": rows,
-                                                "best_val": min((r["val_cross_entropy"] for r in rows), default=None)}
+            rows = [
+                json.loads(line[line.index('{"epoch"') :])
+                for line in text.replace("\r", "\n").splitlines()
+                if '{"epoch"' in line
+            ]
+            settings = next(
+                (json.loads(line[len("settings ") :]) for line in text.splitlines() if line.startswith("settings ")),
+                None,
+            )
+            out[f"{folder.name}/{log.stem}"] = {
+                "settings": settings,
+                "epochs": rows,
+                "best_val": min((r["val_cross_entropy"] for r in rows), default=None),
+            }
     return out
 
 
@@ -111,14 +123,26 @@ def main() -> int:
             override(params, f"variants.{args.variant}.{assignment.partition('.')[2]}")
     cfg = Config.model_validate(params)
     train_cfg, model_cfg = cfg.train_for(args.variant), cfg.model_for(args.variant)
-    print("settings " + json.dumps({"variant": args.variant, "seed": args.seed, "model": model_cfg.model_dump(),
-                                    "train": train_cfg.model_dump(), "bag_aux": args.bag_aux,
-                                    "bag_aux_epochs": args.bag_aux_epochs}), flush=True)
+    print(
+        "settings "
+        + json.dumps(
+            {
+                "variant": args.variant,
+                "seed": args.seed,
+                "model": model_cfg.model_dump(),
+                "train": train_cfg.model_dump(),
+                "bag_aux": args.bag_aux,
+                "bag_aux_epochs": args.bag_aux_epochs,
+            }
+        ),
+        flush=True,
+    )
 
     held, started = {"epoch": 1}, time.time()
     if args.bag_aux > 0:
-        training.masked_item_loss = with_bag_auxiliary(training.masked_item_loss, args.bag_aux, args.bag_aux_epochs,
-                                                       held)
+        training.masked_item_loss = with_bag_auxiliary(
+            training.masked_item_loss, args.bag_aux, args.bag_aux_epochs, held
+        )
     fit = training.fit
 
     def fit_and_hold(model, train_data, *rest, **kwargs):  # the model and its training outfits, for geometry
@@ -130,14 +154,25 @@ def main() -> int:
         bag_weight = row.get("bag_weight", 0.0)  # the weight this epoch trained with
         held["epoch"] = epoch + 1
         checked = {"outfit_dependence": round(row["outfit_dependence"], 4)} if "outfit_dependence" in row else {}
-        print(json.dumps({"epoch": epoch, "bag_weight": bag_weight,
-                          "bag_aux": aux_weight(args.bag_aux, args.bag_aux_epochs, epoch),
-                          **{k: round(row[k], 4) for k in keep}, **checked,
-                          **geometry(held["model"], held["items"]), "t": round(time.time() - started)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "epoch": epoch,
+                    "bag_weight": bag_weight,
+                    "bag_aux": aux_weight(args.bag_aux, args.bag_aux_epochs, epoch),
+                    **{k: round(row[k], 4) for k in keep},
+                    **checked,
+                    **geometry(held["model"], held["items"]),
+                    "t": round(time.time() - started),
+                }
+            ),
+            flush=True,
+        )
 
     training.fit = fit_and_hold
-    metrics = training.train(Path(params["paths"]["features_dir"]), args.out, args.variant, args.seed, model_cfg,
-                             train_cfg, on_epoch_end)
+    metrics = training.train(
+        Path(params["paths"]["features_dir"]), args.out, args.variant, args.seed, model_cfg, train_cfg, on_epoch_end
+    )
     print(json.dumps(metrics), flush=True)
     return 0
 

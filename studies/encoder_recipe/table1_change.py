@@ -23,7 +23,9 @@ from pathlib import Path
 from contextual_bert.evaluation.report_stats import compare
 from contextual_bert.evaluation.table1 import LABELS
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `studies.project`: studies/ is a folder of scripts, not an installed package
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[2])
+)  # `studies.project`: studies/ is a folder of scripts, not an installed package
 from studies.project import record  # noqa: E402
 
 METRICS = (("cross_entropy", False), ("recall@1", True), ("recall@5", True), ("outfit_dependence", True))
@@ -46,10 +48,16 @@ def change(before: dict, after: dict) -> dict:
             if not isinstance(b, dict) or not isinstance(a, dict):
                 continue
             gain, loss = compare(a, b, higher_better), compare(b, a, higher_better)
-            verdict = ("gains" if gain["beats_by_more_than_se"] else "loses" if loss["beats_by_more_than_se"]
-                       else "within SE")
-            row[metric] = {"before": b["mean"], "after": a["mean"], "better_by": gain["improvement"],
-                           "se_of_difference": gain["se"], "verdict": verdict}
+            verdict = (
+                "gains" if gain["beats_by_more_than_se"] else "loses" if loss["beats_by_more_than_se"] else "within SE"
+            )
+            row[metric] = {
+                "before": b["mean"],
+                "after": a["mean"],
+                "better_by": gain["improvement"],
+                "se_of_difference": gain["se"],
+                "verdict": verdict,
+            }
         rows[model] = row
     return rows
 
@@ -69,9 +77,11 @@ def paired_runs(revision: str, train_dir: Path = Path("reports/train")) -> dict:
     out = {}
     for model, seeds in models.items():
         gains = [b - a for b, a in seeds.values()]
-        out[model] = {"seeds": {s: {"before": b, "after": a} for s, (b, a) in seeds.items()},
-                      "better_by": statistics.mean(gains),
-                      "se": statistics.stdev(gains) / len(gains) ** 0.5 if len(gains) > 1 else None}
+        out[model] = {
+            "seeds": {s: {"before": b, "after": a} for s, (b, a) in seeds.items()},
+            "better_by": statistics.mean(gains),
+            "se": statistics.stdev(gains) / len(gains) ** 0.5 if len(gains) > 1 else None,
+        }
     return out
 
 
@@ -81,8 +91,12 @@ def main() -> int:
     parser.add_argument("--after", required=True)
     parser.add_argument("--runs-before", metavar="REV", help="pair the runs' validation CE with this revision's")
     parser.add_argument("--run", required=True, help="the run's key in the results file")
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"),
-                        help="the results file (default: the study's results.json)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).with_name("results.json"),
+        help="the results file (default: the study's results.json)",
+    )
     args = parser.parse_args()
     rows = change(load(args.before), load(args.after))
     report = {"before": args.before, "after": args.after, "rows": rows}
@@ -95,11 +109,16 @@ def main() -> int:
         ce, r1 = row.get("cross_entropy"), row.get("recall@1")
         if ce is None:
             continue
-        r1_text = ("| – | – | – |" if r1 is None else
-                   f"| {100 * r1['before']:.2f} | {100 * r1['after']:.2f} | "
-                   f"{100 * r1['better_by']:+.2f} ({100 * r1['se_of_difference']:.2f}) |")
-        print(f"| {LABELS.get(model, model)} | {ce['before']:.3f} | {ce['after']:.3f} | "
-              f"{ce['better_by']:+.3f} ({ce['se_of_difference']:.3f}) {r1_text}")
+        r1_text = (
+            "| – | – | – |"
+            if r1 is None
+            else f"| {100 * r1['before']:.2f} | {100 * r1['after']:.2f} | "
+            f"{100 * r1['better_by']:+.2f} ({100 * r1['se_of_difference']:.2f}) |"
+        )
+        print(
+            f"| {LABELS.get(model, model)} | {ce['before']:.3f} | {ce['after']:.3f} | "
+            f"{ce['better_by']:+.3f} ({ce['se_of_difference']:.3f}) {r1_text}"
+        )
     for model, paired in report.get("validation_paired_by_seed", {}).items():
         se = "–" if paired["se"] is None else f"{paired['se']:.4f}"
         print(f"validation, paired by seed: {LABELS.get(model, model)} better by {paired['better_by']:+.4f} (SE {se})")

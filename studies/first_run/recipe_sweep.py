@@ -50,18 +50,39 @@ def run_cell(cell: dict, params: dict, seed: int, work: Path) -> dict:
     own = json.loads(json.dumps(params))
     own["paths"] = {k: str(folder / v) for k, v in params["paths"].items()}
     own["paths"]["features_dir"] = str(ROOT / params["paths"]["features_dir"])
-    own["variants"][cell["variant"]] = {**params["variants"][cell["variant"]],
-                                        "learning_rate": cell["learning_rate"], "max_epochs": cell["max_epochs"]}
+    own["variants"][cell["variant"]] = {
+        **params["variants"][cell["variant"]],
+        "learning_rate": cell["learning_rate"],
+        "max_epochs": cell["max_epochs"],
+    }
     (folder / "params.yaml").write_text(yaml.safe_dump(own, sort_keys=False))
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}"}
     started = time.perf_counter()
     with open(folder / "train.log", "w") as log:
-        subprocess.run(["contextual-bert", "--params", str(folder / "params.yaml"), "train", "--variant",
-                        cell["variant"], "--seed", str(seed)], cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT,
-                       check=True)
+        subprocess.run(
+            [
+                "contextual-bert",
+                "--params",
+                str(folder / "params.yaml"),
+                "train",
+                "--variant",
+                cell["variant"],
+                "--seed",
+                str(seed),
+            ],
+            cwd=folder,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            check=True,
+        )
     result = json.loads((folder / "reports" / "train" / f"{cell['variant']}-s{seed}.json").read_text())
-    return {**cell, "seed": seed, "process_s": round(time.perf_counter() - started, 1),
-            **{k: result[k] for k in ("best_val_cross_entropy", "best_epoch", "epochs", "converged", "seconds")}}
+    return {
+        **cell,
+        "seed": seed,
+        "process_s": round(time.perf_counter() - started, 1),
+        **{k: result[k] for k in ("best_val_cross_entropy", "best_epoch", "epochs", "converged", "seconds")},
+    }
 
 
 def main() -> None:

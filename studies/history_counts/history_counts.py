@@ -122,8 +122,9 @@ def parse_data(parser: argparse.ArgumentParser) -> argparse.Namespace:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     data_arguments(parser)
-    parser.add_argument("--out", type=Path, default=HERE / "results.json",
-                        help="the results file; the entry's key: the kind or --name")
+    parser.add_argument(
+        "--out", type=Path, default=HERE / "results.json", help="the results file; the entry's key: the kind or --name"
+    )
     args = parse_data(parser)
 
     outfits = pd.read_parquet(args.data / "features" / "outfits.parquet")
@@ -150,8 +151,11 @@ def main() -> int:
                     recent.setdefault(a, 1)  # as the feature was: [UNK] took slots too
                 if N_SPECIAL <= a < n_ids:
                     every[a] = every.get(a, 0) + 1
-        out = {"recent_once_50": {a: 1 for a in recent if a < n_ids}, "every": every,
-               "features": slot_counts(outfits["history"].iat[row])}
+        out = {
+            "recent_once_50": {a: 1 for a in recent if a < n_ids},
+            "every": every,
+            "features": slot_counts(outfits["history"].iat[row]),
+        }
         for slots in SLOTS:
             out[f"by_count_{slots}"] = slot_counts(history_items([earlier[row]], items, slots)[0])
         return out
@@ -169,8 +173,14 @@ def main() -> int:
         recs = {row: records(row) for row in np.unique(rows)}
         pop = probs[targets]
         table = {}
-        rows_kinds = [("recent_once_50", 0.0), ("every", 0.0), ("every", 1.0), ("every", 2.0),
-                      *((f"by_count_{s}", 1.0) for s in SLOTS), ("features", 1.0)]
+        rows_kinds = [
+            ("recent_once_50", 0.0),
+            ("every", 0.0),
+            ("every", 1.0),
+            ("every", 2.0),
+            *((f"by_count_{s}", 1.0) for s in SLOTS),
+            ("features", 1.0),
+        ]
         for kind, power in rows_kinds:
             hist = np.array([history_probs(recs[r][kind], t, power) for r, t in zip(rows, targets)])
             has = np.array([bool(recs[r][kind]) for r in rows], dtype=np.float64)
@@ -192,10 +202,14 @@ def main() -> int:
             reference = log_prob  # recent_once_50: the history feature as it was
         ci = bootstrap_ci(outfit, {"cross_entropy": -log_prob}, n_outfits=n_outfits)
         diff = bootstrap_ci(outfit, {"cross_entropy": reference - log_prob}, n_outfits=n_outfits)
-        result["rows"][name] = {"weight": HISTORY_WEIGHTS[pick], "val_cross_entropy": float(by_weight[pick]),
-                                "test_cross_entropy": float(-log_prob.mean()), "test_ci": ci["cross_entropy"],
-                                "gain_over_recent_once_50": float((log_prob - reference).mean()),
-                                "gain_ci": [-x for x in diff["cross_entropy"]][::-1]}
+        result["rows"][name] = {
+            "weight": HISTORY_WEIGHTS[pick],
+            "val_cross_entropy": float(by_weight[pick]),
+            "test_cross_entropy": float(-log_prob.mean()),
+            "test_ci": ci["cross_entropy"],
+            "gain_over_recent_once_50": float((log_prob - reference).mean()),
+            "gain_ci": [-x for x in diff["cross_entropy"]][::-1],
+        }
     result["rows"]["popularity"] = {"test_cross_entropy": float(-np.log(test_pop).mean())}
     record(args.out, args.name, result)
     print(json.dumps(result["rows"], indent=1))

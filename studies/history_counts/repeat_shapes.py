@@ -87,7 +87,7 @@ class Cases:
             # the ids' history holds [UNK] where the catalogue's holds an article without an id: not counted
             base_hist[part] = torch.where(held[part], logits.gather(1, history[part]).exp(), 0.0)
         share = torch.where(first, base_hist * worn / (n[:, None] * probs[history]), 0.0)
-        level = (worn.clamp(1, LEVELS) - 1)
+        level = worn.clamp(1, LEVELS) - 1
         self.norm_by_level = torch.zeros(len(rows), LEVELS, dtype=torch.float64).scatter_add_(1, level, share)
         self.log_base = log_base
         self.target_lift = (k_target / (n * probs[target])).double()
@@ -144,8 +144,11 @@ def main() -> int:
             result["rows"][name] = {
                 "lambda": [round(float(x), 4) for x in log_lambda.exp()],
                 "val_cross_entropy": float(-val.log_probs(log_lambda).mean()),
-                "test_cross_entropy": float(-log_prob.mean()), "test_ci": ci["cross_entropy"],
-                "gain_over_the_yardstick": float((log_prob - reference).mean()), "gain_ci": diff["gain"]}
+                "test_cross_entropy": float(-log_prob.mean()),
+                "test_ci": ci["cross_entropy"],
+                "gain_over_the_yardstick": float((log_prob - reference).mean()),
+                "gain_ci": diff["gain"],
+            }
         result["rows"][f"{base_name} (no history)"] = {"test_cross_entropy": float(-test.log_base.mean())}
     record(HERE / "results.json", f"repeat_shapes_{args.name}", result)
     print(json.dumps(result["rows"], indent=1))

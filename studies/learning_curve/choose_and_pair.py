@@ -26,7 +26,9 @@ from learning_curve import CONTEXT_FREE
 from contextual_bert.config import base_model
 from contextual_bert.evaluation.bootstrap import OUTFITS_KEY, paired_difference
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `studies.project`: studies/ is a folder of scripts, not an installed package
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[2])
+)  # `studies.project`: studies/ is a folder of scripts, not an installed package
 from studies.project import record  # noqa: E402
 
 METRICS = ("cross_entropy", "recall@5")
@@ -49,13 +51,19 @@ def read_run(project: Path, model: str, seed: int, label: str | None) -> dict:
         raise SystemExit(f"{evals / f'{run}.json'}: no per-outfit record ({OUTFITS_KEY}) to pair")
     setting = params.get("variants", {}).get(model, {}).get(label) if label else None
     return {
-        "project": str(project), "run": run, "model": model, "setting": {label: setting} if label else None,
-        "best_val_cross_entropy": trained["best_val_cross_entropy"], "best_epoch": trained["best_epoch"],
-        "train_cross_entropy_at_best": best.get("train_cross_entropy"), "epochs": trained["epochs"],
+        "project": str(project),
+        "run": run,
+        "model": model,
+        "setting": {label: setting} if label else None,
+        "best_val_cross_entropy": trained["best_val_cross_entropy"],
+        "best_epoch": trained["best_epoch"],
+        "train_cross_entropy_at_best": best.get("train_cross_entropy"),
+        "epochs": trained["epochs"],
         "converged": trained.get("converged"),
         "test": {m: evaluation["test"][m] for m in METRICS},
         "val_curve": [round(epoch["val_cross_entropy"], 4) for epoch in history],
-        "_record": evaluation[OUTFITS_KEY], "_params": params,
+        "_record": evaluation[OUTFITS_KEY],
+        "_params": params,
     }
 
 
@@ -99,8 +107,12 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--label", help="the variants.<model> key the candidates differ in (e.g. learning_rate)")
     parser.add_argument("--run", required=True, help="the run's key in the results file")
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"),
-                        help="the results file (default: the study's results.json)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).with_name("results.json"),
+        help="the results file (default: the study's results.json)",
+    )
     parser.add_argument("--plot", type=Path, help="a PNG of every run's validation curve")
     args = parser.parse_args()
 
@@ -114,18 +126,29 @@ def main() -> int:
         first, second = (chosen, against) if LOWER_IS_BETTER[metric] else (against, chosen)
         paired[metric] = paired_difference(first["_record"], second["_record"], metric)
     result = {
-        "chosen_on": "best validation cross-entropy", "chosen": chosen["run"] + f" in {chosen['project']}",
+        "chosen_on": "best validation cross-entropy",
+        "chosen": chosen["run"] + f" in {chosen['project']}",
         "chosen_setting": chosen["setting"],
         "candidates": [{k: v for k, v in run.items() if not k.startswith("_")} for run in candidates],
         "against": {k: v for k, v in against.items() if not k.startswith("_")},
-        "paired_test": {"what": f"{against['run']} against the chosen {chosen['run']}, positive: "
-                                f"{against['run']} better; paired bootstrap over the test outfits", **paired},
+        "paired_test": {
+            "what": f"{against['run']} against the chosen {chosen['run']}, positive: "
+            f"{against['run']} better; paired bootstrap over the test outfits",
+            **paired,
+        },
     }
     record(args.out, args.run, result)
     if args.plot:
         plot(result["candidates"], result["against"], args.plot)
-    print(json.dumps({"chosen": result["chosen"], "setting": chosen["setting"],
-                      "paired": {m: (p["difference"], p["interval"]) for m, p in paired.items()}}))
+    print(
+        json.dumps(
+            {
+                "chosen": result["chosen"],
+                "setting": chosen["setting"],
+                "paired": {m: (p["difference"], p["interval"]) for m, p in paired.items()},
+            }
+        )
+    )
     return 0
 
 

@@ -41,8 +41,9 @@ from studies.project import Project, record, relocated  # noqa: E402
 CONTEXT_FREE = ("none", "bag_of_items")  # read against the optimum without the context (and "_attrs" twins)
 
 
-def project_params(base: dict, root: Path, size: int, variants: list[str], seed: int, threads: int,
-                   max_epochs: int | None = None) -> dict:
+def project_params(
+    base: dict, root: Path, size: int, variants: list[str], seed: int, threads: int, max_epochs: int | None = None
+) -> dict:
     params = relocated(base, root)
     params["ingest"]["source"] = "planted"
     params.setdefault("planted", {})["n_outfits"] = size
@@ -86,8 +87,16 @@ def paired(results: dict[str, dict]) -> dict:
     return out
 
 
-def run_size(base: dict, workdir: Path, size: int, variants: list[str], seed: int, threads: int,
-             jobs: int = 1, step_budget: int | None = None) -> dict:
+def run_size(
+    base: dict,
+    workdir: Path,
+    size: int,
+    variants: list[str],
+    seed: int,
+    threads: int,
+    jobs: int = 1,
+    step_budget: int | None = None,
+) -> dict:
     root = workdir / f"n{size}"
     project = Project(root, project_params(base, root, size, variants, seed, threads), threads)
     for stage in ("ingest", "validate", "features"):
@@ -113,15 +122,26 @@ def run_size(base: dict, workdir: Path, size: int, variants: list[str], seed: in
         reference = optimum["without_context" if base_model(variant) in CONTEXT_FREE else "with_context"]
         trained = json.loads((project.path("models_dir") / f"{variant}-s{seed}" / "metrics.json").read_text())
         rows[variant] = {
-            "cross_entropy": test["cross_entropy"], "recall@5": test["recall@5"],
+            "cross_entropy": test["cross_entropy"],
+            "recall@5": test["recall@5"],
             "gap_to_optimum": test["cross_entropy"] - reference["cross_entropy"],
-            "converged": trained.get("converged"), "best_epoch": trained.get("best_epoch"),
-            "epochs": trained.get("epochs"), "train_seconds": trained.get("seconds"),
+            "converged": trained.get("converged"),
+            "best_epoch": trained.get("best_epoch"),
+            "epochs": trained.get("epochs"),
+            "train_seconds": trained.get("seconds"),
         }
         if by_attribute is not None:  # paired over the same test cases (the id-only models skip unseen targets)
             rows[variant]["better_than_popularity_by_attribute"] = paired_cross_entropy(by_attribute, result)
-    point = {"n_outfits": size, "rows": manifest.get("rows"), "max_epochs": max_epochs, "popularity": popularity,
-             "optimum": optimum, "variants": rows, "paired": paired(results), "seconds": project.timings}
+    point = {
+        "n_outfits": size,
+        "rows": manifest.get("rows"),
+        "max_epochs": max_epochs,
+        "popularity": popularity,
+        "optimum": optimum,
+        "variants": rows,
+        "paired": paired(results),
+        "seconds": project.timings,
+    }
     if by_attribute is not None:
         point["popularity_by_attribute"] = by_attribute["test"] | {"attribute": by_attribute.get("attribute")}
     return point
@@ -138,8 +158,16 @@ def plot(points: list[dict], variants: list[str], out: Path) -> None:
     for variant in variants:
         ax.plot(sizes, [p["variants"][variant]["gap_to_optimum"] for p in points], marker="o", label=variant)
     if all("popularity_by_attribute" in p for p in points):  # read against the optimum without the context
-        ax.plot(sizes, [p["popularity_by_attribute"]["cross_entropy"] - p["optimum"]["without_context"]["cross_entropy"]
-                        for p in points], color="black", linestyle=":", label="popularity by product type")
+        ax.plot(
+            sizes,
+            [
+                p["popularity_by_attribute"]["cross_entropy"] - p["optimum"]["without_context"]["cross_entropy"]
+                for p in points
+            ],
+            color="black",
+            linestyle=":",
+            label="popularity by product type",
+        )
     ax.axhline(0.10, color="grey", linestyle="--", linewidth=1, label="0.10 nats")
     ax.set_xscale("log")
     ax.set_xlabel("outfits (log scale)")
@@ -155,14 +183,18 @@ def plot(points: list[dict], variants: list[str], out: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[20_000, 50_000, 150_000])
-    parser.add_argument("--variants", nargs="+",
-                        default=["none", "global_state", "bag_of_items", "bag_of_items_context"])
+    parser.add_argument(
+        "--variants", nargs="+", default=["none", "global_state", "bag_of_items", "bag_of_items_context"]
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per training")
     parser.add_argument("--jobs", type=int, default=2, help="trainings at a time")
-    parser.add_argument("--step-budget", type=int, default=24_000,
-                        help="optimizer steps (of train.batch_size) a size trains for at most (0: train.max_epochs "
-                             "epochs)")
+    parser.add_argument(
+        "--step-budget",
+        type=int,
+        default=24_000,
+        help="optimizer steps (of train.batch_size) a size trains for at most (0: train.max_epochs epochs)",
+    )
     parser.add_argument("--params", type=Path, default=REPO / "params.yaml")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/contextual-bert-learning-curve"))
     parser.add_argument("--run", default="ids", help="the run's key in the results file")
@@ -173,14 +205,26 @@ def main() -> int:
     base = yaml.safe_load(args.params.read_text())
     points = []
     for size in sorted(args.sizes):
-        points.append(run_size(base, args.workdir, size, args.variants, args.seed, args.threads, args.jobs,
-                               args.step_budget or None))
+        points.append(
+            run_size(
+                base, args.workdir, size, args.variants, args.seed, args.threads, args.jobs, args.step_budget or None
+            )
+        )
         reports = args.workdir / f"n{size}" / Path(base["paths"]["reports_dir"])
         record(args.out, f"{args.run}/table1", (reports / "table1.md").read_text().splitlines())  # the largest so far
-        result = {"variants": args.variants, "seed": args.seed, "step_budget": args.step_budget or None,
-                  "points": points,
-                  "gap_shrinks": {v: all(a["variants"][v]["gap_to_optimum"] > b["variants"][v]["gap_to_optimum"]
-                                          for a, b in zip(points, points[1:])) for v in args.variants}}
+        result = {
+            "variants": args.variants,
+            "seed": args.seed,
+            "step_budget": args.step_budget or None,
+            "points": points,
+            "gap_shrinks": {
+                v: all(
+                    a["variants"][v]["gap_to_optimum"] > b["variants"][v]["gap_to_optimum"]
+                    for a, b in zip(points, points[1:])
+                )
+                for v in args.variants
+            },
+        }
         record(args.out, f"{args.run}/learning_curve", result)  # after every size
         if args.plot:
             plot(points, args.variants, args.plot)

@@ -36,7 +36,9 @@ from contextual_bert.evaluation.optimum import optimum_from_features
 from contextual_bert.model import build_model
 from contextual_bert.training import lr_factor, make_optimizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `studies.project`: studies/ is a folder of scripts, not an installed package
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[2])
+)  # `studies.project`: studies/ is a folder of scripts, not an installed package
 from studies.project import record  # noqa: E402
 
 
@@ -78,8 +80,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--project", type=Path, required=True, help="a planted project (data/raw, data/features)")
     parser.add_argument("--run", required=True, help="the run's key in the results file")
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"),
-                        help="the results file (default: the study's results.json)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).with_name("results.json"),
+        help="the results file (default: the study's results.json)",
+    )
     parser.add_argument("--variant", default="none_attrs")
     parser.add_argument("--epochs", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=64)
@@ -95,16 +101,20 @@ def main() -> None:
     catalogue = load_catalogue(features) if uses_attributes(args.variant) else None
     # the model and the optimum must score the same index space (then both read the same encoded outfits)
     if catalogue is not None and list(catalogue.vocab.ids) != list(vocab.ids):
-        raise ContextualBertError(f"{features}: the catalogue's articles ({len(catalogue.vocab)}) are not the train "
-                                  f"vocabulary's ({len(vocab)}) in its order; the optimum scores the vocabulary only")
+        raise ContextualBertError(
+            f"{features}: the catalogue's articles ({len(catalogue.vocab)}) are not the train "
+            f"vocabulary's ({len(vocab)}) in its order; the optimum scores the vocabulary only"
+        )
     max_set_size = ModelConfig().max_set_size
-    train, val, test = (load_split(features, s, max_set_size, catalogue=catalogue is not None)
-                        for s in ("train", "val", "test"))
+    train, val, test = (
+        load_split(features, s, max_set_size, catalogue=catalogue is not None) for s in ("train", "val", "test")
+    )
     torch.manual_seed(args.seed)
     model_cfg = ModelConfig(dropout=args.dropout)
     train_cfg = TrainConfig(learning_rate=args.learning_rate, max_epochs=args.epochs, batch_size=args.batch_size)
-    model = build_model(model_cfg, args.variant, len(vocab), load_spec(features),
-                        None if catalogue is None else catalogue.spec)
+    model = build_model(
+        model_cfg, args.variant, len(vocab), load_spec(features), None if catalogue is None else catalogue.spec
+    )
     if catalogue is not None:
         model.set_catalogue(catalogue.tensors())
     steps_per_epoch = -(-len(train.items) // args.batch_size)
@@ -126,9 +136,12 @@ def main() -> None:
             optimizer.step()
             scheduler.step()
             running += float(loss)
-        row = {"epoch": epoch, "train_kl": running / steps_per_epoch,
-               "val_kl": mean_kl(model, teacher, val, 512, torch.Generator().manual_seed(args.seed)),
-               "seconds": round(time.time() - started, 1)}
+        row = {
+            "epoch": epoch,
+            "train_kl": running / steps_per_epoch,
+            "val_kl": mean_kl(model, teacher, val, 512, torch.Generator().manual_seed(args.seed)),
+            "seconds": round(time.time() - started, 1),
+        }
         history.append(row)
         print(json.dumps(row), flush=True)
     cfg = EvaluateConfig()
@@ -136,12 +149,17 @@ def main() -> None:
     test_model = evaluate_split(model, test, cfg, "cpu")[0]
     test_optimum = evaluate_split(teacher, test, cfg, "cpu")[0]
     result = {
-        "project": str(args.project), "variant": args.variant, "n_train_outfits": len(train.items),
+        "project": str(args.project),
+        "variant": args.variant,
+        "n_train_outfits": len(train.items),
         "settings": {k: v for k, v in vars(args).items() if k not in ("project", "out")},
         "optimum": "with_context" if with_context else "without_context",
         "history": history,
-        "test": {"model": test_model, "optimum": test_optimum,
-                 "gap_to_optimum": test_model["cross_entropy"] - test_optimum["cross_entropy"]},
+        "test": {
+            "model": test_model,
+            "optimum": test_optimum,
+            "gap_to_optimum": test_model["cross_entropy"] - test_optimum["cross_entropy"],
+        },
     }
     record(args.out, args.run, json.loads(json.dumps(result, default=str)))
     print("test", round(test_model["cross_entropy"], 4), "optimum", round(test_optimum["cross_entropy"], 4))

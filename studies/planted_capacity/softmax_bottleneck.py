@@ -36,7 +36,9 @@ from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, 
 from contextual_bert.data.feature_store import load_split
 from contextual_bert.evaluation.optimum import optimum_from_features
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `studies.project`: studies/ is a folder of scripts, not an installed package
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[2])
+)  # `studies.project`: studies/ is a folder of scripts, not an installed package
 from studies.project import record  # noqa: E402
 
 
@@ -54,8 +56,9 @@ def optimum_cases(optimum, items: torch.Tensor, context: dict, batch: int = 2048
     return torch.cat(log_p)
 
 
-def fit_head(log_p: torch.Tensor, mask: torch.Tensor | None, width: int, steps: int, lr: float, seed: int,
-             check: int = 50) -> dict:
+def fit_head(
+    log_p: torch.Tensor, mask: torch.Tensor | None, width: int, steps: int, lr: float, seed: int, check: int = 50
+) -> dict:
     """The best width-`width` softmax head for the cases' distributions: mean KL(P || Q) and its curve."""
     gen = torch.Generator().manual_seed(seed)
     n, v = log_p.shape
@@ -87,8 +90,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--project", type=Path, required=True, help="a planted project (data/raw, data/features)")
     parser.add_argument("--run", required=True, help="the run's key in the results file")
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"),
-                        help="the results file (default: the study's results.json)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).with_name("results.json"),
+        help="the results file (default: the study's results.json)",
+    )
     parser.add_argument("--split", default="val")
     parser.add_argument("--outfits", type=int, default=1500, help="validation outfits sampled (each gives 4-8 cases)")
     parser.add_argument("--widths", type=int, nargs="+", default=[32, 128, 512])
@@ -99,11 +106,22 @@ def main() -> None:
     torch.set_num_threads(1)
     raw, features = args.project / "data/raw", args.project / "data/features"
     data = load_split(features, args.split, ModelConfig().max_set_size)
-    rows = torch.from_numpy(np.sort(np.random.default_rng(args.seed).choice(
-        len(data.items), size=min(args.outfits, len(data.items)), replace=False)))
+    rows = torch.from_numpy(
+        np.sort(
+            np.random.default_rng(args.seed).choice(
+                len(data.items), size=min(args.outfits, len(data.items)), replace=False
+            )
+        )
+    )
     items, context = data.items[rows], {k: v[rows] for k, v in data.context.items()}
-    result = {"project": str(args.project), "split": args.split, "n_outfits": len(rows), "steps": args.steps,
-              "lr": args.lr, "optima": {}}
+    result = {
+        "project": str(args.project),
+        "split": args.split,
+        "n_outfits": len(rows),
+        "steps": args.steps,
+        "lr": args.lr,
+        "optima": {},
+    }
     for name, with_context in (("without_context", False), ("with_context", True)):
         started = time.time()
         log_p = optimum_cases(optimum_from_features(raw, features, with_context), items, context)

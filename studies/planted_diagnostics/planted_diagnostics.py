@@ -98,34 +98,64 @@ def main() -> None:
     parser.add_argument("--head-identity", action="store_true", help="the head's W starts at the identity")
     parser.add_argument("--untied", action="store_true", help="an output embedding table of its own")
     parser.add_argument("--mask-zero", action="store_true", help="the [MASK] row starts at zero")
-    parser.add_argument("--bias-init", action="store_true",
-                        help="the output bias starts at the log unigram frequencies of the training split")
+    parser.add_argument(
+        "--bias-init",
+        action="store_true",
+        help="the output bias starts at the log unigram frequencies of the training split",
+    )
     parser.add_argument("--mask-token-prob", type=float, default=0.8)
     parser.add_argument("--random-token-prob", type=float, default=0.1)
-    parser.add_argument("--no-mask-key", action="store_true",
-                        help="[MASK] positions are hidden as keys: a [MASK] reads the outfit's other articles only")
-    parser.add_argument("--init", choices=["default", "bert", "zero-out"], default="default",
-                        help="bert: every Linear N(0, 0.02), biases 0 (as Hugging Face BERT); zero-out: each "
-                             "block's attention and FFN output projections start at 0 (blocks start as LayerNorm)")
-    parser.add_argument("--pre-norm", action="store_true",
-                        help="pre-norm blocks (h + Attn(LN(h)), h + FFN(LN(h))) and a LayerNorm without gain "
-                             "before the head: the same parameters")
-    parser.add_argument("--init-embeddings", choices=get_args(InitEmbeddings), default="random",
-                        help="train.init_embeddings: cooccurrence starts the article embeddings (tied: also the "
-                             "output side) at the training outfits' factorised PPMI (contextual_bert.training.cooccurrence)")
-    parser.add_argument("--test", action="store_true",
-                        help="also score the best checkpoint on the test (and validation) split: writes the "
-                             "evaluate stage's JSON, per-outfit record included, as <out>/<name>/test.json")
+    parser.add_argument(
+        "--no-mask-key",
+        action="store_true",
+        help="[MASK] positions are hidden as keys: a [MASK] reads the outfit's other articles only",
+    )
+    parser.add_argument(
+        "--init",
+        choices=["default", "bert", "zero-out"],
+        default="default",
+        help="bert: every Linear N(0, 0.02), biases 0 (as Hugging Face BERT); zero-out: each "
+        "block's attention and FFN output projections start at 0 (blocks start as LayerNorm)",
+    )
+    parser.add_argument(
+        "--pre-norm",
+        action="store_true",
+        help="pre-norm blocks (h + Attn(LN(h)), h + FFN(LN(h))) and a LayerNorm without gain "
+        "before the head: the same parameters",
+    )
+    parser.add_argument(
+        "--init-embeddings",
+        choices=get_args(InitEmbeddings),
+        default="random",
+        help="train.init_embeddings: cooccurrence starts the article embeddings (tied: also the "
+        "output side) at the training outfits' factorised PPMI (contextual_bert.training.cooccurrence)",
+    )
+    parser.add_argument(
+        "--test",
+        action="store_true",
+        help="also score the best checkpoint on the test (and validation) split: writes the "
+        "evaluate stage's JSON, per-outfit record included, as <out>/<name>/test.json",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
 
     spec, n_items = load_spec(args.features), len(load_article_vocab(args.features))
     train, val = load_split(args.features, "train", 8), load_split(args.features, "val", 8)
-    model_cfg = ModelConfig(d_model=128, n_blocks=args.blocks, n_heads=8, d_ff=256, dropout=args.dropout,
-                            max_set_size=8)
-    train_cfg = TrainConfig(batch_size=args.batch, max_epochs=args.epochs, learning_rate=args.lr, weight_decay=0.01,
-                            lr_warmup_steps=200, patience=args.epochs, num_threads=1, device="cpu",
-                            mask_token_prob=args.mask_token_prob, random_token_prob=args.random_token_prob)
+    model_cfg = ModelConfig(
+        d_model=128, n_blocks=args.blocks, n_heads=8, d_ff=256, dropout=args.dropout, max_set_size=8
+    )
+    train_cfg = TrainConfig(
+        batch_size=args.batch,
+        max_epochs=args.epochs,
+        learning_rate=args.lr,
+        weight_decay=0.01,
+        lr_warmup_steps=200,
+        patience=args.epochs,
+        num_threads=1,
+        device="cpu",
+        mask_token_prob=args.mask_token_prob,
+        random_token_prob=args.random_token_prob,
+    )
     torch.manual_seed(args.seed)
     model = build_model(model_cfg, args.variant, n_items, spec)
     cls = type(model)
@@ -170,8 +200,17 @@ def main() -> None:
     if args.test:  # the best epoch's weights, into this process's (patched) model
         best = torch.load(args.out / args.name / "checkpoint.pt", map_location="cpu", weights_only=True)
         model.load_state_dict(best["state_dict"])
-        result = evaluate_model(model.eval(), args.name, args.variant, args.seed, None, args.features,
-                           model_cfg.max_set_size, args.out / args.name / "test.json", EvaluateConfig())
+        result = evaluate_model(
+            model.eval(),
+            args.name,
+            args.variant,
+            args.seed,
+            None,
+            args.features,
+            model_cfg.max_set_size,
+            args.out / args.name / "test.json",
+            EvaluateConfig(),
+        )
         metrics = result["test"]
         print(args.name, "test", f"{metrics['cross_entropy']:.4f}", "recall@5", f"{metrics['recall@5']:.4f}")
 

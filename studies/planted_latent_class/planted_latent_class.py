@@ -40,7 +40,9 @@ from contextual_bert.data.planted.tastes import load_truth
 from contextual_bert.evaluation.evaluate import evaluate_split
 from contextual_bert.evaluation.optimum import optimum_from_features
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `studies.project`: studies/ is a folder of scripts, not an installed package
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[2])
+)  # `studies.project`: studies/ is a folder of scripts, not an installed package
 from studies.project import record  # noqa: E402
 
 
@@ -54,8 +56,9 @@ def item_matrix(items: torch.Tensor, n_items: int) -> sp.csr_matrix:
 class LatentClass:
     """A mixture of multinomials over articles (item_type None) or over articles within types (item_type)."""
 
-    def __init__(self, n_items: int, n_classes: int, item_type: np.ndarray | None, alpha: float, seed: int,
-                 counts: np.ndarray):
+    def __init__(
+        self, n_items: int, n_classes: int, item_type: np.ndarray | None, alpha: float, seed: int, counts: np.ndarray
+    ):
         rng = np.random.default_rng(seed)
         self.n_items, self.item_type = n_items, item_type
         self.prior = alpha * counts / n_classes  # pseudo-counts towards popularity
@@ -134,8 +137,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--project", type=Path, required=True, help="a planted project (data/raw, data/features)")
     parser.add_argument("--run", required=True, help="the run's key in the results file")
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"),
-                        help="the results file (default: the study's results.json)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).with_name("results.json"),
+        help="the results file (default: the study's results.json)",
+    )
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.3, 1.0, 3.0])
     parser.add_argument("--classes", type=int, nargs="+", default=None, help="K to try; default: the truth's")
     parser.add_argument("--max-iter", type=int, default=60)
@@ -153,8 +160,13 @@ def main() -> None:
     train, val, test = (load_split(features, s, max_set_size) for s in ("train", "val", "test"))
     x = item_matrix(train.items, n_items)
     cfg = EvaluateConfig()
-    result = {"project": str(args.project), "n_train_outfits": len(train), "n_classes": truth.n_tastes,
-              "optimum_no_context_test": evaluate_split(optimum, test, cfg, "cpu")[0]["cross_entropy"], "fits": {}}
+    result = {
+        "project": str(args.project),
+        "n_train_outfits": len(train),
+        "n_classes": truth.n_tastes,
+        "optimum_no_context_test": evaluate_split(optimum, test, cfg, "cpu")[0]["cross_entropy"],
+        "fits": {},
+    }
     for kind in args.kinds:
         start, fits = time.time(), []
         for k in args.classes or [truth.n_tastes]:
@@ -164,9 +176,13 @@ def main() -> None:
         best_val, (k, alpha), run = min(fits, key=lambda f: f[0])
         metrics = evaluate_split(run["model"], test, cfg, "cpu")[0]
         result["fits"][kind] = {
-            "n_classes": k, "alpha": alpha, "val_cross_entropy": best_val, "test": metrics,
+            "n_classes": k,
+            "alpha": alpha,
+            "val_cross_entropy": best_val,
+            "test": metrics,
             "gap_to_optimum_no_context": metrics["cross_entropy"] - result["optimum_no_context_test"],
-            "curves": {f"K={c} alpha={a}": r["curve"] for _, (c, a), r in fits}, "seconds": round(time.time() - start, 1),
+            "curves": {f"K={c} alpha={a}": r["curve"] for _, (c, a), r in fits},
+            "seconds": round(time.time() - start, 1),
         }
         print(kind, "test", round(metrics["cross_entropy"], 4), "optimum", round(result["optimum_no_context_test"], 4))
     record(args.out, args.run, result)

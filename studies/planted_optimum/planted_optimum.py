@@ -65,8 +65,15 @@ def run_size(base: dict, workdir: Path, size: int) -> dict:
         "n_outfits": size,
         "rows": manifest["rows"],
         "vocabulary": vocabulary,
-        "test": {name: {"cross_entropy": r["cross_entropy"], "recall@5": r["recall@5"], "n_cases": r["n_cases"],
-                        "n_unknown_targets": r["n_unknown_targets"]} for name, r in results.items()},
+        "test": {
+            name: {
+                "cross_entropy": r["cross_entropy"],
+                "recall@5": r["recall@5"],
+                "n_cases": r["n_cases"],
+                "n_unknown_targets": r["n_unknown_targets"],
+            }
+            for name, r in results.items()
+        },
         "gaps": gaps,
         "fair_test": vocabulary >= REQUIRED["min_vocabulary"] and all(gaps[k] >= REQUIRED[k] for k in gaps),
         "seconds": seconds,

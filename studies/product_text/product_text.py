@@ -34,7 +34,9 @@ from contextual_bert.evaluation.fitb import PROTOCOLS, answer, split_questions
 from contextual_bert.model import load_checkpoint
 from contextual_bert.training import train
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `studies.project`: studies/ is a folder of scripts, not an installed package
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[2])
+)  # `studies.project`: studies/ is a folder of scripts, not an installed package
 from studies.project import record  # noqa: E402
 
 RESULTS = Path(__file__).with_name("results.json")
@@ -63,15 +65,19 @@ def records(cfg, run_dir: Path) -> dict[str, dict]:
     correct = answer(model, data, questions, cfg.evaluate.batch_size, "cpu")
     for protocol in PROTOCOLS:
         asked = questions.asked[protocol]
-        out[f"fitb_{protocol}"] = outfit_record(questions.outfit[asked], {f"fitb_{protocol}": correct[protocol][asked]},
-                                                ids)
+        out[f"fitb_{protocol}"] = outfit_record(
+            questions.outfit[asked], {f"fitb_{protocol}": correct[protocol][asked]}, ids
+        )
     return out
 
 
 def summary_table(reports: list[dict]) -> str:
     """Markdown: per model and arm the mean over seeds of each run's metrics, then the paired differences."""
-    lines = ["| model | text | seeds | best val CE | CE all | CE known | CE unseen | R@10 unseen % | FITB easy % | "
-             "FITB hard % |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | text | seeds | best val CE | CE all | CE known | CE unseen | R@10 unseen % | FITB easy % | "
+        "FITB hard % |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     for report in reports:
         for model in report["models"]:
@@ -79,24 +85,39 @@ def summary_table(reports: list[dict]) -> str:
                 runs = [r for k, r in report["runs"].items() if k.startswith(f"{arm}/{model}/")]
                 if not runs:
                     continue
-                lines.append(" | ".join([
-                    f"| {model}", "yes" if arm == "with_text" else "no", str(len(runs)),
-                    f"{mean([r['best_val_cross_entropy'] for r in runs]):.3f}",
-                    *(f"{mean([r[part]['cross_entropy'] for r in runs]):.3f}" for part in PARTS),
-                    f"{100 * mean([r['unseen']['recall@10'] for r in runs]):.1f}",
-                    *(f"{100 * mean([r['fitb'][p] for r in runs]):.1f}" for p in PROTOCOLS)]) + " |")
-    lines += ["", "| model | targets | metric | with - without text | 95% CI (paired, test outfits) |",
-              "|---|---|---|---|---|"]
+                lines.append(
+                    " | ".join(
+                        [
+                            f"| {model}",
+                            "yes" if arm == "with_text" else "no",
+                            str(len(runs)),
+                            f"{mean([r['best_val_cross_entropy'] for r in runs]):.3f}",
+                            *(f"{mean([r[part]['cross_entropy'] for r in runs]):.3f}" for part in PARTS),
+                            f"{100 * mean([r['unseen']['recall@10'] for r in runs]):.1f}",
+                            *(f"{100 * mean([r['fitb'][p] for r in runs]):.1f}" for p in PROTOCOLS),
+                        ]
+                    )
+                    + " |"
+                )
+    lines += [
+        "",
+        "| model | targets | metric | with - without text | 95% CI (paired, test outfits) |",
+        "|---|---|---|---|---|",
+    ]
     for report in reports:
         for model, parts in report.get("paired", {}).items():
             for part, metrics in parts.items():
                 for metric, d in metrics.items():
                     scale = 100 if metric != "cross_entropy" else 1
-                    ci = "–" if d["interval"] is None else \
-                        f"{d['interval'][0] * scale:+.3f} .. {d['interval'][1] * scale:+.3f}"
+                    ci = (
+                        "–"
+                        if d["interval"] is None
+                        else f"{d['interval'][0] * scale:+.3f} .. {d['interval'][1] * scale:+.3f}"
+                    )
                     value = "–" if d["difference"] is None else f"{d['difference'] * scale:+.3f}"
-                    lines.append(f"| {model} | {part} | {metric}{' (points)' if scale == 100 else ' (nats)'} | "
-                                 f"{value} | {ci} |")
+                    lines.append(
+                        f"| {model} | {part} | {metric}{' (points)' if scale == 100 else ' (nats)'} | {value} | {ci} |"
+                    )
     return "\n".join(lines)
 
 
@@ -115,13 +136,22 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args()
     configs = {"without_text": load_config(args.without), "with_text": load_config(args.with_)}
-    report = {"params": {k: str(v) for k, v in (("without_text", args.without), ("with_text", args.with_))},
-              "models": args.models, "seeds": args.seeds, "runs": {}, "paired": {}, "load_before": os.getloadavg()}
+    report = {
+        "params": {k: str(v) for k, v in (("without_text", args.without), ("with_text", args.with_))},
+        "models": args.models,
+        "seeds": args.seeds,
+        "runs": {},
+        "paired": {},
+        "load_before": os.getloadavg(),
+    }
     for arm, cfg in configs.items():
         manifest = json.loads((cfg.paths.features_dir / "manifest.json").read_text())
-        report[arm] = {"attributes": {f["name"]: f["kind"] for f in manifest["catalogue"]["spec"]},
-                       "cardinality": {f["name"]: f["cardinality"] for f in manifest["catalogue"]["spec"]},
-                       "rows": manifest["rows"], "catalogue_unknown": manifest["catalogue"]["unknown"]}
+        report[arm] = {
+            "attributes": {f["name"]: f["kind"] for f in manifest["catalogue"]["spec"]},
+            "cardinality": {f["name"]: f["cardinality"] for f in manifest["catalogue"]["spec"]},
+            "rows": manifest["rows"],
+            "catalogue_unknown": manifest["catalogue"]["unknown"],
+        }
     per_run: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for model_name in args.models:
@@ -129,19 +159,37 @@ def main() -> None:
                 for arm, cfg in configs.items():
                     run_dir = Path(tmp) / f"{arm}-{model_name}-s{seed}"
                     started = time.perf_counter()
-                    metrics = train(cfg.paths.features_dir, run_dir, model_name, seed, cfg.model_for(model_name),
-                                    cfg.train_for(model_name))
+                    metrics = train(
+                        cfg.paths.features_dir,
+                        run_dir,
+                        model_name,
+                        seed,
+                        cfg.model_for(model_name),
+                        cfg.train_for(model_name),
+                    )
                     seconds = time.perf_counter() - started
-                    result = evaluate_run(cfg.paths.features_dir, run_dir,
-                                          args.out / "eval" / f"{arm}-{model_name}-s{seed}.json", cfg.evaluate)
+                    result = evaluate_run(
+                        cfg.paths.features_dir,
+                        run_dir,
+                        args.out / "eval" / f"{arm}-{model_name}-s{seed}.json",
+                        cfg.evaluate,
+                    )
                     key = f"{arm}/{model_name}/s{seed}"
                     report["runs"][key] = {
                         "best_val_cross_entropy": metrics["best_val_cross_entropy"],
-                        "best_epoch": metrics["best_epoch"], "epochs": metrics["epochs"],
-                        "converged": metrics["converged"], "seconds": round(seconds, 1),
-                        **{part: {m: result[f"test_{part}" if part != "all" else "test"].get(m)
-                                  for m in ("n_cases", "cross_entropy", "recall@5", "recall@10")} for part in PARTS},
-                        "fitb": {p: result["fitb"][p].get("accuracy") for p in PROTOCOLS}}
+                        "best_epoch": metrics["best_epoch"],
+                        "epochs": metrics["epochs"],
+                        "converged": metrics["converged"],
+                        "seconds": round(seconds, 1),
+                        **{
+                            part: {
+                                m: result[f"test_{part}" if part != "all" else "test"].get(m)
+                                for m in ("n_cases", "cross_entropy", "recall@5", "recall@10")
+                            }
+                            for part in PARTS
+                        },
+                        "fitb": {p: result["fitb"][p].get("accuracy") for p in PROTOCOLS},
+                    }
                     per_run.setdefault((arm, model_name), []).append(records(cfg, run_dir))
                     print(key, json.dumps(report["runs"][key]), flush=True)
                     record(args.results, args.run, report)
@@ -150,7 +198,8 @@ def main() -> None:
                 mean = {arm: mean_record([r[part] for r in per_run[(arm, model_name)]]) for arm in configs}
                 for metric in metrics:
                     report["paired"].setdefault(model_name, {}).setdefault(part, {})[metric] = paired_difference(
-                        mean["with_text"], mean["without_text"], metric)
+                        mean["with_text"], mean["without_text"], metric
+                    )
         report["load_after"] = os.getloadavg()
     record(args.results, args.run, report)
 

@@ -59,8 +59,7 @@ def main() -> int:
     parser.add_argument("--data", action="store_true", help="run the data stages first (and the baseline)")
     parser.add_argument("--evaluate", action="store_true")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/sparse_recipe"))
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"),
-                        help="the results file")
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"), help="the results file")
     args = parser.parse_args()
 
     data_assignments = KINDS[args.kind]() + args.dset
@@ -85,15 +84,22 @@ def main() -> int:
                 keep[part] = {k: result[part][k] for k in ("n_cases", "cross_entropy", "recall@1", "recall@5")}
         known_count = data_root / "reports" / "eval" / "popularity_history.json"
         if KNOWN_OUTFITS_KEY in result and known_count.exists():  # an "_attrs" model with history, on its known
-            count = json.loads(known_count.read_text())          # targets against popularity + own history
+            count = json.loads(known_count.read_text())  # targets against popularity + own history
             if count.get(OUTFITS_KEY):
                 keep["known_against_popularity_history"] = {
-                    "model": result["test_known"]["cross_entropy"], "yardstick": count["test"]["cross_entropy"],
-                    **paired_difference(result[KNOWN_OUTFITS_KEY], count[OUTFITS_KEY], "cross_entropy")}
+                    "model": result["test_known"]["cross_entropy"],
+                    "yardstick": count["test"]["cross_entropy"],
+                    **paired_difference(result[KNOWN_OUTFITS_KEY], count[OUTFITS_KEY], "cross_entropy"),
+                }
         record(args.out, f"{key}/evaluation", keep)
     recipe = {k: project.params["train"][k] for k in RECIPE_KEYS}
-    settings = {"data": data_assignments, "run": args.set, "recipe": recipe, "variant": args.variant,
-                "seconds": project.timings}
+    settings = {
+        "data": data_assignments,
+        "run": args.set,
+        "recipe": recipe,
+        "variant": args.variant,
+        "seconds": project.timings,
+    }
     record(args.out, f"{key}/settings", settings)
     return 0
 

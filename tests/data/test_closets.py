@@ -146,16 +146,24 @@ def brute_force(observed: list, prior: np.ndarray) -> dict:
         for outfit in itertools.product(range(9), repeat=len(observed)):
             if len(set(TYPES[list(outfit)])) < len(outfit):
                 continue
-            ok = all(names[a] == o if o not in ("MASK", "UNK") else (names[a] not in VOCAB) == (o == "UNK")
-                     for a, o in zip(outfit, observed))
+            ok = all(
+                names[a] == o if o not in ("MASK", "UNK") else (names[a] not in VOCAB) == (o == "UNK")
+                for a, o in zip(outfit, observed)
+            )
             if ok:
                 scores[names[outfit[observed.index("MASK")]]] += prior[c] * np.prod(e[c, list(outfit)])
     total = sum(scores.values())
     return {a: v / total for a, v in scores.items()}
 
 
-CASES = [["MASK", "a2", "a5"], ["a0", "MASK", "UNK"], ["MASK", "UNK", "UNK", "a3"], ["a7", "a1", "MASK"],
-         ["MASK", "a4"], ["UNK", "MASK", "a5", "a2"]]
+CASES = [
+    ["MASK", "a2", "a5"],
+    ["a0", "MASK", "UNK"],
+    ["MASK", "UNK", "UNK", "a3"],
+    ["a7", "a1", "MASK"],
+    ["MASK", "a4"],
+    ["UNK", "MASK", "a5", "a2"],
+]
 
 
 def _encode(observed: list) -> list:
@@ -173,9 +181,11 @@ def test_the_optimum_is_the_story_s_posterior(observed):
     blind = build_closet_optimum(TINY, np.array(SPECIALS + VOCAB, dtype=object), with_context=False)
     seen = build_closet_optimum(TINY, np.array(SPECIALS + VOCAB, dtype=object), True,
                                 customer_digits=KEYS[:, None], context_digits=[("who", 1)], radix=[2])  # fmt: skip
-    for model, prior, context in ((blind, np.full(3, 1 / 3), None),
-                                  (seen, np.array([0.5, 0, 0.5]), {"who": torch.tensor([0])}),
-                                  (seen, np.array([0.0, 1, 0]), {"who": torch.tensor([1])})):
+    for model, prior, context in (
+        (blind, np.full(3, 1 / 3), None),
+        (seen, np.array([0.5, 0, 0.5]), {"who": torch.tensor([0])}),
+        (seen, np.array([0.0, 1, 0]), {"who": torch.tensor([1])}),
+    ):
         got, expected = _optimum_probs(model, observed, context), brute_force(observed, prior)
         for a in VOCAB:
             assert got[a] == pytest.approx(expected[a], abs=1e-12), (observed, a)
@@ -210,8 +220,17 @@ def test_history_prior_against_enumeration():
 def test_the_optimum_with_history_is_the_story_s_posterior(observed):
     log_prior = closet_history_log_prior(TINY, KEYS, HISTORY_CUSTOMER, HISTORY_ARTICLES, HISTORY, np.array([4, 1]))
     base = build_closet_optimum(TINY, np.array(SPECIALS + VOCAB, dtype=object), with_context=False)
-    model = ClosetHistoryOptimum(base.item_type, base.fresh.log(), base.rewear, base.entry_customer, base.entry_item,
-                                 base.entry_kappa, base.oov_share, log_prior, row_index=np.array([-1, 1, -1, -1, 0]))
+    model = ClosetHistoryOptimum(
+        base.item_type,
+        base.fresh.log(),
+        base.rewear,
+        base.entry_customer,
+        base.entry_item,
+        base.entry_kappa,
+        base.oov_share,
+        log_prior,
+        row_index=np.array([-1, 1, -1, -1, 0]),
+    )
     for row, o in ((0, 4), (1, 1)):
         got = _optimum_probs(model, observed, {OUTFIT_ROW: torch.tensor([o])})
         expected = brute_force(observed, np.exp(log_prior[row]))
@@ -227,11 +246,26 @@ def closets_project(tmp_path_factory):
     from test_optimum import planted_stages
 
     root = tmp_path_factory.mktemp("closets_project")
-    planted_stages(root, {"n_outfits": 3000, "n_articles": 3000, "n_customers": 200, "n_types": 12, "closet_size": 20,
-                          "rewear_probability": 0.4, "popularity_exponent": 0.5},
-                   {"split": "time", "history": {"enabled": True, "max_items": 50}, "article_features": True,
-                    "article_attributes": {"planted": {"product_type": "categorical"}}},
-                   ("ingest", "validate", "features", "baseline", "optimum"), evaluate={"fitb": {"enabled": False}})
+    planted_stages(
+        root,
+        {
+            "n_outfits": 3000,
+            "n_articles": 3000,
+            "n_customers": 200,
+            "n_types": 12,
+            "closet_size": 20,
+            "rewear_probability": 0.4,
+            "popularity_exponent": 0.5,
+        },
+        {
+            "split": "time",
+            "history": {"enabled": True, "max_items": 50},
+            "article_features": True,
+            "article_attributes": {"planted": {"product_type": "categorical"}},
+        },
+        ("ingest", "validate", "features", "baseline", "optimum"),
+        evaluate={"fitb": {"enabled": False}},
+    )
     return root
 
 
@@ -299,4 +333,4 @@ def test_the_sparse_recipe_beats_the_count_on_tiny_closets(closets_project, tmp_
     features = closets_project / "data" / "features"
     assert len(load_split(features, "train", 8)) / cfg.batch_size * cfg.max_epochs < 400  # steps
     best = train(features, tmp_path / "gs", "global_state", 0, model, cfg)["best_val_cross_entropy"]
-    assert (best < count - 0.02 if beats_the_count else best > count + 0.03), (best, count)
+    assert best < count - 0.02 if beats_the_count else best > count + 0.03, (best, count)

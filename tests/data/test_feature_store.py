@@ -35,7 +35,7 @@ def test_load_split_round_trip_matches_the_tables(paper):
     for row, article_ids in enumerate(raw["article_ids"]):
         expected, _ = vocab.to_indices(article_ids)
         assert split.items[row, : len(article_ids)].tolist() == expected.tolist()
-        assert (split.items[row, len(article_ids):] == PAD_INDEX).all()
+        assert (split.items[row, len(article_ids) :] == PAD_INDEX).all()
     stored_customers = pd.read_parquet(features_dir / "customers.parquet").set_index("customer_id")
     expected_country = stored_customers.loc[raw["customer_id"], "country"].to_numpy()
     np.testing.assert_array_equal(split.context["country"].numpy(), expected_country)
@@ -58,12 +58,14 @@ def test_context_indexer_matches_training_rows_and_reports_unknowns(paper):
         assert tensors[name].dtype == stored.dtype
         assert (tensors[name] == stored).all(), name
 
-    request = pd.DataFrame({
-        "age": [34, None, "not a number"],
-        "gender": ["f", "martian", None],
-        "preferred_brands": [["brand_1", "no-such-brand"], "brand_2", []],
-        "occasion": ["work", "wedding", None],
-    })
+    request = pd.DataFrame(
+        {
+            "age": [34, None, "not a number"],
+            "gender": ["f", "martian", None],
+            "preferred_brands": [["brand_1", "no-such-brand"], "brand_2", []],
+            "occasion": ["work", "wedding", None],
+        }
+    )
     tensors, reports = encoder.encode(request)
     assert tensors["gender"][1] == UNKNOWN_INDEX and tensors["gender"][2] == MISSING_INDEX
     assert tensors["age"].tolist()[1:] == [MISSING_INDEX, UNKNOWN_INDEX]
@@ -94,8 +96,12 @@ def test_reading_features_that_are_not_there_is_a_clear_error(tmp_path):
 def test_the_outfit_encoder_gives_whole_outfits_as_load_split_does(paper):
     features_dir, _, (_, customers, outfits) = paper
     stored = load_split(features_dir, "val", max_set_size=8)
-    rows = outfits.set_index("outfit_id").loc[stored.outfit_ids].reset_index().merge(
-        customers, on="customer_id", how="left")
+    rows = (
+        outfits.set_index("outfit_id")
+        .loc[stored.outfit_ids]
+        .reset_index()
+        .merge(customers, on="customer_id", how="left")
+    )
     encoded = OutfitEncoder.load(features_dir, max_set_size=8).encode(rows, with_mask=False, id_column="outfit_id")
     assert encoded.outfits.outfit_ids == stored.outfit_ids
     assert torch.equal(encoded.outfits.items, stored.items)
@@ -107,10 +113,12 @@ def test_the_outfit_encoder_puts_a_mask_after_a_partial_outfit_and_reports_what_
     features_dir, _, _ = paper
     encoder = OutfitEncoder.load(features_dir, max_set_size=8)
     vocab = encoder.article_vocab
-    rows = pd.DataFrame({
-        "article_ids": [["a0000", "never-seen"], np.array(["a0001"]), ["a0002", "a0003", "a0004"]],
-        "gender": ["f", None, "martian"],
-    })
+    rows = pd.DataFrame(
+        {
+            "article_ids": [["a0000", "never-seen"], np.array(["a0001"]), ["a0002", "a0003", "a0004"]],
+            "gender": ["f", None, "martian"],
+        }
+    )
     encoded = encoder.encode(rows, with_mask=True)
     items = encoded.outfits.items
     assert items.shape == (3, 8)
@@ -119,7 +127,9 @@ def test_the_outfit_encoder_puts_a_mask_after_a_partial_outfit_and_reports_what_
     assert (items[2, 4:] == PAD_INDEX).all() and items[2, 3] == MASK_INDEX
     assert encoded.unknown_article_ids == [["never-seen"], [], []]
     assert "gender" in encoded.missing_features[1] and encoded.unknown_features[2] == ["gender"]
-    with pytest.raises(ContextualBertError, match="row 0: 'article_ids' has 8 ids; an outfit to complete has at most 7"):
+    with pytest.raises(
+        ContextualBertError, match="row 0: 'article_ids' has 8 ids; an outfit to complete has at most 7"
+    ):
         encoder.encode(pd.DataFrame({"article_ids": [[f"a{i:04d}" for i in range(8)]]}), with_mask=True)
     assert encoder.encode(pd.DataFrame({"article_ids": [[f"a{i:04d}" for i in range(8)]]}), with_mask=False)
 
@@ -128,8 +138,9 @@ def test_a_small_request_encodes_exactly_as_the_same_rows_in_a_large_one(paper):
     """A frame of up to SMALL_FRAME_ROWS rows is read in one object conversion, a larger one column by
     column (numeric columns stay numeric): both give the same tensors and reports, odd values included."""
     features_dir, _, (_, customers, outfits) = paper
-    rows = outfits.head(SMALL_FRAME_ROWS + 36).merge(customers, on="customer_id", how="left").drop(
-        columns=["customer_id"])
+    rows = (
+        outfits.head(SMALL_FRAME_ROWS + 36).merge(customers, on="customer_id", how="left").drop(columns=["customer_id"])
+    )
     rows["article_ids"] = [list(ids[:3]) for ids in rows["article_ids"]]
     rows.loc[0, "article_ids"] = ["a0000", "never-seen"]
     rows.loc[1, "gender"] = None

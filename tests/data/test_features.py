@@ -21,8 +21,14 @@ def paper(tmp_path_factory):
 
 def test_files_manifest_and_paper_d_context(paper):
     features_dir, manifest, (articles, customers, outfits) = paper
-    for name in ("article_vocab.parquet", "context_vocab.json", "customers.parquet", "outfits.parquet",
-                 "spec.json", "manifest.json"):
+    for name in (
+        "article_vocab.parquet",
+        "context_vocab.json",
+        "customers.parquet",
+        "outfits.parquet",
+        "spec.json",
+        "manifest.json",
+    ):
         assert (features_dir / name).exists(), name
     assert json.loads((features_dir / MANIFEST_FILE).read_text()) == json.loads(json.dumps(manifest))
     spec = load_spec(features_dir)
@@ -36,8 +42,14 @@ def test_files_manifest_and_paper_d_context(paper):
     assert all(len(h) == 64 for h in manifest["inputs"].values())
     # article attributes off: the files (manifest included) are those of the stage before attributes existed,
     # so their DVC hash and the trained models' lineage do not change
-    assert not set(os.listdir(features_dir)) - {"article_vocab.parquet", "context_vocab.json", "customers.parquet",
-                                                 "outfits.parquet", "spec.json", "manifest.json"}
+    assert not set(os.listdir(features_dir)) - {
+        "article_vocab.parquet",
+        "context_vocab.json",
+        "customers.parquet",
+        "outfits.parquet",
+        "spec.json",
+        "manifest.json",
+    }
     assert not {"article_features", "article_attributes"} & set(manifest["params"])
 
 
@@ -45,22 +57,31 @@ def test_hm_columns_get_default_dims(tmp_path):
     articles, _, outfits = paper_tables(n_outfits=400)
     rng = np.random.default_rng(1)
     n = 300
-    customers = pd.DataFrame({
-        "customer_id": [f"c{i:04d}" for i in range(n)],
-        "age": rng.integers(16, 90, n).astype(float),
-        "club_member_status": rng.choice(["ACTIVE", "PRE-CREATE", None], n),
-        "fashion_news_frequency": rng.choice(["NONE", "Regularly"], n),
-        "FN": rng.choice(["1.0", None], n),
-        "Active": rng.choice(["1.0", None], n),
-        "postal_code": [f"p{i}" for i in range(n)],  # unique per customer: every one rarer than min count 2
-    })
-    validated = write_validated(tmp_path / "validated", HM_SCHEMA, articles, customers,
-                                outfits.drop(columns="occasion"))
+    customers = pd.DataFrame(
+        {
+            "customer_id": [f"c{i:04d}" for i in range(n)],
+            "age": rng.integers(16, 90, n).astype(float),
+            "club_member_status": rng.choice(["ACTIVE", "PRE-CREATE", None], n),
+            "fashion_news_frequency": rng.choice(["NONE", "Regularly"], n),
+            "FN": rng.choice(["1.0", None], n),
+            "Active": rng.choice(["1.0", None], n),
+            "postal_code": [f"p{i}" for i in range(n)],  # unique per customer: every one rarer than min count 2
+        }
+    )
+    validated = write_validated(
+        tmp_path / "validated", HM_SCHEMA, articles, customers, outfits.drop(columns="occasion")
+    )
     cfg = FeaturesConfig(embedding_dims=PAPER_DIMS, default_dim=16)
     manifest = build_features(validated, tmp_path / "features", cfg, max_set_size=8)
     dims = {f["name"]: f["dim"] for f in manifest["spec"]}
-    assert dims == {"age": 32, "club_member_status": 16, "fashion_news_frequency": 16, "FN": 16, "Active": 16,
-                    "postal_code": 16}
+    assert dims == {
+        "age": 32,
+        "club_member_status": 16,
+        "fashion_news_frequency": 16,
+        "FN": 16,
+        "Active": 16,
+        "postal_code": 16,
+    }
     assert manifest["d_context"] == 32 + 5 * 16
     assert manifest["vocab_sizes"]["postal_code"] == N_SPECIAL  # all values below min_context_count
     train = load_split(tmp_path / "features", "train", 8)
@@ -148,7 +169,9 @@ def test_outfit_longer_than_max_set_size_names_file_and_row(tmp_path):
     articles, customers, outfits = paper_tables(n_outfits=300)
     validated = write_validated(tmp_path / "validated", PAPER_SCHEMA, articles, customers, outfits)
     first_too_long = int(np.flatnonzero(outfits["article_ids"].map(len) > 6)[0])
-    with pytest.raises(DataError, match=rf"outfits.parquet, row {first_too_long}, column 'article_ids'.*max_set_size=6"):
+    with pytest.raises(
+        DataError, match=rf"outfits.parquet, row {first_too_long}, column 'article_ids'.*max_set_size=6"
+    ):
         build_features(validated, tmp_path / "features", paper_cfg(), max_set_size=6)
 
 
@@ -186,8 +209,10 @@ def test_split_without_known_validation_target_stops_features_with_one_line(tmp_
     split = assign_splits(outfits["outfit_id"].tolist(), 0.045, 0.045, 0)
     outfits = outfits.copy()
     val_rows = np.flatnonzero(split == "val")
-    outfits["article_ids"] = [[f"only-in-val-{i}-{j}" for j in range(4)] if i in set(val_rows) else ids
-                              for i, ids in enumerate(outfits["article_ids"])]
+    outfits["article_ids"] = [
+        [f"only-in-val-{i}-{j}" for j in range(4)] if i in set(val_rows) else ids
+        for i, ids in enumerate(outfits["article_ids"])
+    ]
     validated = write_validated(tmp_path / "validated", PAPER_SCHEMA, articles, customers, outfits)
     with pytest.raises(ContextualBertError) as info:
         build_features(validated, tmp_path / "features", paper_cfg(), max_set_size=8)
@@ -203,12 +228,23 @@ def test_too_few_outfits_in_a_split_names_the_threshold(tmp_path):
     validated = write_validated(tmp_path / "validated", PAPER_SCHEMA, articles, customers, outfits)
     split = assign_splits(outfits["outfit_id"].tolist(), 0.045, 0.045, 0)
     n_val, n_test = int((split == "val").sum()), int((split == "test").sum())
-    with pytest.raises(ContextualBertError, match=rf"the val split has only {n_val} outfits "
-                                                  rf"\(features.min_split_outfits={n_val + 1}\).*val_fraction"):
-        build_features(validated, tmp_path / "features", paper_cfg(min_split_outfits=n_val + 1,
-                                                                   min_known_targets=1), max_set_size=8)
-    build_features(validated, tmp_path / "features",
-                   paper_cfg(min_split_outfits=min(n_val, n_test), min_known_targets=1), max_set_size=8)
+    with pytest.raises(
+        ContextualBertError,
+        match=rf"the val split has only {n_val} outfits "
+        rf"\(features.min_split_outfits={n_val + 1}\).*val_fraction",
+    ):
+        build_features(
+            validated,
+            tmp_path / "features",
+            paper_cfg(min_split_outfits=n_val + 1, min_known_targets=1),
+            max_set_size=8,
+        )
+    build_features(
+        validated,
+        tmp_path / "features",
+        paper_cfg(min_split_outfits=min(n_val, n_test), min_known_targets=1),
+        max_set_size=8,
+    )
 
 
 # --- article attributes: the catalogue (issue 14) -----------------------------------------------------------
@@ -221,13 +257,20 @@ def _catalogue_features(root, **overrides):
 
     articles, customers, outfits = paper_tables()
     articles.loc[3, "product_type"] = None  # a missing value: the article stays, its value is missing
-    extra = pd.DataFrame({"article_id": ["new1", "new2"], "product_type": ["top", "gown"], "brand": "brand_0",
-                          "color": ["red", None], "style": "casual", "price": [12.0, float("nan")]})
+    extra = pd.DataFrame(
+        {
+            "article_id": ["new1", "new2"],
+            "product_type": ["top", "gown"],
+            "brand": "brand_0",
+            "color": ["red", None],
+            "style": "casual",
+            "price": [12.0, float("nan")],
+        }
+    )
     articles = pd.concat([articles, extra], ignore_index=True)  # in no outfit: the catalogue still holds them
     schema = DataSchema("synthetic", PAPER_SCHEMA.context_columns)
     validated = write_validated(root / "validated", schema, articles, customers, outfits)
-    cfg = paper_cfg(**{"min_article_count": 2, "article_features": True, "article_attributes": ATTRIBUTES,
-                       **overrides})
+    cfg = paper_cfg(**{"min_article_count": 2, "article_features": True, "article_attributes": ATTRIBUTES, **overrides})
     return build_features(validated, root / "features", cfg, max_set_size=8), articles, outfits
 
 

@@ -47,9 +47,9 @@ def test_writes_the_contract(data):
     for name in TABLES:
         for column, logical in PAPER_SCHEMA.columns_of(name).items():
             arrow_type = str(pq.read_schema(out / f"{name}.parquet").field(column).type)
-            assert arrow_type == {"string": "string", "float": "double", "list[string]": "list<element: string>"}[
-                logical
-            ], (name, column, arrow_type)
+            assert (
+                arrow_type == {"string": "string", "float": "double", "list[string]": "list<element: string>"}[logical]
+            ), (name, column, arrow_type)
     articles, customers, outfits = tables["articles"], tables["customers"], tables["outfits"]
     assert articles["article_id"].is_unique and customers["customer_id"].is_unique and outfits["outfit_id"].is_unique
     assert (articles["price"] > 0).all()
@@ -203,7 +203,8 @@ def test_customer_taste_strength_0_draws_the_articles_as_without_hidden_tastes(t
     zero, one = (pd.read_parquet(tmp_path / d / "outfits.parquet") for d in ("zero", "one"))
     for name in ("articles", "customers"):
         assert pq.read_table(tmp_path / "zero" / f"{name}.parquet").equals(
-            pq.read_table(tmp_path / "one" / f"{name}.parquet"))
+            pq.read_table(tmp_path / "one" / f"{name}.parquet")
+        )
     same = ["outfit_id", "customer_id", "occasion", DATE_COLUMN]
     assert zero[same].equals(one[same])
     assert (zero["article_ids"].map(len) == one["article_ids"].map(len)).all()
@@ -225,7 +226,9 @@ def test_the_hidden_favourite_brand_and_colour_show_in_the_outfits(tmp_path):
         c = items["customer_id"].map(customer_row).to_numpy()
         brand_number = items["brand"].str.removeprefix("brand_").astype(int).to_numpy()
         color_number = items["color"].map({name: i for i, name in enumerate(COLORS)}).to_numpy()
-        shares[strength] = ((brand_number == hidden["hidden_brand"][c]).mean(),
-                            (color_number == hidden["hidden_color"][c]).mean())
+        shares[strength] = (
+            (brand_number == hidden["hidden_brand"][c]).mean(),
+            (color_number == hidden["hidden_color"][c]).mean(),
+        )
     assert shares[1.0][0] > 1.5 * shares[0.0][0]  # x3 on the hidden brand
     assert shares[1.0][1] > 1.3 * shares[0.0][1]  # x2 on the hidden colour

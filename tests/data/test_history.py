@@ -101,7 +101,12 @@ def test_the_time_split_leaves_no_training_outfit_after_the_cut(dated):
     features, (_, _, outfits) = dated
     split = pq.read_table(features / OUTFITS_FILE).column("split").to_numpy(zero_copy_only=False)
     day = outfits[DATE_COLUMN].to_numpy()
-    assert day[split == "train"].max() < day[split == "val"].min() <= day[split == "val"].max() < day[split == "test"].min()
+    assert (
+        day[split == "train"].max()
+        < day[split == "val"].min()
+        <= day[split == "val"].max()
+        < day[split == "test"].min()
+    )
     cfg = paper_cfg()
     for name, share in (("val", cfg.val_fraction), ("test", cfg.test_fraction)):
         assert 0.5 * share < (split == name).mean() < 2 * share, name  # whole days: about the share
@@ -110,8 +115,10 @@ def test_the_time_split_leaves_no_training_outfit_after_the_cut(dated):
 
 def test_history_or_the_time_split_without_dates_is_a_one_line_error(tmp_path):
     validated = write_validated(tmp_path / "validated", PAPER_SCHEMA, *paper_tables())
-    for cfg, what in ((paper_cfg(split="time"), "features.split: time"),
-                      (paper_cfg(history=HistoryConfig(enabled=True)), "features.history")):
+    for cfg, what in (
+        (paper_cfg(split="time"), "features.split: time"),
+        (paper_cfg(history=HistoryConfig(enabled=True)), "features.history"),
+    ):
         with pytest.raises(DataError, match=f"{what} needs the outfits' dates") as err:
             build_features(validated, tmp_path / "features", cfg, max_set_size=8)
         assert "\n" not in str(err.value)
@@ -138,8 +145,14 @@ def _model_and_split(features, variant, pooling="mean", **readers):
     spec = load_spec(features)
     vocab_rows = pq.read_metadata(features / "article_vocab.parquet").num_rows
     torch.manual_seed(0)
-    cfg = ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32, history_pooling=pooling,
-                      **({"history_repeat": False, "history_bag": False} | readers))
+    cfg = ModelConfig(
+        d_model=16,
+        n_blocks=1,
+        n_heads=2,
+        d_ff=32,
+        history_pooling=pooling,
+        **({"history_repeat": False, "history_bag": False} | readers),
+    )
     model = build_model(cfg, variant, vocab_rows, spec).eval()
     if pooling == "attention":  # a query that tells articles apart (it starts at zero: the mean, scaled)
         for module in model.modules():
@@ -148,8 +161,15 @@ def _model_and_split(features, variant, pooling="mean", **readers):
     return model, load_split(features, "test", 8)
 
 
-@pytest.mark.parametrize("variant, pooling", [("global_state", "mean"), ("bag_of_items_context", "mean"),
-                                              ("global_state", "attention"), ("bag_of_items_context", "attention")])
+@pytest.mark.parametrize(
+    "variant, pooling",
+    [
+        ("global_state", "mean"),
+        ("bag_of_items_context", "mean"),
+        ("global_state", "attention"),
+        ("bag_of_items_context", "attention"),
+    ],
+)
 def test_pooling_is_blind_to_the_order_of_the_history_and_the_history_changes_the_prediction(dated, variant, pooling):
     features, _ = dated
     model, test = _model_and_split(features, variant, pooling)
@@ -172,8 +192,9 @@ def test_a_request_with_history_is_encoded_and_one_without_reports_it_missing(da
     features, (_, _, outfits) = dated
     encoder = OutfitEncoder.load(features, 8)
     known = [a for a in outfits["article_ids"].iloc[0]]
-    rows = pd.DataFrame({"article_ids": [known[:3], known[:3], known[:3]],
-                         HISTORY_COLUMN: [known[3:] + ["nope"], None, []]})
+    rows = pd.DataFrame(
+        {"article_ids": [known[:3], known[:3], known[:3]], HISTORY_COLUMN: [known[3:] + ["nope"], None, []]}
+    )
     encoded = encoder.encode(rows, with_mask=True)
     history = encoded.outfits.context[HISTORY_FEATURE]
     assert history.shape == (3, MAX_ITEMS)
@@ -212,7 +233,9 @@ def test_attention_pooling_weighs_the_history_by_its_evidence_and_gives_the_bias
 
 
 @pytest.mark.parametrize("variant", ["global_state", "bag_of_items_context"])
-def test_the_repeat_offset_raises_exactly_the_history_articles_and_the_sampled_columns_are_the_full_ones(dated, variant):
+def test_the_repeat_offset_raises_exactly_the_history_articles_and_the_sampled_columns_are_the_full_ones(
+    dated, variant
+):
     features, _ = dated
     model, test = _model_and_split(features, variant)
     spec, n = load_spec(features), pq.read_metadata(features / "article_vocab.parquet").num_rows
@@ -249,7 +272,10 @@ def test_the_repeat_offset_raises_exactly_the_history_articles_and_the_sampled_c
         full = repeating.outfit_offsets(items, select, context=test.context)
         sampled = repeating.outfit_offsets(items, select, candidates, context=test.context)
     torch.testing.assert_close(sampled, full[:, candidates])
-    assert repeating.outfit_offsets(items, select) is None and model.outfit_offsets(items, select, context=test.context) is None
+    assert (
+        repeating.outfit_offsets(items, select) is None
+        and model.outfit_offsets(items, select, context=test.context) is None
+    )
 
 
 def test_the_served_trace_of_a_history_model_equals_the_model_with_and_without_history(dated):
@@ -270,8 +296,9 @@ def test_the_served_trace_of_a_history_model_equals_the_model_with_and_without_h
     core = OutfitCompleterCore(model, OutfitEncoder.load(features, 8), torch.device("cpu"))
     assert core.masked_logits != model.masked_logits  # the trace, not the module
     ids = [a for row in outfits["article_ids"].iloc[:6] for a in row]
-    rows = pd.DataFrame({"article_ids": [ids[:2], ids[2:5], ids[5:6], ids[:3]],
-                         HISTORY_COLUMN: [ids[6:20], None, ids[8:9], ids[3:30]]})
+    rows = pd.DataFrame(
+        {"article_ids": [ids[:2], ids[2:5], ids[5:6], ids[:3]], HISTORY_COLUMN: [ids[6:20], None, ids[8:9], ids[3:30]]}
+    )
     encoded = core.encode(rows)
     items, context = encoded.outfits.items, encoded.outfits.context
     with torch.no_grad():
@@ -313,8 +340,12 @@ def test_the_defaults_read_the_history_three_ways_and_a_checkpoint_from_before_l
     spec, n = load_spec(features), pq.read_metadata(features / "article_vocab.parquet").num_rows
     default = build_model(ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32), "global_state", n, spec)
     assert default.reader(HistoryRepeat) is not None and default.reader(HistoryBag) is not None
-    assert build_model(ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32), "bag_of_items_context", n,
-                       spec).reader(HistoryRepeat) is not None  # the bag of items reads its history through c: no gate
+    assert (
+        build_model(ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32), "bag_of_items_context", n, spec).reader(
+            HistoryRepeat
+        )
+        is not None
+    )  # the bag of items reads its history through c: no gate
     before, _ = _model_and_split(features, "global_state")
     payload = model_payload(before)
     for key in ("history_repeat", "history_bag"):
@@ -337,9 +368,15 @@ def test_a_history_champion_reencoded_from_validated_data_reads_its_history(date
     assert model.reads_history
     save_checkpoint(tmp_path / "checkpoint.pt", model, {})
     core = OutfitCompleterCore.load(tmp_path / "checkpoint.pt", features, device="cpu")
-    features_cfg = paper_cfg(min_article_count=2, split="time", history=HistoryConfig(enabled=True, max_items=MAX_ITEMS))
-    cfg = Config.model_validate({"paths": {"features_dir": str(features), "validated_dir": str(features.parent / "validated")},
-                                 "features": features_cfg.model_dump()})
+    features_cfg = paper_cfg(
+        min_article_count=2, split="time", history=HistoryConfig(enabled=True, max_items=MAX_ITEMS)
+    )
+    cfg = Config.model_validate(
+        {
+            "paths": {"features_dir": str(features), "validated_dir": str(features.parent / "validated")},
+            "features": features_cfg.model_dump(),
+        }
+    )
     stored = load_split(features, "val", 8)
     reencoded = validation_cases(cfg, core, "other-features", "current-features")
     assert reencoded.outfit_ids == stored.outfit_ids and torch.equal(reencoded.items, stored.items)

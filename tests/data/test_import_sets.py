@@ -84,14 +84,16 @@ def test_pairs_without_an_outfit_or_item_id_are_quarantined_with_their_line(tmp_
     assert report["sets_kept"] == clean["sets_kept"] and report["pairs_malformed_dropped"] == 2
     quarantine = pq.read_table(tmp_path / "raw" / IMPORT_QUARANTINE).to_pylist()
     assert [(r["file"], r["line"], r["column"], r["reason"], r["text"]) for r in quarantine] == [
-        ("pairs.csv", 4, "outfit_id", "no outfit id", ",item_x,"), ("pairs.csv", 5, "item_id", "no item id", "look_y,,")]
+        ("pairs.csv", 4, "outfit_id", "no outfit id", ",item_x,"),
+        ("pairs.csv", 5, "item_id", "no item id", "look_y,,"),
+    ]
     assert report["quarantined"] == {"file": IMPORT_QUARANTINE, "rows": 2}
     assert pq.read_table(tmp_path / "clean" / IMPORT_QUARANTINE).num_rows == clean["quarantined"]["rows"] == 0
 
     sets[2]["items"][1]["item_id"] = ""  # the Polyvore layout: the set's place in the list
     (tmp_path / "train.json").write_text(json.dumps(sets))
     import_sets(tmp_path / "train.json", tmp_path / "polyvore", ImportSetsConfig())
-    row, = pq.read_table(tmp_path / "polyvore" / IMPORT_QUARANTINE).to_pylist()
+    (row,) = pq.read_table(tmp_path / "polyvore" / IMPORT_QUARANTINE).to_pylist()
     assert (row["line"], row["column"], row["reason"]) == (3, "item_id", "no item id")
 
 
@@ -125,8 +127,9 @@ def test_one_row_per_set_with_its_items_as_a_list_gives_the_same_outfits(tmp_pat
     up); an empty list and a null in a list are pairs without an item id, quarantined with their row."""
     source, sets = write_polyvore(tmp_path / "train.json")
     import_sets(source, tmp_path / "from_json", ImportSetsConfig())
-    rows = pd.DataFrame({"outfit_id": [s["set_id"] for s in sets],
-                         "item_id": [[i["item_id"] for i in s["items"]] for s in sets]})
+    rows = pd.DataFrame(
+        {"outfit_id": [s["set_id"] for s in sets], "item_id": [[i["item_id"] for i in s["items"]] for s in sets]}
+    )
     first = rows.at[1, "item_id"][0]
     rows.at[1, "item_id"] = first if suffix == ".jsonl" else [first]  # one item (JSON: as is; Parquet: a list) ...
     rows.loc[len(rows)] = [sets[1]["set_id"], [i["item_id"] for i in sets[1]["items"][1:]]]  # ... the rest later
@@ -142,7 +145,9 @@ def test_one_row_per_set_with_its_items_as_a_list_gives_the_same_outfits(tmp_pat
     assert got["article_ids"].map(list).tolist() == expected["article_ids"].map(list).tolist()
     quarantine = pq.read_table(tmp_path / "raw" / IMPORT_QUARANTINE).to_pylist()
     assert [(r["line"], r["column"], r["reason"]) for r in quarantine] == [
-        (len(sets) + 2, "item_id", "no item id"), (len(sets) + 3, "item_id", "no item id")]
+        (len(sets) + 2, "item_id", "no item id"),
+        (len(sets) + 3, "item_id", "no item id"),
+    ]
 
 
 def test_polyvore_items_as_ids_and_sets_keyed_by_id_give_the_same_outfits(tmp_path):
@@ -150,9 +155,11 @@ def test_polyvore_items_as_ids_and_sets_keyed_by_id_give_the_same_outfits(tmp_pa
     import_sets(source, tmp_path / "from_json", ImportSetsConfig())
     expected = pd.read_parquet(tmp_path / "from_json" / "outfits.parquet")
     ids = [[i["item_id"] for i in s["items"]] for s in sets]
-    layouts = {"ids": [{"set_id": s["set_id"], "items": i} for s, i in zip(sets, ids)],
-               "keyed": {s["set_id"]: {"items": s["items"]} for s in sets},
-               "keyed_ids": {s["set_id"]: i for s, i in zip(sets, ids)}}
+    layouts = {
+        "ids": [{"set_id": s["set_id"], "items": i} for s, i in zip(sets, ids)],
+        "keyed": {s["set_id"]: {"items": s["items"]} for s in sets},
+        "keyed_ids": {s["set_id"]: i for s, i in zip(sets, ids)},
+    }
     for name, layout in layouts.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(layout))
         report = import_sets(tmp_path / f"{name}.json", tmp_path / name, ImportSetsConfig())
@@ -166,9 +173,11 @@ def test_gzipped_text_gives_the_same_outfits_and_lines(tmp_path, name):
     source, sets = write_polyvore(tmp_path / "train.json", n_sets=60)
     import_sets(source, tmp_path / "plain", ImportSetsConfig())
     pairs = pd.read_csv(write_pairs_csv(tmp_path / "pairs.csv", sets), dtype=str)
-    text = {"pairs.csv.gz": pairs.assign(user="u1").to_csv(index=False) + ",no_outfit,u1\n",  # quarantined
-            "pairs.jsonl.gz": pairs.to_json(orient="records", lines=True),
-            "train.json.gz": source.read_text()}[name]
+    text = {
+        "pairs.csv.gz": pairs.assign(user="u1").to_csv(index=False) + ",no_outfit,u1\n",  # quarantined
+        "pairs.jsonl.gz": pairs.to_json(orient="records", lines=True),
+        "train.json.gz": source.read_text(),
+    }[name]
     path = tmp_path / name
     path.write_bytes(gzip.compress(text.encode()))
     customers = tmp_path / "customers.csv.gz"  # the customers table gzipped too
@@ -180,7 +189,7 @@ def test_gzipped_text_gives_the_same_outfits_and_lines(tmp_path, name):
     got = pd.read_parquet(tmp_path / "raw" / "outfits.parquet")
     assert got["article_ids"].map(list).tolist() == expected["article_ids"].map(list).tolist()
     if name == "pairs.csv.gz":
-        row, = pq.read_table(tmp_path / "raw" / IMPORT_QUARANTINE).to_pylist()
+        (row,) = pq.read_table(tmp_path / "raw" / IMPORT_QUARANTINE).to_pylist()
         assert (row["file"], row["line"], row["reason"]) == (name, len(pairs) + 2, "no outfit id")
         customers = pd.read_parquet(tmp_path / "raw" / "customers.parquet")  # text: validation types it
         assert customers.to_dict("list") == {"customer_id": ["u1"], "age": ["30"]}
@@ -198,10 +207,12 @@ def test_lines_that_cannot_be_read_are_quarantined_and_the_rest_imported(tmp_pat
     _, sets = write_polyvore(tmp_path / "train.json", n_sets=40)
     name = "pairs.tsv" if delim == "\t" else "pairs.csv"
     lines = [line.replace(",", delim) for line in write_pairs_csv(tmp_path / name, sets).read_text().splitlines()]
-    bad = {5: (f"look_x{delim}item_x{delim}extra", "item_id", "too many fields"),
-           9: ("look_x", "item_id", "too few fields"),
-           12: (f'"look_x{delim}item_x', "outfit_id", "a quote left open or misplaced"),
-           20: (b"look_x" + delim.encode() + b"caf\xe9", "outfit_id", "not UTF-8 text")}
+    bad = {
+        5: (f"look_x{delim}item_x{delim}extra", "item_id", "too many fields"),
+        9: ("look_x", "item_id", "too few fields"),
+        12: (f'"look_x{delim}item_x', "outfit_id", "a quote left open or misplaced"),
+        20: (b"look_x" + delim.encode() + b"caf\xe9", "outfit_id", "not UTF-8 text"),
+    }
     data = [line.encode() for line in lines]
     for at, (text, _, _) in sorted(bad.items()):  # at: its line in the file
         data.insert(at - 1, text if isinstance(text, bytes) else text.encode())
@@ -210,11 +221,14 @@ def test_lines_that_cannot_be_read_are_quarantined_and_the_rest_imported(tmp_pat
     report = import_sets(tmp_path / name, tmp_path / "raw", ImportSetsConfig())
     import_sets(tmp_path / "train.json", tmp_path / "clean", ImportSetsConfig())
     for table in ("outfits", "articles"):
-        assert pq.read_table(tmp_path / "raw" / f"{table}.parquet").equals(pq.read_table(tmp_path / "clean" / f"{table}.parquet"))
+        assert pq.read_table(tmp_path / "raw" / f"{table}.parquet").equals(
+            pq.read_table(tmp_path / "clean" / f"{table}.parquet")
+        )
     quarantine = pq.read_table(tmp_path / "raw" / IMPORT_QUARANTINE).to_pylist()
     lines_at = {at + (at > 15) for at in bad}  # the blank line moved those after it
     assert [(r["file"], r["line"], r["column"], r["reason"].split(" (")[0]) for r in quarantine] == [
-        (name, at + (at > 15), column, reason) for at, (_, column, reason) in sorted(bad.items())]
+        (name, at + (at > 15), column, reason) for at, (_, column, reason) in sorted(bad.items())
+    ]
     assert {r["line"] for r in quarantine} == lines_at and "look_x" in quarantine[-1]["text"]
     # counts add up: the file's lines = header + blank + pairs read + lines not read
     assert len(data) == 1 + 1 + report["pairs"] + report["lines_rejected"][name]
@@ -225,14 +239,24 @@ def test_a_customers_line_that_cannot_be_read_is_quarantined(tmp_path):
     (tmp_path / "pairs.csv").write_text("".join(f"o{o};i{i};u{o % 2}\n" for o in range(3) for i in range(o, o + 5)))
     (tmp_path / "pairs.csv").write_text("look;item;user\n" + (tmp_path / "pairs.csv").read_text())
     (tmp_path / "customers.csv").write_text("User|REGION\nu0|north\nu1|south|extra\n")  # names in any case
-    cfg = ImportSetsConfig(outfit_column="look", item_column="item", customer_column="user",
-                           customers=tmp_path / "customers.csv", context={"region": "categorical"})
+    cfg = ImportSetsConfig(
+        outfit_column="look",
+        item_column="item",
+        customer_column="user",
+        customers=tmp_path / "customers.csv",
+        context={"region": "categorical"},
+    )
     report = import_sets(tmp_path / "pairs.csv", tmp_path / "raw", cfg)
     assert report["sets_kept"] == 3 and report["rows"]["customers"] == 1
     assert report["outfits_without_customer_row"] == 1  # u1's row was not read
-    row, = pq.read_table(tmp_path / "raw" / IMPORT_QUARANTINE).to_pylist()
+    (row,) = pq.read_table(tmp_path / "raw" / IMPORT_QUARANTINE).to_pylist()
     assert (row["file"], row["line"], row["column"], row["reason"], row["text"]) == (
-        "customers.csv", 3, "region", "too many fields (3, not 2)", "u1|south|extra")
+        "customers.csv",
+        3,
+        "region",
+        "too many fields (3, not 2)",
+        "u1|south|extra",
+    )
     assert report["lines_rejected"] == {"pairs.csv": 0, "customers.csv": 1}
 
 
@@ -254,8 +278,11 @@ def test_customers_with_declared_context_validate_and_become_features(tmp_path):
     customers["styles"] = customers["styles"].map(lambda v: "|".join(v))  # CSV: a|b text
     customers.loc[3, "age"] = np.nan
     customers.to_csv(tmp_path / "customers.csv", index=False)
-    cfg = ImportSetsConfig(customer_column="user", customers=tmp_path / "customers.csv",
-                           context={"region": "categorical", "styles": "multi_categorical", "age": "numeric"})
+    cfg = ImportSetsConfig(
+        customer_column="user",
+        customers=tmp_path / "customers.csv",
+        context={"region": "categorical", "styles": "multi_categorical", "age": "numeric"},
+    )
     report = import_sets(tmp_path / "pairs.csv", tmp_path / "raw", cfg)
     assert report["outfits_without_customer"] == 0 and report["rows"]["customers"] == 60
     assert report["outfits_without_customer_row"] == (1 if 4 <= len({i["item_id"] for i in sets[0]["items"]}) <= 8
@@ -265,8 +292,11 @@ def test_customers_with_declared_context_validate_and_become_features(tmp_path):
     assert summary["passed"] and summary["tables"]["customers"]["quarantined"] == 0
     cfg = FeaturesConfig(default_dim=8, val_fraction=0.15, test_fraction=0.15)
     manifest = build_features(tmp_path / "validated", tmp_path / "features", cfg, 8)
-    assert {f["name"]: f["kind"] for f in manifest["spec"]} == {"region": "categorical",
-                                                                 "styles": "multi_categorical", "age": "numeric"}
+    assert {f["name"]: f["kind"] for f in manifest["spec"]} == {
+        "region": "categorical",
+        "styles": "multi_categorical",
+        "age": "numeric",
+    }
     assert manifest["d_context"] == 24
     train = load_split(tmp_path / "features", "train", 8)
     assert set(train.context) == {"region", "styles", "age"}
@@ -274,8 +304,11 @@ def test_customers_with_declared_context_validate_and_become_features(tmp_path):
 
 def test_bad_input_is_a_one_line_error(tmp_path):
     (tmp_path / "sets.json").write_text(json.dumps([{"set_id": "1", "items": [{"id": "x"}]}]))
-    with pytest.raises(DataError, match=r"sets\.json, row 0, column 'items': an item of a set must be its id or an "
-                                        r"object with 'item_id'$"):
+    with pytest.raises(
+        DataError,
+        match=r"sets\.json, row 0, column 'items': an item of a set must be its id or an "
+        r"object with 'item_id'$",
+    ):
         import_sets(tmp_path / "sets.json", tmp_path / "raw", ImportSetsConfig())
     (tmp_path / "pairs.csv").write_text("outfit,item_id\n1,a\n")
     with pytest.raises(DataError, match=r"pairs\.csv, column 'outfit_id': required column missing"):
@@ -287,8 +320,11 @@ def test_bad_input_is_a_one_line_error(tmp_path):
         (tmp_path / "pairs.txt").write_text("x")
         import_sets(tmp_path / "pairs.txt", tmp_path / "raw", ImportSetsConfig())
     (tmp_path / "pairs.csv").write_text("outfit_id,item_id\n1,a\n1,b\n2,c\n")  # no set large enough
-    with pytest.raises(DataError, match=r"pairs\.csv: no outfit kept: of 2 sets none has 4-8 distinct items "
-                                        r"\(2 too small, 0 too large\)"):
+    with pytest.raises(
+        DataError,
+        match=r"pairs\.csv: no outfit kept: of 2 sets none has 4-8 distinct items "
+        r"\(2 too small, 0 too large\)",
+    ):
         import_sets(tmp_path / "pairs.csv", tmp_path / "raw", ImportSetsConfig())
     assert json.loads((tmp_path / "raw" / "ingest_report.json").read_text())["sets_kept"] == 0  # why, to read
 
@@ -360,7 +396,9 @@ def test_import_sets_command_reads_a_two_column_csv(tmp_path, capsys):
     params.write_text(yaml.safe_dump({"paths": {"raw_dir": str(tmp_path / "raw")}}))
     assert main(["--params", str(params), "import-sets", "--source", str(pairs)]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["layout"] == "pairs" and report["sets_kept"] == len(pd.read_parquet(tmp_path / "raw" / "outfits.parquet"))
+    assert report["layout"] == "pairs" and report["sets_kept"] == len(
+        pd.read_parquet(tmp_path / "raw" / "outfits.parquet")
+    )
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
     assert main(["--params", str(params), "import-sets", "--source", str(tmp_path / "bad.csv")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -378,10 +416,13 @@ def _dated_pairs(path: Path, dates: dict[str, list]) -> Path:
 
 
 def test_a_date_column_dates_the_outfits_and_bad_dates_go_to_the_quarantine(tmp_path):
-    dates = {"o0": ["2020-03-01"] * 5, "o1": ["2020-03-02", None, None, "2020-03-02", "2020-03-02"],
-             "o2": ["2020-03-01", "2020-03-02", "2020-03-01", "2020-03-01", "2020-03-01"],  # disagree
-             "o3": ["2020-03-01", "soon", "2020-03-01", "2020-03-01", "2020-03-01"],  # unreadable
-             "o4": [None] * 5}  # none
+    dates = {
+        "o0": ["2020-03-01"] * 5,
+        "o1": ["2020-03-02", None, None, "2020-03-02", "2020-03-02"],
+        "o2": ["2020-03-01", "2020-03-02", "2020-03-01", "2020-03-01", "2020-03-01"],  # disagree
+        "o3": ["2020-03-01", "soon", "2020-03-01", "2020-03-01", "2020-03-01"],  # unreadable
+        "o4": [None] * 5,
+    }  # none
     source = _dated_pairs(tmp_path / "pairs.csv", dates)
     report = import_sets(source, tmp_path / "raw", ImportSetsConfig(date_column="when"))
     outfits = pq.read_table(tmp_path / "raw" / "outfits.parquet")
@@ -394,8 +435,10 @@ def test_a_date_column_dates_the_outfits_and_bad_dates_go_to_the_quarantine(tmp_
     assert set(quarantine["column"]) == {"when"}
     reasons = quarantine.assign(outfit=quarantine["text"].str.split(",").str[0]).groupby("outfit")["reason"]
     assert set(reasons.get_group("o2")) == {"the outfit's rows disagree on the date"}
-    assert sorted(set(reasons.get_group("o3"))) == ["another row of its outfit has no readable date",
-                                                    "not a date (a date (YYYY-MM-DD) or an integer sequence number)"]
+    assert sorted(set(reasons.get_group("o3"))) == [
+        "another row of its outfit has no readable date",
+        "not a date (a date (YYYY-MM-DD) or an integer sequence number)",
+    ]
     assert set(reasons.get_group("o4")) == {"the outfit has no date"}
     # the quarantined line is the row's line in the CSV (header: line 1)
     assert quarantine.loc[quarantine["reason"].str.startswith("not a date"), "line"].tolist() == [2 + 3 * 5 + 1]
@@ -410,8 +453,7 @@ def test_an_integer_date_is_a_sequence_number_from_1970_01_01(tmp_path):
     # the same from Parquet, where the column is integers
     pd.read_csv(source).to_parquet(tmp_path / "pairs.parquet")
     import_sets(tmp_path / "pairs.parquet", tmp_path / "raw2", ImportSetsConfig(date_column="when"))
-    assert pq.read_table(tmp_path / "raw2" / "outfits.parquet").column(DATE_COLUMN).equals(
-        outfits.column(DATE_COLUMN))
+    assert pq.read_table(tmp_path / "raw2" / "outfits.parquet").column(DATE_COLUMN).equals(outfits.column(DATE_COLUMN))
 
 
 def test_without_date_column_the_outfits_carry_no_date(tmp_path):

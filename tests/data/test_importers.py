@@ -81,8 +81,11 @@ def test_basket_definitions(tmp_path):
 def test_an_outfit_is_dated_by_its_basket_s_first_day(tmp_path):
     """The date column (date32): the day of a day basket, the Monday of a week basket, the first purchase day
     of a session (c001 bought on the 20th and the 21st: the week of the 17th, the session of the 20th)."""
-    expected = {"day": ("c001_2018-09-20", "2018-09-20"), "week": ("c001_w2018-09-17", "2018-09-17"),
-                "session": ("c001_s2018-09-20", "2018-09-20")}
+    expected = {
+        "day": ("c001_2018-09-20", "2018-09-20"),
+        "week": ("c001_w2018-09-17", "2018-09-17"),
+        "session": ("c001_s2018-09-20", "2018-09-20"),
+    }
     source = hm_fixture(tmp_path / "hm")
     for basket, (outfit_id, day) in expected.items():
         import_hm(source, tmp_path / basket, ImportHMConfig(basket=basket))
@@ -98,12 +101,15 @@ def test_articles_without_optional_columns(tmp_path):
     source = hm_fixture(tmp_path / "hm")
     articles = pd.read_csv(source / "articles.csv", dtype=str)
     articles.drop(columns=["section_name", "graphical_appearance_name", "prod_name"]).to_csv(
-        source / "articles.csv", index=False)
+        source / "articles.csv", index=False
+    )
     customers = pd.read_csv(source / "customers.csv", dtype=str)
     customers.drop(columns=["postal_code"]).to_csv(source / "customers.csv", index=False)
     report = import_hm(source, tmp_path / "out", ImportHMConfig())
-    assert report["columns_missing"] == {"articles.csv": ["section_name", "graphical_appearance_name", "prod_name"],
-                                         "customers.csv": ["postal_code"]}
+    assert report["columns_missing"] == {
+        "articles.csv": ["section_name", "graphical_appearance_name", "prod_name"],
+        "customers.csv": ["postal_code"],
+    }
     assert report["baskets_kept"] == 5
     out = pd.read_parquet(tmp_path / "out" / "articles.parquet")
     assert out["brand"].isna().all() and out["style"].isna().all() and out["color"].notna().all()
@@ -160,8 +166,7 @@ def test_fixture_articles_and_customers_mapped(fixture_import):
 
 
 def test_min_max_items_from_config(tmp_path):
-    report = import_hm(hm_fixture(tmp_path / "hm"), tmp_path / "out", ImportHMConfig(), max_set_size=9,
-                       min_set_size=3)
+    report = import_hm(hm_fixture(tmp_path / "hm"), tmp_path / "out", ImportHMConfig(), max_set_size=9, min_set_size=3)
     assert report["baskets_kept"] == 7  # the 3-item and the 9-item baskets now count
     assert report["baskets_dropped"]["too_small"] == 0 and report["baskets_dropped"]["too_large"] == 0
 
@@ -186,10 +191,12 @@ def test_missing_file_and_column_are_one_line_errors(tmp_path):
 def test_lines_that_cannot_be_read_or_used_are_quarantined_with_their_line(tmp_path):
     source = hm_fixture(tmp_path / "hm")
     tx = (source / TRANSACTIONS).read_text().splitlines()
-    bad_tx = {"2018-13-45,c001,109000001,0.0100,2": ("t_dat", "not a date"),
-              "2018-09-20,c002,101000001,0.0100,2,extra": (None, "too many fields"),
-              "2018-09-20,c002,101000001": ("price", "too few fields"),
-              "2018-09-20,c001,,0.0100,2": ("article_id", "no article id")}
+    bad_tx = {
+        "2018-13-45,c001,109000001,0.0100,2": ("t_dat", "not a date"),
+        "2018-09-20,c002,101000001,0.0100,2,extra": (None, "too many fields"),
+        "2018-09-20,c002,101000001": ("price", "too few fields"),
+        "2018-09-20,c001,,0.0100,2": ("article_id", "no article id"),
+    }
     for at, line in zip((3, 9, 20, len(tx) + 3), bad_tx):  # in between the fixture's rows, which stay as they were
         tx.insert(at, line)
     (source / TRANSACTIONS).write_text("\n".join(tx) + "\n")
@@ -207,25 +214,37 @@ def test_lines_that_cannot_be_read_or_used_are_quarantined_with_their_line(tmp_p
     assert got == [
         (ARTICLES, len(articles) + 1, "product_code", "not UTF-8 text"),
         (CUSTOMERS, len(customers.splitlines()), "customer_id", "no customer id"),
-        *sorted([(TRANSACTIONS, tx_line[text], column, reason) for text, (column, reason) in bad_tx.items()]
-                + [(TRANSACTIONS, tx.index("2018-09-20,,107000001,0.0060,2") + 1, "customer_id", "no customer id")],
-                key=lambda r: r[1]),
+        *sorted(
+            [(TRANSACTIONS, tx_line[text], column, reason) for text, (column, reason) in bad_tx.items()]
+            + [(TRANSACTIONS, tx.index("2018-09-20,,107000001,0.0060,2") + 1, "customer_id", "no customer id")],
+            key=lambda r: r[1],
+        ),
     ]
     assert {r["text"] for r in quarantine if r["file"] == TRANSACTIONS} >= set(bad_tx)  # as written
     # counts add up: lines = rows read + lines not read; quarantined = lines not read + rows read but unusable
     assert report["transactions"] + report["lines_rejected"][TRANSACTIONS] == len(tx) - 1
     assert report["customers_rows"] + report["lines_rejected"][CUSTOMERS] == len(customers.splitlines()) - 1
     assert report["articles_rows"] + report["lines_rejected"][ARTICLES] == len(articles)
-    assert report["quarantined"]["rows"] == len(quarantine) == sum(report["lines_rejected"].values()) + sum(
-        report[k] for k in ("transactions_malformed_dropped", "customers_without_id_dropped", "articles_without_id_dropped"))
+    assert (
+        report["quarantined"]["rows"]
+        == len(quarantine)
+        == sum(report["lines_rejected"].values())
+        + sum(
+            report[k]
+            for k in ("transactions_malformed_dropped", "customers_without_id_dropped", "articles_without_id_dropped")
+        )
+    )
 
 
 def test_an_import_without_an_outfit_is_a_one_line_error(tmp_path):
     source = hm_fixture(tmp_path / "hm")
     rows = (source / TRANSACTIONS).read_text().splitlines()
     (source / TRANSACTIONS).write_text("\n".join(rows[:3]) + "\n")  # one basket of two articles
-    with pytest.raises(DataError, match=r"hm: no outfit kept: of 1 baskets \(import_hm.basket: day\) none has "
-                                        r"4-8 distinct articles \(1 too small, 0 too large\)"):
+    with pytest.raises(
+        DataError,
+        match=r"hm: no outfit kept: of 1 baskets \(import_hm.basket: day\) none has "
+        r"4-8 distinct articles \(1 too small, 0 too large\)",
+    ):
         import_hm(source, tmp_path / "out", ImportHMConfig())
     report = json.loads((tmp_path / "out" / "ingest_report.json").read_text())  # written: why, to read
     assert report["baskets_kept"] == 0 and report["baskets_dropped"]["too_small"] == report["baskets"] == 1
@@ -236,8 +255,11 @@ def test_a_file_with_nothing_usable_is_a_one_line_error(tmp_path):
     pristine = (source / TRANSACTIONS).read_text()
     rows = pristine.splitlines()
     (source / TRANSACTIONS).write_text("\n".join([rows[0], *(",".join(r.split(",")[:3]) for r in rows[1:]), ""]))
-    with pytest.raises(DataError, match=r"transactions_train\.csv, column 'price': line 2: too few fields .*"
-                                        "no line of the file could be read"):
+    with pytest.raises(
+        DataError,
+        match=r"transactions_train\.csv, column 'price': line 2: too few fields .*"
+        "no line of the file could be read",
+    ):
         import_hm(source, tmp_path / "out", ImportHMConfig())
     (source / TRANSACTIONS).write_text(pristine.replace("2018-09-", "20/09/"))
     with pytest.raises(DataError, match=r"transactions_train\.csv, column 't_dat': line 2: not a date"):
@@ -254,46 +276,70 @@ def test_other_delimiters_decimal_commas_and_iso_date_times_import_as_the_kaggle
         rows = [line.split(",") for line in (source / name).read_text().splitlines()]
         if name == TRANSACTIONS:  # dates as ISO date-times, times and zones that must not move the day
             times = ["T23:59:59+02:00", " 00:00:00", "T10:15", " 23:30:00.123Z", ""]
-            rows = [rows[0], *([r[0] + times[i % len(times)], *r[1:3], r[3].replace(".", ","), *r[4:]]
-                               for i, r in enumerate(rows[1:]))]  # and prices with a decimal comma
+            rows = [
+                rows[0],
+                *(
+                    [r[0] + times[i % len(times)], *r[1:3], r[3].replace(".", ","), *r[4:]]
+                    for i, r in enumerate(rows[1:])
+                ),
+            ]  # and prices with a decimal comma
         if name == CUSTOMERS:  # ages and flags with a decimal comma
-            rows = [rows[0], *([r[0], *(v.replace(".", ",") for v in r[1:3]), *r[3:5], r[5].replace(".", ","),
-                                *r[6:]] for r in rows[1:])]
+            rows = [
+                rows[0],
+                *(
+                    [r[0], *(v.replace(".", ",") for v in r[1:3]), *r[3:5], r[5].replace(".", ","), *r[6:]]
+                    for r in rows[1:]
+                ),
+            ]
         (source / name).write_text("\n".join(delim.join(r) for r in rows) + "\n")
-    (source / TRANSACTIONS).write_text((source / TRANSACTIONS).read_text() + delim.join(
-        ["2018-09-20 noon", "c001", "101000001", "0.0100", "2"]) + "\n")
+    (source / TRANSACTIONS).write_text(
+        (source / TRANSACTIONS).read_text() + delim.join(["2018-09-20 noon", "c001", "101000001", "0.0100", "2"]) + "\n"
+    )
     report = import_hm(source, tmp_path / "out", ImportHMConfig())
     clean_out, clean = fixture_import
     for table in ("outfits", "articles", "customers"):
-        assert pq.read_table(tmp_path / "out" / f"{table}.parquet").equals(pq.read_table(clean_out / f"{table}.parquet"))
+        assert pq.read_table(tmp_path / "out" / f"{table}.parquet").equals(
+            pq.read_table(clean_out / f"{table}.parquet")
+        )
     assert report["transactions_malformed_dropped"] == clean["transactions_malformed_dropped"] + 1
     bad = pq.read_table(tmp_path / "out" / IMPORT_QUARANTINE).to_pylist()[-1]
     assert (bad["column"], bad["reason"].split(" (")[0], bad["text"]) == (
-        "t_dat", "not a date", delim.join(["2018-09-20 noon", "c001", "101000001", "0.0100", "2"]))
+        "t_dat",
+        "not a date",
+        delim.join(["2018-09-20 noon", "c001", "101000001", "0.0100", "2"]),
+    )
 
 
-@pytest.mark.parametrize("date_format, write", [
-    ("%d/%m/%Y", lambda y, m, d: f"{d}/{m}/{y}"),
-    ("%m/%d/%Y %H:%M", lambda y, m, d: f"{int(m)}/{int(d)}/{y} 23:59"),
-    ("%Y%m%d", lambda y, m, d: f"{y}{m}{d}"),
-])
+@pytest.mark.parametrize(
+    "date_format, write",
+    [
+        ("%d/%m/%Y", lambda y, m, d: f"{d}/{m}/{y}"),
+        ("%m/%d/%Y %H:%M", lambda y, m, d: f"{int(m)}/{int(d)}/{y} 23:59"),
+        ("%Y%m%d", lambda y, m, d: f"{y}{m}{d}"),
+    ],
+)
 def test_another_date_form_imports_as_the_kaggle_files_with_date_format(tmp_path, fixture_import, date_format, write):
     source = hm_fixture(tmp_path / "hm")
     header, *rows = (source / TRANSACTIONS).read_text().splitlines()
     rows = [",".join([write(*r.split(",")[0].split("-")), *r.split(",")[1:]]) for r in rows]
-    rows[1] = "2018-09-20" + rows[1][rows[1].index(","):]  # an ISO date is always read
+    rows[1] = "2018-09-20" + rows[1][rows[1].index(",") :]  # an ISO date is always read
     (source / TRANSACTIONS).write_text("\n".join([header, *rows, "31/31/2018,c001,101000001,0.0100,2"]) + "\n")
     with pytest.raises(DataError, match="no outfit kept"):  # without the format only the ISO date is read
         import_hm(source, tmp_path / "iso", ImportHMConfig())
     assert pq.read_table(tmp_path / "iso" / IMPORT_QUARANTINE).to_pylist()[0]["reason"] == (
-        "not a date (YYYY-MM-DD, or an ISO date and time; another form: set import_hm.date_format)")
+        "not a date (YYYY-MM-DD, or an ISO date and time; another form: set import_hm.date_format)"
+    )
     report = import_hm(source, tmp_path / "out", ImportHMConfig(date_format=date_format))
     clean_out, clean = fixture_import
     for table in ("outfits", "articles", "customers"):
-        assert pq.read_table(tmp_path / "out" / f"{table}.parquet").equals(pq.read_table(clean_out / f"{table}.parquet"))
+        assert pq.read_table(tmp_path / "out" / f"{table}.parquet").equals(
+            pq.read_table(clean_out / f"{table}.parquet")
+        )
     bad = pq.read_table(tmp_path / "out" / IMPORT_QUARANTINE).to_pylist()[-1]
-    assert (bad["line"], bad["reason"]) == (len(rows) + 2, "not a date (YYYY-MM-DD, an ISO date and time, or "
-                                                           f"import_hm.date_format '{date_format}')")
+    assert (bad["line"], bad["reason"]) == (
+        len(rows) + 2,
+        f"not a date (YYYY-MM-DD, an ISO date and time, or import_hm.date_format '{date_format}')",
+    )
     assert report["transactions_malformed_dropped"] == clean["transactions_malformed_dropped"] + 1
     with pytest.raises(DataError, match=r"import_hm.date_format '%Q' is not a strptime format"):
         import_hm(source, tmp_path / "bad", ImportHMConfig(date_format="%Q"))
@@ -307,7 +353,9 @@ def test_column_names_in_another_letter_case_import_as_the_kaggle_files(tmp_path
     import_hm(source, tmp_path / "out", ImportHMConfig())
     clean_out, _ = fixture_import
     for table in ("outfits", "articles", "customers"):
-        assert pq.read_table(tmp_path / "out" / f"{table}.parquet").equals(pq.read_table(clean_out / f"{table}.parquet"))
+        assert pq.read_table(tmp_path / "out" / f"{table}.parquet").equals(
+            pq.read_table(clean_out / f"{table}.parquet")
+        )
     header, rest = (source / CUSTOMERS).read_text().split("\n", 1)  # the same column twice but for case
     (source / CUSTOMERS).write_text(header + ",FN\n" + rest.replace("\n", ",1\n"))
     with pytest.raises(DataError, match=r"customers\.csv, column 'FN': column named twice"):
@@ -337,7 +385,9 @@ def test_gzipped_and_parquet_files_import_as_the_kaggle_files(tmp_path, fixture_
     report = import_hm(source, tmp_path / "out", ImportHMConfig())
     clean_out, clean = fixture_import
     for table in ("outfits", "articles", "customers"):
-        assert pq.read_table(tmp_path / "out" / f"{table}.parquet").equals(pq.read_table(clean_out / f"{table}.parquet"))
+        assert pq.read_table(tmp_path / "out" / f"{table}.parquet").equals(
+            pq.read_table(clean_out / f"{table}.parquet")
+        )
     assert report["files"] == {TRANSACTIONS: gz.name, CUSTOMERS: "customers.parquet", ARTICLES: "articles.parquet"}
     bad = pq.read_table(tmp_path / "out" / IMPORT_QUARANTINE).to_pylist()
     assert (gz.name, 6, "too many fields") in [(r["file"], r["line"], r["reason"].split(" (")[0]) for r in bad]
@@ -352,7 +402,8 @@ def test_gzipped_and_parquet_files_import_as_the_kaggle_files(tmp_path, fixture_
     rows = [i + 1 for i in frame.index[frame["customer_id"].isna()]]  # the 4th and the fixture's own
     parquet = "transactions_train.parquet"
     assert rows[0] == 4 and [(r["file"], r["line"], r["column"]) for r in bad if r["file"] == parquet] == [
-        (parquet, row, "customer_id") for row in rows]
+        (parquet, row, "customer_id") for row in rows
+    ]
     assert report["transactions_malformed_dropped"] == clean["transactions_malformed_dropped"] + 1
 
 
@@ -365,10 +416,15 @@ def test_a_parquet_t_dat_with_a_time_zone_gives_its_utc_day_on_any_machine(tmp_p
     frame["t_dat"] = frame["t_dat"].dt.tz_localize("UTC") + pd.Timedelta(hours=23, minutes=30)  # late in the day
     frame.to_parquet(source / "transactions_train.parquet", index=False)
     (source / TRANSACTIONS).unlink()
-    code = ("import sys; from contextual_bert.data.sources.hm import import_hm; "
-            "from contextual_bert.config import ImportHMConfig; import_hm(sys.argv[1], sys.argv[2], ImportHMConfig())")
-    subprocess.run([sys.executable, "-c", code, str(source), str(tmp_path / "out")], check=True,
-                   env={**os.environ, "TZ": "Pacific/Auckland"})  # where 23:30 UTC is the next day
+    code = (
+        "import sys; from contextual_bert.data.sources.hm import import_hm; "
+        "from contextual_bert.config import ImportHMConfig; import_hm(sys.argv[1], sys.argv[2], ImportHMConfig())"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code, str(source), str(tmp_path / "out")],
+        check=True,
+        env={**os.environ, "TZ": "Pacific/Auckland"},
+    )  # where 23:30 UTC is the next day
     clean_out, _ = fixture_import
     assert pq.read_table(tmp_path / "out" / "outfits.parquet").equals(pq.read_table(clean_out / "outfits.parquet"))
 
@@ -376,8 +432,11 @@ def test_a_parquet_t_dat_with_a_time_zone_gives_its_utc_day_on_any_machine(tmp_p
 def test_two_copies_of_a_file_or_a_broken_one_is_a_one_line_error(tmp_path):
     source = hm_fixture(tmp_path / "hm")
     (source / "articles.parquet").write_bytes(b"PAR1 not really")
-    with pytest.raises(DataError, match=r"articles\.csv: articles\.csv and articles\.parquet both hold articles: "
-                                        "keep one"):
+    with pytest.raises(
+        DataError,
+        match=r"articles\.csv: articles\.csv and articles\.parquet both hold articles: "
+        "keep one",
+    ):
         import_hm(source, tmp_path / "out", ImportHMConfig())
     (source / ARTICLES).unlink()
     with pytest.raises(DataError, match=r"articles\.parquet: not a Parquet file"):
@@ -453,5 +512,7 @@ def test_real_sample_with_30_percent_of_articles_removed_drops_no_basket_for_it(
     assert report["outfits_with_articles_without_row"] > 0 and report["articles_without_row"] > 0
     assert report["rows"]["articles"] < full["rows"]["articles"]
     outfits = pd.read_parquet(tmp_path / "out" / "outfits.parquet")
-    unknown = ~outfits["article_ids"].explode().isin(pd.read_parquet(tmp_path / "out" / "articles.parquet")["article_id"])
+    unknown = ~outfits["article_ids"].explode().isin(
+        pd.read_parquet(tmp_path / "out" / "articles.parquet")["article_id"]
+    )
     assert unknown.groupby(level=0).any().sum() == report["outfits_with_articles_without_row"]

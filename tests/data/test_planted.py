@@ -93,8 +93,10 @@ def test_without_hidden_tastes_the_data_is_what_it_was_before_the_setting(tmp_pa
     # computed with the generator of commit 1e8b0b4, before hidden_taste_strength existed, on an Intel Xeon; the
     # generator's floating point rounds otherwise on an AMD EPYC, whose hash was taken at commit a2d7be6 (the same at
     # 3a0268c): the data is the same on one CPU vendor, not across them (docs/reproducibility.md, 3b)
-    expected = {"GenuineIntel": "d746d9469d3a2b84d5ad8755e3e55ac5a74d7b9bd441dfc1fe533e397914f11f",
-                "AuthenticAMD": "9710d87fa9e1aa01d59c226cfad714af92fa64260b83a3236a1b366a4a21848e"}
+    expected = {
+        "GenuineIntel": "d746d9469d3a2b84d5ad8755e3e55ac5a74d7b9bd441dfc1fe533e397914f11f",
+        "AuthenticAMD": "9710d87fa9e1aa01d59c226cfad714af92fa64260b83a3236a1b366a4a21848e",
+    }
     vendor = cpu_kernels.cpu()["vendor"]
     if vendor not in expected:
         pytest.skip(f"no planted-data hash measured on a {vendor or 'unknown'} CPU")
@@ -108,7 +110,8 @@ def test_hidden_tastes_are_carried_by_no_column(tmp_path):
     generate_planted(hidden, tmp_path / "hidden")
     for name in ("articles", "customers"):  # the same catalogue and customers, column for column
         assert pd.read_parquet(tmp_path / "hidden" / f"{name}.parquet").equals(
-            pd.read_parquet(tmp_path / "visible" / f"{name}.parquet")), name
+            pd.read_parquet(tmp_path / "visible" / f"{name}.parquet")
+        ), name
     truth, about = load_truth(tmp_path / "hidden"), json.loads((tmp_path / "hidden" / TRUTH_JSON).read_text())
     base = load_truth(tmp_path / "visible")
     style_and_colour = base.log_weight - truth.log_weight  # the visible taste part, minus the hidden one
@@ -206,8 +209,9 @@ def test_a_hidden_customer_taste_moves_only_the_tastes_and_the_truth_holds_it(tm
     for name in ("articles", "customers"):
         assert pd.read_parquet(tmp_path / f"{name}.parquet").equals(tables[name]), name
     outfits = pd.read_parquet(tmp_path / "outfits.parquet")
-    assert outfits[["outfit_id", "customer_id", DATE_COLUMN]].equals(tables["outfits"][["outfit_id", "customer_id",
-                                                                                        DATE_COLUMN]])
+    assert outfits[["outfit_id", "customer_id", DATE_COLUMN]].equals(
+        tables["outfits"][["outfit_id", "customer_id", DATE_COLUMN]]
+    )
     assert (outfits["article_ids"].map(len) == tables["outfits"]["article_ids"].map(len)).all()
     truth, before = load_truth(tmp_path), load_truth(out)
     assert truth.has_customer_taste and truth.customer_taste_table.shape == (4, SMALL.n_tastes)

@@ -15,20 +15,27 @@ from contextual_bert.data.vocabularies import ContextIndexer
 from contextual_bert.model import ArticleAttributes, TextEmbedding
 
 
-@pytest.mark.parametrize("text, words", [
-    ("Slim-fit Jeans, ÉCRU & the Crème", ["slim", "fit", "jeans", "ecru", "creme"]),
-    ("JEANS jeans  Jeans.", ["jeans"]),
-    ("a 5-pocket pair of jeans with a zip", ["pocket", "pair", "jeans", "zip"]),  # one-letter words dropped
-    ("", []), (None, []), (float("nan"), []), ("the and of", []),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("Slim-fit Jeans, ÉCRU & the Crème", ["slim", "fit", "jeans", "ecru", "creme"]),
+        ("JEANS jeans  Jeans.", ["jeans"]),
+        ("a 5-pocket pair of jeans with a zip", ["pocket", "pair", "jeans", "zip"]),  # one-letter words dropped
+        ("", []),
+        (None, []),
+        (float("nan"), []),
+        ("the and of", []),
+    ],
+)
 def test_text_words_fold_case_accents_punctuation_and_stop_words(text, words):
     assert text_words(text) == words
 
 
 def fitted(values, **settings):
     cfg = FeaturesConfig(**settings)
-    feature, entry = _fit_feature("description", "text", "article", np.asarray(values, dtype=object), cfg, 8,
-                                  cfg.min_context_count)
+    feature, entry = _fit_feature(
+        "description", "text", "article", np.asarray(values, dtype=object), cfg, 8, cfg.min_context_count
+    )
     return feature, ContextIndexer(ContextSpec((feature,)), {"description": entry})
 
 
@@ -38,8 +45,9 @@ def test_the_vocabulary_keeps_words_on_enough_train_articles_and_unseen_words_ar
     assert indexer.vocab["description"]["values"] == ["black", "jeans"]  # on 2+ articles; slim, blue... on one
     assert feature.kind == "text" and feature.cardinality == N_SPECIAL + 2 and feature.max_values == 3
     index = {w: N_SPECIAL + i for i, w in enumerate(indexer.vocab["description"]["values"])}
-    encoded, missing, unknown = indexer.encode_feature(feature, np.array(["JEANS, black!", "velvet jeans", None,
-                                                                          "the"], dtype=object))
+    encoded, missing, unknown = indexer.encode_feature(
+        feature, np.array(["JEANS, black!", "velvet jeans", None, "the"], dtype=object)
+    )
     assert encoded[0].tolist() == [index["jeans"], index["black"], PAD_INDEX]
     assert encoded[1].tolist() == [UNKNOWN_INDEX, index["jeans"], PAD_INDEX]  # velvet: not fitted
     assert encoded[2, 0] == MISSING_INDEX and encoded[3, 0] == MISSING_INDEX and missing.tolist()[2:] == [True, True]
@@ -51,8 +59,12 @@ def test_an_article_keeps_its_first_max_text_words_distinct_words():
     feature, indexer = fitted([text, text], min_text_count=1, max_text_words=4)
     assert feature.max_values == 4
     encoded, _, _ = indexer.encode_feature(feature, np.array([text], dtype=object))
-    assert [indexer.vocab["description"]["values"][i - N_SPECIAL] for i in encoded[0]] == \
-        ["word0", "word1", "word2", "word3"]
+    assert [indexer.vocab["description"]["values"][i - N_SPECIAL] for i in encoded[0]] == [
+        "word0",
+        "word1",
+        "word2",
+        "word3",
+    ]
 
 
 def test_an_articles_text_vector_is_the_mean_of_its_words_embeddings():
@@ -81,10 +93,12 @@ def test_the_outfit_offsets_leave_text_attributes_out():
 
     text, _ = fitted(["black jeans", "black dress"], min_text_count=1)
     spec = ContextSpec((FeatureSpec("product_type", "categorical", "article", N_SPECIAL + 2, 8), text))
-    model = build_model(ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=16), "none_attrs", 10, ContextSpec(()),
-                        spec)
+    model = build_model(
+        ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=16), "none_attrs", 10, ContextSpec(()), spec
+    )
     overlap = model.reader(AttributeOverlap)
     assert [f.name for f in overlap.spec.features] == ["product_type"] and len(overlap.offsets) == 1
-    only_text = build_model(ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=16), "none_attrs", 10,
-                            ContextSpec(()), ContextSpec((text,)))
+    only_text = build_model(
+        ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=16), "none_attrs", 10, ContextSpec(()), ContextSpec((text,))
+    )
     assert only_text.reader(AttributeOverlap) is None

@@ -23,11 +23,22 @@ from contextual_bert.errors import DataError
 
 RETAILER = Path(__file__).resolve().parents[1] / "fixtures" / "retailer"
 # what a user of that retailer's files sets (docs/curated_products.md)
-RETAILER_SETS = {"source": str(RETAILER / "outfits.csv"), "outfit_column": "Outfit ID", "item_column": "Item ID",
-                 "articles": str(RETAILER / "products.tsv"), "article_id_column": "item_id",
-                 "article_columns": {"color": "Colour"}}
-RETAILER_ATTRIBUTES = {"category": "categorical", "product_type": "categorical", "color": "categorical",
-                       "fabric": "categorical", "gender": "categorical", "description": "text"}
+RETAILER_SETS = {
+    "source": str(RETAILER / "outfits.csv"),
+    "outfit_column": "Outfit ID",
+    "item_column": "Item ID",
+    "articles": str(RETAILER / "products.tsv"),
+    "article_id_column": "item_id",
+    "article_columns": {"color": "Colour"},
+}
+RETAILER_ATTRIBUTES = {
+    "category": "categorical",
+    "product_type": "categorical",
+    "color": "categorical",
+    "fabric": "categorical",
+    "gender": "categorical",
+    "description": "text",
+}
 
 
 def retailer_import(tmp_path: Path) -> tuple[dict, pd.DataFrame]:
@@ -40,9 +51,16 @@ def products_table() -> pd.DataFrame:
     return table.dropna(subset=["ITEM_ID", "Gender"])  # not the two bad lines
 
 
-@pytest.mark.parametrize("column, name", [("Product-Type", "product_type"), ("Product Type", "product_type"),
-                                          ("PRODUCT_TYPE", "product_type"), (" product.type ", "product_type"),
-                                          ("Colour", "colour")])
+@pytest.mark.parametrize(
+    "column, name",
+    [
+        ("Product-Type", "product_type"),
+        ("Product Type", "product_type"),
+        ("PRODUCT_TYPE", "product_type"),
+        (" product.type ", "product_type"),
+        ("Colour", "colour"),
+    ],
+)
 def test_a_column_name_maps_whatever_its_case_and_separators(column, name):
     assert article_name(column) == name
 
@@ -55,8 +73,12 @@ def test_products_columns_of_another_case_or_separator_map_right(tmp_path):
     assert report["products"]["columns"]["Product Family"] == "product_family"
     with_row = articles[articles["article_id"].isin(products.index)].set_index("article_id")
     assert len(with_row) == len(products)  # the id column "ITEM_ID" read as item_id, whatever its case
-    for ours, theirs in (("product_type", "Product-Type"), ("color", "Colour"), ("category", "Category"),
-                         ("description", "Description")):
+    for ours, theirs in (
+        ("product_type", "Product-Type"),
+        ("color", "Colour"),
+        ("category", "Category"),
+        ("description", "Description"),
+    ):
         assert (with_row[ours] == products.loc[with_row.index, theirs]).all(), ours
 
 
@@ -101,13 +123,20 @@ def test_malformed_product_lines_go_to_the_quarantine_with_their_line(tmp_path):
 def test_polyvore_item_metadata_keyed_by_id(tmp_path):
     sets = [{"set_id": "s1", "items": [{"item_id": "1"}, {"item_id": "2"}, {"item_id": "3"}, {"item_id": "4"}]}]
     (tmp_path / "sets.json").write_text(json.dumps(sets))
-    metadata = {"1": {"title": "Black Skinny Jeans", "description": "Stretch denim", "semantic_category": "bottoms",
-                      "categories": ["Jeans", "Skinny"]},
-                "2": {"title": "White tee", "semantic_category": "tops", "categories": ["Tops"]},
-                "9": {"title": "Red bag", "semantic_category": "bags", "categories": []}}
+    metadata = {
+        "1": {
+            "title": "Black Skinny Jeans",
+            "description": "Stretch denim",
+            "semantic_category": "bottoms",
+            "categories": ["Jeans", "Skinny"],
+        },
+        "2": {"title": "White tee", "semantic_category": "tops", "categories": ["Tops"]},
+        "9": {"title": "Red bag", "semantic_category": "bags", "categories": []},
+    }
     (tmp_path / "polyvore_item_metadata.json").write_text(json.dumps(metadata))
-    report = import_sets(tmp_path / "sets.json", tmp_path / "raw",
-                         ImportSetsConfig(articles=tmp_path / "polyvore_item_metadata.json"))
+    report = import_sets(
+        tmp_path / "sets.json", tmp_path / "raw", ImportSetsConfig(articles=tmp_path / "polyvore_item_metadata.json")
+    )
     articles = pd.read_parquet(tmp_path / "raw" / "articles.parquet").set_index("article_id")
     assert list(articles.index) == ["1", "2", "3", "4", "9"]
     assert articles.loc["1", "title"] == "Black Skinny Jeans" and articles.loc["2", "semantic_category"] == "tops"
@@ -120,16 +149,22 @@ def test_bad_products_tables_are_one_line_errors(tmp_path):
     pairs.write_text("outfit_id,item_id\n" + "".join(f"o,{i}\n" for i in range(4)))
     products = tmp_path / "products.csv"
     products.write_text("item_id,Colour,colour\n1,red,blue\n")
-    with pytest.raises(DataError, match=r"products.csv, column 'colour': two products columns are both read as "
-                                        r"'colour'") as error:
+    with pytest.raises(
+        DataError,
+        match=r"products.csv, column 'colour': two products columns are both read as "
+        r"'colour'",
+    ) as error:
         import_sets(pairs, tmp_path / "raw", ImportSetsConfig(articles=products))
     assert "\n" not in str(error.value)
     products.write_text("sku,colour\n1,red\n")
     with pytest.raises(DataError, match=r"products.csv, column 'item_id': required column missing"):
         import_sets(pairs, tmp_path / "raw", ImportSetsConfig(articles=products))
     with pytest.raises(DataError, match=r"column 'Color': import_sets.article_columns maps color"):
-        import_sets(pairs, tmp_path / "raw", ImportSetsConfig(articles=products, article_id_column="sku",
-                                                              article_columns={"color": "Color"}))
+        import_sets(
+            pairs,
+            tmp_path / "raw",
+            ImportSetsConfig(articles=products, article_id_column="sku", article_columns={"color": "Color"}),
+        )
 
 
 def retailer_params(tmp_path: Path) -> Path:
@@ -171,5 +206,6 @@ def test_attribute_models_train_and_rank_unseen_targets_on_the_retailers_outfits
     known, written = result["test_known_outfits"], json.loads(cfg.eval_path("none_attrs-s0").read_text())
     assert sum(known["cases"]) == result["test_known"]["n_cases"] and written["test_known_outfits"] == known
     assert sum(known["sums"]["cross_entropy"]) / sum(known["cases"]) == pytest.approx(
-        result["test_known"]["cross_entropy"], abs=1e-6)
+        result["test_known"]["cross_entropy"], abs=1e-6
+    )
     assert result["fitb"]["hard"]["attribute"] == "product_type" and 0 <= result["test"]["fitb_hard"] <= 1

@@ -30,7 +30,10 @@ def test_every_source_names_the_files_it_reads(tmp_path):
         SOURCES["hm"].inputs(_hm_config(source, tmp_path))
     (source / "articles.parquet").unlink()
     assert [p.name for p in SOURCES["hm"].inputs(_hm_config(source, tmp_path))] == [
-        TRANSACTIONS, "customers.csv", "articles.csv"]
+        TRANSACTIONS,
+        "customers.csv",
+        "articles.csv",
+    ]
     sets = Config.model_validate({"ingest": {"source": "sets"}, "import_sets": {"source": str(tmp_path / "no.csv")}})
     with pytest.raises(DataError, match="no.csv: file not found"):
         SOURCES["sets"].inputs(sets)
@@ -41,7 +44,8 @@ def test_the_fingerprint_follows_the_files_content_not_their_time(tmp_path):
     cfg = _hm_config(source, tmp_path)
     first = write_fingerprint(cfg)
     assert first["source"] == "hm" and [f["path"] for f in first["files"]] == [
-        str(source / name) for name in (TRANSACTIONS, "customers.csv", "articles.csv")]
+        str(source / name) for name in (TRANSACTIONS, "customers.csv", "articles.csv")
+    ]
     written = cfg.paths.source_fingerprint.stat().st_mtime_ns
     os.utime(source / TRANSACTIONS)  # touched, same bytes: same fingerprint, the file is left as it was
     assert write_fingerprint(cfg) == first and cfg.paths.source_fingerprint.stat().st_mtime_ns == written
@@ -104,12 +108,18 @@ def test_an_unknown_source_is_a_one_line_error_of_the_stages_that_read_sources_o
     from contextual_bert.cli import main
 
     params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump({"ingest": {"source": "nope"},
-                                      "paths": {"source_fingerprint": str(tmp_path / "source.json")}}))
+    params.write_text(
+        yaml.safe_dump({"ingest": {"source": "nope"}, "paths": {"source_fingerprint": str(tmp_path / "source.json")}})
+    )
     Config.model_validate(yaml.safe_load(params.read_text()))  # loads: the trainings never read ingest.source
     for stage in ("ingest", "source"):
-        proc = subprocess.run([str(Path(sys.executable).parent / "contextual-bert"), "--params", str(params), stage], capture_output=True, text=True)
+        proc = subprocess.run(
+            [str(Path(sys.executable).parent / "contextual-bert"), "--params", str(params), stage],
+            capture_output=True,
+            text=True,
+        )
         assert proc.returncode == 2
         assert proc.stderr.strip().splitlines() == [
-            f"contextual-bert {stage}: error: params.yaml: ingest.source 'nope' is not one of {sorted(SOURCES)}"]
+            f"contextual-bert {stage}: error: params.yaml: ingest.source 'nope' is not one of {sorted(SOURCES)}"
+        ]
     assert main(["--params", str(params), "import-sets", "--source", str(tmp_path / "missing.json")]) == 2

@@ -95,15 +95,18 @@ FAULTS = {
     "customer_repeated_style": ("customers", "expect_column_values_to_be_in_set(preferred_styles__n_repeated)"),
     "customer_empty_nogo": ("customers", "expect_column_values_to_be_in_set(nogo_product_types__n_bad_values)"),
     "customer_price_range_reversed": (
-        "customers", "expect_column_pair_values_a_to_be_greater_than_b(price_max, price_min)"
+        "customers",
+        "expect_column_pair_values_a_to_be_greater_than_b(price_max, price_min)",
     ),  # fmt: skip
     "outfit_too_small": ("outfits", "expect_column_values_to_be_between(article_ids__n_items)"),
     "outfit_too_large": ("outfits", "expect_column_values_to_be_between(article_ids__n_items)"),
     "outfit_repeated_article": (
-        "outfits", "expect_column_pair_values_to_be_equal(article_ids__n_items, article_ids__n_distinct)"
+        "outfits",
+        "expect_column_pair_values_to_be_equal(article_ids__n_items, article_ids__n_distinct)",
     ),  # fmt: skip
     "outfit_quarantined_article": (
-        "outfits", "expect_column_values_to_be_in_set(article_ids__n_quarantined_articles)"
+        "outfits",
+        "expect_column_values_to_be_in_set(article_ids__n_quarantined_articles)",
     ),  # fmt: skip
     "outfit_quarantined_customer": ("outfits", "expect_column_values_to_be_in_set(customer_id__is_quarantined)"),
     "outfit_empty_customer": ("outfits", "expect_column_value_lengths_to_be_between(customer_id)"),
@@ -275,8 +278,9 @@ def test_csv_input_with_list_columns_as_json_or_pipes(clean_raw, tmp_path, sep, 
     upper = {c: c.upper() for c in customers.columns if c != TAG}  # names in another letter case, any format
     customers.rename(columns=upper).to_csv(tmp_path / "raw" / "customers.csv", index=False, sep=sep, encoding=encoding)
     tables["articles"].to_parquet(tmp_path / "raw" / "articles.parquet", index=False)
-    tables["outfits"].rename(columns={"article_ids": "Article_Ids"}).to_parquet(tmp_path / "raw" / "outfits.parquet",
-                                                                               index=False)
+    tables["outfits"].rename(columns={"article_ids": "Article_Ids"}).to_parquet(
+        tmp_path / "raw" / "outfits.parquet", index=False
+    )
 
     summary = _run(tmp_path)
     assert summary["tables"]["customers"]["file"].endswith("customers.csv")
@@ -298,8 +302,9 @@ def test_csv_input_with_list_columns_as_json_or_pipes(clean_raw, tmp_path, sep, 
 def test_imported_hm_fixture_validates(tmp_path):
     source = hm_fixture(tmp_path / "hm_source")
     customers = (source / "customers.csv").read_text()  # a status Kaggle's file does not have is a category
-    (source / "customers.csv").write_text(customers.replace("c001,1.0,1.0,ACTIVE,Regularly",
-                                                            "c001,1.0,1.0,SUSPENDED,Weekly"))
+    (source / "customers.csv").write_text(
+        customers.replace("c001,1.0,1.0,ACTIVE,Regularly", "c001,1.0,1.0,SUSPENDED,Weekly")
+    )
     import_hm(source, tmp_path / "raw", ImportHMConfig())
     summary = _run(tmp_path, ValidateConfig())
     assert summary["tables"]["customers"]["quarantined"] == 0
@@ -423,10 +428,12 @@ def test_console_script_one_line_error_no_traceback(clean_raw, tmp_path):
     assert "customers.parquet, column 'customer_id': required column missing" in result.stderr
 
 
-@pytest.mark.parametrize("setting, n_items, valid_at, quarantined_at",
-                         [("min_set_size", 3, 3, 4), ("max_set_size", 9, 10, 8)])
-def test_the_outfit_size_limits_are_ingest_min_set_size_and_model_max_set_size(clean_raw, tmp_path, setting,
-                                                                                n_items, valid_at, quarantined_at):
+@pytest.mark.parametrize(
+    "setting, n_items, valid_at, quarantined_at", [("min_set_size", 3, 3, 4), ("max_set_size", 9, 10, 8)]
+)
+def test_the_outfit_size_limits_are_ingest_min_set_size_and_model_max_set_size(
+    clean_raw, tmp_path, setting, n_items, valid_at, quarantined_at
+):
     """One setting each: an outfit of 3 is valid with ingest.min_set_size 3 and quarantined with 4; one of 9
     is valid with model.max_set_size 10 and quarantined with 8."""
     tables = _tables(clean_raw)
@@ -435,8 +442,9 @@ def test_the_outfit_size_limits_are_ingest_min_set_size_and_model_max_set_size(c
     for value, quarantined in ((valid_at, 0), (quarantined_at, 1)):
         root = tmp_path / str(value)
         _write(root, clean_raw, tables)
-        summary = validate(root / "raw", root / "validated", root / "quarantine", root / "reports", LENIENT,
-                           **{setting: value})
+        summary = validate(
+            root / "raw", root / "validated", root / "quarantine", root / "reports", LENIENT, **{setting: value}
+        )
         assert summary["tables"]["outfits"]["quarantined"] == quarantined, (setting, value)
 
 
@@ -458,8 +466,10 @@ def test_a_null_or_unparseable_date_quarantines_the_outfit_with_its_reason(clean
     assert counts["rows_in"] == len(o) == counts["valid"] + counts["quarantined"]
     assert counts["quarantined"] == 3
     quarantined = _read(tmp_path, "quarantine", "outfits").set_index(TAG)
-    parsed, not_null = f"expect_column_values_to_be_in_set({DATE_COLUMN}__parsed)", \
-        f"expect_column_values_to_not_be_null({DATE_COLUMN})"
+    parsed, not_null = (
+        f"expect_column_values_to_be_in_set({DATE_COLUMN}__parsed)",
+        f"expect_column_values_to_not_be_null({DATE_COLUMN})",
+    )
     for failed in quarantined.loc[["unparseable"], FAILED_COLUMN]:
         assert parsed in list(failed)
     assert list(quarantined.loc[["null"], FAILED_COLUMN].iloc[0]) == [not_null]

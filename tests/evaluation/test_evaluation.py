@@ -242,8 +242,9 @@ def test_attribute_popularity_lifted_by_history_is_popularity_plus_own_history_f
     items = torch.tensor([[3, MASK_INDEX, 0], [MASK_INDEX, 4, 5], [MASK_INDEX, 0, 0]])
     history = torch.tensor([[4, 4, 7, 0], [3, 8, 8, 8], [0, 0, 0, 0]])  # the last: no history
     for weight in (0.0, 0.3):
-        lifted = AttributeHistoryPopularityModel(one_value, counts - 1, weight).masked_logits(items, {
-            HISTORY_FEATURE: history})
+        lifted = AttributeHistoryPopularityModel(one_value, counts - 1, weight).masked_logits(
+            items, {HISTORY_FEATURE: history}
+        )
         expected = HistoryPopularityModel(counts - 1, weight).masked_logits(items, {HISTORY_FEATURE: history})
         torch.testing.assert_close(torch.log_softmax(lifted, dim=1), expected, atol=1e-5, rtol=0, equal_nan=False)
     # a top in the outfit (r = 0: no second top): the history's shoes (6) are lifted, its top
@@ -315,7 +316,8 @@ def test_outfit_dependence_is_zero_for_a_model_that_ignores_the_outfit_and_large
     # its offsets (the hand-built rule) shows none
     offsets_only = case_ranks(_Copier(n_items, False, offsets=True), data, 7, "cpu", dependence=True)
     assert outfit_dependence(offsets_only["log_prob"], offsets_only["log_prob_shuffled"]) == pytest.approx(
-        0.0, abs=1e-6)
+        0.0, abs=1e-6
+    )
     assert measures_dependence(_Copier(n_items, True)) and not measures_dependence(PopularityModel([1] * n_items))
 
 

@@ -167,8 +167,10 @@ def test_table1_has_fitb_easy_and_hard_for_every_row_popularity_included(tmp_pat
         result = json.loads(path.read_text())
         easy, hard = 0.5 + number / 100, 0.3 + number / 100
         result["test"] |= {"fitb_easy": easy, "fitb_hard": hard}
-        result["fitb"] = {"easy": {"accuracy": easy, "ci": [easy - 0.05, easy + 0.05]},
-                          "hard": {"accuracy": hard, "ci": [hard - 0.04, hard + 0.04]}}
+        result["fitb"] = {
+            "easy": {"accuracy": easy, "ci": [easy - 0.05, easy + 0.05]},
+            "hard": {"accuracy": hard, "ci": [hard - 0.04, hard + 0.04]},
+        }
         path.write_text(json.dumps(result))
     build_report(cfg)
     table = (tmp_path / "reports" / "table1.md").read_text()
@@ -186,8 +188,12 @@ def test_table1_has_fitb_easy_and_hard_for_every_row_popularity_included(tmp_pat
 def test_a_hard_attribute_missing_everywhere_is_passed_over_and_no_hard_question_is_not_an_error():
     missing = np.full(N_ARTICLES, MISSING_INDEX)
     missing[:N_SPECIAL] = PAD_INDEX
-    qs = make_questions(outfits(), N_ARTICLES, FitbConfig(hard_attributes=["product_type", "category"]),
-                        {"product_type": missing, "category": types()})
+    qs = make_questions(
+        outfits(),
+        N_ARTICLES,
+        FitbConfig(hard_attributes=["product_type", "category"]),
+        {"product_type": missing, "category": types()},
+    )
     assert qs.hard_attribute == "category"  # product_type is declared but has no value
     rare = N_SPECIAL + np.arange(N_ARTICLES)  # every article its own value: no hard negatives
     rare[:N_SPECIAL] = PAD_INDEX

@@ -122,8 +122,12 @@ def planted_stages(root, planted: dict, features: dict, stages, **more) -> None:
 @pytest.fixture(scope="module")
 def planted_project(tmp_path_factory):
     root = tmp_path_factory.mktemp("planted")
-    planted_stages(root, {"n_outfits": 5000, "n_articles": 600, "n_customers": 800, "n_types": 12, "n_tastes": 32},
-                   {}, ("ingest", "validate", "features", "baseline", "optimum"))
+    planted_stages(
+        root,
+        {"n_outfits": 5000, "n_articles": 600, "n_customers": 800, "n_types": 12, "n_tastes": 32},
+        {},
+        ("ingest", "validate", "features", "baseline", "optimum"),
+    )
     return root, root / "params.yaml"
 
 
@@ -172,9 +176,20 @@ def history_project(tmp_path_factory):
     """Planted data whose customers have a hidden taste and many outfits each (400 customers, 8 on average),
     with the history feature on, as a study of history runs it: the optimum reads the customer's columns only."""
     root = tmp_path_factory.mktemp("planted_history")
-    planted_stages(root, {"n_outfits": 3200, "n_articles": 600, "n_customers": 400, "n_types": 12, "n_tastes": 32,
-                          "customer_taste_strength": 3.0}, {"history": {"enabled": True, "max_items": 20}},
-                   ("ingest", "validate", "features", "optimum"), evaluate={"fitb": {"enabled": False}})
+    planted_stages(
+        root,
+        {
+            "n_outfits": 3200,
+            "n_articles": 600,
+            "n_customers": 400,
+            "n_types": 12,
+            "n_tastes": 32,
+            "customer_taste_strength": 3.0,
+        },
+        {"history": {"enabled": True, "max_items": 20}},
+        ("ingest", "validate", "features", "optimum"),
+        evaluate={"fitb": {"enabled": False}},
+    )
     return root
 
 
@@ -232,8 +247,9 @@ def test_history_log_prior_against_enumeration():
     z_given_u = np.exp(truth.log_taste_given_u())  # (C, U, K)
     for row, o in enumerate([1, 3, 0]):
         c = customer_rows[o]
-        p_u = np.array([np.prod([z_given_u[c, u] @ np.prod(share[article_rows[h]], axis=0) for h in history[o]])
-                        for u in range(2)])
+        p_u = np.array(
+            [np.prod([z_given_u[c, u] @ np.prod(share[article_rows[h]], axis=0) for h in history[o]]) for u in range(2)]
+        )
         expected = (p_u / p_u.sum()) @ z_given_u[c]
         assert got[row] == pytest.approx(expected, abs=1e-12), o
     assert got[2] == pytest.approx(z_given_u[0].mean(axis=0), abs=1e-12)  # no history: P(z | x), u uniform

@@ -88,8 +88,9 @@ def outfits(n: int, history: bool = False, seed: int = 0) -> EncodedOutfits:
                "occasion": torch.randint(N_SPECIAL, N_SPECIAL + 4, (n,), generator=g)}  # fmt: skip
     if history:
         held = torch.stack([torch.randperm(N_IDS - N_SPECIAL, generator=g)[:MAX_HISTORY] + N_SPECIAL for _ in range(n)])
-        context[HISTORY_FEATURE] = held.masked_fill(torch.arange(MAX_HISTORY) >= torch.randint(
-            0, MAX_HISTORY + 1, (n, 1), generator=g), PAD_INDEX)
+        context[HISTORY_FEATURE] = held.masked_fill(
+            torch.arange(MAX_HISTORY) >= torch.randint(0, MAX_HISTORY + 1, (n, 1), generator=g), PAD_INDEX
+        )
     return EncodedOutfits(items, context)
 
 
@@ -182,9 +183,15 @@ def test_the_catalogue_offsets_are_the_plain_ones(attributes, history):
 
 
 @pytest.mark.parametrize("attributes", [SINGLE, MULTI], ids=["single-valued", "multi-valued"])
-@pytest.mark.parametrize("variant,history,combine", [("global_state", False, "sum"), ("global_state", True, "sum"),
-                                                     ("global_state", True, "concat"),
-                                                     ("bag_of_items_context", True, "sum")])
+@pytest.mark.parametrize(
+    "variant,history,combine",
+    [
+        ("global_state", False, "sum"),
+        ("global_state", True, "sum"),
+        ("global_state", True, "concat"),
+        ("bag_of_items_context", True, "sum"),
+    ],
+)
 def test_validation_ranks_and_dependence_are_the_plain_computation(attributes, variant, history, combine):
     """(The history models read the held output layer's vectors for their outfit and history articles too,
     where it holds them: ContextualBert with the attributes summed.)"""
@@ -197,7 +204,8 @@ def test_validation_ranks_and_dependence_are_the_plain_computation(attributes, v
     for key in ("log_prob", "log_prob_shuffled"):  # its log-probabilities a block of articles at a time
         np.testing.assert_allclose(stuck[key], before[key], rtol=0, atol=1e-6)
     assert outfit_dependence(stuck["log_prob"], stuck["log_prob_shuffled"]) == pytest.approx(
-        outfit_dependence(before["log_prob"], before["log_prob_shuffled"]), abs=1e-6)
+        outfit_dependence(before["log_prob"], before["log_prob_shuffled"]), abs=1e-6
+    )
     assert np.array_equal(validation["log_prob"], cases["log_prob"])
     assert np.array_equal(cases["rank"], before["rank"])
     if attributes is SINGLE:  # the arithmetic of the real pass is unchanged: bit for bit
@@ -226,8 +234,9 @@ def test_target_log_probs_in_blocks_are_the_log_softmax_of_the_whole_logits(hist
             got = model.target_log_probs(items, data.context, targets, offsets, block=block)
             torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
         dense = model.outfit_offsets(items, items == MASK_INDEX, context=data.context)
-        torch.testing.assert_close(model.target_log_probs(items, data.context, targets, dense, block=7), expected,
-                                   rtol=0, atol=1e-6)
+        torch.testing.assert_close(
+            model.target_log_probs(items, data.context, targets, dense, block=7), expected, rtol=0, atol=1e-6
+        )
 
 
 def test_a_model_of_ids_keeps_the_bits_of_its_dependence():
@@ -248,8 +257,12 @@ def test_a_model_of_ids_keeps_the_bits_of_its_dependence():
 def test_fitb_answers_are_the_plain_computations(attributes):
     model = attribute_model("global_state", attributes)
     data = outfits(50)
-    questions = make_questions(data.items.numpy(), N_CATALOGUE, FitbConfig(hard_attributes=["product_type"]),
-                               {k: v.numpy() for k, v in model.attributes.catalogue().items()})
+    questions = make_questions(
+        data.items.numpy(),
+        N_CATALOGUE,
+        FitbConfig(hard_attributes=["product_type"]),
+        {k: v.numpy() for k, v in model.attributes.catalogue().items()},
+    )
     fast = answer(model, data, questions, 16, "cpu")
     masked = data.items[questions.outfit].clone()
     masked[torch.arange(len(masked)), torch.as_tensor(questions.position)] = MASK_INDEX

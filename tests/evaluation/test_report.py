@@ -15,29 +15,61 @@ KS = [1, 2, 5, 10, 20, 50, 100, 250]
 FAKE = {
     "none": {"cross_entropy": [5.30, 5.20, 5.25], "recall@1": [0.080, 0.090, 0.085], "recall@5": [0.20, 0.22, 0.21]},
     "concat": {"cross_entropy": [4.90, 5.00, 4.95], "recall@1": [0.100, 0.108, 0.104], "recall@5": [0.21, 0.22, 0.20]},
-    "new_position": {"cross_entropy": [4.90, 4.96, 4.93], "recall@1": [0.104, 0.106, 0.105],
-                     "recall@5": [0.26, 0.27, 0.28]},
-    "global_state": {"cross_entropy": [4.84, 4.86, 4.85], "recall@1": [0.130, 0.132, 0.131],
-                     "recall@5": [0.30, 0.31, 0.32]},
-    "global_state_update": {"cross_entropy": [4.74, 4.76, 4.75], "recall@1": [0.120, 0.124, 0.122],
-                            "recall@5": [0.31, 0.32, 0.33]},
+    "new_position": {
+        "cross_entropy": [4.90, 4.96, 4.93],
+        "recall@1": [0.104, 0.106, 0.105],
+        "recall@5": [0.26, 0.27, 0.28],
+    },
+    "global_state": {
+        "cross_entropy": [4.84, 4.86, 4.85],
+        "recall@1": [0.130, 0.132, 0.131],
+        "recall@5": [0.30, 0.31, 0.32],
+    },
+    "global_state_update": {
+        "cross_entropy": [4.74, 4.76, 4.75],
+        "recall@1": [0.120, 0.124, 0.122],
+        "recall@5": [0.31, 0.32, 0.33],
+    },
 }
 # The learned baselines: [None] beats the bag of items; the best context variant ([GSU] by cross-entropy)
 # does not beat the bag of items with c on recall@5.
 BASELINES = {
-    "bag_of_items": {"cross_entropy": [5.50, 5.52, 5.48], "recall@1": [0.06, 0.061, 0.059],
-                     "recall@5": [0.15, 0.16, 0.14]},
-    "bag_of_items_context": {"cross_entropy": [4.90, 4.91, 4.89], "recall@1": [0.11, 0.11, 0.11],
-                             "recall@5": [0.33, 0.34, 0.32]},
+    "bag_of_items": {
+        "cross_entropy": [5.50, 5.52, 5.48],
+        "recall@1": [0.06, 0.061, 0.059],
+        "recall@5": [0.15, 0.16, 0.14],
+    },
+    "bag_of_items_context": {
+        "cross_entropy": [4.90, 4.91, 4.89],
+        "recall@1": [0.11, 0.11, 0.11],
+        "recall@5": [0.33, 0.34, 0.32],
+    },
 }
-PARAMETERS = {"none": 546_432, "concat": 673_664, "new_position": 640_768, "global_state": 723_328,
-              "global_state_update": 921_856, "bag_of_items": 0, "bag_of_items_context": 94_336}
+PARAMETERS = {
+    "none": 546_432,
+    "concat": 673_664,
+    "new_position": 640_768,
+    "global_state": 723_328,
+    "global_state_update": 921_856,
+    "bag_of_items": 0,
+    "bag_of_items_context": 94_336,
+}
 
 
 def _metrics(ce, r1, r5):
-    return {"n_outfits": 100, "n_cases": 600, "n_unknown_targets": 3, "cross_entropy": ce, "recall@1": r1,
-            "recall@5": r5, "recall@10": min(1, r5 * 1.3), "recall@50": min(1, r5 * 2), "recall@250": min(1, r5 * 3),
-            "mrr": r1 * 1.5, "ndcg@10": r5 * 0.8}
+    return {
+        "n_outfits": 100,
+        "n_cases": 600,
+        "n_unknown_targets": 3,
+        "cross_entropy": ce,
+        "recall@1": r1,
+        "recall@5": r5,
+        "recall@10": min(1, r5 * 1.3),
+        "recall@50": min(1, r5 * 2),
+        "recall@250": min(1, r5 * 3),
+        "mrr": r1 * 1.5,
+        "ndcg@10": r5 * 0.8,
+    }
 
 
 def _curve(r1, r5):
@@ -49,41 +81,82 @@ def fake_outfits(test, n_outfits=100):
     spread the same way for every model (w from 0.5 to 1.5, mean 1), so a better model is better on each."""
     cases = test["n_cases"] // n_outfits
     weights = [1 + ((j % 5) - 2) / 4 for j in range(n_outfits)]
-    return {"outfit_id": [f"o{j}" for j in range(n_outfits)], "cases": [cases] * n_outfits,
-            "sums": {m: [test[m] * cases * w for w in weights] for m in ("cross_entropy", "recall@1", "recall@5")}}
+    return {
+        "outfit_id": [f"o{j}" for j in range(n_outfits)],
+        "cases": [cases] * n_outfits,
+        "sums": {m: [test[m] * cases * w for w in weights] for m in ("cross_entropy", "recall@1", "recall@5")},
+    }
 
 
 def write_fake_runs(root, seeds=(0, 1, 2), variants=tuple(FAKE), with_outfits=False):
-    cfg = Config.model_validate({
-        "paths": {"reports_dir": str(root / "reports"), "models_dir": str(root / "models"),
-                  "features_dir": str(root / "features"), "raw_dir": str(root / "raw")},
-        "train": {"variants": list(variants), "seeds": list(seeds)},
-    })
+    cfg = Config.model_validate(
+        {
+            "paths": {
+                "reports_dir": str(root / "reports"),
+                "models_dir": str(root / "models"),
+                "features_dir": str(root / "features"),
+                "raw_dir": str(root / "raw"),
+            },
+            "train": {"variants": list(variants), "seeds": list(seeds)},
+        }
+    )
     (root / "reports" / "eval").mkdir(parents=True)
     for variant in variants:
         for i, seed in enumerate(seeds):
             numbers = {m: {**FAKE, **BASELINES}[variant][m][i] for m in ("cross_entropy", "recall@1", "recall@5")}
             test = _metrics(numbers["cross_entropy"], numbers["recall@1"], numbers["recall@5"])
-            result = {"name": f"{variant}-s{seed}", "variant": variant, "seed": seed,
-                      "parameters": PARAMETERS[variant], "test": test, "val": test,
-                      "recall_curve": _curve(numbers["recall@1"], numbers["recall@5"])}
+            result = {
+                "name": f"{variant}-s{seed}",
+                "variant": variant,
+                "seed": seed,
+                "parameters": PARAMETERS[variant],
+                "test": test,
+                "val": test,
+                "recall_curve": _curve(numbers["recall@1"], numbers["recall@5"]),
+            }
             if with_outfits:
                 result["test_outfits"] = fake_outfits(test)
             (root / "reports" / "eval" / f"{variant}-s{seed}.json").write_text(json.dumps(result))
             run = root / "models" / f"{variant}-s{seed}"
             run.mkdir(parents=True)
             end = numbers["cross_entropy"]
-            history = [{"epoch": e, "train_loss": end + 1.5 / e + 0.2, "val_cross_entropy": end + 1.5 / e - 0.3,
-                        "learning_rate": 1e-3, "samples_per_s": 5000.0, "seconds": 3.0} for e in range(1, 5 + i)]
+            history = [
+                {
+                    "epoch": e,
+                    "train_loss": end + 1.5 / e + 0.2,
+                    "val_cross_entropy": end + 1.5 / e - 0.3,
+                    "learning_rate": 1e-3,
+                    "samples_per_s": 5000.0,
+                    "seconds": 3.0,
+                }
+                for e in range(1, 5 + i)
+            ]
             (run / "curve.json").write_text(json.dumps(history))
     pop = _metrics(6.8, 0.01, 0.04)
-    (root / "reports" / "eval" / "popularity.json").write_text(json.dumps(
-        {"name": "popularity", "variant": "popularity", "seed": None, "parameters": 0, "test": pop, "val": pop,
-         "recall_curve": _curve(0.01, 0.04)}))
+    (root / "reports" / "eval" / "popularity.json").write_text(
+        json.dumps(
+            {
+                "name": "popularity",
+                "variant": "popularity",
+                "seed": None,
+                "parameters": 0,
+                "test": pop,
+                "val": pop,
+                "recall_curve": _curve(0.01, 0.04),
+            }
+        )
+    )
     (root / "features").mkdir()
-    (root / "features" / "manifest.json").write_text(json.dumps(
-        {"source": "synthetic", "rows": {"outfits": 2000, "train": 1820, "val": 90, "test": 90, "customers": 300,
-                                          "articles": 400}, "n_items": 395, "d_context": 736}))
+    (root / "features" / "manifest.json").write_text(
+        json.dumps(
+            {
+                "source": "synthetic",
+                "rows": {"outfits": 2000, "train": 1820, "val": 90, "test": 90, "customers": 300, "articles": 400},
+                "n_items": 395,
+                "d_context": 736,
+            }
+        )
+    )
     return cfg
 
 
@@ -141,8 +214,12 @@ def test_report_numbers_verdicts_and_files(tmp_path):
     assert result["all_beat_none_by_more_than_se"] is False
 
     def numbers_only(node):
-        return all(numbers_only(v) for v in node.values()) if isinstance(node, dict) else \
-            isinstance(node, (int, float)) and not isinstance(node, bool)
+        return (
+            all(numbers_only(v) for v in node.values())
+            if isinstance(node, dict)
+            else isinstance(node, (int, float)) and not isinstance(node, bool)
+        )
+
     assert numbers_only(metrics)
 
     assert result["order_by_recall@1"] == ["global_state", "global_state_update", "new_position", "concat"]
@@ -155,8 +232,13 @@ def test_report_numbers_verdicts_and_files(tmp_path):
     assert "Ours: [GS] > [GSU] > [NP] > [C]. Paper: [GSU] > [GS] > [NP] > [C]. **Different order.**" in table
     assert "[NP] vs [C]" in table  # recall@1 0.105 vs 0.103: within the SE of the difference
     assert "in-outfit" in table and "source **synthetic**, 2,000 outfits" in table
-    for name in ("recall_at_k.png", "training_curves.png", "recall_at_k.json", "recall_at_k.csv",
-                 "training_curves.json"):
+    for name in (
+        "recall_at_k.png",
+        "training_curves.png",
+        "recall_at_k.json",
+        "recall_at_k.csv",
+        "training_curves.json",
+    ):
         assert (reports / "plots" / name).stat().st_size > 0, name
     curve = json.loads((reports / "plots" / "recall_at_k.json").read_text())
     gs_at_1 = [row["recall"] for row in curve if row["variant"] == "global_state" and row["k"] == 1]
@@ -186,8 +268,10 @@ def test_single_seed_verdicts_from_the_paired_bootstrap(tmp_path):
     result = build_report(cfg)
     table = (tmp_path / "reports" / "table1.md").read_text()
     assert result["all_beat_none_by_more_than_se"] is True
-    assert "[None] on cross-entropy and recall@5 with the paired bootstrap's 95% interval of the difference " \
-           "above 0: **yes**" in table
+    assert (
+        "[None] on cross-entropy and recall@5 with the paired bootstrap's 95% interval of the difference "
+        "above 0: **yes**" in table
+    )
     assert "[C]: cross-entropy better by +0.40 (paired bootstrap 95% CI +0.3" in table
     assert "recall@5 better by +1.00 pts (paired bootstrap 95% CI +0." in table
     vs_none = json.loads((tmp_path / "reports" / "metrics.json").read_text())["concat"]["vs_none"]["recall@5"]
@@ -230,15 +314,23 @@ def test_optimum_rows_convergence_and_learned_baselines(tmp_path):
     cfg = write_fake_runs(tmp_path, variants=("none", "global_state_update", "bag_of_items", "bag_of_items_context"))
     eval_dir = tmp_path / "reports" / "eval"
     for name, ce, r1, r5 in (("optimum_context", 4.5, 0.15, 0.4), ("optimum_no_context", 5.0, 0.1, 0.3)):
-        result = {"name": name, "variant": name, "seed": None, "parameters": 0, "test": _metrics(ce, r1, r5),
-                  "val": _metrics(ce, r1, r5), "recall_curve": _curve(r1, r5)}
+        result = {
+            "name": name,
+            "variant": name,
+            "seed": None,
+            "parameters": 0,
+            "test": _metrics(ce, r1, r5),
+            "val": _metrics(ce, r1, r5),
+            "recall_curve": _curve(r1, r5),
+        }
         (eval_dir / f"{name}.json").write_text(json.dumps(result))
     ways = {0: "early_stopping", 1: "plateau", 2: None}
     for variant in ("none", "global_state_update", "bag_of_items", "bag_of_items_context"):
         for seed in (0, 1, 2):
             converged = ways[seed] if variant == "none" else "plateau"
             (tmp_path / "models" / f"{variant}-s{seed}" / "metrics.json").write_text(
-                json.dumps({"converged": converged, "best_epoch": 4, "epochs": 6}))
+                json.dumps({"converged": converged, "best_epoch": 4, "epochs": 6})
+            )
     result = build_report(cfg)
     table = (tmp_path / "reports" / "table1.md").read_text()
     assert "| Optimum, with context | 4.50 | – | 15.00 |" in table
@@ -262,8 +354,7 @@ def test_bootstrap_interval_column_and_the_no_context_note(tmp_path):
     for seed, interval in ((0, [0.15, 0.25]), (1, [0.17, 0.29])):
         path = tmp_path / "reports" / "eval" / f"none-s{seed}.json"
         result = json.loads(path.read_text())
-        result["test_bootstrap"] = {"n_resamples": 1000, "level": 0.95, "unit": "test outfits",
-                                    "recall@5": interval}
+        result["test_bootstrap"] = {"n_resamples": 1000, "level": 0.95, "unit": "test outfits", "recall@5": interval}
         path.write_text(json.dumps(result))
     manifest = tmp_path / "features" / "manifest.json"
     manifest.write_text(json.dumps(json.loads(manifest.read_text()) | {"source": "sets", "d_context": 0}))
@@ -277,31 +368,53 @@ def test_bootstrap_interval_column_and_the_no_context_note(tmp_path):
 
 
 def test_attribute_models_are_read_against_the_attribute_aware_popularity(tmp_path):
-    """"_attrs" models: a row in Table 1, and a section with all / known / unseen targets against the
+    """ "_attrs" models: a row in Table 1, and a section with all / known / unseen targets against the
     attribute-aware popularity; the paper's verdicts ignore them."""
     cfg = write_fake_runs(tmp_path, seeds=(0, 1), variants=("none", "global_state"))
-    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"variants": [
-        "none", "global_state", "none_attrs", "global_state_attrs"]})})
+    cfg = cfg.model_copy(
+        update={
+            "train": cfg.train.model_copy(
+                update={"variants": ["none", "global_state", "none_attrs", "global_state_attrs"]}
+            )
+        }
+    )
     evals = tmp_path / "reports" / "eval"
     for variant, shift in (("none_attrs", 0.0), ("global_state_attrs", -0.3)):
         for i, seed in enumerate((0, 1)):
             test = _metrics(4.0 + shift + i * 0.02, 0.2, 0.5 - shift)
             known, unseen = _metrics(3.5 + shift, 0.25, 0.6), _metrics(6.0 + i * 0.1, 0.01, 0.07)
-            result = {"name": f"{variant}-s{seed}", "variant": variant, "seed": seed, "parameters": 546_432,
-                      "test": test, "val": test, "test_known": known, "test_unseen": unseen,
-                      "test_unseen_bootstrap": {"recall@5": [0.03, 0.11]}, "recall_curve": _curve(0.2, 0.5)}
+            result = {
+                "name": f"{variant}-s{seed}",
+                "variant": variant,
+                "seed": seed,
+                "parameters": 546_432,
+                "test": test,
+                "val": test,
+                "test_known": known,
+                "test_unseen": unseen,
+                "test_unseen_bootstrap": {"recall@5": [0.03, 0.11]},
+                "recall_curve": _curve(0.2, 0.5),
+            }
             (evals / f"{variant}-s{seed}.json").write_text(json.dumps(result))
             run = tmp_path / "models" / f"{variant}-s{seed}"
             run.mkdir(parents=True)
             (run / "curve.json").write_text(json.dumps([{"epoch": 1, "train_loss": 5.0, "val_cross_entropy": 4.5}]))
     reference = _metrics(5.0, 0.05, 0.2)
-    (evals / "popularity_attribute.json").write_text(json.dumps(
-        {"name": "popularity_attribute", "test": reference, "test_known": reference, "test_unseen": reference,
-         "recall_curve": _curve(0.05, 0.2)}))
+    (evals / "popularity_attribute.json").write_text(
+        json.dumps(
+            {
+                "name": "popularity_attribute",
+                "test": reference,
+                "test_known": reference,
+                "test_unseen": reference,
+                "recall_curve": _curve(0.05, 0.2),
+            }
+        )
+    )
     build_report(cfg)
     table = (tmp_path / "reports" / "table1.md").read_text()
     assert "| Popularity by attribute | 5.00 |" in table and "| [None] + attributes | 4.01 ± 0.01 |" in table
-    section = table[table.index("## Article attributes"):]
+    section = table[table.index("## Article attributes") :]
     assert "| [None] + attributes | 4.01 ± 0.01 | 50.00 ± 0.00 [–] | 3.50 ± 0.00 |" in section
     assert "6.05 ± 0.05 | 7.00 ± 0.00 [3.00–11.00]" in section
     assert "[None] + attributes against popularity by attribute (all targets): cross-entropy better by +0.99" in section
@@ -328,11 +441,13 @@ def test_the_largest_seed_se_is_printed_to_three_decimals_as_computed(tmp_path):
     (evals / "global_state-s2.json").write_text(json.dumps(result))
     for seed, (best, ran, way) in enumerate([(4, 6, "plateau"), (6, 6, "plateau"), (2, 4, "early_stopping")]):
         (tmp_path / "models" / f"global_state-s{seed}" / "metrics.json").write_text(
-            json.dumps({"converged": way, "best_epoch": best, "epochs": ran}))
+            json.dumps({"converged": way, "best_epoch": best, "epochs": ran})
+        )
     build_report(cfg)
-    assert ("[GS] misses the 0.02 nats target: s0 4.840 (best epoch 4 of 6, plateau), s1 4.860 (best epoch 6 of 6, "
-            "plateau), s2 4.950 (best epoch 2 of 4, early stop); s2 is 0.100 from the others' mean.") in (
-        tmp_path / "reports" / "table1.md").read_text()
+    assert (
+        "[GS] misses the 0.02 nats target: s0 4.840 (best epoch 4 of 6, plateau), s1 4.860 (best epoch 6 of 6, "
+        "plateau), s2 4.950 (best epoch 2 of 4, early stop); s2 is 0.100 from the others' mean."
+    ) in (tmp_path / "reports" / "table1.md").read_text()
     single = tmp_path / "single"
     single.mkdir()
     build_report(write_fake_runs(single, seeds=(0,)))
@@ -362,18 +477,37 @@ def test_history_section_pairs_an_attribute_model_with_the_yardstick_on_its_know
     """An "_attrs" model ranks every test target, popularity + own history only those with an id: paired on all
     targets the cases differ (undetermined); its record of the known targets pairs with the yardstick's."""
     cfg = write_fake_runs(tmp_path, seeds=(0,), variants=("none", "global_state"), with_outfits=True)
-    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"variants": [
-        "none", "global_state", "global_state_attrs"]})})
+    cfg = cfg.model_copy(
+        update={"train": cfg.train.model_copy(update={"variants": ["none", "global_state", "global_state_attrs"]})}
+    )
     evals = tmp_path / "reports" / "eval"
     reference = _metrics(5.0, 0.05, 0.2)
-    (evals / "popularity_history.json").write_text(json.dumps(
-        {"name": "popularity_history", "weight": 0.2, "test": reference, "val": reference,
-         "test_outfits": fake_outfits(reference), "recall_curve": _curve(0.05, 0.2)}))
+    (evals / "popularity_history.json").write_text(
+        json.dumps(
+            {
+                "name": "popularity_history",
+                "weight": 0.2,
+                "test": reference,
+                "val": reference,
+                "test_outfits": fake_outfits(reference),
+                "recall_curve": _curve(0.05, 0.2),
+            }
+        )
+    )
     known = _metrics(4.5, 0.1, 0.3)
     test = _metrics(4.8, 0.1, 0.3) | {"n_cases": 700}  # the unseen targets are cases of their own
-    result = {"name": "global_state_attrs-s0", "variant": "global_state_attrs", "seed": 0, "parameters": 546_432,
-              "test": test, "val": test, "test_known": known, "test_unseen": _metrics(7.0, 0.0, 0.01),
-              "test_outfits": fake_outfits(test), "recall_curve": _curve(0.1, 0.3)}
+    result = {
+        "name": "global_state_attrs-s0",
+        "variant": "global_state_attrs",
+        "seed": 0,
+        "parameters": 546_432,
+        "test": test,
+        "val": test,
+        "test_known": known,
+        "test_unseen": _metrics(7.0, 0.0, 0.01),
+        "test_outfits": fake_outfits(test),
+        "recall_curve": _curve(0.1, 0.3),
+    }
     (evals / "global_state_attrs-s0.json").write_text(json.dumps(result | {"test_known_outfits": fake_outfits(known)}))
     run = tmp_path / "models" / "global_state_attrs-s0"
     run.mkdir(parents=True)
@@ -393,16 +527,30 @@ def test_history_section_pairs_an_attribute_model_with_the_yardstick_on_its_know
 def test_a_row_worse_than_its_yardstick_is_marked_worse_and_a_better_one_better(tmp_path, seeds):
     cfg = write_fake_runs(tmp_path, seeds=seeds, variants=("none", "global_state"), with_outfits=True)
     pop = _metrics(5.0, 0.05, 0.15)  # between [None] (5.20-5.30) and [GS] (4.84-4.86): a count [None] loses to
-    (tmp_path / "reports" / "eval" / "popularity.json").write_text(json.dumps(
-        {"name": "popularity", "variant": "popularity", "seed": None, "parameters": 0, "test": pop, "val": pop,
-         "recall_curve": _curve(0.05, 0.15), "test_outfits": fake_outfits(pop)}))
+    (tmp_path / "reports" / "eval" / "popularity.json").write_text(
+        json.dumps(
+            {
+                "name": "popularity",
+                "variant": "popularity",
+                "seed": None,
+                "parameters": 0,
+                "test": pop,
+                "val": pop,
+                "recall_curve": _curve(0.05, 0.15),
+                "test_outfits": fake_outfits(pop),
+            }
+        )
+    )
     result = build_report(cfg)
-    assert result["vs_yardstick"] == {"none": {"name": "popularity", "verdict": "worse"},
-                                      "global_state": {"name": "popularity", "verdict": "better"}}
+    assert result["vs_yardstick"] == {
+        "none": {"name": "popularity", "verdict": "worse"},
+        "global_state": {"name": "popularity", "verdict": "better"},
+    }
     table = (tmp_path / "reports" / "table1.md").read_text()
     rows = {line.split(" | ")[0]: line for line in table.splitlines() if line.startswith("| [")}
-    assert rows["| [None]"].endswith("| **WORSE** than popularity (+%.2f) |" % (FAKE["none"]["cross_entropy"][0]
-                                                                             - 5.0 if len(seeds) == 1 else 0.25))
+    assert rows["| [None]"].endswith(
+        "| **WORSE** than popularity (+%.2f) |" % (FAKE["none"]["cross_entropy"][0] - 5.0 if len(seeds) == 1 else 0.25)
+    )
     assert "| better than popularity (-" in rows["| [GS]"]
     assert "**1 of 2 learned rows are worse than their yardstick: [None].**" in table
     rule = "SE" if len(seeds) > 1 else "paired bootstrap 95% CI"

@@ -9,15 +9,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from flows_testkit import (
-    SERVER_START_TIMEOUT,
-    VENV_BIN,
-    PrefectServer,
-    Processes,
-    free_port,
-    make_toy_repo,
-    wait_until,
-)
+from flows_testkit import SERVER_START_TIMEOUT, VENV_BIN, PrefectServer, Processes, free_port, make_toy_repo, wait_until
 
 
 @pytest.fixture(scope="session")
@@ -31,8 +23,17 @@ def prefect_server(tmp_path_factory):
         proc = processes.start(
             "server",
             # No scheduler: the nightly schedule must not start a run of its own while a test runs.
-            [str(VENV_BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui",
-             "--no-scheduler"],
+            [
+                str(VENV_BIN / "prefect"),
+                "server",
+                "start",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--no-ui",
+                "--no-scheduler",
+            ],
             home,
             server.env(),
         )

@@ -27,7 +27,6 @@ VENV_BIN = Path(sys.executable).parent
 SERVER_START_TIMEOUT = 90
 
 
-
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.5):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -39,8 +38,9 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.5):
 
 
 def run(cmd: list[str], cwd: Path, env: dict | None = None, timeout: float = 120, check: bool = True) -> str:
-    proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(map(str, cmd))} exited {proc.returncode}:\n{proc.stdout[-4000:]}")
     return proc.stdout
@@ -107,8 +107,15 @@ class Processes:
         self.logs.mkdir(parents=True, exist_ok=True)
         log = self.logs / f"{name}.log"
         with open(log, "ab") as out:
-            popen = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+            popen = subprocess.Popen(
+                cmd,
+                cwd=cwd,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         proc = Proc(name, popen, log)
         self.started.append(proc)
         return proc
@@ -183,14 +190,25 @@ class PrefectServer:
     def cli(self, args: list[str], cwd: Path, timeout: float = 120) -> str:
         return run([str(VENV_BIN / "prefect"), "--no-prompt", *args], cwd, self.env(), timeout)
 
-    def start_worker(self, processes: Processes, pool: str, cwd: Path, name: str, queue: str | None = None,
-                     **env: str) -> Proc:
+    def start_worker(
+        self, processes: Processes, pool: str, cwd: Path, name: str, queue: str | None = None, **env: str
+    ) -> Proc:
         """A process worker on `pool`, on its work queue `queue` only when given (in `processes`, so the
         test that started it ends it)."""
         worker = processes.start(
             f"worker-{name}",
-            [str(VENV_BIN / "prefect"), "worker", "start", "--pool", pool, "--name", name, "--type", "process",
-             *(["--work-queue", queue] if queue else [])],
+            [
+                str(VENV_BIN / "prefect"),
+                "worker",
+                "start",
+                "--pool",
+                pool,
+                "--name",
+                name,
+                "--type",
+                "process",
+                *(["--work-queue", queue] if queue else []),
+            ],
             cwd,
             self.env(**env),
         )

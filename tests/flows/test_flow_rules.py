@@ -59,8 +59,10 @@ def test_the_library_never_imports_prefect():
         if re.search(r"^\s*(import prefect|from prefect)", path.read_text(), re.MULTILINE)
     ]
     assert offenders == []
-    code = ("import sys, contextual_bert.cli as c; c.build_parser(); "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'prefect'))")
+    code = (
+        "import sys, contextual_bert.cli as c; c.build_parser(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'prefect'))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -126,8 +128,14 @@ def test_remote_trainings_clone_the_parents_commit_on_their_worker():
         d = deployments[name]
         assert d["work_pool"]["name"] == pool
         assert d["entrypoint"] == "flows/train_run.py:train_run_remote"
-        assert d["pull"] == [{"prefect.deployments.steps.git_clone": {
-            "repository": "{{ $%s }}" % CLONE_URL_ENV, "commit_sha": "{{ $%s }}" % CLONE_COMMIT_ENV}}]  # noqa: UP031
+        assert d["pull"] == [
+            {
+                "prefect.deployments.steps.git_clone": {
+                    "repository": "{{ $%s }}" % CLONE_URL_ENV,
+                    "commit_sha": "{{ $%s }}" % CLONE_COMMIT_ENV,
+                }
+            }
+        ]  # noqa: UP031
     for name in ("nightly", "train-run-cpu"):
         assert "pull" not in deployments[name]  # these run in the workspace itself
     # Every deployment's runs retry a server without its database (500) instead of failing.

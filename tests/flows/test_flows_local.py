@@ -25,8 +25,9 @@ def test_pipeline_runs_what_dvc_finds_stale_and_nothing_twice(prefect_api, toy_r
 
     # A new variant (a parameter of the run, written to params.yaml): only its unit trains, nothing
     # upstream runs again.
-    more = pipeline(workdir=str(toy_repo), fan_out="local",
-                    params={"train.variants": ["none", "concat", "global_state"]})
+    more = pipeline(
+        workdir=str(toy_repo), fan_out="local", params={"train.variants": ["none", "concat", "global_state"]}
+    )
     assert more["params_changed"] == {"train.variants": ["none", "concat", "global_state"]}
     assert sorted(more["trained"]) == ["evaluate@global_state-0", "train@global_state-0"]
     assert more["ran"] == ["report", "register", "promote"]

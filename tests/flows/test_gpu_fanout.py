@@ -42,8 +42,10 @@ def test_trainings_go_to_gpu_workers_one_per_gpu_at_a_time(prefect_api, gpu_slot
     result = pipeline(workdir=str(repo), fan_out="auto", max_parallel=3, train_timeout_s=240)
 
     assert len(result["trained"]) == 6 and result["stale"] == []
-    runs = {u: json.loads((repo / "models" / f"{u}-s0" / "ckpt.json").read_text())
-            for u in ("none", "concat", "global_state")}
+    runs = {
+        u: json.loads((repo / "models" / f"{u}-s0" / "ckpt.json").read_text())
+        for u in ("none", "concat", "global_state")
+    }
     # Round robin over the GPUs, the device handed over in the run's environment.
     assert [runs[u]["cuda_visible_devices"] for u in ("none", "concat", "global_state")] == ["0", "1", "0"]
     on_gpu0 = sorted((r["start"], r["end"]) for r in runs.values() if r["cuda_visible_devices"] == "0")

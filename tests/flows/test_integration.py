@@ -34,9 +34,20 @@ def mlflow_server(processes, tmp_path):
     port = free_port()
     processes.start(
         "mlflow",
-        [str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{tmp_path}/mlflow-server.db",
-         "--artifacts-destination", str(tmp_path / "mlflow-artifacts"), "--host", "127.0.0.1",
-         "--port", str(port), "--workers", "1"],
+        [
+            str(VENV_BIN / "mlflow"),
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path}/mlflow-server.db",
+            "--artifacts-destination",
+            str(tmp_path / "mlflow-artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
         tmp_path,
         clean_env(),
     )

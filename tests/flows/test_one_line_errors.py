@@ -21,18 +21,26 @@ def test_user_errors_are_one_line_and_other_failures_keep_their_traceback(capsys
         return main
 
     assert failing(ContextualBertError("params.yaml: 'train.bogus': Extra inputs are not permitted"))() == 2
-    assert capsys.readouterr().err == "python -m flows.x: error: params.yaml: 'train.bogus': Extra inputs are not permitted\n"
-    output = "Running stage 'features':\n> contextual-bert features\ncontextual-bert features: error: a split is empty\n"
+    assert (
+        capsys.readouterr().err
+        == "python -m flows.x: error: params.yaml: 'train.bogus': Extra inputs are not permitted\n"
+    )
+    output = (
+        "Running stage 'features':\n> contextual-bert features\ncontextual-bert features: error: a split is empty\n"
+    )
     assert failing(StageFailed(["dvc", "repro", "features"], 1, output))() == 2
     assert capsys.readouterr().err == "python -m flows.x: error: contextual-bert features: error: a split is empty\n"
     with pytest.raises(ZeroDivisionError):  # a fault, not a user error: the traceback stays
         failing(ZeroDivisionError("division by zero"))()
 
 
-@pytest.mark.parametrize("value, message", [
-    ("train.lr", r"argument --set: 'train.lr': expected KEY=YAML"),
-    ("train.seeds=[0", r"argument --set: 'train.seeds=\[0': the value is not valid YAML \(expected ',' or ']'"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("train.lr", r"argument --set: 'train.lr': expected KEY=YAML"),
+        ("train.seeds=[0", r"argument --set: 'train.seeds=\[0': the value is not valid YAML \(expected ',' or ']'"),
+    ],
+)
 def test_a_bad_override_is_an_argparse_error_before_any_flow_runs(capsys, value, message):
     with pytest.raises(SystemExit) as exit_:
         pipeline_main(["--set", value])

@@ -28,11 +28,18 @@ def test_the_server_writes_the_sqlite_store_and_its_artifacts_beside_it(tmp_path
         # created before the server, with the location a plain `dvc repro` (SQLite, no server) gives it
         assert experiment.artifact_location == artifact_location(uri, "outfits")
         # two processes log at once through the server, as two trainings do
-        script = ("import sys; from mlflow.tracking import MlflowClient; c = MlflowClient(sys.argv[1]);"
-                  "r = c.create_run(sys.argv[2]).info.run_id;"
-                  "[c.log_metric(r, 'loss', float(i), step=i) for i in range(30)]; c.set_terminated(r)")
-        procs = [subprocess.Popen([sys.executable, "-c", script, served, experiment.experiment_id],
-                                  env={**os.environ, "MLFLOW_TRACKING_URI": served}) for _ in range(2)]
+        script = (
+            "import sys; from mlflow.tracking import MlflowClient; c = MlflowClient(sys.argv[1]);"
+            "r = c.create_run(sys.argv[2]).info.run_id;"
+            "[c.log_metric(r, 'loss', float(i), step=i) for i in range(30)]; c.set_terminated(r)"
+        )
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", script, served, experiment.experiment_id],
+                env={**os.environ, "MLFLOW_TRACKING_URI": served},
+            )
+            for _ in range(2)
+        ]
         assert [p.wait(timeout=120) for p in procs] == [0, 0]
     # the server is gone, the runs are in the SQLite file
     assert not healthy(f"{served}/health")

@@ -17,7 +17,7 @@ from contextual_bert.sweep import choose, experiments, rows_from_exp_show, setti
 
 # A stand-in training: its validation cross-entropy is a parabola in log10(learning rate) with its minimum
 # at 10^-2.5 for [None] and 10^-3 for [GS]; it writes reports/train/<variant>-s<seed>.json as train does.
-TOY_TRAIN = textwrap.dedent('''\
+TOY_TRAIN = textwrap.dedent("""\
     import json, math, sys
     from pathlib import Path
     import yaml
@@ -31,7 +31,7 @@ TOY_TRAIN = textwrap.dedent('''\
     Path("reports/train").mkdir(parents=True, exist_ok=True)
     Path(f"reports/train/{variant}-s{seed}.json").write_text(json.dumps(
         {"best_val_cross_entropy": ce, "converged": "plateau", "best_epoch": 3, "epochs": 4}))
-    ''')
+    """)
 TOY_DVC_YAML = textwrap.dedent("""\
     stages:
       train:
@@ -98,8 +98,9 @@ def test_the_sweep_runs_dvc_experiments_and_writes_its_choice_into_params(prefec
 
 
 def _cfg(**sweep) -> Config:
-    return Config.model_validate({"train": {"variants": ["none", "global_state"], "seeds": [0, 1]},
-                                  "sweep": {"seed": 1, **sweep}})
+    return Config.model_validate(
+        {"train": {"variants": ["none", "global_state"], "seeds": [0, 1]}, "sweep": {"seed": 1, **sweep}}
+    )
 
 
 def test_the_grid_is_every_combination_for_every_variant():
@@ -107,8 +108,10 @@ def test_the_grid_is_every_combination_for_every_variant():
     assert len(settings_grid(cfg)) == 6
     planned = experiments(cfg)
     assert [e["target"] for e in planned] == ["train@global_state-1"] * 6
-    assert planned[1]["set_params"] == ["++variants.global_state.learning_rate=0.001",
-                                        "++variants.global_state.dropout=0.2"]
+    assert planned[1]["set_params"] == [
+        "++variants.global_state.learning_rate=0.001",
+        "++variants.global_state.dropout=0.2",
+    ]
     with pytest.raises(Exception, match="sweep.seed 5 is not one of train.seeds"):
         experiments(_cfg(seed=5))
 
@@ -117,7 +120,12 @@ def test_a_variant_may_have_its_own_grid():
     cfg = _cfg(grid={"learning_rate": [1e-3, 2e-3]}, grids={"none": {"learning_rate": [5e-3, 1e-2, 2e-2]}})
     planned = experiments(cfg)
     assert [(e["variant"], e["setting"]["learning_rate"]) for e in planned] == [
-        ("none", 5e-3), ("none", 1e-2), ("none", 2e-2), ("global_state", 1e-3), ("global_state", 2e-3)]
+        ("none", 5e-3),
+        ("none", 1e-2),
+        ("none", 2e-2),
+        ("global_state", 1e-3),
+        ("global_state", 2e-3),
+    ]
     assert [e["name"] for e in planned][:3] == ["sweep-none-0", "sweep-none-1", "sweep-none-2"]
     with pytest.raises(Exception, match=r"sweep.grids names \['concat'\], which the sweep does not train"):
         experiments(_cfg(grids={"concat": {"learning_rate": [1e-3]}}))
@@ -128,13 +136,27 @@ def test_choose_takes_the_lowest_validation_loss_and_skips_failed_runs():
     metrics_file = str(cfg.train_metrics_path("none", 1))
 
     def exp(name, lr, ce):
-        return {"name": name, "rev": name, "data": {
-            "params": {"params.yaml": {"data": {"variants": {"none": {"learning_rate": lr}}}}},
-            "metrics": {metrics_file: {"data": {"best_val_cross_entropy": ce, "converged": None}}}}}
+        return {
+            "name": name,
+            "rev": name,
+            "data": {
+                "params": {"params.yaml": {"data": {"variants": {"none": {"learning_rate": lr}}}}},
+                "metrics": {metrics_file: {"data": {"best_val_cross_entropy": ce, "converged": None}}},
+            },
+        }
 
-    shown = [{"name": "workspace", "data": {}, "experiments": [
-        {"revs": [exp("sweep-none-0", 0.001, 5.2)]}, {"revs": [exp("sweep-none-1", 0.002, 5.1)]},
-        {"revs": [exp("unrelated", 0.5, 1.0)]}, {"revs": [exp("sweep-none-1", 0.002, math.inf)]}]}]
+    shown = [
+        {
+            "name": "workspace",
+            "data": {},
+            "experiments": [
+                {"revs": [exp("sweep-none-0", 0.001, 5.2)]},
+                {"revs": [exp("sweep-none-1", 0.002, 5.1)]},
+                {"revs": [exp("unrelated", 0.5, 1.0)]},
+                {"revs": [exp("sweep-none-1", 0.002, math.inf)]},
+            ],
+        }
+    ]
     rows = rows_from_exp_show(shown, cfg)
     assert [r["experiment"] for r in rows] == ["sweep-none-0", "sweep-none-1"]
     assert choose(rows) == {"none": {"learning_rate": 0.002}}
@@ -145,18 +167,37 @@ def test_an_earlier_sweeps_experiment_of_the_same_name_is_not_read():
     metrics_file = str(cfg.train_metrics_path("none", 1))
 
     def exp(name, lr, ce, when):
-        return {"name": name, "rev": f"{name}@{when}", "data": {"timestamp": when,
-            "params": {"params.yaml": {"data": {"variants": {"none": {"learning_rate": lr}}}}},
-            "metrics": {metrics_file: {"data": {"best_val_cross_entropy": ce, "converged": None}}}}}
+        return {
+            "name": name,
+            "rev": f"{name}@{when}",
+            "data": {
+                "timestamp": when,
+                "params": {"params.yaml": {"data": {"variants": {"none": {"learning_rate": lr}}}}},
+                "metrics": {metrics_file: {"data": {"best_val_cross_entropy": ce, "converged": None}}},
+            },
+        }
 
     # `dvc exp show -A`: the old commit's sweep (other data) first, then this one's
-    shown = [{"name": "old", "data": {}, "experiments": [
-                {"revs": [exp("sweep-none-0", 0.001, 3.0, "2026-11-22T10:00:00")]}]},
-             {"name": "new", "data": {}, "experiments": [
+    shown = [
+        {
+            "name": "old",
+            "data": {},
+            "experiments": [{"revs": [exp("sweep-none-0", 0.001, 3.0, "2026-11-22T10:00:00")]}],
+        },
+        {
+            "name": "new",
+            "data": {},
+            "experiments": [
                 {"revs": [exp("sweep-none-1", 0.002, 5.1, "2026-11-23T10:05:00")]},
-                {"revs": [exp("sweep-none-0", 0.001, 5.2, "2026-11-23T10:00:00")]}]}]
+                {"revs": [exp("sweep-none-0", 0.001, 5.2, "2026-11-23T10:00:00")]},
+            ],
+        },
+    ]
     rows = rows_from_exp_show(shown, cfg)
-    assert [(r["experiment"], r["best_val_cross_entropy"]) for r in rows] == [("sweep-none-0", 5.2), ("sweep-none-1", 5.1)]
+    assert [(r["experiment"], r["best_val_cross_entropy"]) for r in rows] == [
+        ("sweep-none-0", 5.2),
+        ("sweep-none-1", 5.1),
+    ]
     assert choose(rows) == {"none": {"learning_rate": 0.002}}
 
 
@@ -198,10 +239,14 @@ def test_run_queue_does_not_wait_for_the_detached_workers(tmp_path, monkeypatch)
 def test_the_sweep_may_choose_how_the_article_embeddings_start():
     cfg = _cfg(grid={"learning_rate": [1e-3], "init_embeddings": ["random", "cooccurrence"]}, variants=["none"])
     planned = experiments(cfg)
-    assert [e["setting"] for e in planned] == [{"learning_rate": 1e-3, "init_embeddings": "random"},
-                                               {"learning_rate": 1e-3, "init_embeddings": "cooccurrence"}]
-    assert planned[1]["set_params"] == ["++variants.none.learning_rate=0.001",
-                                        "++variants.none.init_embeddings=cooccurrence"]
+    assert [e["setting"] for e in planned] == [
+        {"learning_rate": 1e-3, "init_embeddings": "random"},
+        {"learning_rate": 1e-3, "init_embeddings": "cooccurrence"},
+    ]
+    assert planned[1]["set_params"] == [
+        "++variants.none.learning_rate=0.001",
+        "++variants.none.init_embeddings=cooccurrence",
+    ]
     with pytest.raises(Exception, match="init_embeddings"):
         _cfg(grid={"init_embeddings": ["glove"]})
     with pytest.raises(Exception, match="sweep.grid.learning_rate takes numbers"):

@@ -45,8 +45,14 @@ def paper_spec() -> ContextSpec:
     multi = {"preferred_brands", "preferred_colors", "preferred_styles", "nogo_product_types"}
     return ContextSpec(
         tuple(
-            FeatureSpec(name, "multi_categorical" if name in multi else "categorical", "customer", 40, dim,
-                        max_values=8 if name in multi else 1)  # fmt: skip
+            FeatureSpec(
+                name,
+                "multi_categorical" if name in multi else "categorical",
+                "customer",
+                40,
+                dim,
+                max_values=8 if name in multi else 1,
+            )  # fmt: skip
             for name, dim in dims.items()
         )
     )
@@ -96,8 +102,10 @@ def test_describe_variants_at_paper_sizes_and_from_the_cli(capsys, tmp_path):
     assert described["sizes"]["d_context"] == 736
     assert all(row["matches_paper"] for row in described["variants"].values())
     params = tmp_path / "params.yaml"
-    params.write_text("model:\n  d_model: 64\n  n_heads: 4\nfeatures:\n  embedding_dims: {a: 10, b: 22}\n"
-                      f"paths:\n  features_dir: {tmp_path / 'features'}\n")  # no features built yet
+    params.write_text(
+        "model:\n  d_model: 64\n  n_heads: 4\nfeatures:\n  embedding_dims: {a: 10, b: 22}\n"
+        f"paths:\n  features_dir: {tmp_path / 'features'}\n"
+    )  # no features built yet
     assert main(["--params", str(params), "describe-model"]) == 0
     own = json.loads(capsys.readouterr().out)
     assert own["sizes"]["d_model"] == 64 and own["sizes"]["d_context"] == 32
@@ -111,8 +119,9 @@ def test_describe_model_takes_d_context_from_the_feature_spec(capsys, tmp_path):
     (tmp_path / "features").mkdir()
     SPEC.save(tmp_path / "features" / "spec.json")
     params = tmp_path / "params.yaml"
-    params.write_text("features:\n  default_dim: 16\n  embedding_dims: {a: 10}\n"
-                      f"paths:\n  features_dir: {tmp_path / 'features'}\n")
+    params.write_text(
+        f"features:\n  default_dim: 16\n  embedding_dims: {{a: 10}}\npaths:\n  features_dir: {tmp_path / 'features'}\n"
+    )
     assert main(["--params", str(params), "describe-model"]) == 0
     assert json.loads(capsys.readouterr().out)["sizes"]["d_context"] == SPEC.d_context != 10
 
@@ -448,7 +457,9 @@ def test_attributes_are_refused_where_they_do_not_belong():
 
 def overlap_model(variant: str, seed: int = 0):
     torch.manual_seed(seed)
-    bert = build_model(SMALL.model_copy(update={"attribute_overlap": True}), variant + "_attrs", N_ITEMS, SPEC, ATTRIBUTES)
+    bert = build_model(
+        SMALL.model_copy(update={"attribute_overlap": True}), variant + "_attrs", N_ITEMS, SPEC, ATTRIBUTES
+    )
     bert.set_catalogue(catalogue())
     return bert.eval()
 
@@ -540,7 +551,7 @@ def test_id_dropout_reads_unk_for_a_share_of_real_articles_in_training_only(vari
     draws = torch.stack([attributes.ids() for _ in range(200)])
     changed = draws != attributes.id_rows
     assert (draws[changed] == UNKNOWN_INDEX).all()
-    real = (attributes.id_rows >= N_SPECIAL)  # the specials, and the articles without an id, never change
+    real = attributes.id_rows >= N_SPECIAL  # the specials, and the articles without an id, never change
     assert not changed[:, ~real].any() and real.sum() == N_ITEMS - N_SPECIAL
     assert abs(float(changed[:, real].float().mean()) - 0.25) < 0.02
     # The input side, per position: padding and [MASK] keep their rows, real articles are dropped at the rate.
@@ -585,8 +596,10 @@ def test_a_model_without_attributes_has_no_id_dropout_and_draws_nothing_for_it(v
 @pytest.mark.parametrize("path", ["input", "output"])
 def test_bag_path_adds_no_parameter_and_keeps_set_invariance_padding_and_round_trip(variant, path, tmp_path):
     paper = ModelConfig(d_model=128, n_blocks=4, n_heads=8, d_ff=256, bag_path=path)
-    assert count_paper_parameters(ContextualBert(paper, variant, N_SPECIAL + 1000, paper_spec())) == \
-        PAPER_PARAMETERS[variant]
+    assert (
+        count_paper_parameters(ContextualBert(paper, variant, N_SPECIAL + 1000, paper_spec()))
+        == PAPER_PARAMETERS[variant]
+    )
     torch.manual_seed(0)
     bert = ContextualBert(SMALL.model_copy(update={"bag_path": path}), variant, N_ITEMS, SPEC).eval()
     items, ctx = outfits_with_one_mask(6, size=7, length=8), context(6)
@@ -618,6 +631,7 @@ def test_input_bag_path_gives_each_position_the_mean_of_the_other_articles():
     def keep(name):
         def hook(module, args):
             seen[name] = args[0].transpose(0, 1)  # the first block's input, (L, B, d); no dropout in eval mode
+
         return hook
 
     plain.blocks[0].register_forward_pre_hook(keep("plain"))
@@ -651,8 +665,13 @@ def test_a_checkpoint_of_another_version_is_refused_naming_it(tmp_path):
     assert load_checkpoint(tmp_path / "checkpoint.pt")[1] == {"epoch": 1}
     payload = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     for version in (None, CHECKPOINT_VERSION - 1):  # none: written before the version existed
-        torch.save({**payload, "version": version} if version else
-                   {k: v for k, v in payload.items() if k != "version"}, tmp_path / "old.pt")
-        with pytest.raises(ContextualBertError, match=rf"old\.pt: checkpoint version {version}: this code reads "
-                                                      rf"version {CHECKPOINT_VERSION} \(train the run again\)$"):
+        torch.save(
+            {**payload, "version": version} if version else {k: v for k, v in payload.items() if k != "version"},
+            tmp_path / "old.pt",
+        )
+        with pytest.raises(
+            ContextualBertError,
+            match=rf"old\.pt: checkpoint version {version}: this code reads "
+            rf"version {CHECKPOINT_VERSION} \(train the run again\)$",
+        ):
             load_checkpoint(tmp_path / "old.pt")

@@ -82,9 +82,7 @@ def test_recall_k_reads_the_promotion_metric():
 # --- promote and rollback --------------------------------------------------------------------------------
 
 
-def test_promotion_needs_a_better_model_on_the_same_cases_and_rollback_restores_the_previous(
-    tiny_trained_runs, capsys
-):
+def test_promotion_needs_a_better_model_on_the_same_cases_and_rollback_restores_the_previous(tiny_trained_runs, capsys):
     name = "registry-promotion"
     base = tiny_trained_runs.cfg
     mlflow_client = client(base.mlflow)

@@ -52,8 +52,11 @@ def test_registering_again_sets_only_the_tags_that_changed(tiny_trained_runs, tm
     eval_file.write_text(json.dumps(report))
 
     set_tag, keys = MlflowClient.set_model_version_tag, []
-    monkeypatch.setattr(MlflowClient, "set_model_version_tag",
-                        lambda self, name, version, key, value: keys.append(key) or set_tag(self, name, version, key, value))
+    monkeypatch.setattr(
+        MlflowClient,
+        "set_model_version_tag",
+        lambda self, name, version, key, value: keys.append(key) or set_tag(self, name, version, key, value),
+    )
     again = register_all(cfg)["versions"][0]
     assert (again["version"], again["created"]) == (entry["version"], False)
     assert keys == ["test/recall_at_1"]

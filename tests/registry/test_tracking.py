@@ -61,9 +61,10 @@ def test_environment_overrides_the_params_tracking_uri(monkeypatch):
 
 
 def test_sqlite_artifacts_live_beside_the_database(tmp_path):
-    assert artifact_location(f"sqlite:///{tmp_path}/m.db", "contextual-bert") == (
-        tmp_path / "mlruns" / "contextual-bert"
-    ).as_uri()
+    assert (
+        artifact_location(f"sqlite:///{tmp_path}/m.db", "contextual-bert")
+        == (tmp_path / "mlruns" / "contextual-bert").as_uri()
+    )
     assert artifact_location(f"sqlite:///{tmp_path}/m.db", "a b/c").endswith("/mlruns/a_b_c")
     assert artifact_location("http://127.0.0.1:5000", "contextual-bert") is None
 
@@ -72,8 +73,15 @@ def test_dvc_locked_md5_reads_the_features_output(tmp_path):
     lock = tmp_path / "dvc.lock"
     lock.write_text(
         yaml.safe_dump(
-            {"schema": "2.0", "stages": {"features": {"cmd": "x", "outs": [
-                {"path": "data/features", "md5": "abc.dir", "size": 1, "nfiles": 6}]}}}  # fmt: skip
+            {
+                "schema": "2.0",
+                "stages": {
+                    "features": {
+                        "cmd": "x",
+                        "outs": [{"path": "data/features", "md5": "abc.dir", "size": 1, "nfiles": 6}],
+                    }
+                },
+            }  # fmt: skip
         )
     )
     assert dvc_locked_md5(Path("data/features"), lock) == "abc.dir"
@@ -195,10 +203,24 @@ def test_three_trainings_at_once_log_through_one_mlflow_server(tiny_project, tmp
     # No background job runner (MLflow's GenAI jobs: eight more processes we do not use).
     server_env = {**env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     server = subprocess.Popen(
-        [str(bin_dir / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{tmp_path}/server.db",
-         "--artifacts-destination", str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "2"],  # fmt: skip
-        env=server_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            str(bin_dir / "mlflow"),
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path}/server.db",
+            "--artifacts-destination",
+            str(tmp_path / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "2",
+        ],  # fmt: skip
+        env=server_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         wait_for_http(f"http://127.0.0.1:{port}/health", server, timeout=120)
@@ -210,9 +232,20 @@ def test_three_trainings_at_once_log_through_one_mlflow_server(tiny_project, tmp
         train_env = {**env, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}", "OMP_NUM_THREADS": "1"}
         trainings = [
             subprocess.Popen(
-                [str(bin_dir / "contextual-bert"), "--params", str(tmp_path / "params.yaml"), "train",
-                 "--variant", "concat", "--seed", str(seed)],  # fmt: skip
-                env=train_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                [
+                    str(bin_dir / "contextual-bert"),
+                    "--params",
+                    str(tmp_path / "params.yaml"),
+                    "train",
+                    "--variant",
+                    "concat",
+                    "--seed",
+                    str(seed),
+                ],  # fmt: skip
+                env=train_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
             )
             for seed in (0, 1, 2)
         ]

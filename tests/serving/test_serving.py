@@ -75,8 +75,10 @@ def test_a_rows_scores_do_not_depend_on_the_other_rows_of_its_request(core, requ
         torch.testing.assert_close(together[row], expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("variant", ["none", "concat", "new_position", "global_state", "global_state_update",
-                                     "bag_of_items", "bag_of_items_context"])
+@pytest.mark.parametrize(
+    "variant",
+    ["none", "concat", "new_position", "global_state", "global_state_update", "bag_of_items", "bag_of_items_context"],
+)
 def test_the_traced_forward_pass_equals_the_models_at_any_batch_and_width(tiny_project, requests, variant):
     """Serving runs masked_logits as a trace taken on one small example: every model, at other batch
     sizes and outfit widths, gives exactly the model's own logits."""
@@ -215,8 +217,14 @@ def logged_pyfunc(tiny_trained_runs):
     exp_id = experiment_id(mlflow_client, cfg.mlflow.experiment)
     logged = mlflow_client.create_logged_model(exp_id, name="serving-test")
     checkpoint = cfg.paths.models_dir / f"{STRONG[0]}-s{STRONG[1]}" / "checkpoint.pt"
-    return log_pyfunc_model(checkpoint, cfg.paths.features_dir, model_name="serving-test", top_k=4,
-                            model_id=logged.model_id, input_example=example_request(cfg.paths.features_dir))
+    return log_pyfunc_model(
+        checkpoint,
+        cfg.paths.features_dir,
+        model_name="serving-test",
+        top_k=4,
+        model_id=logged.model_id,
+        input_example=example_request(cfg.paths.features_dir),
+    )
 
 
 def test_the_logged_pyfunc_is_code_not_a_pickle_and_answers_like_the_core(logged_pyfunc, core, requests):
@@ -289,9 +297,23 @@ def test_mlflow_models_serve_answers_the_champion(tiny_trained_runs, requests, t
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
     log = open(tmp_path / "serve.log", "w")
     server = subprocess.Popen(
-        [str(bin_dir / "mlflow"), "models", "serve", "-m", "models:/serving-champion@champion",
-         "--env-manager", "local", "--host", "127.0.0.1", "--port", str(port)],  # fmt: skip
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            str(bin_dir / "mlflow"),
+            "models",
+            "serve",
+            "-m",
+            "models:/serving-champion@champion",
+            "--env-manager",
+            "local",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],  # fmt: skip
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
         wait_for_http(f"http://127.0.0.1:{port}/ping", server, timeout=120)
@@ -339,15 +361,21 @@ def attribute_model(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("attributes")
     articles, customers, outfits = paper_tables(n_outfits=600)
-    validated = write_validated(root / "validated", DataSchema("synthetic", PAPER_SCHEMA.context_columns),
-                                articles, customers, outfits)
+    validated = write_validated(
+        root / "validated", DataSchema("synthetic", PAPER_SCHEMA.context_columns), articles, customers, outfits
+    )
     attributes = {"synthetic": {"product_type": "categorical", "color": "categorical", "price": "numeric"}}
     cfg = paper_cfg(article_features=True, article_attributes=attributes)
     build_features(validated, root / "features", cfg, max_set_size=8)
     catalogue = load_catalogue(root / "features")
     torch.manual_seed(0)
-    model = build_model(ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=16), "none_attrs",
-                        len(load_article_vocab(root / "features")), load_spec(root / "features"), catalogue.spec)
+    model = build_model(
+        ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=16),
+        "none_attrs",
+        len(load_article_vocab(root / "features")),
+        load_spec(root / "features"),
+        catalogue.spec,
+    )
     model.set_catalogue(catalogue.tensors())
     with torch.no_grad():
         for offset in model.reader(AttributeOverlap).offsets:
@@ -358,8 +386,14 @@ def attribute_model(tmp_path_factory):
 
 def test_an_article_added_after_training_is_recommended_and_may_be_named(attribute_model, tmp_path, monkeypatch):
     checkpoint, features_dir, articles = attribute_model
-    new = pd.DataFrame({"article_id": ["fresh-1", "fresh-2"], "product_type": ["top", "bag"],
-                        "color": ["red", "blue"], "price": [30.0, 80.0]})
+    new = pd.DataFrame(
+        {
+            "article_id": ["fresh-1", "fresh-2"],
+            "product_type": ["top", "bag"],
+            "color": ["red", "blue"],
+            "price": [30.0, 80.0],
+        }
+    )
     pd.concat([articles, new]).to_parquet(tmp_path / "articles.parquet")  # this season's articles table
     before = OutfitCompleterCore.load(checkpoint, features_dir, device="cpu")
     monkeypatch.setenv("CONTEXTUAL_BERT_CATALOGUE", str(tmp_path / "articles.parquet"))
@@ -379,23 +413,52 @@ def test_an_article_added_after_training_is_recommended_and_may_be_named(attribu
     rows = pd.DataFrame({"article_ids": [["fresh-1", ids[0]], [ids[1]], ids], "gender": ["f", "m", "f"]})
     encoded = after.encode(rows).outfits
     with torch.no_grad():
-        torch.testing.assert_close(after.masked_logits(encoded.items, encoded.context),
-                                   after.model.masked_logits(encoded.items, encoded.context))
+        torch.testing.assert_close(
+            after.masked_logits(encoded.items, encoded.context),
+            after.model.masked_logits(encoded.items, encoded.context),
+        )
 
 
 def test_an_ids_only_model_refuses_a_catalogue(core, tiny_trained_runs, tmp_path):
     checkpoint = tiny_trained_runs.cfg.paths.models_dir / f"{STRONG[0]}-s{STRONG[1]}" / "checkpoint.pt"
     pd.DataFrame({"article_id": ["x"]}).to_parquet(tmp_path / "a.parquet")
     with pytest.raises(ContextualBertError, match="article ids only"):
-        OutfitCompleterCore.load(checkpoint, tiny_trained_runs.features_dir, device="cpu",
-                                 catalogue=tmp_path / "a.parquet")
+        OutfitCompleterCore.load(
+            checkpoint, tiny_trained_runs.features_dir, device="cpu", catalogue=tmp_path / "a.parquet"
+        )
 
 
 def _junk(rng: np.random.Generator, ids: list[str]):
     """A value of a kind a client may send by mistake (or on purpose)."""
-    kinds = [None, float("nan"), float("inf"), -1, 0, 2**70, 3.5, True, "", " ", "30", "x" * 10_000, "é\u0000",
-             [], [None], [[ids[0]]], [{"id": ids[0]}], {"a": 1}, ids[0], [ids[0], 7], [ids[0], ids[0].lower()],
-             list(ids[:3]), [str(i) for i in range(20)], np.int64(3), ["NaN"], [float("nan")], {"__proto__": []}]
+    kinds = [
+        None,
+        float("nan"),
+        float("inf"),
+        -1,
+        0,
+        2**70,
+        3.5,
+        True,
+        "",
+        " ",
+        "30",
+        "x" * 10_000,
+        "é\u0000",
+        [],
+        [None],
+        [[ids[0]]],
+        [{"id": ids[0]}],
+        {"a": 1},
+        ids[0],
+        [ids[0], 7],
+        [ids[0], ids[0].lower()],
+        list(ids[:3]),
+        [str(i) for i in range(20)],
+        np.int64(3),
+        ["NaN"],
+        [float("nan")],
+        {"__proto__": []},
+    ]
     return kinds[rng.integers(len(kinds))]
 
 
@@ -418,8 +481,9 @@ def _names_the_fault(message: str) -> bool:
     return "\n" not in reason and (reason.startswith("row ") or "top_k" in reason)
 
 
-def test_malformed_traffic_is_answered_or_refused_naming_the_row_alike_in_process_and_over_http(logged_pyfunc,
-                                                                                              requests):
+def test_malformed_traffic_is_answered_or_refused_naming_the_row_alike_in_process_and_over_http(
+    logged_pyfunc, requests
+):
     """Fuzzed requests (cells of every column and top_k, of every kind): each is answered within the contract
     (a context value the model cannot use reported per row) or refused with one line naming the row or
     top_k (HTTP 400), never a 500; the scoring server and the pyfunc in process give the same outcome."""
@@ -463,8 +527,12 @@ def test_a_request_without_the_outfit_column_is_refused_in_one_line_never_answer
     pyfunc = mlflow.pyfunc.load_model(logged_pyfunc.model_uri)
     http = TestClient(scoring_server.init(pyfunc))
     context_only = requests.drop(columns=["article_ids"]).head(2)
-    bodies = [{"dataframe_records": json.loads(context_only.to_json(orient="records"))},
-              {"dataframe_split": {"data": [[["A1", "A2"]]]}}, {"inputs": [["A1", "A2"]]}, {"dataframe_records": []}]
+    bodies = [
+        {"dataframe_records": json.loads(context_only.to_json(orient="records"))},
+        {"dataframe_split": {"data": [[["A1", "A2"]]]}},
+        {"inputs": [["A1", "A2"]]},
+        {"dataframe_records": []},
+    ]
     for body in bodies:
         response = http.post("/invocations", json=body)
         assert response.status_code == 400, (body, response.text[:300])

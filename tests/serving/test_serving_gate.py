@@ -50,9 +50,25 @@ def gate(tmp_path_factory):
     log_path = root / "gate.log"
     with open(log_path, "w") as log:
         server = subprocess.Popen(
-            [sys.executable, "-m", "contextual_bert.serving.gate", "-m", str(root / "model"), "--port", str(port),
-             "--max-body-bytes", "4096", "--max-rows", "10", "--require-token"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "contextual_bert.serving.gate",
+                "-m",
+                str(root / "model"),
+                "--port",
+                str(port),
+                "--max-body-bytes",
+                "4096",
+                "--max-rows",
+                "10",
+                "--require-token",
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         wait_for_http(f"http://127.0.0.1:{port}/ping", server, timeout=120)  # probes need no credential
         yield f"http://127.0.0.1:{port}/invocations", log_path

@@ -93,12 +93,16 @@ def test_train_starts_from_cooccurrence_only_when_asked(tmp_path, monkeypatch):
 
     features_dir, _, _ = build_paper_features(tmp_path)
     started = []
-    monkeypatch.setattr(training.loop, "fit", lambda model, *args, **kwargs: started.append(
-        model.item_embeddings.weight.detach().clone()) or {})
+    monkeypatch.setattr(
+        training.loop,
+        "fit",
+        lambda model, *args, **kwargs: started.append(model.item_embeddings.weight.detach().clone()) or {},
+    )
     model_cfg = ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32, max_set_size=8)
     for name in ("random", "cooccurrence"):
-        training.train(features_dir, tmp_path / name, "none", 0, model_cfg,
-                       TrainConfig(init_embeddings=name, device="cpu"))
+        training.train(
+            features_dir, tmp_path / name, "none", 0, model_cfg, TrainConfig(init_embeddings=name, device="cpu")
+        )
     random_start, cooccurrence_start = started
     assert not torch.equal(random_start, cooccurrence_start)
     torch.manual_seed(0)

@@ -62,8 +62,7 @@ def test_a_model_started_from_the_counts_scores_as_its_yardstick(dated, variant)
             model.output_embeddings.weight.zero_()
     reads_history = model.reader(HistoryRepeat) is not None
     # (PopularityModel's logits, log(1 + count), are the same softmax as log_popularity's)
-    yardstick = (HistoryPopularityModel(counts, HistoryRepeat.START_WEIGHT) if reads_history
-                 else PopularityModel(counts))
+    yardstick = HistoryPopularityModel(counts, HistoryRepeat.START_WEIGHT) if reads_history else PopularityModel(counts)
     started = case_ranks(model, test, 64, "cpu", with_ranks=False)["log_prob"]
     expected = case_ranks(yardstick, test, 64, "cpu", with_ranks=False)["log_prob"]
     np.testing.assert_allclose(started, expected, atol=2e-5, rtol=0)

@@ -54,8 +54,9 @@ print(json.dumps([digest.hexdigest()[:16], ce]))
 
 def short_training() -> tuple[str, float]:
     env = {k: v for k, v in os.environ.items() if k not in cpu_kernels.PINNED["avx2"]}
-    out = subprocess.run([sys.executable, "-c", CHILD, str(HERE), str(HERE.parent)], env=env, capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(HERE), str(HERE.parent)], env=env, capture_output=True, text=True, check=True
+    ).stdout
     digest, ce = json.loads(out.strip().splitlines()[-1])
     return digest, ce
 

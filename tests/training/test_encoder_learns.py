@@ -56,9 +56,15 @@ def _default_recipe() -> tuple[dict, dict]:
     learning rate and warm-up from the bag (and its stuck check) it trains with."""
     cfg = load_config(REPO / "params.yaml")
     model, train = cfg.model_for("none"), cfg.train_for("none")
-    return ({"bag_path": model.bag_path, "dropout": model.dropout},
-            {"weight_decay": train.weight_decay, "learning_rate": train.learning_rate,
-             "bag_warmup_epochs": train.bag_warmup_epochs, "bag_warmup_check_steps": train.bag_warmup_check_steps})
+    return (
+        {"bag_path": model.bag_path, "dropout": model.dropout},
+        {
+            "weight_decay": train.weight_decay,
+            "learning_rate": train.learning_rate,
+            "bag_warmup_epochs": train.bag_warmup_epochs,
+            "bag_warmup_check_steps": train.bag_warmup_check_steps,
+        },
+    )
 
 
 @pytest.mark.timeout(120)

@@ -29,8 +29,12 @@ def planted_data():
     """Outfits whose style article only the context tells (a learnable signal; test_training's planted data)."""
     from contextual_bert.data.feature_spec import N_SPECIAL, PAD_INDEX, ContextSpec, EncodedOutfits, FeatureSpec
 
-    spec = ContextSpec((FeatureSpec("style", "categorical", "customer", N_SPECIAL + 8, 8),
-                        FeatureSpec("brands", "multi_categorical", "customer", N_SPECIAL + 6, 4, max_values=3)))
+    spec = ContextSpec(
+        (
+            FeatureSpec("style", "categorical", "customer", N_SPECIAL + 8, 8),
+            FeatureSpec("brands", "multi_categorical", "customer", N_SPECIAL + 6, 4, max_values=3),
+        )
+    )
 
     def planted(n: int, seed: int) -> EncodedOutfits:
         g = torch.Generator().manual_seed(seed)
@@ -56,8 +60,17 @@ def child(out: Path, kill: str, checkpoint_every_s: float) -> None:
     spec, n_items, train, val = planted_data()
     from helpers import PLAIN_TRAIN
 
-    cfg = TrainConfig(batch_size=32, max_epochs=3, learning_rate=3e-3, lr_warmup_steps=5, patience=5, device="cpu",
-                      num_threads=1, checkpoint_every_s=checkpoint_every_s, **PLAIN_TRAIN)
+    cfg = TrainConfig(
+        batch_size=32,
+        max_epochs=3,
+        learning_rate=3e-3,
+        lr_warmup_steps=5,
+        patience=5,
+        device="cpu",
+        num_threads=1,
+        checkpoint_every_s=checkpoint_every_s,
+        **PLAIN_TRAIN,
+    )
     if os.environ.get("WARMUP") == "1":  # the bag warm-up in epochs 1-2, its "before" kept in last.pt
         cfg = cfg.model_copy(update={"bag_warmup_epochs": 2, "bag_warmup_check_steps": None})
     what, _, at = kill.partition(":")
@@ -69,19 +82,23 @@ def child(out: Path, kill: str, checkpoint_every_s: float) -> None:
             if what == name and calls[name] == int(at):
                 os.kill(os.getpid(), signal.SIGKILL)
             return function(*args, **kwargs)
+
         return wrapped
 
     training.loop.train_step = die_at("step", training.loop.train_step)
     training.loop.validation_cross_entropy = die_at("validation", training.loop.validation_cross_entropy)
     on_epoch_end = None
     if what == "epoch_end":
+
         def on_epoch_end(epoch, row):
             if epoch == int(at):
                 os.kill(os.getpid(), signal.SIGKILL)
+
     # every process starts from other weights: a resumed run must take everything from last.pt
     torch.manual_seed(os.getpid())
-    model = ContextualBert(ModelConfig(d_model=32, n_blocks=2, n_heads=4, d_ff=64, dropout=0.2, max_set_size=6),
-                           VARIANT, n_items, spec)
+    model = ContextualBert(
+        ModelConfig(d_model=32, n_blocks=2, n_heads=4, d_ff=64, dropout=0.2, max_set_size=6), VARIANT, n_items, spec
+    )
     if not (out / "last.pt").exists():  # a fresh run: the initial weights from the seed, as `train` does
         torch.manual_seed(SEED)
         model = ContextualBert(model.model_cfg, VARIANT, n_items, spec)
@@ -91,10 +108,18 @@ def child(out: Path, kill: str, checkpoint_every_s: float) -> None:
 def run_child(out: Path, kill: str = "none", checkpoint_every_s: float = 0.0, env: dict | None = None) -> int:
     src = str(HERE.parents[1] / "src")
     # the child imports the tests' helpers (`from helpers import ...`) from tests/, one folder up
-    env = {**os.environ, **(env or {}),
-           "PYTHONPATH": os.pathsep.join([src, str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, __file__, str(out), kill, str(checkpoint_every_s)], env=env,
-                          capture_output=True, text=True, timeout=600).returncode
+    env = {
+        **os.environ,
+        **(env or {}),
+        "PYTHONPATH": os.pathsep.join([src, str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, __file__, str(out), kill, str(checkpoint_every_s)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    ).returncode
 
 
 def outcome(out: Path) -> dict:
@@ -105,8 +130,12 @@ def outcome(out: Path) -> dict:
     metrics = json.loads((out / "metrics.json").read_text())
     curve = json.loads((out / "curve.json").read_text())
     return {
-        "last": last["model"], "best": best["state_dict"], "best_meta": best["meta"],
-        "optimizer": last["optimizer"], "scheduler": last["scheduler"], "random": last["random"],
+        "last": last["model"],
+        "best": best["state_dict"],
+        "best_meta": best["meta"],
+        "optimizer": last["optimizer"],
+        "scheduler": last["scheduler"],
+        "random": last["random"],
         "state": {k: v for k, v in last["state"].items() if k not in ("curve", "seconds")},
         "curve": [{k: v for k, v in row.items() if k not in TIMINGS} for row in curve],
         "metrics": {k: v for k, v in metrics.items() if k != "seconds"},
@@ -197,8 +226,10 @@ def test_pinned_cpu_kernels_give_an_avx512_and_an_avx2_machine_the_same_bits(tmp
 
 
 def test_the_cli_imports_no_torch_before_it_pins_the_kernels():
-    code = ("import sys; from contextual_bert import cli, cpu_kernels; assert 'torch' not in sys.modules; "
-            "assert cpu_kernels.pin('avx2'); import torch; print(torch.backends.cpu.get_cpu_capability())")
+    code = (
+        "import sys; from contextual_bert import cli, cpu_kernels; assert 'torch' not in sys.modules; "
+        "assert cpu_kernels.pin('avx2'); import torch; print(torch.backends.cpu.get_cpu_capability())"
+    )
     env = {k: v for k, v in os.environ.items() if k not in AVX2_MACHINE}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

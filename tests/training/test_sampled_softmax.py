@@ -24,8 +24,12 @@ from contextual_bert.training import (
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-ATTRIBUTES = ContextSpec((FeatureSpec("product_type", "categorical", "article", N_SPECIAL + 5, 8),
-                          FeatureSpec("colour", "multi_categorical", "article", N_SPECIAL + 4, 8, max_values=2)))
+ATTRIBUTES = ContextSpec(
+    (
+        FeatureSpec("product_type", "categorical", "article", N_SPECIAL + 5, 8),
+        FeatureSpec("colour", "multi_categorical", "article", N_SPECIAL + 4, 8, max_values=2),
+    )
+)
 
 
 def attribute_model(variant: str):
@@ -33,8 +37,12 @@ def attribute_model(variant: str):
     model = build_model(TINY.model_copy(update={"attribute_overlap": True}), variant, N_ITEMS, SPEC, ATTRIBUTES)
     n = N_ITEMS + 6  # six articles without an id
     g = torch.Generator().manual_seed(1)
-    model.set_catalogue({"product_type": torch.randint(1, N_SPECIAL + 5, (n,), generator=g),
-                         "colour": torch.randint(0, N_SPECIAL + 4, (n, 2), generator=g)})
+    model.set_catalogue(
+        {
+            "product_type": torch.randint(1, N_SPECIAL + 5, (n,), generator=g),
+            "colour": torch.randint(0, N_SPECIAL + 4, (n, 2), generator=g),
+        }
+    )
     with torch.no_grad():  # offsets away from their zero start, so that they count
         for offset in model.reader(AttributeOverlap).offsets:
             offset.normal_(0, 0.1, generator=g)
@@ -49,15 +57,15 @@ def loss_and_grads(model, inputs, context, predict, items, sampler):
     return loss.detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("variant", ["global_state_update", "bag_of_items_context", "none_attrs",
-                                     "bag_of_items_attrs"])
+@pytest.mark.parametrize("variant", ["global_state_update", "bag_of_items_context", "none_attrs", "bag_of_items_attrs"])
 def test_the_sampled_loss_with_every_article_as_a_negative_equals_the_full_loss(variant):
     torch.manual_seed(0)
     model = attribute_model(variant) if variant.endswith("_attrs") else build_model(DROPOUT, variant, N_ITEMS, SPEC)
     model.train()
     data = planted(40, 0)
-    inputs, predict = mask_items(data.items, model.n_items, TrainConfig(mask_prob=0.5),
-                                 torch.Generator().manual_seed(0))
+    inputs, predict = mask_items(
+        data.items, model.n_items, TrainConfig(mask_prob=0.5), torch.Generator().manual_seed(0)
+    )
     counts = torch.bincount(data.items.reshape(-1), minlength=model.n_items)
     sampler = NegativeSampler(counts, model.n_items - N_SPECIAL, torch.Generator().manual_seed(0))
     full, full_grads = loss_and_grads(model, inputs, data.context, predict, data.items, None)
@@ -87,8 +95,10 @@ def test_fewer_negatives_score_fewer_articles_and_differ_from_the_full_loss():
     sampled = masked_item_loss(model, inputs, data.context, predict, data.items, sampler)
     assert float(sampled.detach()) != pytest.approx(float(full), abs=1e-4)
     with torch.no_grad():  # without gradients (validation) the loss is always the full one
-        torch.testing.assert_close(masked_item_loss(model, inputs, data.context, predict, data.items, sampler),
-                                   masked_item_loss(model, inputs, data.context, predict, data.items))
+        torch.testing.assert_close(
+            masked_item_loss(model, inputs, data.context, predict, data.items, sampler),
+            masked_item_loss(model, inputs, data.context, predict, data.items),
+        )
 
 
 def skewed_sampler(n_real: int, negatives: int, seed: int = 0) -> NegativeSampler:
@@ -199,7 +209,9 @@ def test_a_resumed_sampled_run_ends_where_an_uninterrupted_run_ends(tmp_path):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        fit(new_model("global_state", cfg=DROPOUT), train, val, SAMPLED, tmp_path / "resumed", seed=3, on_epoch_end=kill)
+        fit(
+            new_model("global_state", cfg=DROPOUT), train, val, SAMPLED, tmp_path / "resumed", seed=3, on_epoch_end=kill
+        )
     resumed = new_model("global_state", seed=2, cfg=DROPOUT)
     fit(resumed, train, val, SAMPLED, tmp_path / "resumed", seed=3)
     for name, value in whole.state_dict().items():
@@ -226,8 +238,12 @@ def test_the_sampled_softmax_learns_the_planted_context_as_the_full_one_does(tmp
 
 
 def test_softmax_settings_per_variant_and_in_the_run_key():
-    cfg = Config.model_validate({"train": {"softmax": "full", "negatives": 99},
-                                 "variants": {"global_state": {"softmax": "sampled", "negatives": 64}}})
+    cfg = Config.model_validate(
+        {
+            "train": {"softmax": "full", "negatives": 99},
+            "variants": {"global_state": {"softmax": "sampled", "negatives": 64}},
+        }
+    )
     assert cfg.train_for("global_state").softmax == "sampled" and cfg.train_for("global_state").negatives == 64
     assert cfg.train_for("none").softmax == "full"
     # a full-softmax run draws no negatives: neither the setting nor its default is in its key
@@ -247,8 +263,14 @@ def test_a_sampled_step_builds_attribute_vectors_and_offsets_for_the_candidates_
         original = cls.forward
 
         def spy(self, *args, _original=original, _name=cls.__name__, **kwargs):
-            articles = kwargs.get("articles", args[1] if _name == "ArticleAttributes" and len(args) > 1 else
-                                  args[4] if _name == "AttributeOverlap" and len(args) > 4 else None)
+            articles = kwargs.get(
+                "articles",
+                args[1]
+                if _name == "ArticleAttributes" and len(args) > 1
+                else args[4]
+                if _name == "AttributeOverlap" and len(args) > 4
+                else None,
+            )
             calls.append((_name, None if articles is None else articles.numel()))
             return _original(self, *args, **kwargs)
 

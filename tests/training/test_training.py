@@ -132,15 +132,22 @@ def test_the_cpu_loss_of_an_attribute_model_equals_the_plain_one_with_gradients(
     torch.manual_seed(0)
     model = build_model(TINY.model_copy(update={"attribute_overlap": overlap}), "none_attrs", N_ITEMS, SPEC, attributes)
     n = N_ITEMS + 6  # six articles without an id: targets too
-    model.set_catalogue({"product_type": torch.cat([torch.zeros(N_SPECIAL, dtype=torch.long),
-                                                    torch.randint(1, N_SPECIAL + 5, (n - N_SPECIAL,))])})
+    model.set_catalogue(
+        {
+            "product_type": torch.cat(
+                [torch.zeros(N_SPECIAL, dtype=torch.long), torch.randint(1, N_SPECIAL + 5, (n - N_SPECIAL,))]
+            )
+        }
+    )
     if overlap:
         with torch.no_grad():  # offsets away from their zero start, so that they count
             for offset in model.reader(AttributeOverlap).offsets:
                 offset.normal_(0, 0.5)
     data = planted(32, 0)
     data.items[:4, 4] = N_ITEMS + torch.arange(4)
-    inputs, predict = mask_items(data.items, model.n_items, TrainConfig(mask_prob=0.5), torch.Generator().manual_seed(0))
+    inputs, predict = mask_items(
+        data.items, model.n_items, TrainConfig(mask_prob=0.5), torch.Generator().manual_seed(0)
+    )
     losses, grads = [], []
     for fused in (True, False):
         model.zero_grad()
@@ -202,8 +209,9 @@ def test_every_context_variant_learns_what_no_context_free_model_can(tmp_path, v
     assert metrics["recall@5"] > 0.95  # without it ~0.79: 3/4 + 1/4 * 5/32, the style item ranks uniformly among 32
 
 
-SHORT = TrainConfig(batch_size=32, max_epochs=3, learning_rate=3e-3, lr_warmup_steps=5, patience=5, device="cpu",
-                    **PLAIN_TRAIN)
+SHORT = TrainConfig(
+    batch_size=32, max_epochs=3, learning_rate=3e-3, lr_warmup_steps=5, patience=5, device="cpu", **PLAIN_TRAIN
+)
 DROPOUT = TINY.model_copy(update={"dropout": 0.2})  # dropout draws from the global generator: resume restores it
 
 
@@ -318,7 +326,7 @@ def test_id_dropout_is_read_by_attribute_models_only(tmp_path):
     for key, value in trained["off"].items():
         assert torch.equal(value, trained["on"][key]), key
     plain = new_model("global_state")
-    assert (training.run_key(plain, cfg, 0, train, val, "cpu") == training.run_key(plain, dropped, 0, train, val, "cpu"))
+    assert training.run_key(plain, cfg, 0, train, val, "cpu") == training.run_key(plain, dropped, 0, train, val, "cpu")
     assert "id_dropout" not in training.run_key(plain, dropped, 0, train, val, "cpu")["train"]
 
     attributes = ContextSpec((FeatureSpec("product_type", "categorical", "article", N_SPECIAL + 5, 8),))
@@ -428,8 +436,9 @@ def test_a_warmup_that_does_not_lift_validation_gives_back_what_the_run_had_befo
 
     monkeypatch.setattr(ranking, "STUCK_BELOW", math.inf)  # stuck at the check after epoch 2: warm-up in 3-4
     train, val = planted(300, 0), planted(60, 1)
-    cfg = SHORT.model_copy(update={"max_epochs": 4, "patience": 9, "bag_warmup_epochs": 2,
-                                   "bag_warmup_check_steps": 15})
+    cfg = SHORT.model_copy(
+        update={"max_epochs": 4, "patience": 9, "bag_warmup_epochs": 2, "bag_warmup_check_steps": 15}
+    )
     calls = itertools.count(1)
     real = training.loop.validation_cross_entropy
 
@@ -515,14 +524,26 @@ def test_an_epoch_validates_on_a_fixed_sample_and_probes_at_most_probe_outfits(t
 
     monkeypatch.setattr(training.loop, "validation_cross_entropy", measured)
     train, val = planted(100, 0), planted(40, 1)
-    fit(new_model("none"), train, val, SHORT.model_copy(update={"max_epochs": 2, "validation_outfits": 10,
-                                                               "probe_outfits": 7}), tmp_path, seed=0)
+    fit(
+        new_model("none"),
+        train,
+        val,
+        SHORT.model_copy(update={"max_epochs": 2, "validation_outfits": 10, "probe_outfits": 7}),
+        tmp_path,
+        seed=0,
+    )
     sample = training.even_sample(val, 10)
     assert sizes[0] == sizes[2] == (10, sample.items.sum().item())  # validation: the same sample each epoch
     assert sizes[1][0] == sizes[3][0] == 7  # the probe
     sizes.clear()
-    fit(new_model("none"), train, val, SHORT.model_copy(update={"max_epochs": 1, "validation_outfits": 0,
-                                                               "probe_outfits": 1000}), tmp_path / "all", seed=0)
+    fit(
+        new_model("none"),
+        train,
+        val,
+        SHORT.model_copy(update={"max_epochs": 1, "validation_outfits": 0, "probe_outfits": 1000}),
+        tmp_path / "all",
+        seed=0,
+    )
     assert [n for n, _ in sizes] == [40, 40]  # 0: every validation outfit; the probe as many training outfits
 
 
@@ -556,8 +577,9 @@ def test_the_optimizer_follows_the_schedule_and_clips_the_gradient(tmp_path):
     history = []
     fit(new_model("none"), train, val, cfg, tmp_path, seed=0, on_epoch_end=lambda e, row: history.append(row))
     factor = training.lr_factor(cfg, total_steps=8)
-    assert [row["learning_rate"] for row in history] == pytest.approx([cfg.learning_rate * factor(3),
-                                                                       cfg.learning_rate * factor(7)])
+    assert [row["learning_rate"] for row in history] == pytest.approx(
+        [cfg.learning_rate * factor(3), cfg.learning_rate * factor(7)]
+    )
     # One plain SGD step at lr 1 from the same weights, unclipped and clipped: the step is the gradient.
     model, clipped = new_model("none"), new_model("none")
     clipped.load_state_dict(model.state_dict())
@@ -566,8 +588,15 @@ def test_the_optimizer_follows_the_schedule_and_clips_the_gradient(tmp_path):
         opt = torch.optim.SGD(net.parameters(), lr=1.0)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
         before = [p.detach().clone() for p in net.parameters()]
-        training.train_step(net, opt, sched, train.items[:16], {k: v[:16] for k, v in train.context.items()},
-                            cfg.model_copy(update={"grad_clip": clip}), torch.Generator().manual_seed(0))
+        training.train_step(
+            net,
+            opt,
+            sched,
+            train.items[:16],
+            {k: v[:16] for k, v in train.context.items()},
+            cfg.model_copy(update={"grad_clip": clip}),
+            torch.Generator().manual_seed(0),
+        )
         moved = torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(net.parameters(), before)))
         grads.append(float(moved))
     assert grads[1] == pytest.approx(1e-3, rel=1e-3)  # SGD at lr 1: the step is the clipped gradient
@@ -623,8 +652,11 @@ def test_a_last_pt_of_another_version_is_never_resumed(tmp_path):
     fit(new_model("none"), train, val, cfg, tmp_path / "old", seed=0)
     last = torch.load(tmp_path / "old" / "last.pt", weights_only=True)
     torch.save({k: v for k, v in last.items() if k != "version"}, tmp_path / "old" / "last.pt")
-    with pytest.warns(UserWarning, match=rf"last\.pt: resume state version None \(this code reads version "
-                                         rf"{CHECKPOINT_VERSION}\); not resumed, the run starts afresh$"):
+    with pytest.warns(
+        UserWarning,
+        match=rf"last\.pt: resume state version None \(this code reads version "
+        rf"{CHECKPOINT_VERSION}\); not resumed, the run starts afresh$",
+    ):
         again = fit(new_model("none"), train, val, cfg, tmp_path / "old", seed=0)
     assert again["epochs"] == 1 and again["best_val_cross_entropy"] == fresh["best_val_cross_entropy"]
     assert torch.load(tmp_path / "old" / "last.pt", weights_only=True)["version"] == CHECKPOINT_VERSION

@@ -140,14 +140,16 @@ def read_header(path: Path, required: tuple[str, ...], known: tuple[str, ...] = 
     if delim is None:
         missing = next(c for c in required if c not in splits[","])
         split_at = " or ".join(map(repr, DELIMITERS))
-        raise DataError(f"required column missing (not in the header row split at {split_at})", path=path,
-                        column=missing)
+        raise DataError(
+            f"required column missing (not in the header row split at {split_at})", path=path, column=missing
+        )
     check_columns(splits[delim], required, path)
     return delim, splits[delim]
 
 
-def read_delimited(path: Path, required: tuple[str, ...] = (),
-                   known: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
+def read_delimited(
+    path: Path, required: tuple[str, ...] = (), known: tuple[str, ...] = ()
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A delimited text file (contract.read_header: its delimiter and columns) as text columns (empty -> None)
     with SOURCE_LINE, its line in the file; and the lines that cannot be read (line, column, reason, text): bytes
     that are not UTF-8, a quote left open, too many or too few fields. Such a line is set aside, not the
@@ -192,8 +194,9 @@ def read_delimited(path: Path, required: tuple[str, ...] = (),
     return frame, pd.DataFrame(rejected, columns=UNREAD_COLUMNS)
 
 
-def read_rows(path: Path, required: tuple[str, ...] = (), known: tuple[str, ...] = (),
-              also: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
+def read_rows(
+    path: Path, required: tuple[str, ...] = (), known: tuple[str, ...] = (), also: tuple[str, ...] = ()
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A .csv or .tsv (all text; delimited by any of contract.DELIMITERS), .parquet or .jsonl file (the text ones
     gzipped or not: contract.text_suffix) as a DataFrame with SOURCE_LINE (a text file's line, a Parquet or
     JSON-lines file's row, from 1), and the text lines that cannot be read (read_delimited). A missing or

@@ -130,7 +130,8 @@ def encode_multi(values, vocab: dict[str, int], max_values: int) -> tuple[np.nda
 # list, on purpose; the vocabulary's minimum count drops the rare words.
 TEXT_STOP_WORDS = frozenset(
     "a an and are as at be by for from has in is it its of on or that the this to with".split()
-    + "without your you our we".split())
+    + "without your you our we".split()
+)
 
 
 WORD_SPLIT = re.compile(r"[^0-9a-z]+")

@@ -67,16 +67,20 @@ def load_catalogue(features_dir: Path) -> Catalogue:
     features_dir = Path(features_dir)
     attributes_path = features_dir / ATTRIBUTES_FILE
     if not attributes_path.exists():
-        raise DataError("not found: the article attributes are off; set features.article_features: true and "
-                        "run `contextual-bert features`", path=attributes_path)
+        raise DataError(
+            "not found: the article attributes are off; set features.article_features: true and "
+            "run `contextual-bert features`",
+            path=attributes_path,
+        )
     saved = json.loads(attributes_path.read_text())
     spec = ContextSpec.from_json(json.dumps({"features": saved["spec"]}))
     path = _require(features_dir / CATALOGUE_FILE)
     table = pq.read_table(path)
     order = np.argsort(_column(table, "index", path).to_numpy())
     table = table.take(pa.array(order))
-    vocab = ArticleVocab([str(a) for a in table.column("article_id").to_pylist()],
-                         table.column("count").to_numpy().astype(np.int64))
+    vocab = ArticleVocab(
+        [str(a) for a in table.column("article_id").to_pylist()], table.column("count").to_numpy().astype(np.int64)
+    )
     attributes = {f.name: _feature_array(table, f, path) for f in spec.features}
     return Catalogue(vocab, int(saved["n_ids"]), attributes, ContextIndexer(spec, saved["vocab"]))
 
@@ -109,6 +113,7 @@ def _padded(column: pa.ChunkedArray | pa.Array, width: int) -> np.ndarray:
     out[rows, np.arange(len(values)) - starts[rows]] = values
     return out
 
+
 def load_spec(features_dir: Path) -> ContextSpec:
     return ContextSpec.load(_require(Path(features_dir) / SPEC_FILE))
 
@@ -116,8 +121,12 @@ def load_spec(features_dir: Path) -> ContextSpec:
 def split_outfit_ids(features_dir: Path, split: str) -> list[str]:
     """The ids of one split's outfits, in load_split's order."""
     path = _require(Path(features_dir) / OUTFITS_FILE)
-    return [str(i) for i in pq.read_table(path, columns=["outfit_id"], filters=[("split", "==", split)])
-            .column("outfit_id").to_pylist()]
+    return [
+        str(i)
+        for i in pq.read_table(path, columns=["outfit_id"], filters=[("split", "==", split)])
+        .column("outfit_id")
+        .to_pylist()
+    ]
 
 
 def _column(table: pa.Table, name: str, path: Path) -> pa.ChunkedArray:
@@ -145,12 +154,15 @@ def load_split(features_dir: Path, split: str, max_set_size: int, catalogue: boo
     outfits_path = _require(features_dir / OUTFITS_FILE)
     customers_path = _require(features_dir / CUSTOMERS_FILE)
     outfits = pq.read_table(outfits_path, filters=[("split", "==", split)])
-    lengths = _column(outfits, "items", outfits_path).combine_chunks().value_lengths().to_numpy(
-        zero_copy_only=False)
+    lengths = _column(outfits, "items", outfits_path).combine_chunks().value_lengths().to_numpy(zero_copy_only=False)
     if len(lengths) and lengths.max() > max_set_size:
         row = int(np.argmax(lengths))
-        raise DataError(f"an outfit has {lengths.max()} items, more than max_set_size={max_set_size}",
-                        path=outfits_path, row=row, column="items")
+        raise DataError(
+            f"an outfit has {lengths.max()} items, more than max_set_size={max_set_size}",
+            path=outfits_path,
+            row=row,
+            column="items",
+        )
     items = _padded(outfits.column("items"), max_set_size)
     n_vocab = None
     if not catalogue:
@@ -159,7 +171,8 @@ def load_split(features_dir: Path, split: str, max_set_size: int, catalogue: boo
 
     customers = pq.read_table(customers_path)
     customer_pos = pd.Index(customers.column("customer_id").to_pylist()).get_indexer(
-        outfits.column("customer_id").to_pylist())
+        outfits.column("customer_id").to_pylist()
+    )
     context = {}
     for feature in spec.features:
         if feature.source == "customer":

@@ -100,9 +100,12 @@ def assign_time_splits(dates, val_fraction: float, test_fraction: float) -> np.n
 def outfit_dates(outfits: pd.DataFrame, path: Path, why: str) -> pd.Series:
     """The outfits' dates, or a one-line error saying what asked for them and why there are none."""
     if DATE_COLUMN not in outfits.columns:
-        raise DataError(f"{why} needs the outfits' dates, and this source wrote none (H&M baskets and the "
-                        "generators date every outfit; curated sets need import_sets.date_column)",
-                        path=path, column=DATE_COLUMN)
+        raise DataError(
+            f"{why} needs the outfits' dates, and this source wrote none (H&M baskets and the "
+            "generators date every outfit; curated sets need import_sets.date_column)",
+            path=path,
+            column=DATE_COLUMN,
+        )
     dates = pd.to_datetime(outfits[DATE_COLUMN])
     if dates.isna().any():
         row = int(np.flatnonzero(dates.isna().to_numpy())[0])
@@ -117,8 +120,9 @@ def outfit_histories(outfits: pd.DataFrame, dates: pd.Series, eligible: np.ndarr
     return history_items(rows, items, max_items)
 
 
-def history_article_ids(outfits: pd.DataFrame, splits: dict[str, str], cfg: FeaturesConfig,
-                        path: Path) -> list[list[str]]:
+def history_article_ids(
+    outfits: pd.DataFrame, splits: dict[str, str], cfg: FeaturesConfig, path: Path
+) -> list[list[str]]:
     """The history every outfit of `outfits` (validated rows, every split) had in the features stage, as article
     ids: the same rule, the same split (`splits`: outfit id -> train / val / test), for a model to read outfits
     re-encoded through its own vocabularies (promotion)."""
@@ -127,8 +131,9 @@ def history_article_ids(outfits: pd.DataFrame, splits: dict[str, str], cfg: Feat
     return outfit_histories(outfits, dates, eligible_rows(split, cfg.split), cfg.history.max_items)
 
 
-def history_column(outfits: pd.DataFrame, dates: pd.Series, eligible: np.ndarray, index_of_article,
-                   max_items: int) -> np.ndarray:
+def history_column(
+    outfits: pd.DataFrame, dates: pd.Series, eligible: np.ndarray, index_of_article, max_items: int
+) -> np.ndarray:
     """(N, max_items) PAD-padded article indices of every outfit's history (history.py's rule: as often as
     worn, the most worn first); an outfit without history is all PAD."""
     histories = outfit_histories(outfits, dates, eligible, max_items)
@@ -205,8 +210,7 @@ def _check_schema(schema: DataSchema, path: Path) -> None:
         if column.name in seen:
             raise DataError(f"context column '{column.name}' is declared twice", path=path)
         if column.table == "outfits" and column.name in OUTFIT_COLUMNS:
-            raise DataError(f"context column '{column.name}' clashes with a column of the features tables",
-                            path=path)
+            raise DataError(f"context column '{column.name}' clashes with a column of the features tables", path=path)
         seen.add(column.name)
 
 
@@ -218,7 +222,9 @@ def _check_outfit_sizes(outfits: pd.DataFrame, max_set_size: int, path: Path) ->
         what = "no articles" if sizes[row] < 1 else f"{sizes[row]} articles, more than max_set_size={max_set_size}"
         raise DataError(
             f"outfit '{outfits['outfit_id'].iloc[row]}' has {what} ({len(bad)} such outfit(s))",
-            path=path, row=row, column="article_ids",
+            path=path,
+            row=row,
+            column="article_ids",
         )
     return sizes
 
@@ -234,12 +240,14 @@ def _list_array(padded: np.ndarray) -> pa.ListArray:
     offsets = np.concatenate([[0], np.cumsum(keep.sum(axis=1))]).astype(np.int32)
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(padded[keep], type=pa.int64()))
 
+
 def _encoded_columns(indices: dict[str, np.ndarray]) -> dict[str, pa.Array]:
     return {name: _list_array(a) if a.ndim == 2 else pa.array(a, type=pa.int64()) for name, a in indices.items()}
 
 
-def _fit_feature(name: str, kind: str, source: str, values, cfg: FeaturesConfig, dim: int,
-                 min_count: int) -> tuple[FeatureSpec, dict]:
+def _fit_feature(
+    name: str, kind: str, source: str, values, cfg: FeaturesConfig, dim: int, min_count: int
+) -> tuple[FeatureSpec, dict]:
     """One feature's spec and vocabulary entry (values or bucket edges), fitted on `values`: the one fitting
     code of context features and article attributes."""
     max_values = 1
@@ -265,20 +273,28 @@ def _fit_feature(name: str, kind: str, source: str, values, cfg: FeaturesConfig,
     return FeatureSpec(name, kind, source, cardinality, dim, max_values), entry
 
 
-def _fit_context(schema: DataSchema, cfg: FeaturesConfig, train_customers: pd.DataFrame,
-                 train_outfits: pd.DataFrame) -> tuple[ContextSpec, dict[str, dict]]:
+def _fit_context(
+    schema: DataSchema, cfg: FeaturesConfig, train_customers: pd.DataFrame, train_outfits: pd.DataFrame
+) -> tuple[ContextSpec, dict[str, dict]]:
     features, vocab = [], {}
     for column in schema.context_columns:
         values = (train_customers if column.table == "customers" else train_outfits)[column.name]
         dim = cfg.embedding_dims.get(column.name, cfg.default_dim)
-        feature, vocab[column.name] = _fit_feature(column.name, column.kind, SOURCE_OF_TABLE[column.table], values,
-                                                   cfg, dim, cfg.min_context_count)
+        feature, vocab[column.name] = _fit_feature(
+            column.name, column.kind, SOURCE_OF_TABLE[column.table], values, cfg, dim, cfg.min_context_count
+        )
         features.append(feature)
     return ContextSpec(tuple(features)), vocab
 
 
-def build_catalogue(articles: pd.DataFrame, article_vocab: ArticleVocab, train_counts: pd.Series,
-                    attributes: dict[str, str], cfg: FeaturesConfig, path: Path) -> Catalogue:
+def build_catalogue(
+    articles: pd.DataFrame,
+    article_vocab: ArticleVocab,
+    train_counts: pd.Series,
+    attributes: dict[str, str],
+    cfg: FeaturesConfig,
+    path: Path,
+) -> Catalogue:
     """Every article of the articles table (and of the train vocabulary) with its attributes encoded.
 
     The attribute vocabularies are fitted on the articles of the train vocabulary (a value needs
@@ -287,8 +303,12 @@ def build_catalogue(articles: pd.DataFrame, article_vocab: ArticleVocab, train_c
     a missing value, or an article of the vocabulary without a row in the articles table, is missing."""
     for name in attributes:
         if name not in articles.columns:
-            raise DataError(f"article attribute '{name}' (features.article_attributes) is not a column of the "
-                            f"articles table; it has {sorted(articles.columns)}", path=path, column=name)
+            raise DataError(
+                f"article attribute '{name}' (features.article_attributes) is not a column of the "
+                f"articles table; it has {sorted(articles.columns)}",
+                path=path,
+                column=name,
+            )
     by_id = articles.assign(article_id=articles["article_id"].astype(str)).drop_duplicates("article_id")
     known = set(article_vocab.ids[N_SPECIAL:])
     extra = sorted(set(by_id["article_id"]) - known)
@@ -297,8 +317,9 @@ def build_catalogue(articles: pd.DataFrame, article_vocab: ArticleVocab, train_c
     trained = rows.iloc[N_SPECIAL : len(article_vocab)]
     features, vocab = [], {}
     for name, kind in attributes.items():
-        feature, vocab[name] = _fit_feature(name, kind, "article", trained[name], cfg, cfg.default_dim,
-                                            cfg.min_context_count)
+        feature, vocab[name] = _fit_feature(
+            name, kind, "article", trained[name], cfg, cfg.default_dim, cfg.min_context_count
+        )
         features.append(feature)
     indexer = ContextIndexer(ContextSpec(tuple(features)), vocab)
     encoded, _, _ = indexer.encode_arrays(rows, source="article")
@@ -313,19 +334,31 @@ def build_catalogue(articles: pd.DataFrame, article_vocab: ArticleVocab, train_c
 def _write_catalogue(catalogue: Catalogue, features_dir: Path) -> dict:
     """catalogue.parquet and article_attributes.json; the counts for the manifest."""
     n = len(catalogue)
-    pq.write_table(pa.table({"index": pa.array(np.arange(n), type=pa.int64()),
-                             "article_id": pa.array(catalogue.vocab.ids),
-                             "count": pa.array(catalogue.vocab.counts, type=pa.int64()),
-                             "has_id": pa.array(np.arange(n) < catalogue.n_ids),
-                             **_encoded_columns(catalogue.attributes)}), features_dir / CATALOGUE_FILE)
+    pq.write_table(
+        pa.table(
+            {
+                "index": pa.array(np.arange(n), type=pa.int64()),
+                "article_id": pa.array(catalogue.vocab.ids),
+                "count": pa.array(catalogue.vocab.counts, type=pa.int64()),
+                "has_id": pa.array(np.arange(n) < catalogue.n_ids),
+                **_encoded_columns(catalogue.attributes),
+            }
+        ),
+        features_dir / CATALOGUE_FILE,
+    )
     spec = json.loads(catalogue.spec.to_json())["features"]
-    (features_dir / ATTRIBUTES_FILE).write_text(json.dumps(
-        {"n_ids": catalogue.n_ids, "spec": spec, "vocab": catalogue.indexer.vocab}, indent=2))
+    (features_dir / ATTRIBUTES_FILE).write_text(
+        json.dumps({"n_ids": catalogue.n_ids, "spec": spec, "vocab": catalogue.indexer.vocab}, indent=2)
+    )
     real = slice(N_SPECIAL, None)
     first = lambda a: a[real] if a.ndim == 1 else a[real, 0]  # noqa: E731
-    return {"articles": n - N_SPECIAL, "with_id": catalogue.n_ids - N_SPECIAL, "spec": spec,
-            "missing": {k: int((first(a) == MISSING_INDEX).sum()) for k, a in catalogue.attributes.items()},
-            "unknown": {k: int((first(a) == UNKNOWN_INDEX).sum()) for k, a in catalogue.attributes.items()}}
+    return {
+        "articles": n - N_SPECIAL,
+        "with_id": catalogue.n_ids - N_SPECIAL,
+        "spec": spec,
+        "missing": {k: int((first(a) == MISSING_INDEX).sum()) for k, a in catalogue.attributes.items()},
+        "unknown": {k: int((first(a) == UNKNOWN_INDEX).sum()) for k, a in catalogue.attributes.items()},
+    }
 
 
 def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig, max_set_size: int) -> dict:
@@ -343,13 +376,17 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
     customer_pos = pd.Index(customers["customer_id"].astype(str)).get_indexer(customer_ids.astype(str))
     customer_pos[customer_ids.isna().to_numpy()] = -1
 
-    dates = (outfit_dates(outfits, outfits_path, "features.split: time" if cfg.split == "time" else
-                          "features.history") if cfg.split == "time" or cfg.history.enabled else None)
+    dates = (
+        outfit_dates(outfits, outfits_path, "features.split: time" if cfg.split == "time" else "features.history")
+        if cfg.split == "time" or cfg.history.enabled
+        else None
+    )
     if cfg.split == "time":
         split = assign_time_splits(dates, cfg.val_fraction, cfg.test_fraction)
     else:
-        split = assign_splits(outfits["outfit_id"].astype(str).tolist(), cfg.val_fraction, cfg.test_fraction,
-                              cfg.split_seed)
+        split = assign_splits(
+            outfits["outfit_id"].astype(str).tolist(), cfg.val_fraction, cfg.test_fraction, cfg.split_seed
+        )
     is_train = split == "train"
 
     # Article vocabulary from the train outfits; every outfit's items through it.
@@ -364,8 +401,14 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
     # and popularity as without the setting; the attribute rows say they are unavailable (no catalogue)
     attributes = cfg.article_attributes.get(schema.source) if cfg.article_features else None
     if attributes:  # items by catalogue index: the train vocabulary's indices, then the others
-        catalogue = build_catalogue(tables["articles"], article_vocab, train_ids.astype(str).value_counts(),
-                                    attributes, cfg, validated_dir / "articles.parquet")
+        catalogue = build_catalogue(
+            tables["articles"],
+            article_vocab,
+            train_ids.astype(str).value_counts(),
+            attributes,
+            cfg,
+            validated_dir / "articles.parquet",
+        )
         stored_idx, _ = catalogue.vocab.to_indices(exploded.to_numpy())
     else:
         stored_idx = item_idx
@@ -382,25 +425,52 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
     outfit_idx, outfit_missing, outfit_unknown = encoder.encode_arrays(outfits, source="outfit")
     if cfg.history.enabled:  # through the same article indices as the items (the catalogue's, with attributes)
         stored = catalogue.vocab if catalogue is not None else article_vocab
-        history = history_column(outfits, dates, eligible_rows(split, cfg.split), lambda ids: stored.to_indices(ids)[0],
-                                 cfg.history.max_items)
+        history = history_column(
+            outfits,
+            dates,
+            eligible_rows(split, cfg.split),
+            lambda ids: stored.to_indices(ids)[0],
+            cfg.history.max_items,
+        )
         outfit_idx[HISTORY_FEATURE] = history
         outfit_missing[HISTORY_FEATURE] = (history == PAD_INDEX).all(axis=1)
         outfit_unknown[HISTORY_FEATURE] = (history == UNKNOWN_INDEX).any(axis=1)
-        spec = ContextSpec((*spec.features, FeatureSpec(HISTORY_FEATURE, "history", "history", len(stored),
-                                                        cfg.history.dim, cfg.history.max_items)))
+        spec = ContextSpec(
+            (
+                *spec.features,
+                FeatureSpec(HISTORY_FEATURE, "history", "history", len(stored), cfg.history.dim, cfg.history.max_items),
+            )
+        )
 
     features_dir.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"customer_id": pa.array(customers["customer_id"].astype(str).tolist()),
-                             **_encoded_columns(cust_idx)}), features_dir / CUSTOMERS_FILE)
-    pq.write_table(pa.table({"outfit_id": pa.array(outfits["outfit_id"].astype(str).tolist()),
-                             "customer_id": pa.array(customer_ids.tolist(), pa.string()),
-                             "split": pa.array(split.tolist()), "items": items,
-                             **_encoded_columns(outfit_idx)}), features_dir / OUTFITS_FILE)
-    pq.write_table(pa.table({"index": pa.array(np.arange(len(article_vocab)), type=pa.int64()),
-                             "article_id": pa.array(article_vocab.ids),
-                             "count": pa.array(article_vocab.counts, type=pa.int64())}),
-                   features_dir / ARTICLE_VOCAB_FILE)
+    pq.write_table(
+        pa.table(
+            {"customer_id": pa.array(customers["customer_id"].astype(str).tolist()), **_encoded_columns(cust_idx)}
+        ),
+        features_dir / CUSTOMERS_FILE,
+    )
+    pq.write_table(
+        pa.table(
+            {
+                "outfit_id": pa.array(outfits["outfit_id"].astype(str).tolist()),
+                "customer_id": pa.array(customer_ids.tolist(), pa.string()),
+                "split": pa.array(split.tolist()),
+                "items": items,
+                **_encoded_columns(outfit_idx),
+            }
+        ),
+        features_dir / OUTFITS_FILE,
+    )
+    pq.write_table(
+        pa.table(
+            {
+                "index": pa.array(np.arange(len(article_vocab)), type=pa.int64()),
+                "article_id": pa.array(article_vocab.ids),
+                "count": pa.array(article_vocab.counts, type=pa.int64()),
+            }
+        ),
+        features_dir / ARTICLE_VOCAB_FILE,
+    )
     (features_dir / CONTEXT_VOCAB_FILE).write_text(json.dumps(context_vocab, indent=2))
     spec.save(features_dir / SPEC_FILE)
     for stale in CATALOGUE_FEATURE_FILES:  # written again below when the attributes are on
@@ -413,24 +483,47 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
     unknown = {**cust_unknown, **outfit_unknown}
     manifest = {
         "source": schema.source,
-        "rows": {**{name: int((split == name).sum()) for name in SPLITS},
-                 "outfits": len(outfits), "customers": len(customers), "articles": len(tables["articles"])},
-        "split": ({"method": "blake2b-64 of outfit_id keyed by split_seed", "seed": cfg.split_seed}
-                  if cfg.split == "hash" else
-                  {"method": "by date", **{f"{name}_dates": [str(d) for d in (dates[split == name].min().date(),
-                                                                                dates[split == name].max().date())]
-                                          for name in SPLITS}})
-                 | {"val_fraction": cfg.val_fraction, "test_fraction": cfg.test_fraction},
+        "rows": {
+            **{name: int((split == name).sum()) for name in SPLITS},
+            "outfits": len(outfits),
+            "customers": len(customers),
+            "articles": len(tables["articles"]),
+        },
+        "split": (
+            {"method": "blake2b-64 of outfit_id keyed by split_seed", "seed": cfg.split_seed}
+            if cfg.split == "hash"
+            else {
+                "method": "by date",
+                **{
+                    f"{name}_dates": [
+                        str(d) for d in (dates[split == name].min().date(), dates[split == name].max().date())
+                    ]
+                    for name in SPLITS
+                },
+            }
+        )
+        | {"val_fraction": cfg.val_fraction, "test_fraction": cfg.test_fraction},
         "n_items": len(article_vocab),
         "unknown_items": {name: int(unknown_items[item_split == name].sum()) for name in SPLITS},
-        **({} if catalogue is None else {
-            "catalogue": catalogue_counts,  # features.article_features on
-            # items outside the train vocabulary that the catalogue holds: the attribute models rank them
-            "catalogue_items_without_id": {name: int((stored_idx >= catalogue.n_ids)[item_split == name].sum())
-                                           for name in SPLITS}}),
-        **({"no_catalogue": f"features.article_attributes declares no attribute for the source '{schema.source}': "
-                            "the models of ids only; the attribute models and popularity are unavailable"}
-           if cfg.article_features and catalogue is None else {}),
+        **(
+            {}
+            if catalogue is None
+            else {
+                "catalogue": catalogue_counts,  # features.article_features on
+                # items outside the train vocabulary that the catalogue holds: the attribute models rank them
+                "catalogue_items_without_id": {
+                    name: int((stored_idx >= catalogue.n_ids)[item_split == name].sum()) for name in SPLITS
+                },
+            }
+        ),
+        **(
+            {
+                "no_catalogue": f"features.article_attributes declares no attribute for the source '{schema.source}': "
+                "the models of ids only; the attribute models and popularity are unavailable"
+            }
+            if cfg.article_features and catalogue is None
+            else {}
+        ),
         "known_targets": {name: c["known_targets"] for name, c in counts.items()},
         "outfits_without_customer_row": int((customer_pos < 0).sum()),  # their customer context is missing
         "vocab_sizes": {"articles": len(article_vocab), **{f.name: f.cardinality for f in spec.features}},
@@ -442,9 +535,11 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
         # the attribute settings only when they are on: with them off, the stage writes exactly the files
         # it wrote before attributes existed (same DVC hash, the trained models' lineage still matches)
         # (and history and the split method only when not at their defaults, for the same reason)
-        "params": cfg.model_dump(exclude=(set() if cfg.article_features else {"article_features", "article_attributes"})
-                                 | (set() if cfg.history.enabled else {"history"})
-                                 | (set() if cfg.split == "time" else {"split"})),
+        "params": cfg.model_dump(
+            exclude=(set() if cfg.article_features else {"article_features", "article_attributes"})
+            | (set() if cfg.history.enabled else {"history"})
+            | (set() if cfg.split == "time" else {"split"})
+        ),
         "inputs": {f"{t}.parquet": file_sha256(validated_dir / f"{t}.parquet") for t in TABLES}
         | {SCHEMA_FILE: file_sha256(validated_dir / SCHEMA_FILE)},
     }

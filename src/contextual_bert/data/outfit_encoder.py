@@ -87,14 +87,18 @@ class OutfitEncoder:
     def load(cls, features_dir: Path, max_set_size: int) -> OutfitEncoder:
         return cls(load_article_vocab(features_dir), load_context_indexer(features_dir), max_set_size)
 
-    def encode(self, rows: pd.DataFrame, with_mask: bool, id_column: str | None = None,
-               as_written: bool = False) -> EncodedRows:
+    def encode(
+        self, rows: pd.DataFrame, with_mask: bool, id_column: str | None = None, as_written: bool = False
+    ) -> EncodedRows:
         """`as_written`: match article ids exactly, as for data (default: leniently, as typed by a client;
         ArticleVocab.to_indices)."""
         if "article_ids" not in rows.columns:
             raise ContextualBertError("the request has no 'article_ids' column (the partial outfit of each row)")
-        needed = ["article_ids", *(f.name for f in self.context.spec.features if f.source != "history"),
-                  *([id_column] if id_column else [])]
+        needed = [
+            "article_ids",
+            *(f.name for f in self.context.spec.features if f.source != "history"),
+            *([id_column] if id_column else []),
+        ]
         n_rows, columns = len(rows), column_arrays(rows, needed)  # each column read once, by position
         max_items = self.max_set_size - 1 if with_mask else self.max_set_size
         what = "an outfit to complete" if with_mask else "an outfit"
@@ -109,8 +113,10 @@ class OutfitEncoder:
         if len(first) < known.sum():  # two spellings of one article ('0108775015', 108775015)
             twice = np.setdiff1d(np.arange(known.sum()), first)[0]
             row, spelled = rows_of[known][twice], np.asarray(flat, dtype=object)[known][twice]
-            raise ContextualBertError(f"row {row}: article id '{spelled}' appears twice in 'article_ids' "
-                                      f"(as '{self.article_vocab.ids[indices[known][twice]]}')")
+            raise ContextualBertError(
+                f"row {row}: article id '{spelled}' appears twice in 'article_ids' "
+                f"(as '{self.article_vocab.ids[indices[known][twice]]}')"
+            )
         slots = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         items = np.full((n_rows, self.max_set_size), PAD_INDEX, dtype=np.int64)
         items[rows_of, slots] = indices
@@ -126,9 +132,14 @@ class OutfitEncoder:
         ids = [str(v) for v in columns[id_column].tolist()] if id_column else None
         return EncodedRows(EncodedOutfits(torch.from_numpy(items), context, ids), unknown_ids, missing, unknown)
 
-
-    def _history(self, rows: pd.DataFrame, feature: FeatureSpec, as_written: bool, missing: list[list[str]],
-                 unknown_ids: list[list[str]]) -> torch.Tensor:
+    def _history(
+        self,
+        rows: pd.DataFrame,
+        feature: FeatureSpec,
+        as_written: bool,
+        missing: list[list[str]],
+        unknown_ids: list[list[str]],
+    ) -> torch.Tensor:
         """(N, max_values) article indices of each row's HISTORY_COLUMN, as the client lists them (each earlier
         outfit's articles, the most recent outfit first) laid out as the features stage lays out a history
         (history.listed_history: once per outfit that held it, the most worn first); absent or empty: no
@@ -142,8 +153,10 @@ class OutfitEncoder:
                 missing[row].append(feature.name)
                 continue
             if not isinstance(value, LIST_LIKE):
-                raise ContextualBertError(f"row {row}: '{HISTORY_COLUMN}' must be a list of article ids, got "
-                                          f"{type(value).__name__} {value!r:.60}")
+                raise ContextualBertError(
+                    f"row {row}: '{HISTORY_COLUMN}' must be a list of article ids, got "
+                    f"{type(value).__name__} {value!r:.60}"
+                )
             ids = listed_history([str(v) for v in value if not _is_missing(v) and str(v) != ""], width)
             indices, _ = self.article_vocab.to_indices(ids, as_written)
             out[row, : len(indices)] = indices

@@ -44,6 +44,4 @@ def check_splits(counts: dict, cfg: FeaturesConfig, path: Path) -> None:
             fix = f"add outfits or raise features.{FRACTION_KEY[name]} ({getattr(cfg, FRACTION_KEY[name])})"
         if count["outfits"] and count["known_targets"] < cfg.min_known_targets:
             fix += f", or lower features.min_article_count ({cfg.min_article_count})"
-        raise ContextualBertError(
-            f"{path}: the {name} split has only {' and '.join(short)} of {total} outfits; {fix}"
-        )
+        raise ContextualBertError(f"{path}: the {name} split has only {' and '.join(short)} of {total} outfits; {fix}")

@@ -175,8 +175,10 @@ def context_checks(checks: Checks, table: LoadedTable, schema: DataSchema, valid
             low = -LARGEST if col.min_value is None else col.min_value
             high = LARGEST if col.max_value is None else col.max_value
             declared = col.min_value is not None or col.max_value is not None
-            checks.add(gxe.ExpectColumnValuesToBeBetween(column=name, min_value=low, max_value=high),
-                       f"{name} within [{col.min_value}, {col.max_value}]" if declared else f"{name} is finite")
+            checks.add(
+                gxe.ExpectColumnValuesToBeBetween(column=name, min_value=low, max_value=high),
+                f"{name} within [{col.min_value}, {col.max_value}]" if declared else f"{name} is finite",
+            )
         if not col.nullable:
             checks.add(gxe.ExpectColumnValuesToNotBeNull(column=name), f"every row has a {name}")
 
@@ -200,7 +202,10 @@ def customer_checks(table: LoadedTable, schema: DataSchema, valid_articles: pa.T
 
 
 def outfit_checks(
-    table: LoadedTable, schema: DataSchema, valid_articles: pa.Table, quarantined_articles: pa.Array,
+    table: LoadedTable,
+    schema: DataSchema,
+    valid_articles: pa.Table,
+    quarantined_articles: pa.Array,
     quarantined_customers: pa.Array,
     max_set_size: int = ModelConfig().max_set_size,
     min_set_size: int = IngestConfig().min_set_size,
@@ -324,8 +329,15 @@ def _write(table: pa.Table, path: Path) -> None:
     pq.write_table(table, path)
 
 
-def _checks_for(name: str, table: LoadedTable, schema: DataSchema, valid: dict[str, pa.Table],
-                quarantined_ids: dict[str, pa.Array], max_set_size: int, min_set_size: int) -> Checks:
+def _checks_for(
+    name: str,
+    table: LoadedTable,
+    schema: DataSchema,
+    valid: dict[str, pa.Table],
+    quarantined_ids: dict[str, pa.Array],
+    max_set_size: int,
+    min_set_size: int,
+) -> Checks:
     if name == "articles":
         return article_checks(table)
     if name == "customers":
@@ -334,8 +346,15 @@ def _checks_for(name: str, table: LoadedTable, schema: DataSchema, valid: dict[s
                          quarantined_ids["customers"], max_set_size, min_set_size)  # fmt: skip
 
 
-def validate(raw_dir: Path, validated_dir: Path, quarantine_dir: Path, report_dir: Path, cfg: ValidateConfig,
-             max_set_size: int = ModelConfig().max_set_size, min_set_size: int = IngestConfig().min_set_size) -> dict:
+def validate(
+    raw_dir: Path,
+    validated_dir: Path,
+    quarantine_dir: Path,
+    report_dir: Path,
+    cfg: ValidateConfig,
+    max_set_size: int = ModelConfig().max_set_size,
+    min_set_size: int = IngestConfig().min_set_size,
+) -> dict:
     """Validate data/raw; write data/validated, data/quarantine, reports/validation/{summary.json,data_docs}.
 
     Fails (ContextualBertError) when any table's quarantined share exceeds cfg.max_quarantine_share; the

@@ -34,8 +34,9 @@ class ContextIndexer:
         self.spec = spec
         self.vocab = vocab
         self._index = {name: index_of(v["values"]) for name, v in vocab.items() if "values" in v}
-        self._edges = {name: np.asarray(v["bucket_edges"], dtype=np.float64) for name, v in vocab.items()
-                       if "bucket_edges" in v}
+        self._edges = {
+            name: np.asarray(v["bucket_edges"], dtype=np.float64) for name, v in vocab.items() if "bucket_edges" in v
+        }
 
     def encode_feature(self, feature: FeatureSpec, values) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(indices, missing, unknown) of one feature's raw values."""
@@ -183,6 +184,8 @@ class Catalogue:
             return self
         encoded = self.encode(new)
         attributes = {name: np.concatenate([a, encoded[name]]) for name, a in self.attributes.items()}
-        vocab = ArticleVocab(self.vocab.ids + new["article_id"].astype(str).tolist(),
-                             np.concatenate([self.vocab.counts, np.zeros(len(new), dtype=np.int64)]))
+        vocab = ArticleVocab(
+            self.vocab.ids + new["article_id"].astype(str).tolist(),
+            np.concatenate([self.vocab.counts, np.zeros(len(new), dtype=np.int64)]),
+        )
         return Catalogue(vocab, self.n_ids, attributes, self.indexer)

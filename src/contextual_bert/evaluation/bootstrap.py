@@ -33,8 +33,9 @@ def _per_outfit(outfit: np.ndarray, values: dict[str, np.ndarray], n_outfits: in
     return cases, sums
 
 
-def _resampled_means(cases: np.ndarray, sums: dict[str, np.ndarray], n_resamples: int,
-                     seed: int) -> dict[str, np.ndarray]:
+def _resampled_means(
+    cases: np.ndarray, sums: dict[str, np.ndarray], n_resamples: int, seed: int
+) -> dict[str, np.ndarray]:
     """metric -> the case mean of each of n_resamples draws of len(cases) outfits with replacement."""
     n_outfits = len(cases)
     rng = np.random.default_rng(seed)
@@ -53,8 +54,14 @@ def _percentile_interval(draws: np.ndarray, level: float) -> list[float]:
     return [float(low), float(high)]
 
 
-def bootstrap_ci(outfit: np.ndarray, values: dict[str, np.ndarray], n_outfits: int,
-                 n_resamples: int = N_RESAMPLES, level: float = LEVEL, seed: int = 0) -> dict:
+def bootstrap_ci(
+    outfit: np.ndarray,
+    values: dict[str, np.ndarray],
+    n_outfits: int,
+    n_resamples: int = N_RESAMPLES,
+    level: float = LEVEL,
+    seed: int = 0,
+) -> dict:
     """Percentile intervals of case means, resampling outfits. `outfit`: the outfit (0..n_outfits-1) of
     each case; `values`: metric -> per-case value (e.g. -log p, rank <= k). Returns metric -> [low, high]
     (None when there are no cases) and the settings used."""
@@ -92,8 +99,11 @@ def outfit_record(outfit: np.ndarray, values: dict[str, np.ndarray], outfit_ids:
     """Per test outfit (`outfit_ids[i]` for row i, every row, with or without cases): its id, its number of
     cases and metric -> the sum of its cases' values; sum / cases over all outfits is the split's metric."""
     cases, sums = _per_outfit(outfit, values, len(outfit_ids))
-    return {"outfit_id": list(outfit_ids), "cases": cases.astype(np.int64).tolist(),
-            "sums": {m: np.round(s, SUM_DIGITS).tolist() for m, s in sums.items()}}
+    return {
+        "outfit_id": list(outfit_ids),
+        "cases": cases.astype(np.int64).tolist(),
+        "sums": {m: np.round(s, SUM_DIGITS).tolist() for m, s in sums.items()},
+    }
 
 
 def mean_record(records: list[dict | None]) -> dict | None:
@@ -105,8 +115,11 @@ def mean_record(records: list[dict | None]) -> dict | None:
     if any(r["outfit_id"] != first["outfit_id"] or r["cases"] != first["cases"] for r in records[1:]):
         return None
     metrics = [m for m in first["sums"] if all(m in r["sums"] for r in records)]
-    return {"outfit_id": first["outfit_id"], "cases": first["cases"],
-            "sums": {m: np.mean([r["sums"][m] for r in records], axis=0).tolist() for m in metrics}}
+    return {
+        "outfit_id": first["outfit_id"],
+        "cases": first["cases"],
+        "sums": {m: np.mean([r["sums"][m] for r in records], axis=0).tolist() for m in metrics},
+    }
 
 
 def _paired_sums(a: dict, b: dict, metric: str) -> tuple[np.ndarray, np.ndarray] | str:
@@ -120,8 +133,10 @@ def _paired_sums(a: dict, b: dict, metric: str) -> tuple[np.ndarray, np.ndarray]
     def aligned(record: dict) -> tuple[np.ndarray, np.ndarray]:
         position = {o: i for i, o in enumerate(record["outfit_id"])}
         take = np.array([position.get(o, -1) for o in ids], dtype=np.int64)
-        cases, sums = (np.append(np.asarray(v, dtype=np.float64), 0.0)[take]  # absent (-1): the appended 0
-                       for v in (record["cases"], record["sums"][metric]))
+        cases, sums = (
+            np.append(np.asarray(v, dtype=np.float64), 0.0)[take]  # absent (-1): the appended 0
+            for v in (record["cases"], record["sums"][metric])
+        )
         return cases, sums
 
     (cases_a, sums_a), (cases_b, sums_b) = aligned(a), aligned(b)
@@ -134,8 +149,9 @@ def _paired_sums(a: dict, b: dict, metric: str) -> tuple[np.ndarray, np.ndarray]
     return cases_a[keep], sums_a[keep] - sums_b[keep]
 
 
-def paired_difference(a: dict, b: dict, metric: str, n_resamples: int = N_RESAMPLES, level: float = LEVEL,
-                      seed: int = 0) -> dict:
+def paired_difference(
+    a: dict, b: dict, metric: str, n_resamples: int = N_RESAMPLES, level: float = LEVEL, seed: int = 0
+) -> dict:
     """Mean of `metric` under record `a` minus under record `b` (outfit_record) on the same test cases, and
     its percentile interval resampling the paired outfits. "interval" is None, and "why" says why, when the
     records do not cover the same cases."""
@@ -144,5 +160,11 @@ def paired_difference(a: dict, b: dict, metric: str, n_resamples: int = N_RESAMP
         return {"difference": None, "interval": None, "why": paired}
     cases, difference = paired
     draws = _resampled_means(cases, {metric: difference}, n_resamples, seed)[metric]
-    return {"difference": float(difference.sum() / cases.sum()), "interval": _percentile_interval(draws, level),
-            "n_outfits": len(cases), "n_resamples": n_resamples, "level": level, "seed": seed}
+    return {
+        "difference": float(difference.sum() / cases.sum()),
+        "interval": _percentile_interval(draws, level),
+        "n_outfits": len(cases),
+        "n_resamples": n_resamples,
+        "level": level,
+        "seed": seed,
+    }

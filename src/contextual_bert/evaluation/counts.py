@@ -100,7 +100,8 @@ class AttributePopularityModel(nn.Module):
                                   np.log(share_unseen[values] / n_unseen[values]))  # fmt: skip
         log_within[~real] = -np.inf
         value_mass = np.bincount(values[real], weights=counts[real], minlength=n_values) + np.bincount(
-            values[real], minlength=n_values).clip(max=1)  # + 1 per value an article has
+            values[real], minlength=n_values
+        ).clip(max=1)  # + 1 per value an article has
         value_mass[0] = 0.0  # PAD: no article
         self.register_buffer("values", torch.from_numpy(values))
         self.register_buffer("log_within", torch.from_numpy(log_within).float())
@@ -134,20 +135,26 @@ class AttributePopularityModel(nn.Module):
         many values (a (cases x values) table of at most CLOSED_FORM_CELLS)."""
         rows = max(1, CLOSED_FORM_CELLS // len(self.value_mass))
         if len(target) > rows:
-            parts = [self.ranked_cases(others[i : i + rows], context, target[i : i + rows], with_ranks)
-                     for i in range(0, len(target), rows)]
+            parts = [
+                self.ranked_cases(others[i : i + rows], context, target[i : i + rows], with_ranks)
+                for i in range(0, len(target), rows)
+            ]
             return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]) if with_ranks else None
         log_value = self.log_value(others)
         score = log_value.gather(1, self.values[target][:, None])[:, 0] + self.log_within[target]
         # a value without real articles adds nothing (its log_value can be NaN)
         norm = _once(self, "norm", self._log_value_norm)
-        log_prob = score.double() - torch.logsumexp(torch.where(norm > -math.inf, log_value.double() + norm,
-                                                                -math.inf), dim=1)
+        log_prob = score.double() - torch.logsumexp(
+            torch.where(norm > -math.inf, log_value.double() + norm, -math.inf), dim=1
+        )
         if not with_ranks:
             return log_prob, None
         ahead, unsure = self._ahead_by_value(log_value, score, target)
-        rank = 1 + ahead - others_ahead(
-            others, lambda a: log_value.gather(1, self.values[a]) + self.log_within[a], score, target)
+        rank = (
+            1
+            + ahead
+            - others_ahead(others, lambda a: log_value.gather(1, self.values[a]) + self.log_within[a], score, target)
+        )
         if unsure.any():
             logits = self.masked_logits(others[unsure]).scatter(1, others[unsure], float("-inf"))
             index = torch.arange(self.n_items, device=others.device)
@@ -166,8 +173,12 @@ class AttributePopularityModel(nn.Module):
         order = torch.sort(-self.log_within, stable=True).indices
         order = order[torch.sort(self.values[order], stable=True).indices]
         ends = torch.cumsum(torch.bincount(self.values, minlength=len(self.value_mass)), 0)
-        return self.log_within[order], by_index[order], ends - torch.bincount(
-            self.values, minlength=len(self.value_mass)), ends
+        return (
+            self.log_within[order],
+            by_index[order],
+            ends - torch.bincount(self.values, minlength=len(self.value_mass)),
+            ends,
+        )
 
     def _ahead_by_value(self, log_value: torch.Tensor, score: torch.Tensor, target: torch.Tensor):
         """(C,) how many articles rank ahead of each case's target, and which cases could not be counted so
@@ -215,7 +226,8 @@ class HistoryPopularityModel(nn.Module):
     def masked_logits(self, items: torch.Tensor, context=None) -> torch.Tensor:
         history = context[self.feature]
         seen = torch.zeros(items.shape[0], self.n_items, device=items.device).scatter_add_(
-            1, history, torch.ones(history.shape, device=items.device))
+            1, history, torch.ones(history.shape, device=items.device)
+        )
         seen[:, :N_SPECIAL] = 0.0  # PAD, and [UNK] an id model reads for an article it lacks: no one article
         n = seen.sum(dim=1, keepdim=True)
         weight = torch.where(n > 0, self.weight, 0.0)
@@ -248,8 +260,7 @@ class HistoryPopularityModel(nn.Module):
         log_prob = score.double() - norm.log()
         if not with_ranks:
             return log_prob, None
-        ahead = torch.where(has, orders[self.weight].count_ahead(score, target),
-                            orders[0.0].count_ahead(score, target))
+        ahead = torch.where(has, orders[self.weight].count_ahead(score, target), orders[0.0].count_ahead(score, target))
         beside = (first & is_ahead(mine, history, score[:, None], target[:, None])).sum(dim=1)
         counted = (first & is_ahead(base, history, score[:, None], target[:, None])).sum(dim=1)
         rank = 1 + ahead - counted + beside - others_ahead(others, lambda a: score_of(a, held(a)), score, target)
@@ -299,8 +310,9 @@ def _catalogue_popularity(n_items: int, counts) -> torch.Tensor:
     return probs / probs[N_SPECIAL : len(counts)].sum()
 
 
-def attribute_history_weight(attribute: AttributePopularityModel, counts, val: EncodedOutfits,
-                             cfg: EvaluateConfig) -> tuple[float, dict[float, float]]:
+def attribute_history_weight(
+    attribute: AttributePopularityModel, counts, val: EncodedOutfits, cfg: EvaluateConfig
+) -> tuple[float, dict[float, float]]:
     """AttributeHistoryPopularityModel's weight: the one of HISTORY_WEIGHTS with the lowest cross-entropy on
     `val` (its catalogue items), every weight from one pass (`attribute_history_log_probs`)."""
     log_probs = attribute_history_log_probs(attribute, counts, val, HISTORY_WEIGHTS, cfg.batch_size)
@@ -308,8 +320,14 @@ def attribute_history_weight(attribute: AttributePopularityModel, counts, val: E
     return min(by_weight, key=by_weight.get), by_weight
 
 
-def attribute_history_log_probs(attribute: AttributePopularityModel, counts, data: EncodedOutfits, weights,
-                                batch_size: int, feature: str = HISTORY_FEATURE) -> np.ndarray:
+def attribute_history_log_probs(
+    attribute: AttributePopularityModel,
+    counts,
+    data: EncodedOutfits,
+    weights,
+    batch_size: int,
+    feature: str = HISTORY_FEATURE,
+) -> np.ndarray:
     """(cases, weights) AttributeHistoryPopularityModel's log-probability of every case's target in `data` (the
     cases of case_ranks, outfit order) at each of `weights`, from one scoring of the attribute-aware popularity:
     with B = exp(its logits), Z = sum_a B(a), L(a) = k(a) / (n p(a)) and S = the sum of B L over the history's

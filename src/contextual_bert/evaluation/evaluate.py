@@ -102,8 +102,9 @@ def recall_curve(ranks, max_k: int = RECALL_CURVE_MAX_K) -> dict:
     return {"k": ks, "values": [float(c / len(ranks)) if len(ranks) else None for c in cumulative]}
 
 
-def evaluate_split(model, data: EncodedOutfits, cfg: EvaluateConfig, device, dependence: bool = True
-                   ) -> tuple[dict, dict]:
+def evaluate_split(
+    model, data: EncodedOutfits, cfg: EvaluateConfig, device, dependence: bool = True
+) -> tuple[dict, dict]:
     """The metrics of one split and its cases (see case_ranks); with `dependence`, a trained model's outfit
     dependence too (a second forward of every case)."""
     cases = case_ranks(model, data, cfg.batch_size, device, dependence=dependence and measures_dependence(model))
@@ -119,15 +120,29 @@ def evaluate_split(model, data: EncodedOutfits, cfg: EvaluateConfig, device, dep
 
 def _subset_metrics(cases: dict, keep: np.ndarray, n_outfits: int, cfg: EvaluateConfig) -> tuple[dict, dict]:
     """Metrics and bootstrap interval of the cases where `keep` is true."""
-    metrics = {"n_outfits": int(len(np.unique(cases["outfit"][keep]))),
-               **metrics_from_ranks(cases["rank"][keep], cases["log_prob"][keep], cfg.ks)}
-    interval = bootstrap_ci(cases["outfit"][keep], case_values(cases["rank"][keep], cases["log_prob"][keep]),
-                            n_outfits=n_outfits)
+    metrics = {
+        "n_outfits": int(len(np.unique(cases["outfit"][keep]))),
+        **metrics_from_ranks(cases["rank"][keep], cases["log_prob"][keep], cfg.ks),
+    }
+    interval = bootstrap_ci(
+        cases["outfit"][keep], case_values(cases["rank"][keep], cases["log_prob"][keep]), n_outfits=n_outfits
+    )
     return metrics, interval
 
 
-def evaluate_model(model, name, variant, seed, parameters, features_dir, max_set_size, out_path, cfg,
-              n_ids: int | None = None, extra_context=None) -> dict:
+def evaluate_model(
+    model,
+    name,
+    variant,
+    seed,
+    parameters,
+    features_dir,
+    max_set_size,
+    out_path,
+    cfg,
+    n_ids: int | None = None,
+    extra_context=None,
+) -> dict:
     """n_ids: the model ranks the catalogue, whose articles below n_ids have an id embedding (known) and the
     others not (unseen); their metrics are reported apart as well. extra_context(split): entries a model needs
     beside the features' context, per row of that split (the optimum with history: each case's outfit)."""
@@ -175,10 +190,12 @@ def evaluate_model(model, name, variant, seed, parameters, features_dir, max_set
         known = test_cases["target"] < n_ids
         for part, keep in (("known", known), ("unseen", ~known)):
             result[f"test_{part}"], result[f"test_{part}_bootstrap"] = _subset_metrics(
-                test_cases, keep, len(test_data), cfg)
+                test_cases, keep, len(test_data), cfg
+            )
         # the known targets are the cases a model of ids only ranks: this record pairs with that model's
-        result[KNOWN_OUTFITS_KEY] = outfit_record(test_cases["outfit"][known], {
-            m: v[known] for m, v in test_values.items()}, _outfit_ids(test_data))
+        result[KNOWN_OUTFITS_KEY] = outfit_record(
+            test_cases["outfit"][known], {m: v[known] for m, v in test_values.items()}, _outfit_ids(test_data)
+        )
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(result_json(result))
@@ -200,9 +217,15 @@ def result_json(result: dict) -> str:
         lists[json.dumps(key)] = json.dumps(values)
         return key
 
-    short = {key: {"outfit_id": placeholder(record["outfit_id"]), "cases": placeholder(record["cases"]),
-                   "sums": {m: placeholder(v) for m, v in record["sums"].items()}}
-             for key in (OUTFITS_KEY, KNOWN_OUTFITS_KEY) if (record := result.get(key)) is not None}
+    short = {
+        key: {
+            "outfit_id": placeholder(record["outfit_id"]),
+            "cases": placeholder(record["cases"]),
+            "sums": {m: placeholder(v) for m, v in record["sums"].items()},
+        }
+        for key in (OUTFITS_KEY, KNOWN_OUTFITS_KEY)
+        if (record := result.get(key)) is not None
+    }
     text = json.dumps(result | short, indent=2)
     for key, values in lists.items():
         text = text.replace(key, values, 1)
@@ -226,7 +249,8 @@ def evaluate_run(features_dir: Path, run_dir: Path, out_path: Path, cfg: Evaluat
         raise ContextualBertError(
             f"{run_dir}: trained ({run_dir / CURVE_FILE}) but no checkpoint was kept: no epoch had a finite "
             "validation cross-entropy; check the validation split (`contextual-bert features`, "
-            "features.min_known_targets) before training again")
+            "features.min_known_targets) before training again"
+        )
     model, meta = load_checkpoint(run_dir / "checkpoint.pt")
     n_items = len(load_article_vocab(features_dir))
     if n_items != model.n_ids:
@@ -239,11 +263,22 @@ def evaluate_run(features_dir: Path, run_dir: Path, out_path: Path, cfg: Evaluat
         catalogue = load_catalogue(features_dir)
         model.set_catalogue(catalogue.tensors())
         n_ids = catalogue.n_ids
-    result = evaluate_model(model, run_dir.name, model.variant, meta.get("seed"), count_paper_parameters(model),
-                            features_dir, model.model_cfg.max_set_size, out_path, cfg, n_ids)
+    result = evaluate_model(
+        model,
+        run_dir.name,
+        model.variant,
+        meta.get("seed"),
+        count_paper_parameters(model),
+        features_dir,
+        model.model_cfg.max_set_size,
+        out_path,
+        cfg,
+        n_ids,
+    )
     name = yardstick_of(model.variant, model.reads_history)
-    result[VERDICT_KEY] = run_verdict(result, name, yardstick_test_record(name, features_dir, cfg,
-                                                                          model.model_cfg.max_set_size))
+    result[VERDICT_KEY] = run_verdict(
+        result, name, yardstick_test_record(name, features_dir, cfg, model.model_cfg.max_set_size)
+    )
     Path(out_path).write_text(result_json(result))
     return result
 
@@ -257,15 +292,18 @@ def yardstick_test_record(name: str, features_dir: Path, cfg: EvaluateConfig, ma
 
     catalogue = name in CATALOGUE_YARDSTICKS
     try:
-        model = yardstick_model(name, features_dir, cfg, max_set_size,
-                                load_split(features_dir, "val", max_set_size, catalogue=catalogue))
+        model = yardstick_model(
+            name, features_dir, cfg, max_set_size, load_split(features_dir, "val", max_set_size, catalogue=catalogue)
+        )
     except ContextualBertError:
         return None
     test = load_split(features_dir, "test", max_set_size, catalogue=catalogue)
     device = evaluation_device()
     metrics, cases = evaluate_split(model.to(device), test, cfg, device)
-    return {"test": metrics, OUTFITS_KEY: outfit_record(cases["outfit"], case_values(cases["rank"], cases["log_prob"]),
-                                                        _outfit_ids(test))}
+    return {
+        "test": metrics,
+        OUTFITS_KEY: outfit_record(cases["outfit"], case_values(cases["rank"], cases["log_prob"]), _outfit_ids(test)),
+    }
 
 
 def evaluate_popularity(
@@ -281,8 +319,9 @@ def evaluate_popularity(
                      features_dir, max_set_size, out_path, cfg)  # fmt: skip
 
 
-def evaluate_history_popularity(features_dir: Path, out_path: Path, cfg: EvaluateConfig,
-                                max_set_size: int = ModelConfig().max_set_size) -> dict:
+def evaluate_history_popularity(
+    features_dir: Path, out_path: Path, cfg: EvaluateConfig, max_set_size: int = ModelConfig().max_set_size
+) -> dict:
     """HistoryPopularityModel, its weight the one of HISTORY_WEIGHTS with the lowest validation cross-entropy;
     write out_path. Without a history feature (features.history off) {"known": false, "why": ...}."""
     from contextual_bert.data.feature_store import load_article_vocab, load_spec, load_split
@@ -295,8 +334,17 @@ def evaluate_history_popularity(features_dir: Path, out_path: Path, cfg: Evaluat
         return result
     counts = np.asarray(load_article_vocab(features_dir).counts)
     weight, by_weight = history_weight(counts, load_split(features_dir, "val", max_set_size), cfg)
-    result = evaluate_model(HistoryPopularityModel(counts, weight), "popularity_history", "popularity_history", None, 0,
-                            features_dir, max_set_size, out_path, cfg)
+    result = evaluate_model(
+        HistoryPopularityModel(counts, weight),
+        "popularity_history",
+        "popularity_history",
+        None,
+        0,
+        features_dir,
+        max_set_size,
+        out_path,
+        cfg,
+    )
     result |= {"weight": weight, "val_cross_entropy_by_weight": {str(w): ce for w, ce in by_weight.items()}}
     out_path.write_text(result_json(result))
     return result
@@ -309,15 +357,23 @@ def attribute_popularity_model(features_dir: Path, cfg: EvaluateConfig, max_set_
 
     attribute = cfg.popularity_attribute
     if not (Path(features_dir) / ATTRIBUTES_FILE).exists():
-        return None, ("no catalogue with attributes (features.article_features is off, or "
-                      "features.article_attributes declares none for this source)"), None
+        return (
+            None,
+            (
+                "no catalogue with attributes (features.article_features is off, or "
+                "features.article_attributes declares none for this source)"
+            ),
+            None,
+        )
     if attribute is None:
         return None, "evaluate.popularity_attribute is not set", None
     catalogue = load_catalogue(features_dir)
     if attribute not in catalogue.attributes or catalogue.attributes[attribute].ndim != 1:
         categorical = [f.name for f in catalogue.spec.features if not f.is_list]
-        raise ContextualBertError(f"evaluate.popularity_attribute '{attribute}' is not a single-valued article "
-                                  f"attribute of {features_dir} (those are {categorical})")
+        raise ContextualBertError(
+            f"evaluate.popularity_attribute '{attribute}' is not a single-valued article "
+            f"attribute of {features_dir} (those are {categorical})"
+        )
     values = catalogue.attributes[attribute]
     share = in_outfit_share(load_split(features_dir, "train", max_set_size, catalogue=True).items, values)
     return AttributePopularityModel(values, catalogue.vocab.counts, catalogue.n_ids, share), attribute, share
@@ -342,8 +398,9 @@ def yardstick_model(name: str, features_dir: Path, cfg: EvaluateConfig, max_set_
     return model
 
 
-def attribute_history_popularity_model(features_dir: Path, cfg: EvaluateConfig, max_set_size: int,
-                                       val: EncodedOutfits | None = None):
+def attribute_history_popularity_model(
+    features_dir: Path, cfg: EvaluateConfig, max_set_size: int, val: EncodedOutfits | None = None
+):
     """(AttributeHistoryPopularityModel, its validation cross-entropy by weight), its weight the one of
     HISTORY_WEIGHTS with the lowest on `val` (the catalogue's validation split, loaded when None); or (None, why)
     where the data has no attribute-aware popularity or no history."""
@@ -361,8 +418,9 @@ def attribute_history_popularity_model(features_dir: Path, cfg: EvaluateConfig, 
     return AttributeHistoryPopularityModel(attribute, counts, weight), by_weight
 
 
-def evaluate_attribute_history_popularity(features_dir: Path, out_path: Path, cfg: EvaluateConfig,
-                                          max_set_size: int = ModelConfig().max_set_size) -> dict:
+def evaluate_attribute_history_popularity(
+    features_dir: Path, out_path: Path, cfg: EvaluateConfig, max_set_size: int = ModelConfig().max_set_size
+) -> dict:
     """The attribute-aware popularity lifted by the customer's own history (AttributeHistoryPopularityModel), its
     weight the one of HISTORY_WEIGHTS with the lowest validation cross-entropy, over the catalogue; write
     out_path. Without the attributes or the history {"known": false, "why": ...}."""
@@ -373,15 +431,26 @@ def evaluate_attribute_history_popularity(features_dir: Path, out_path: Path, cf
         out_path.write_text(json.dumps({"known": False, "why": detail}, indent=2))
         return {"known": False, "why": detail}
     weight, by_weight = model.weight, detail
-    result = evaluate_model(model, "popularity_attribute_history", "popularity_attribute_history", None, 0,
-                            features_dir, max_set_size, out_path, cfg, model.n_ids)
+    result = evaluate_model(
+        model,
+        "popularity_attribute_history",
+        "popularity_attribute_history",
+        None,
+        0,
+        features_dir,
+        max_set_size,
+        out_path,
+        cfg,
+        model.n_ids,
+    )
     result |= {"weight": weight, "val_cross_entropy_by_weight": {str(w): ce for w, ce in by_weight.items()}}
     out_path.write_text(result_json(result))
     return result
 
 
-def evaluate_attribute_popularity(features_dir: Path, out_path: Path, cfg: EvaluateConfig,
-                                  max_set_size: int = ModelConfig().max_set_size) -> dict:
+def evaluate_attribute_popularity(
+    features_dir: Path, out_path: Path, cfg: EvaluateConfig, max_set_size: int = ModelConfig().max_set_size
+) -> dict:
     """The attribute-aware popularity (evaluate.popularity_attribute) over the catalogue; write out_path.
 
     Without the catalogue (features.article_features off) or without an attribute set, it writes
@@ -392,8 +461,18 @@ def evaluate_attribute_popularity(features_dir: Path, out_path: Path, cfg: Evalu
     if model is None:
         out_path.write_text(json.dumps({"known": False, "why": attribute}, indent=2))
         return {"known": False, "why": attribute}
-    result = evaluate_model(model, "popularity_attribute", "popularity_attribute", None, 0, features_dir, max_set_size,
-                            out_path, cfg, model.n_ids)
+    result = evaluate_model(
+        model,
+        "popularity_attribute",
+        "popularity_attribute",
+        None,
+        0,
+        features_dir,
+        max_set_size,
+        out_path,
+        cfg,
+        model.n_ids,
+    )
     result |= {"attribute": attribute, "in_outfit_share": share}
     out_path.write_text(result_json(result))
     return result

@@ -71,8 +71,11 @@ class Questions:
     def digest(self) -> str:
         """A hash of the questions: equal digests, the same questions."""
         h = hashlib.sha256()
-        for a in (self.outfit, self.position, *(x for p in PROTOCOLS for x in
-                                                (self.candidates[p], self.answer[p], self.asked[p]))):
+        for a in (
+            self.outfit,
+            self.position,
+            *(x for p in PROTOCOLS for x in (self.candidates[p], self.answer[p], self.asked[p])),
+        ):
             h.update(np.ascontiguousarray(a).astype(np.int64).tobytes())
         return h.hexdigest()
 
@@ -80,8 +83,9 @@ class Questions:
 MAX_REDRAWS = 200  # rounds of vectorised redraws before the few questions left are drawn one by one
 
 
-def _negatives(rng: np.random.Generator, order: np.ndarray, start: np.ndarray, size: np.ndarray,
-               outfits: np.ndarray, k: int) -> np.ndarray:
+def _negatives(
+    rng: np.random.Generator, order: np.ndarray, start: np.ndarray, size: np.ndarray, outfits: np.ndarray, k: int
+) -> np.ndarray:
     """(Q, k) distinct articles per question, uniformly from its pool order[start:start + size], none of them in
     its outfit's row of `outfits` (Q, L). Every question must have k such articles. Drawn for all questions at
     once, the rows with a clash (an outfit's article, or one article twice) drawn again until none is left."""
@@ -98,7 +102,7 @@ def _negatives(rng: np.random.Generator, order: np.ndarray, start: np.ndarray, s
         out[todo[good]] = drawn[good]
         todo = todo[~good]
     for q in todo:  # pools nearly exhausted by their outfits: draw from what is left
-        pool = order[start[q]:start[q] + size[q]]
+        pool = order[start[q] : start[q] + size[q]]
         out[q] = rng.choice(pool[~np.isin(pool, outfits[q])], k, replace=False)
     return out
 
@@ -110,8 +114,9 @@ def _has_values(values) -> bool:
     return bool((values >= N_SPECIAL).any())
 
 
-def make_questions(items: np.ndarray, n_articles: int, cfg: FitbConfig,
-                   attributes: dict[str, np.ndarray] | None = None) -> Questions:
+def make_questions(
+    items: np.ndarray, n_articles: int, cfg: FitbConfig, attributes: dict[str, np.ndarray] | None = None
+) -> Questions:
     """The questions of a split (`items`: (B, L) catalogue indices, PAD-padded) over the real articles
     N_SPECIAL..n_articles-1, with `attributes` (name -> encoded values, the catalogue's) for the hard protocol."""
     items = np.asarray(items, dtype=np.int64)
@@ -122,9 +127,14 @@ def make_questions(items: np.ndarray, n_articles: int, cfg: FitbConfig,
     k = cfg.n_candidates - 1
     hard_attribute = next((a for a in cfg.hard_attributes if attributes and a in attributes
                            and np.asarray(attributes[a]).ndim == 1 and _has_values(attributes[a])), None)  # fmt: skip
-    why = None if hard_attribute else (
-        f"no single-valued article attribute with values among evaluate.fitb.hard_attributes {cfg.hard_attributes}"
-        + ("" if attributes else " (features.article_features is off)"))
+    why = (
+        None
+        if hard_attribute
+        else (
+            f"no single-valued article attribute with values among evaluate.fitb.hard_attributes {cfg.hard_attributes}"
+            + ("" if attributes else " (features.article_features is off)")
+        )
+    )
     real_in = items[outfit]  # each question's outfit (PAD where empty: never drawn)
     # per protocol, each question's pool as a slice of one article order, and the outfit's articles inside it
     order = {"easy": np.arange(N_SPECIAL, n_articles)}
@@ -217,25 +227,40 @@ def fitb_result(model, data, questions: Questions, cfg: FitbConfig, batch_size: 
     """(test metrics: fitb_easy / fitb_hard accuracies, the evaluation's "fitb" block: per protocol the number
     of questions, accuracy and bootstrap interval; the settings and the questions' digest)."""
     correct = answer(model, data, questions, batch_size, device)
-    metrics, block = {}, {"n_candidates": cfg.n_candidates, "seed": cfg.seed, "questions_sha256": questions.digest(),
-                          "chance": 1.0 / cfg.n_candidates}
+    metrics, block = (
+        {},
+        {
+            "n_candidates": cfg.n_candidates,
+            "seed": cfg.seed,
+            "questions_sha256": questions.digest(),
+            "chance": 1.0 / cfg.n_candidates,
+        },
+    )
     for protocol, metric in zip(PROTOCOLS, METRICS):
         asked = questions.asked[protocol]
         if protocol == "hard" and questions.hard_attribute is None:
             block[protocol] = {"known": False, "why": questions.why_not_hard}
             continue
         if protocol == "hard" and not asked.any():
-            block[protocol] = {"known": False, "attribute": questions.hard_attribute, "why": "no test blank has "
-                               f"{cfg.n_candidates - 1} articles of its {questions.hard_attribute} outside its outfit"}
+            block[protocol] = {
+                "known": False,
+                "attribute": questions.hard_attribute,
+                "why": "no test blank has "
+                f"{cfg.n_candidates - 1} articles of its {questions.hard_attribute} outside its outfit",
+            }
             continue
         if not asked.any():
             raise ContextualBertError(f"FITB {protocol}: no question could be asked on the test split")
         values = correct[protocol][asked]
         interval = bootstrap_ci(questions.outfit[asked], {metric: values}, n_outfits=len(data))
         metrics[metric] = float(values.mean())
-        block[protocol] = {"n_questions": int(asked.sum()), "not_asked": int((~asked).sum()),
-                           "accuracy": metrics[metric], "ci": interval[metric],
-                           **({"attribute": questions.hard_attribute} if protocol == "hard" else {})}
+        block[protocol] = {
+            "n_questions": int(asked.sum()),
+            "not_asked": int((~asked).sum()),
+            "accuracy": metrics[metric],
+            "ci": interval[metric],
+            **({"attribute": questions.hard_attribute} if protocol == "hard" else {}),
+        }
     return metrics, block
 
 

@@ -44,13 +44,17 @@ def _customer_context(raw_dir: Path, features_dir: Path, customer_ids: np.ndarra
     customers = pd.read_parquet(customers_path)
     pos = pd.Index(customers["customer_id"].astype(str)).get_indexer(customer_ids.astype(str))
     if (pos < 0).any():
-        raise DataError(f"customer '{customer_ids[int(np.flatnonzero(pos < 0)[0])]}' of the truth is "
-                        "not in the table", path=customers_path)
+        raise DataError(
+            f"customer '{customer_ids[int(np.flatnonzero(pos < 0)[0])]}' of the truth is not in the table",
+            path=customers_path,
+        )
     # the customer's columns (features.history, when on, is the optimum with history's: evaluate_history_optimum)
     context = [f for f in encoder.spec.features if f.source != "history"]
     if any(f.source != "customer" for f in context):
-        raise ContextualBertError(f"{features_dir}: planted data has customer context only, but the features "
-                                  "hold per-outfit context too; the data and its truth file disagree")
+        raise ContextualBertError(
+            f"{features_dir}: planted data has customer context only, but the features "
+            "hold per-outfit context too; the data and its truth file disagree"
+        )
     indices, _, _ = encoder.encode_arrays(customers.iloc[pos].reset_index(drop=True), source="customer")
     digits, radix, names = [], [], []
     for feature in context:
@@ -86,8 +90,11 @@ def evaluate_optimum(raw_dir: Path, features_dir: Path, out_paths: dict[str, Pat
     for name, with_context in RESULTS.items():
         out_path = Path(out_paths[name])
         if not truth_exists(raw_dir):
-            result = {"name": name, "known": False,
-                      "why": f"{raw_dir} holds no planted truth: the optimum of this data is unknown"}
+            result = {
+                "name": name,
+                "known": False,
+                "why": f"{raw_dir} holds no planted truth: the optimum of this data is unknown",
+            }
             out_path.parent.mkdir(parents=True, exist_ok=True)
             out_path.write_text(json.dumps(result, indent=2))
         else:
@@ -96,8 +103,10 @@ def evaluate_optimum(raw_dir: Path, features_dir: Path, out_paths: dict[str, Pat
             for split in ("test", "val"):
                 ce = result[split]["cross_entropy"]
                 if ce is None or not np.isfinite(ce):
-                    raise ContextualBertError(f"{name}: {split} cross-entropy is {ce}: a case the truth gives "
-                                              "probability 0, so the data and its truth file disagree")
+                    raise ContextualBertError(
+                        f"{name}: {split} cross-entropy is {ce}: a case the truth gives "
+                        "probability 0, so the data and its truth file disagree"
+                    )
             result = {**result, "known": True}
             out_path.write_text(result_json(result))
         results[name] = result
@@ -111,8 +120,10 @@ def _history_unknown(raw_dir: Path, truth) -> str | None:
     if truth is None:
         return f"{raw_dir} holds no planted truth: the optimum of this data is unknown"
     if isinstance(truth, PlantedTruth) and not truth.has_customer_taste:
-        return ("the planted customers have no hidden taste (planted.customer_taste_strength 0): a history says "
-                "nothing beyond the context, the optimum with history is the one with context")
+        return (
+            "the planted customers have no hidden taste (planted.customer_taste_strength 0): a history says "
+            "nothing beyond the context, the optimum with history is the one with context"
+        )
     if DATE_COLUMN not in pq.read_schema(Path(raw_dir) / "outfits.parquet").names:
         return f"{raw_dir}/outfits.parquet has no {DATE_COLUMN} column: no outfit has a history"
     return None
@@ -156,20 +167,39 @@ def history_optimum_data(raw_dir: Path, features_dir: Path, split_rule: str = "h
         model = HistoryOptimum(base.item_type, base.item_log_share, base.oov_share, log_prior)
     else:  # planted closets: P(c | H, x), kept for the outfits that are scored (row_index: -1 for the others)
         digits, _, radix = _customer_context(raw_dir, features_dir, truth.customer_ids)
-        log_prior = closet_history_log_prior(truth, context_keys(digits, radix), customer_rows, article_rows,
-                                             history, wanted)
+        log_prior = closet_history_log_prior(
+            truth, context_keys(digits, radix), customer_rows, article_rows, history, wanted
+        )
         row_index = np.full(len(split), -1)
         row_index[wanted] = np.arange(len(wanted))
         base = build_closet_optimum(truth, vocab.ids, with_context=False)
-        model = ClosetHistoryOptimum(base.item_type, base.fresh.log(), base.rewear, base.entry_customer,
-                                     base.entry_item, base.entry_kappa, base.oov_share, log_prior, row_index=row_index)
+        model = ClosetHistoryOptimum(
+            base.item_type,
+            base.fresh.log(),
+            base.rewear,
+            base.entry_customer,
+            base.entry_item,
+            base.entry_kappa,
+            base.oov_share,
+            log_prior,
+            row_index=row_index,
+        )
     rows = {name: np.flatnonzero(split == name) for name in ("val", "test")}  # load_split keeps the file's order
-    return model, rows, {"n_history_outfits": {name: int(sum(len(history[o]) > 0 for o in r))
-                                               for name, r in rows.items()}}
+    return (
+        model,
+        rows,
+        {"n_history_outfits": {name: int(sum(len(history[o]) > 0 for o in r)) for name, r in rows.items()}},
+    )
 
 
-def evaluate_history_optimum(raw_dir: Path, features_dir: Path, out_path: Path, cfg: EvaluateConfig,
-                             max_set_size: int = ModelConfig().max_set_size, split_rule: str = "hash") -> dict:
+def evaluate_history_optimum(
+    raw_dir: Path,
+    features_dir: Path,
+    out_path: Path,
+    cfg: EvaluateConfig,
+    max_set_size: int = ModelConfig().max_set_size,
+    split_rule: str = "hash",
+) -> dict:
     """The optimum with context and history, scored as the other rows (evaluation.evaluate_model: test and
     validation metrics, the bootstrap, FITB); {"known": false, "why": ...} where it is absent."""
     from contextual_bert.evaluation.evaluate import evaluate_model, result_json
@@ -182,13 +212,25 @@ def evaluate_history_optimum(raw_dir: Path, features_dir: Path, out_path: Path, 
         out_path.write_text(json.dumps(result, indent=2))
         return result
     model, rows, about = history_optimum_data(raw_dir, features_dir, split_rule)
-    result = evaluate_model(model, HISTORY_RESULT, HISTORY_RESULT, None, 0, features_dir, max_set_size, out_path, cfg,
-                            extra_context=lambda split: {OUTFIT_ROW: torch.from_numpy(rows[split])})
+    result = evaluate_model(
+        model,
+        HISTORY_RESULT,
+        HISTORY_RESULT,
+        None,
+        0,
+        features_dir,
+        max_set_size,
+        out_path,
+        cfg,
+        extra_context=lambda split: {OUTFIT_ROW: torch.from_numpy(rows[split])},
+    )
     for split in ("test", "val"):
         ce = result[split]["cross_entropy"]
         if ce is None or not np.isfinite(ce):
-            raise ContextualBertError(f"{HISTORY_RESULT}: {split} cross-entropy is {ce}: a case the truth gives "
-                                      "probability 0, so the data and its truth file disagree")
+            raise ContextualBertError(
+                f"{HISTORY_RESULT}: {split} cross-entropy is {ce}: a case the truth gives "
+                "probability 0, so the data and its truth file disagree"
+            )
     result |= {"split_rule": split_rule, **about, "known": True}
     out_path.write_text(result_json(result))
     return result

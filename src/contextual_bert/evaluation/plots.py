@@ -13,8 +13,11 @@ def _recall_curves(evals: dict[str, list[dict]], popularity: dict) -> dict[str, 
     """variant -> (k, mean recall over seeds) for the k every seed has."""
     curves = {}
     for name, runs in {**evals, "popularity": [popularity]}.items():
-        per_seed = [dict(zip(r["recall_curve"]["k"], r["recall_curve"]["test"])) for r in runs
-                    if isinstance(r.get("recall_curve"), dict)]
+        per_seed = [
+            dict(zip(r["recall_curve"]["k"], r["recall_curve"]["test"]))
+            for r in runs
+            if isinstance(r.get("recall_curve"), dict)
+        ]
         if not per_seed:
             continue
         ks = sorted(set.intersection(*(set(c) for c in per_seed)))
@@ -26,8 +29,13 @@ def _num(value) -> float:
     return float("nan") if value is None else float(value)
 
 
-def write_plots(plots_dir: Path, evals: dict[str, list[dict]], popularity: dict,
-                training_curves: dict[str, dict[int, list[dict]]], labels: dict[str, str]) -> list[Path]:
+def write_plots(
+    plots_dir: Path,
+    evals: dict[str, list[dict]],
+    popularity: dict,
+    training_curves: dict[str, dict[int, list[dict]]],
+    labels: dict[str, str],
+) -> list[Path]:
     """recall_at_k.png / .csv and training_curves.png under plots_dir; `labels`: a model's name in the legend."""
     import matplotlib
 
@@ -75,15 +83,37 @@ def write_plots(plots_dir: Path, evals: dict[str, list[dict]], popularity: dict,
             label = labels.get(variant, variant) if i == 0 else None
             # The training sample's cross-entropy, measured as validation's (older runs: the objective's loss).
             train_key = "train_cross_entropy" if all("train_cross_entropy" in h for h in curve) else "train_loss"
-            ax_train.plot(epochs, [_num(h.get(train_key)) for h in curve], color=colors.get(variant),
-                          label=label, alpha=0.85, marker=".")
-            ax_val.plot(epochs, [_num(h.get("val_cross_entropy")) for h in curve], color=colors.get(variant),
-                        label=label, alpha=0.85, marker=".")
-            rows += [{"variant": variant, "seed": seed, "epoch": h["epoch"], "train_loss": h.get("train_loss"),
-                      "train_cross_entropy": h.get("train_cross_entropy"),
-                      "val_cross_entropy": h.get("val_cross_entropy")} for h in curve]
-    for ax, title in ((ax_train, "Training cross-entropy (a fixed sample, measured as validation)"),
-                      (ax_val, "Validation cross-entropy")):
+            ax_train.plot(
+                epochs,
+                [_num(h.get(train_key)) for h in curve],
+                color=colors.get(variant),
+                label=label,
+                alpha=0.85,
+                marker=".",
+            )
+            ax_val.plot(
+                epochs,
+                [_num(h.get("val_cross_entropy")) for h in curve],
+                color=colors.get(variant),
+                label=label,
+                alpha=0.85,
+                marker=".",
+            )
+            rows += [
+                {
+                    "variant": variant,
+                    "seed": seed,
+                    "epoch": h["epoch"],
+                    "train_loss": h.get("train_loss"),
+                    "train_cross_entropy": h.get("train_cross_entropy"),
+                    "val_cross_entropy": h.get("val_cross_entropy"),
+                }
+                for h in curve
+            ]
+    for ax, title in (
+        (ax_train, "Training cross-entropy (a fixed sample, measured as validation)"),
+        (ax_val, "Validation cross-entropy"),
+    ):
         ax.set_xlabel("epoch")
         ax.set_title(title)
         ax.grid(True, alpha=0.3)

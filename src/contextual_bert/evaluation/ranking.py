@@ -89,12 +89,14 @@ def donor_outfits(items: torch.Tensor, seed: int = DEPENDENCE_SEED) -> torch.Ten
 def _in_blocks(model, device: torch.device) -> bool:
     """Does `model` take a target's log-probability a block of articles at a time (`target_log_probs`)? The
     "_attrs" models on the CPU; the models of ids keep the whole logits and their bits (Table 1's rows)."""
-    return (getattr(model, "attributes", None) is not None and hasattr(model, "target_log_probs")
-            and device.type == "cpu")
+    return (
+        getattr(model, "attributes", None) is not None and hasattr(model, "target_log_probs") and device.type == "cpu"
+    )
 
 
-def _shuffled_log_probs(model, donor_masked: torch.Tensor, context: dict, real_offsets,
-                        target: torch.Tensor) -> torch.Tensor:
+def _shuffled_log_probs(
+    model, donor_masked: torch.Tensor, context: dict, real_offsets, target: torch.Tensor
+) -> torch.Tensor:
     """(B, 1) the log-probability of `target` (B, 1) over the real articles when the encoder of `model` reads
     `donor_masked` (another outfit, [MASK] at the same place), with the logit offsets of the real outfit,
     `real_offsets` (its `outfit_offsets`, shared with the real pass; None: the model has none): the attribute
@@ -119,8 +121,15 @@ def scoring_pass(model):
 
 def progress(total: int, desc: str, unit: str):
     """The bar of a long pass (as training's epochs): off for fewer than PROGRESS_MIN_CASES."""
-    return tqdm(total=total, desc=desc, unit=unit, leave=False, mininterval=1.0, dynamic_ncols=True,
-                disable=total < PROGRESS_MIN_CASES)
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        leave=False,
+        mininterval=1.0,
+        dynamic_ncols=True,
+        disable=total < PROGRESS_MIN_CASES,
+    )
 
 
 def scorer_name(model) -> str:
@@ -139,8 +148,9 @@ def measures_dependence(model) -> bool:
     return hasattr(model, "outfit_offsets") and hasattr(model, "head")
 
 
-def case_ranks(model, data: EncodedOutfits, batch_size: int, device, with_ranks: bool = True,
-               dependence: bool = False) -> dict:
+def case_ranks(
+    model, data: EncodedOutfits, batch_size: int, device, with_ranks: bool = True, dependence: bool = False
+) -> dict:
     """Rank and log-probability of the target of every case (every non-padding item of every outfit).
 
     `model` is anything with `masked_logits(items, context) -> (B, n_items)` (a ContextualBert or the
@@ -209,9 +219,15 @@ def case_ranks(model, data: EncodedOutfits, batch_size: int, device, with_ranks:
         restored[by_length] = values
         return restored
 
-    return _cases(outfit, position, target, n_unknown, in_outfit_order(log_probs) if log_probs else None,
-                  (in_outfit_order(ranks) if ranks else None) if with_ranks else False,
-                  (in_outfit_order(shuffled) if shuffled else None) if donor is not None else False)
+    return _cases(
+        outfit,
+        position,
+        target,
+        n_unknown,
+        in_outfit_order(log_probs) if log_probs else None,
+        (in_outfit_order(ranks) if ranks else None) if with_ranks else False,
+        (in_outfit_order(shuffled) if shuffled else None) if donor is not None else False,
+    )
 
 
 def _cases(outfit, position, target, n_unknown: int, log_prob, rank, shuffled=False) -> dict:
@@ -241,10 +257,17 @@ def _count_model_cases(model, items, context, outfit, position, target, n_unknow
             o, p, t = (v[start : start + CLOSED_FORM_CASES] for v in (outfit, position, target))
             others = items[o].clone()
             others[torch.arange(len(o), device=items.device), p] = PAD_INDEX
-            log_prob, rank = model.ranked_cases(others, {name: values[o] for name, values in context.items()}, t,
-                                                with_ranks)
+            log_prob, rank = model.ranked_cases(
+                others, {name: values[o] for name, values in context.items()}, t, with_ranks
+            )
             log_probs.append(log_prob.double())
             ranks.append(rank)
             bar.update(len(o))
-    return _cases(outfit, position, target, n_unknown, torch.cat(log_probs) if log_probs else None,
-                  (torch.cat(ranks) if ranks else None) if with_ranks else False)
+    return _cases(
+        outfit,
+        position,
+        target,
+        n_unknown,
+        torch.cat(log_probs) if log_probs else None,
+        (torch.cat(ranks) if ranks else None) if with_ranks else False,
+    )

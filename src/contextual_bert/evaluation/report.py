@@ -32,8 +32,15 @@ from contextual_bert.evaluation.table1 import LABELS, comparison_text, render_ta
 PAPER_ORDER = ("global_state_update", "global_state", "new_position", "concat")  # by recall@1, best first
 REQUIRED_METRICS = ("cross_entropy", "recall@1", "recall@5")
 # Single-result yardsticks beside the trained models, in table order; the optimum only where it is known.
-REFERENCES = ("optimum_history", "optimum_context", "optimum_no_context", "popularity", "popularity_history",
-              "popularity_attribute", "popularity_attribute_history")
+REFERENCES = (
+    "optimum_history",
+    "optimum_context",
+    "optimum_no_context",
+    "popularity",
+    "popularity_history",
+    "popularity_attribute",
+    "popularity_attribute_history",
+)
 VERDICT_NUMBERS = {"better": 1, "level": 0, "worse": -1}  # metrics.json's yardstick verdicts, as numbers
 
 
@@ -64,8 +71,7 @@ def checked_eval(result: dict, path: Path) -> dict:
             raise DataError("metric absent or not a number", path=path, column=f"test.{metric}")
     for metric, value in test.items():
         if metric.startswith("recall@") and value is not None and not 0 <= value <= 1:
-            raise DataError(f"recall must be a fraction in [0, 1], got {value}", path=path,
-                            column=f"test.{metric}")
+            raise DataError(f"recall must be a fraction in [0, 1], got {value}", path=path, column=f"test.{metric}")
     return result
 
 
@@ -83,8 +89,12 @@ def read_references(cfg: Config) -> dict[str, dict]:
         path = cfg.eval_path(name)
         if name == "popularity" or not path.exists():
             continue
-        result = _read_json(path, "the optimum's result (run `contextual-bert optimum`)" if name.startswith("optimum")
-                            else f"the {LABELS[name].lower()} yardstick (run `contextual-bert baseline`)")
+        result = _read_json(
+            path,
+            "the optimum's result (run `contextual-bert optimum`)"
+            if name.startswith("optimum")
+            else f"the {LABELS[name].lower()} yardstick (run `contextual-bert baseline`)",
+        )
         if result.get("known") is not False:  # false: the stage ran, and this data has none
             found[name] = checked_eval(result, path)
     return {name: found[name] for name in REFERENCES if name in found}
@@ -114,14 +124,22 @@ def against_learned_baselines(summary: dict, context_variants: list[str]) -> dic
 
 def _metrics_json(summary: dict, references: dict, verdicts: dict) -> dict:
     """Nested dicts of numbers only, for `dvc metrics show`."""
-    out = {name: {"test": {k: v for k, v in result["test"].items() if isinstance(v, (int, float))}}
-           for name, result in references.items()}
+    out = {
+        name: {"test": {k: v for k, v in result["test"].items() if isinstance(v, (int, float))}}
+        for name, result in references.items()
+    }
     for variant, s in summary.items():
         # Counts (n_outfits, n_cases, ...) are the same for every seed: one number, no SE.
-        entry = {"test": {m: stat["mean"] if m.startswith("n_") else
-                          {k: v for k, v in stat.items() if k in ("mean", "se") and v is not None}
-                          for m, stat in s["test"].items()},
-                 "parameters": s["parameters"], "n_seeds": s["n_seeds"]}
+        entry = {
+            "test": {
+                m: stat["mean"]
+                if m.startswith("n_")
+                else {k: v for k, v in stat.items() if k in ("mean", "se") and v is not None}
+                for m, stat in s["test"].items()
+            },
+            "parameters": s["parameters"],
+            "n_seeds": s["n_seeds"],
+        }
         if s.get("recall@1_gain_vs_none") is not None:
             entry["recall@1_gain_vs_none"] = s["recall@1_gain_vs_none"]
         if s.get("convergence"):
@@ -140,19 +158,25 @@ def _verdicts_and_order(summary: dict, context_variants: list[str]) -> tuple[dic
         none = summary["none"]["test"]
         for v in context_variants:
             baseline_r1 = none["recall@1"]["mean"]
-            summary[v]["recall@1_gain_vs_none"] = \
+            summary[v]["recall@1_gain_vs_none"] = (
                 summary[v]["test"]["recall@1"]["mean"] / baseline_r1 - 1 if baseline_r1 else None
+            )
         if context_variants:
-            per_variant = {v: {m: compare_models(summary[v], summary["none"], m, higher)
-                               for m, higher in VERDICT_METRICS} for v in context_variants}
+            per_variant = {
+                v: {m: compare_models(summary[v], summary["none"], m, higher) for m, higher in VERDICT_METRICS}
+                for v in context_variants
+            }
             flags = [c["beats_by_more_than_se"] for pv in per_variant.values() for c in pv.values()]
             overall = False if False in flags else (None if None in flags else True)
             verdicts = {"all_beat_none_by_more_than_se": overall, "per_variant": per_variant}
     if len(context_variants) > 1:
         ours = sorted(context_variants, key=lambda v: -summary[v]["test"]["recall@1"]["mean"])
         paper = [v for v in PAPER_ORDER if v in context_variants]
-        within = [(a, b) for a, b in zip(ours, ours[1:])
-                  if compare_models(summary[a], summary[b], "recall@1", True)["beats_by_more_than_se"] is False]
+        within = [
+            (a, b)
+            for a, b in zip(ours, ours[1:])
+            if compare_models(summary[a], summary[b], "recall@1", True)["beats_by_more_than_se"] is False
+        ]
         order = {"ours": ours, "paper": paper, "matches_paper": ours == paper, "within_se": within}
     return verdicts, order
 
@@ -162,8 +186,10 @@ def build_report(cfg: Config) -> dict:
     variants, seeds = list(cfg.train.variants), list(cfg.train.seeds)
     if not variants or not seeds:
         raise ContextualBertError("params.yaml: train.variants and train.seeds must not be empty")
-    results = {v: [_read_json(cfg.eval_path(f"{v}-s{s}"), "evaluation result (run `contextual-bert evaluate`)")
-                   for s in seeds] for v in variants}
+    results = {
+        v: [_read_json(cfg.eval_path(f"{v}-s{s}"), "evaluation result (run `contextual-bert evaluate`)") for s in seeds]
+        for v in variants
+    }
     # a model this data cannot train (e.g. a context variant on outfits without customers): said, not a row
     unavailable = {v: runs[0].get("why") for v, runs in results.items() if all(r.get("known") is False for r in runs)}
     variants = [v for v in variants if v not in unavailable]
@@ -188,7 +214,8 @@ def build_report(cfg: Config) -> dict:
     reports_dir = cfg.paths.reports_dir
     reports_dir.mkdir(parents=True, exist_ok=True)
     (reports_dir / "table1.md").write_text(
-        render_table1(cfg, summary, references, verdicts, order, baseline_verdicts, yardsticks, unavailable))
+        render_table1(cfg, summary, references, verdicts, order, baseline_verdicts, yardsticks, unavailable)
+    )
     metrics = _metrics_json(summary, references, verdicts)
     for v, c in yardsticks.items():
         if c.get("verdict") is not None:
@@ -205,8 +232,9 @@ def build_report(cfg: Config) -> dict:
         "table": str(reports_dir / "table1.md"),
         "metrics": str(reports_dir / "metrics.json"),
         "plots": [str(p) for p in plots],
-        "summary": {v: {m: s["test"][m] for m in REQUIRED_METRICS} | {"parameters": s["parameters"]}
-                    for v, s in summary.items()},
+        "summary": {
+            v: {m: s["test"][m] for m in REQUIRED_METRICS} | {"parameters": s["parameters"]} for v, s in summary.items()
+        },
         "all_beat_none_by_more_than_se": verdicts.get("all_beat_none_by_more_than_se"),
         "vs_learned_baselines": (baseline_verdicts or {}).get("checks"),
         "vs_yardstick": {v: {"name": c["name"], "verdict": c.get("verdict")} for v, c in yardsticks.items()},

@@ -31,8 +31,13 @@ TARGET_PARTS = ("test_known", "test_unseen")  # the catalogue rankers' targets w
 def convergence_summary(metrics: list[dict]) -> dict:
     """How many of a variant's runs converged (training.convergence), and how."""
     ways = [m.get("converged") for m in metrics]
-    return {"converged": sum(w is not None for w in ways), "n": len(ways), "ways": ways,
-            "best_epochs": [m.get("best_epoch") for m in metrics], "epochs": [m.get("epochs") for m in metrics]}
+    return {
+        "converged": sum(w is not None for w in ways),
+        "n": len(ways),
+        "ways": ways,
+        "best_epochs": [m.get("best_epoch") for m in metrics],
+        "epochs": [m.get("epochs") for m in metrics],
+    }
 
 
 # --- statistics ------------------------------------------------------------------------------------------
@@ -47,8 +52,13 @@ def mean_se(values) -> dict:
     return {"mean": float(values.mean()), "se": se, "n": int(len(values))}
 
 
-def compare(variant: dict, baseline: dict, higher_is_better: bool, metric: str | None = None,
-            outfits: tuple[dict | None, dict | None] = (None, None)) -> dict:
+def compare(
+    variant: dict,
+    baseline: dict,
+    higher_is_better: bool,
+    metric: str | None = None,
+    outfits: tuple[dict | None, dict | None] = (None, None),
+) -> dict:
     """How much `variant` improves on `baseline` (positive = better) and whether it beats it
     ("beats_by_more_than_se"), by one of two yardsticks:
 
@@ -76,8 +86,9 @@ def compare(variant: dict, baseline: dict, higher_is_better: bool, metric: str |
 
 def compare_models(a: dict, b: dict, metric: str, higher_is_better: bool) -> dict:
     """compare() of two summaries (summarize_runs, or a reference's) on one metric, with their records."""
-    return compare(a["test"][metric], b["test"][metric], higher_is_better, metric,
-                   (a.get(OUTFITS_KEY), b.get(OUTFITS_KEY)))
+    return compare(
+        a["test"][metric], b["test"][metric], higher_is_better, metric, (a.get(OUTFITS_KEY), b.get(OUTFITS_KEY))
+    )
 
 
 def summarize_runs(evals: list[dict]) -> dict:
@@ -91,14 +102,21 @@ def summarize_runs(evals: list[dict]) -> dict:
         "test_by_seed": {m: [e["test"].get(m) for e in evals] for m in ("cross_entropy",)},
         OUTFITS_KEY: mean_record([e.get(OUTFITS_KEY) for e in evals]),
         KNOWN_OUTFITS_KEY: mean_record([e.get(KNOWN_OUTFITS_KEY) for e in evals]),
-        "test_bootstrap": {m: pooled_interval([(e.get("test_bootstrap") or {}).get(m) for e in evals])
-                           for m in CI_METRICS},
+        "test_bootstrap": {
+            m: pooled_interval([(e.get("test_bootstrap") or {}).get(m) for e in evals]) for m in CI_METRICS
+        },
         FITB_KEY: {m: pooled_interval([fitb_interval(e, m) for e in evals]) for m in FITB_METRICS},
         # models that rank the catalogue: targets with an id embedding (known) and without (unseen) apart
-        **{part: {"test": {m: mean_se([e[part].get(m) for e in evals]) for m in e0_metrics(evals, part)},
-                  "bootstrap": {m: pooled_interval([(e.get(f"{part}_bootstrap") or {}).get(m) for e in evals])
-                                for m in CI_METRICS}}
-           for part in TARGET_PARTS if all(part in e for e in evals)},
+        **{
+            part: {
+                "test": {m: mean_se([e[part].get(m) for e in evals]) for m in e0_metrics(evals, part)},
+                "bootstrap": {
+                    m: pooled_interval([(e.get(f"{part}_bootstrap") or {}).get(m) for e in evals]) for m in CI_METRICS
+                },
+            }
+            for part in TARGET_PARTS
+            if all(part in e for e in evals)
+        },
     }
 
 

@@ -62,8 +62,10 @@ CONVERGENCE_LABELS = {"early_stopping": "early stop", "plateau": "plateau"}
 def _fitb_cells(test: dict, result: dict, pooled: bool) -> list[str]:
     """FITB easy and hard accuracy % [95% CI] (a summary's pooled intervals, or one result's)."""
     intervals = {m: (result.get(FITB_KEY) or {}).get(m) if pooled else fitb_interval(result, m) for m in FITB_METRICS}
-    return [f"{_fmt(test.get(m), True, 1)} [{_fmt_ci(intervals[m])}]" if test.get(m) is not None else "–"
-            for m in FITB_METRICS]
+    return [
+        f"{_fmt(test.get(m), True, 1)} [{_fmt_ci(intervals[m])}]" if test.get(m) is not None else "–"
+        for m in FITB_METRICS
+    ]
 
 
 def history_lines(summary: dict, references: dict) -> list[str]:
@@ -72,12 +74,18 @@ def history_lines(summary: dict, references: dict) -> list[str]:
     if "popularity_history" not in references:
         return []
     ref = references["popularity_history"]
-    ref_row = {"test": {k: {"mean": v, "se": None} for k, v in ref["test"].items() if isinstance(v, (int, float))},
-               OUTFITS_KEY: ref.get(OUTFITS_KEY)}
-    lines = ["", "## Does history help?", "",
-             f"- Every context in this table holds the customer's history (features.history). The yardstick: "
-             f"{LABELS['popularity_history'].lower()}, CE {ref['test']['cross_entropy']:.3f} (its weight "
-             f"{ref.get('weight')}, chosen on validation). Each model that reads c against it:"]
+    ref_row = {
+        "test": {k: {"mean": v, "se": None} for k, v in ref["test"].items() if isinstance(v, (int, float))},
+        OUTFITS_KEY: ref.get(OUTFITS_KEY),
+    }
+    lines = [
+        "",
+        "## Does history help?",
+        "",
+        f"- Every context in this table holds the customer's history (features.history). The yardstick: "
+        f"{LABELS['popularity_history'].lower()}, CE {ref['test']['cross_entropy']:.3f} (its weight "
+        f"{ref.get('weight')}, chosen on validation). Each model that reads c against it:",
+    ]
     for v in summary:
         if base_model(v) in ("none", "bag_of_items"):
             continue
@@ -96,44 +104,73 @@ def attribute_lines(summary: dict, references: dict) -> list[str]:
     models = [v for v in summary if uses_attributes(v)]
     if not models:
         return []
-    lines = ["", "## Article attributes", "",
-             "- The models with attributes and the attribute-aware popularity rank the whole catalogue (the "
-             "articles table), so every test target is ranked; the models of ids only rank the train vocabulary "
-             "and skip unseen targets (their rows above). Known: the target has an id embedding (seen in "
-             "training); unseen: it has none. Cross-entropy (nats) / recall@5 % [95% bootstrap CI]:", ""]
-    rows = {name: {"test": {k: {"mean": v, "se": None} for k, v in ref["test"].items() if isinstance(v, (int, float))},
-                   "test_bootstrap": ref.get("test_bootstrap") or {}, OUTFITS_KEY: ref.get(OUTFITS_KEY),
-                   **{part: {"test": {k: {"mean": v, "se": None} for k, v in ref[part].items()
-                                      if isinstance(v, (int, float))},
-                             "bootstrap": ref.get(f"{part}_bootstrap") or {}} for part in TARGET_PARTS if part in ref}}
-            for name, ref in references.items() if name == "popularity_attribute"}
+    lines = [
+        "",
+        "## Article attributes",
+        "",
+        "- The models with attributes and the attribute-aware popularity rank the whole catalogue (the "
+        "articles table), so every test target is ranked; the models of ids only rank the train vocabulary "
+        "and skip unseen targets (their rows above). Known: the target has an id embedding (seen in "
+        "training); unseen: it has none. Cross-entropy (nats) / recall@5 % [95% bootstrap CI]:",
+        "",
+    ]
+    rows = {
+        name: {
+            "test": {k: {"mean": v, "se": None} for k, v in ref["test"].items() if isinstance(v, (int, float))},
+            "test_bootstrap": ref.get("test_bootstrap") or {},
+            OUTFITS_KEY: ref.get(OUTFITS_KEY),
+            **{
+                part: {
+                    "test": {k: {"mean": v, "se": None} for k, v in ref[part].items() if isinstance(v, (int, float))},
+                    "bootstrap": ref.get(f"{part}_bootstrap") or {},
+                }
+                for part in TARGET_PARTS
+                if part in ref
+            },
+        }
+        for name, ref in references.items()
+        if name == "popularity_attribute"
+    }
     rows |= {v: summary[v] for v in models}
-    lines += ["| Model | all: CE | all: recall@5 | known: CE | known: recall@5 | unseen: CE | unseen: recall@5 |",
-              "|---|---|---|---|---|---|---|"]
+    lines += [
+        "| Model | all: CE | all: recall@5 | known: CE | known: recall@5 | unseen: CE | unseen: recall@5 |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, s in rows.items():
-        cells = [LABELS.get(name, name), _fmt(s["test"].get("cross_entropy"), False, 2),
-                 f"{_fmt(s['test'].get('recall@5'), True, 2)} [{_fmt_ci(s['test_bootstrap'].get('recall@5'))}]"]
+        cells = [
+            LABELS.get(name, name),
+            _fmt(s["test"].get("cross_entropy"), False, 2),
+            f"{_fmt(s['test'].get('recall@5'), True, 2)} [{_fmt_ci(s['test_bootstrap'].get('recall@5'))}]",
+        ]
         for part in TARGET_PARTS:
             p = s.get(part)
-            cells += ["–", "–"] if p is None else [
-                _fmt(p["test"].get("cross_entropy"), False, 2),
-                f"{_fmt(p['test'].get('recall@5'), True, 2)} [{_fmt_ci(p['bootstrap'].get('recall@5'))}]"]
+            cells += (
+                ["–", "–"]
+                if p is None
+                else [
+                    _fmt(p["test"].get("cross_entropy"), False, 2),
+                    f"{_fmt(p['test'].get('recall@5'), True, 2)} [{_fmt_ci(p['bootstrap'].get('recall@5'))}]",
+                ]
+            )
         lines.append("| " + " | ".join(cells) + " |")
     if "popularity_attribute" in references:
         ref = rows["popularity_attribute"]
         lines.append("")
         for v in models:
             per_metric = {m: compare_models(summary[v], ref, m, higher) for m, higher in VERDICT_METRICS}
-            lines.append(f"- {LABELS.get(v, v)} against {LABELS['popularity_attribute'].lower()} (all targets): "
-                         f"{comparison_text(per_metric)}")
+            lines.append(
+                f"- {LABELS.get(v, v)} against {LABELS['popularity_attribute'].lower()} (all targets): "
+                f"{comparison_text(per_metric)}"
+            )
     # does the context still help when the articles are known by their attributes? (same cases both sides)
     none_attrs = "none" + ATTRIBUTES_SUFFIX
     context = [v for v in models if base_model(v) in VARIANTS and v != none_attrs]
     if none_attrs in summary and context:
         lines += ["", f"- Against {LABELS.get(none_attrs, none_attrs)} (all targets):"]
         for v in context:
-            per_metric = {m: compare_models(summary[v], summary[none_attrs], m, higher)
-                          for m, higher in VERDICT_METRICS}
+            per_metric = {
+                m: compare_models(summary[v], summary[none_attrs], m, higher) for m, higher in VERDICT_METRICS
+            }
             lines.append(f"  - {LABELS.get(v, v)}: {comparison_text(per_metric)}")
     # what the attributes add to each model: its known targets against its twin of ids only (which ranks the
     # train vocabulary, the attribute model the larger catalogue: a harder task for the latter)
@@ -142,10 +179,13 @@ def attribute_lines(summary: dict, references: dict) -> list[str]:
         lines += ["", "- Against the same model of ids only (known targets, the only ones the latter ranks):"]
         for v in twins:
             known = summary[v]["test_known"]["test"]
-            per_metric = {m: compare(known[m], summary[base_model(v)]["test"][m], higher)
-                          for m, higher in VERDICT_METRICS}
-            lines.append(f"  - {LABELS.get(v, v)} against {LABELS.get(base_model(v), base_model(v))}: "
-                         f"{comparison_text(per_metric)}")
+            per_metric = {
+                m: compare(known[m], summary[base_model(v)]["test"][m], higher) for m, higher in VERDICT_METRICS
+            }
+            lines.append(
+                f"  - {LABELS.get(v, v)} against {LABELS.get(base_model(v), base_model(v))}: "
+                f"{comparison_text(per_metric)}"
+            )
     return lines
 
 
@@ -183,8 +223,10 @@ def comparison_text(per_metric: dict) -> str:
             yardstick = f" (paired bootstrap {LEVEL:.0%} CI {low:+.2f}..{high:+.2f}{unit})"
         else:
             yardstick = ""
-        parts.append(f"{METRIC_LABELS[metric]} better by {c['improvement'] * scale:+.2f}{unit}{yardstick}: "
-                     f"{_verdict_text(c['beats_by_more_than_se'], c.get('why'))}")
+        parts.append(
+            f"{METRIC_LABELS[metric]} better by {c['improvement'] * scale:+.2f}{unit}{yardstick}: "
+            f"{_verdict_text(c['beats_by_more_than_se'], c.get('why'))}"
+        )
     return "; ".join(parts)
 
 
@@ -199,8 +241,10 @@ def _yardstick_phrase(comparisons: list[dict]) -> str:
         return "by more than the standard error"
     if used == {"paired bootstrap"}:
         return f"with the paired bootstrap's {LEVEL:.0%} interval of the difference above 0"
-    return (f"by more than their yardstick (the standard error; with one seed, the paired bootstrap's "
-            f"{LEVEL:.0%} interval above 0)")
+    return (
+        f"by more than their yardstick (the standard error; with one seed, the paired bootstrap's "
+        f"{LEVEL:.0%} interval above 0)"
+    )
 
 
 def _split_words(split: dict) -> str:
@@ -249,17 +293,25 @@ def _converged_text(c: dict | None) -> str:
 def seed_se_lines(summary: dict, metric: str = "cross_entropy") -> list[str]:
     """The seed SE of the test cross-entropy to three decimals, largest first: the table rounds to two, so a
     claim about its size is read here, never from the rounded column."""
-    ses = {v: s["test"][metric]["se"] for v, s in summary.items()
-           if metric in s["test"] and s["test"][metric]["se"] is not None}
+    ses = {
+        v: s["test"][metric]["se"]
+        for v, s in summary.items()
+        if metric in s["test"] and s["test"][metric]["se"] is not None
+    }
     if not ses:
         return []
     largest = max(ses, key=ses.get)
     each = ", ".join(f"{LABELS.get(v, v)} {se:.3f}" for v, se in ses.items())
-    lines = ["", f"- Seed SE of the test cross-entropy: at most **{ses[largest]:.3f}** nats "
-                 f"({LABELS.get(largest, largest)}); each: {each}."]
+    lines = [
+        "",
+        f"- Seed SE of the test cross-entropy: at most **{ses[largest]:.3f}** nats "
+        f"({LABELS.get(largest, largest)}); each: {each}.",
+    ]
     over = [v for v, se in ses.items() if se > SEED_SE_TARGET]
-    lines += [f"  - {LABELS.get(v, v)} misses the {SEED_SE_TARGET} nats target: {_seed_spread_text(summary[v], metric)}"
-              for v in over]
+    lines += [
+        f"  - {LABELS.get(v, v)} misses the {SEED_SE_TARGET} nats target: {_seed_spread_text(summary[v], metric)}"
+        for v in over
+    ]
     return lines
 
 
@@ -270,11 +322,17 @@ def _seed_spread_text(s: dict, metric: str) -> str:
     seeds, c = s.get("seeds") or [], s.get("convergence") or {}
     if len(values) != len(seeds) or len(values) < 2 or None in values:
         return "the seeds' values are not in the evaluations."
-    ended = [f"s{seed} {value:.3f}" + (f" (best epoch {best} of {ran}, {CONVERGENCE_LABELS.get(way, 'not converged')})"
-                                       if ran is not None else "")
-             for seed, value, best, ran, way in zip(seeds, values, c.get("best_epochs") or [None] * len(seeds),
-                                                    c.get("epochs") or [None] * len(seeds),
-                                                    c.get("ways") or [None] * len(seeds))]
+    ended = [
+        f"s{seed} {value:.3f}"
+        + (f" (best epoch {best} of {ran}, {CONVERGENCE_LABELS.get(way, 'not converged')})" if ran is not None else "")
+        for seed, value, best, ran, way in zip(
+            seeds,
+            values,
+            c.get("best_epochs") or [None] * len(seeds),
+            c.get("epochs") or [None] * len(seeds),
+            c.get("ways") or [None] * len(seeds),
+        )
+    ]
     others = [np.mean([x for j, x in enumerate(values) if j != i]) for i in range(len(values))]
     far = int(np.argmax([abs(x - o) for x, o in zip(values, others)]))
     return f"{', '.join(ended)}; s{seeds[far]} is {abs(values[far] - others[far]):.3f} from the others' mean."
@@ -290,15 +348,25 @@ def stuck(stat: dict | None) -> bool | None:
     return None if not stat or stat.get("mean") is None else stat["mean"] < STUCK_BELOW
 
 
-def render_table1(cfg: Config, summary: dict, references: dict, verdicts: dict, order: dict,
-                  baseline_verdicts: dict | None = None, yardsticks: dict | None = None,
-                  unavailable: dict | None = None) -> str:
+def render_table1(
+    cfg: Config,
+    summary: dict,
+    references: dict,
+    verdicts: dict,
+    order: dict,
+    baseline_verdicts: dict | None = None,
+    yardsticks: dict | None = None,
+    unavailable: dict | None = None,
+) -> str:
     lines = _preamble_lines(cfg, summary)
     lines += _reference_rows(references)
     lines += [_model_row(v, summary[v], (yardsticks or {}).get(v)) for v in summary]
     if unavailable:
-        lines += ["", f"- Not trained on this data: {', '.join(LABELS.get(v, v) for v in unavailable)} "
-                      f"({next(iter(unavailable.values()))})."]
+        lines += [
+            "",
+            f"- Not trained on this data: {', '.join(LABELS.get(v, v) for v in unavailable)} "
+            f"({next(iter(unavailable.values()))}).",
+        ]
     lines += seed_se_lines(summary)
     lines += yardstick_lines(yardsticks or {})
     lines += _optimum_lines(summary, references)
@@ -319,8 +387,11 @@ def _preamble_lines(cfg: Config, summary: dict) -> list[str]:
     seeds = cfg.train.seeds
     n = len(seeds)
     counts = next(iter(summary.values()))["test"]
-    spread = f"mean ± standard error over {n} seeds {seeds} (SE = sample std / √n)" if n > 1 else \
-        f"seed {seeds[0]} only (n=1, no SE)"
+    spread = (
+        f"mean ± standard error over {n} seeds {seeds} (SE = sample std / √n)"
+        if n > 1
+        else f"seed {seeds[0]} only (n=1, no SE)"
+    )
     return [
         "# Table 1: outfit completion on this data",
         "",
@@ -330,7 +401,7 @@ def _preamble_lines(cfg: Config, summary: dict) -> list[str]:
         "the vocabulary is ranked; the outfit's other (in-outfit) articles are excluded from the ranking.",
         "- 95% CI: percentile bootstrap over the test outfits (bootstrap.py), the bounds averaged over seeds: "
         "how much the numbers move with the test split itself, besides the seed SE.",
-        "- \"Beats\": with two seeds or more on both sides, the improvement must exceed the SE of the difference; "
+        '- "Beats": with two seeds or more on both sides, the improvement must exceed the SE of the difference; '
         "with one seed, a paired bootstrap over the test outfits (both models' cases of an outfit drawn "
         f"together) must put the whole {LEVEL:.0%} interval of the difference on the better side of 0.",
         "- FITB (fill-in-the-blank, fitb.py): each test item blanked in turn, the model picks it among "
@@ -379,39 +450,52 @@ def _model_row(v: str, s: dict, yardstick: dict | None) -> str:
     paper, paper_none = PAPER_TABLE1.get(v, {}), PAPER_TABLE1["none"]["recall@1"]
     gain = s.get("recall@1_gain_vs_none")
     paper_gain = paper["recall@1"] / paper_none - 1 if paper and v != "none" else None
-    return "| " + " | ".join([
-        LABELS.get(v, v),
-        _fmt(s["test"].get("cross_entropy"), False, 2),
-        f"{paper['cross_entropy']:.2f}" if paper else "–",
-        _fmt(s["test"].get("recall@1"), True, 2),
-        f"{paper['recall@1'] * 100:.1f}" if paper else "–",
-        _fmt(s["test"].get("recall@5"), True, 2),
-        _fmt_ci(s["test_bootstrap"].get("recall@5")),
-        _fmt(s["test"].get("recall@250"), True, 2),
-        *_fitb_cells(s["test"], s, pooled=True),
-        f"{s['parameters']:,}",
-        f"{paper['parameters']:,}" if paper else "–",
-        "–" if gain is None else f"{gain * 100:+.1f} %",
-        "–" if paper_gain is None else f"{paper_gain * 100:+.1f} %",
-        _converged_text(s.get("convergence")),
-        _dependence_text(s["test"].get(DEPENDENCE_METRIC)),
-        _yardstick_cell(yardstick),
-    ]) + " |"
+    return (
+        "| "
+        + " | ".join(
+            [
+                LABELS.get(v, v),
+                _fmt(s["test"].get("cross_entropy"), False, 2),
+                f"{paper['cross_entropy']:.2f}" if paper else "–",
+                _fmt(s["test"].get("recall@1"), True, 2),
+                f"{paper['recall@1'] * 100:.1f}" if paper else "–",
+                _fmt(s["test"].get("recall@5"), True, 2),
+                _fmt_ci(s["test_bootstrap"].get("recall@5")),
+                _fmt(s["test"].get("recall@250"), True, 2),
+                *_fitb_cells(s["test"], s, pooled=True),
+                f"{s['parameters']:,}",
+                f"{paper['parameters']:,}" if paper else "–",
+                "–" if gain is None else f"{gain * 100:+.1f} %",
+                "–" if paper_gain is None else f"{paper_gain * 100:+.1f} %",
+                _converged_text(s.get("convergence")),
+                _dependence_text(s["test"].get(DEPENDENCE_METRIC)),
+                _yardstick_cell(yardstick),
+            ]
+        )
+        + " |"
+    )
 
 
 def _optimum_lines(summary: dict, references: dict) -> list[str]:
     """Each model's gap to the data's exact optimum (planted data only)."""
     lines = []
     if "optimum_context" in references or "optimum_no_context" in references:
-        lines += ["", "## Distance to the optimum", "",
-                  "- The data's exact Bayes-optimal predictor is known: its rows are the best any model can do on "
-                  "these test cases, with and without the customer. Gap in cross-entropy (nats):"]
+        lines += [
+            "",
+            "## Distance to the optimum",
+            "",
+            "- The data's exact Bayes-optimal predictor is known: its rows are the best any model can do on "
+            "these test cases, with and without the customer. Gap in cross-entropy (nats):",
+        ]
         for v in summary:
             ce = summary[v]["test"]["cross_entropy"]["mean"]
             uses_context = base_model(v) not in ("none", "bag_of_items")
             # a model that reads c reads the history in it (features.history), and is held to that optimum
-            name = (("optimum_history" if "optimum_history" in references else "optimum_context") if uses_context
-                    else "optimum_no_context")
+            name = (
+                ("optimum_history" if "optimum_history" in references else "optimum_context")
+                if uses_context
+                else "optimum_no_context"
+            )
             if name in references and ce is not None:
                 gap = ce - references[name]["test"]["cross_entropy"]
                 lines.append(f"  - {LABELS.get(v, v)}: {gap:+.3f} to the {LABELS[name].lower()}")
@@ -422,14 +506,17 @@ def _context_lines(verdicts: dict) -> list[str]:
     """Does every context variant beat [None]?"""
     lines = ["", "## Does context help?", ""]
     if not verdicts:
-        lines.append("- [None] is not among train.variants (or no context variant is), so there is nothing to "
-                     "compare against.")
+        lines.append(
+            "- [None] is not among train.variants (or no context variant is), so there is nothing to compare against."
+        )
     else:
         overall = verdicts["all_beat_none_by_more_than_se"]
         comparisons = [c for pv in verdicts["per_variant"].values() for c in pv.values()]
-        lines.append(f"- Every context variant beats [None] on cross-entropy and recall@5 "
-                     f"{_yardstick_phrase(comparisons)}: "
-                     f"**{_verdict_text(overall, 'a comparison below has no yardstick')}**.")
+        lines.append(
+            f"- Every context variant beats [None] on cross-entropy and recall@5 "
+            f"{_yardstick_phrase(comparisons)}: "
+            f"**{_verdict_text(overall, 'a comparison below has no yardstick')}**."
+        )
         for v, per_metric in verdicts["per_variant"].items():
             lines.append(f"  - {LABELS.get(v, v)}: {comparison_text(per_metric)}")
     return lines
@@ -445,13 +532,14 @@ def _order_lines(order: dict) -> list[str]:
         "",
         "## Order of the context variants by recall@1",
         "",
-        f"- Ours: {ours}. Paper: {paper}. "
-        f"**{'Same order' if order['matches_paper'] else 'Different order'}.**",
+        f"- Ours: {ours}. Paper: {paper}. **{'Same order' if order['matches_paper'] else 'Different order'}.**",
     ]
     if order["within_se"]:
         pairs = ", ".join(f"{LABELS.get(a, a)} vs {LABELS.get(b, b)}" for a, b in order["within_se"])
-        lines.append(f"- Neighbours whose recall@1 does not differ beyond its yardstick (the SE of the "
-                     f"difference; with one seed, the paired bootstrap): {pairs}.")
+        lines.append(
+            f"- Neighbours whose recall@1 does not differ beyond its yardstick (the SE of the "
+            f"difference; with one seed, the paired bootstrap): {pairs}."
+        )
     return lines
 
 
@@ -471,21 +559,30 @@ def yardstick_lines(verdicts: dict[str, dict]) -> list[str]:
     if not verdicts:
         return []
     worse = [v for v, c in verdicts.items() if c.get("verdict") == "worse"]
-    lines = ["", "## Against the yardsticks", "",
-             "- Each learned row against the count that knows what it reads: popularity; popularity + own history "
-             "for a model whose context holds the history; the attribute-aware popularity for the models with "
-             "attributes (all targets), lifted by the own history for those whose context holds it. Test "
-             "cross-entropy, model minus yardstick (negative: better); better or "
-             "worse beyond the SE of the difference with two seeds or more, beyond the paired bootstrap's 95% "
-             "interval with one; otherwise level.",
-             f"- **{len(worse)} of {len(verdicts)} learned rows are worse than their yardstick"
-             + (f": {', '.join(LABELS.get(v, v) for v in worse)}.**" if worse else ".**")]
+    lines = [
+        "",
+        "## Against the yardsticks",
+        "",
+        "- Each learned row against the count that knows what it reads: popularity; popularity + own history "
+        "for a model whose context holds the history; the attribute-aware popularity for the models with "
+        "attributes (all targets), lifted by the own history for those whose context holds it. Test "
+        "cross-entropy, model minus yardstick (negative: better); better or "
+        "worse beyond the SE of the difference with two seeds or more, beyond the paired bootstrap's 95% "
+        "interval with one; otherwise level.",
+        f"- **{len(worse)} of {len(verdicts)} learned rows are worse than their yardstick"
+        + (f": {', '.join(LABELS.get(v, v) for v in worse)}.**" if worse else ".**"),
+    ]
     for v, c in verdicts.items():
         if c.get("verdict") is None:
             lines.append(f"  - {LABELS.get(v, v)}: {c.get('why', 'no verdict')}")
             continue
-        rule = (f"SE {c['se']:.3f}" if c.get("rule") == "se" else
-                f"paired bootstrap {LEVEL:.0%} CI {c['interval'][0]:+.3f}..{c['interval'][1]:+.3f}")
-        lines.append(f"  - {LABELS.get(v, v)}: {c['model']:.3f} against {LABELS.get(c['name'], c['name']).lower()} "
-                     f"{c['yardstick']:.3f}, {c['difference']:+.3f} ({rule}): **{c['verdict']}**")
+        rule = (
+            f"SE {c['se']:.3f}"
+            if c.get("rule") == "se"
+            else f"paired bootstrap {LEVEL:.0%} CI {c['interval'][0]:+.3f}..{c['interval'][1]:+.3f}"
+        )
+        lines.append(
+            f"  - {LABELS.get(v, v)}: {c['model']:.3f} against {LABELS.get(c['name'], c['name']).lower()} "
+            f"{c['yardstick']:.3f}, {c['difference']:+.3f} ({rule}): **{c['verdict']}**"
+        )
     return lines

@@ -44,13 +44,20 @@ def run_verdict(result: dict, name: str, yardstick: dict | None) -> dict:
         return out | {"verdict": None, "why": f"this data has no {name}"}
     out["yardstick"] = yardstick["test"][METRIC]
     if yardstick.get(OUTFITS_KEY) is None:
-        return out | {"difference": out["model"] - out["yardstick"], "verdict": None,
-                      "why": f"the {name} result has no per-outfit cases"}
+        return out | {
+            "difference": out["model"] - out["yardstick"],
+            "verdict": None,
+            "why": f"the {name} result has no per-outfit cases",
+        }
     paired = paired_difference(result[OUTFITS_KEY], yardstick[OUTFITS_KEY], METRIC)
     if paired["interval"] is None:
         return out | {"difference": out["model"] - out["yardstick"], "verdict": None, "why": paired["why"]}
-    return out | {"difference": paired["difference"], "interval": paired["interval"], "rule": "paired bootstrap",
-                  "verdict": verdict_of(paired["difference"], interval=paired["interval"])}
+    return out | {
+        "difference": paired["difference"],
+        "interval": paired["interval"],
+        "rule": "paired bootstrap",
+        "verdict": verdict_of(paired["difference"], interval=paired["interval"]),
+    }
 
 
 def summary_verdict(model: dict, model_record: dict | None, name: str, yardstick: dict) -> dict:
@@ -60,8 +67,12 @@ def summary_verdict(model: dict, model_record: dict | None, name: str, yardstick
     out = {"name": name, "metric": METRIC, "model": stat["mean"], "yardstick": yardstick["test"][METRIC]}
     difference = stat["mean"] - out["yardstick"]
     if stat.get("se") is not None:
-        return out | {"difference": difference, "se": stat["se"], "rule": "se",
-                      "verdict": verdict_of(difference, margin=stat["se"])}
+        return out | {
+            "difference": difference,
+            "se": stat["se"],
+            "rule": "se",
+            "verdict": verdict_of(difference, margin=stat["se"]),
+        }
     if model_record is None:
         return out | {"difference": difference, "verdict": None, "why": "n=1, no per-outfit cases"}
     if yardstick.get(OUTFITS_KEY) is None:
@@ -69,5 +80,9 @@ def summary_verdict(model: dict, model_record: dict | None, name: str, yardstick
     paired = paired_difference(model_record, yardstick[OUTFITS_KEY], METRIC)
     if paired["interval"] is None:
         return out | {"difference": difference, "verdict": None, "why": paired["why"]}
-    return out | {"difference": paired["difference"], "interval": paired["interval"], "rule": "paired bootstrap",
-                  "verdict": verdict_of(paired["difference"], interval=paired["interval"])}
+    return out | {
+        "difference": paired["difference"],
+        "interval": paired["interval"],
+        "rule": "paired bootstrap",
+        "verdict": verdict_of(paired["difference"], interval=paired["interval"]),
+    }

@@ -6,36 +6,36 @@ from contextual_bert.model.articles import ATTRIBUTE_COMBINES, ArticleAttributes
 from contextual_bert.model.bag_of_items import BagOfItems
 from contextual_bert.model.build import build_model, count_paper_parameters, describe_variants
 from contextual_bert.model.checkpoint import (
-                                              CHECKPOINT_VERSION,
-                                              atomic_save,
-                                              load_checkpoint,
-                                              model_from_payload,
-                                              model_payload,
-                                              save_checkpoint,
+    CHECKPOINT_VERSION,
+    atomic_save,
+    load_checkpoint,
+    model_from_payload,
+    model_payload,
+    save_checkpoint,
 )
 from contextual_bert.model.context import ContextEmbedding, HistoryAttentionPooling, HistoryPooling, history_mean
 from contextual_bert.model.dropout import DRAW_BITS, Dropout, keep_mask, scaled_keep_mask
 from contextual_bert.model.encoder import (
-                                              GLOBAL_STATE_VARIANTS,
-                                              PAPER_PARAMETERS,
-                                              PAPER_SIZES,
-                                              Block,
-                                              ConcatInput,
-                                              ContextualBert,
-                                              FeedForward,
-                                              GlobalState,
-                                              GlobalStateAttention,
-                                              GlobalStateUpdate,
-                                              MultiHeadSelfAttention,
+    GLOBAL_STATE_VARIANTS,
+    PAPER_PARAMETERS,
+    PAPER_SIZES,
+    Block,
+    ConcatInput,
+    ContextualBert,
+    FeedForward,
+    GlobalState,
+    GlobalStateAttention,
+    GlobalStateUpdate,
+    MultiHeadSelfAttention,
 )
 from contextual_bert.model.readers import (
-                                              AttributeOverlap,
-                                              HistoryBag,
-                                              HistoryRepeat,
-                                              OutfitBag,
-                                              head_terms,
-                                              logit_offsets,
-                                              other_articles_mean,
-                                              overlap_spec,
+    AttributeOverlap,
+    HistoryBag,
+    HistoryRepeat,
+    OutfitBag,
+    head_terms,
+    logit_offsets,
+    other_articles_mean,
+    overlap_spec,
 )
 from contextual_bert.model.scores import ArticleScores

@@ -92,8 +92,10 @@ class ArticleAttributes(nn.Module):
             if len(values) != n:
                 raise ContextualBertError(f"catalogue attribute {f.name!r} has {len(values)} rows, not {n}")
             if values.numel() and int(values.max()) >= f.cardinality:
-                raise ContextualBertError(f"catalogue attribute {f.name!r} holds index {int(values.max())}, "
-                                          f"beyond its {f.cardinality} embedding rows")
+                raise ContextualBertError(
+                    f"catalogue attribute {f.name!r} holds index {int(values.max())}, "
+                    f"beyond its {f.cardinality} embedding rows"
+                )
             self.register_buffer(f"catalogue_{f.name}", values, persistent=False)
         rows = torch.arange(n, device=device)
         self.register_buffer("id_rows", rows.masked_fill(rows >= self.n_ids, UNKNOWN_INDEX), persistent=False)
@@ -111,8 +113,9 @@ class ArticleAttributes(nn.Module):
             ids = ids.masked_fill(dropped, UNKNOWN_INDEX)
         return ids
 
-    def forward(self, id_embeddings: nn.Embedding, articles: torch.Tensor | None = None,
-                ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, id_embeddings: nn.Embedding, articles: torch.Tensor | None = None, ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """e_a for the article indices `articles` (any shape; (..., d)), or for the whole catalogue (n, d);
         `ids`: the id rows to read (from `ids()`), when the caller needs them too (the output bias)."""
         flat = None if articles is None else articles.reshape(-1)

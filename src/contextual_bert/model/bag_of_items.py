@@ -23,8 +23,15 @@ class BagOfItems(ArticleScores, nn.Module):
     it; a transformer that does not beat it has not earned its parameters.
     """
 
-    def __init__(self, model_cfg: ModelConfig, variant: str, n_items: int, spec: ContextSpec,
-                 attributes: ContextSpec | None = None, combine: str = "sum"):
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        variant: str,
+        n_items: int,
+        spec: ContextSpec,
+        attributes: ContextSpec | None = None,
+        combine: str = "sum",
+    ):
         super().__init__()
         if base_model(variant) not in BASELINE_MODELS:
             raise ContextualBertError(f"unknown baseline '{variant}' (one of {', '.join(BASELINE_MODELS)})")

@@ -11,8 +11,14 @@ from contextual_bert.model.encoder import PAPER_PARAMETERS, PAPER_SIZES, Context
 from contextual_bert.model.readers import AttributeOverlap
 
 
-def build_model(model_cfg: ModelConfig, variant: str, n_items: int, spec: ContextSpec,
-                attributes: ContextSpec | None = None, combine: str = "sum") -> ContextualBert | BagOfItems:
+def build_model(
+    model_cfg: ModelConfig,
+    variant: str,
+    n_items: int,
+    spec: ContextSpec,
+    attributes: ContextSpec | None = None,
+    combine: str = "sum",
+) -> ContextualBert | BagOfItems:
     """A paper variant (ContextualBert) or a learned baseline (BagOfItems), by name; a "<model>_attrs" name
     with the article attributes' spec (n_items: the article ids; the catalogue comes by `set_catalogue`)."""
     model_class = BagOfItems if base_model(variant) in BASELINE_MODELS else ContextualBert

@@ -57,8 +57,9 @@ def model_from_payload(payload: dict) -> nn.Module:
     refused."""
     version = payload.get("version")
     if version != CHECKPOINT_VERSION:
-        raise ContextualBertError(f"checkpoint version {version}: this code reads version {CHECKPOINT_VERSION} "
-                                  "(train the run again)")
+        raise ContextualBertError(
+            f"checkpoint version {version}: this code reads version {CHECKPOINT_VERSION} (train the run again)"
+        )
     attributes = payload.get("attributes")
     model = build_model(
         ModelConfig(**payload["model_config"]),

@@ -193,12 +193,20 @@ class ConcatInput(nn.Module):
 class ContextualBert(ArticleScores, nn.Module):
     """The encoder over a set of article indices (PAD_INDEX-padded), one of the five variants."""
 
-    def __init__(self, model_cfg: ModelConfig, variant: str, n_items: int, spec: ContextSpec,
-                 attributes: ContextSpec | None = None, combine: str = "sum"):
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        variant: str,
+        n_items: int,
+        spec: ContextSpec,
+        attributes: ContextSpec | None = None,
+        combine: str = "sum",
+    ):
         super().__init__()
         if base_model(variant) not in VARIANTS:
-            raise ContextualBertError(f"unknown variant '{variant}' (one of {', '.join(VARIANTS)}, or one of "
-                                      "them + '_attrs')")
+            raise ContextualBertError(
+                f"unknown variant '{variant}' (one of {', '.join(VARIANTS)}, or one of them + '_attrs')"
+            )
         if n_items <= N_SPECIAL:
             raise ContextualBertError(f"n_items {n_items} leaves no real article after {N_SPECIAL} special rows")
         self.model_cfg, self.variant, self.spec = model_cfg, variant, spec
@@ -271,7 +279,9 @@ class ContextualBert(ArticleScores, nn.Module):
         """c, or None for [None]; a history is read through the article vectors at the input's scale."""
         if self.context_embedding is None:
             return None
-        return self.context_embedding(context, lambda a: self.article_vectors(self.item_embeddings, a) * self.input_scale)
+        return self.context_embedding(
+            context, lambda a: self.article_vectors(self.item_embeddings, a) * self.input_scale
+        )
 
     # --- the output layer, only where needed ---------------------------------------------------------
 

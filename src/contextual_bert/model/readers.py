@@ -45,8 +45,9 @@ def other_articles_mean(e: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
 class HeadTerm(Protocol):
     """A term added to the head state at the `select` positions (bool, (B, L)) of `items` (B, L)."""
 
-    def __call__(self, model, states: torch.Tensor, items: torch.Tensor, select: torch.Tensor,
-                 context: dict | None) -> torch.Tensor:
+    def __call__(
+        self, model, states: torch.Tensor, items: torch.Tensor, select: torch.Tensor, context: dict | None
+    ) -> torch.Tensor:
         """(M, d) `states` plus the term."""
         ...
 
@@ -54,14 +55,26 @@ class HeadTerm(Protocol):
 class LogitOffset(Protocol):
     """An offset added to the logits at the `select` positions of `items`."""
 
-    def __call__(self, model, items: torch.Tensor, select: torch.Tensor, context: dict | None = None,
-                 articles: torch.Tensor | None = None) -> torch.Tensor | CatalogueOffsets | None:
+    def __call__(
+        self,
+        model,
+        items: torch.Tensor,
+        select: torch.Tensor,
+        context: dict | None = None,
+        articles: torch.Tensor | None = None,
+    ) -> torch.Tensor | CatalogueOffsets | None:
         """(M, n_items) offsets (without gradient over the whole catalogue, a CatalogueOffsets may stand for
         them), or (M, C) for the catalogue indices `articles` (C,) only; None where it reads nothing."""
         ...
 
-    def add_to(self, model, total: torch.Tensor | CatalogueOffsets, items: torch.Tensor, select: torch.Tensor,
-               context: dict | None = None) -> torch.Tensor | CatalogueOffsets:
+    def add_to(
+        self,
+        model,
+        total: torch.Tensor | CatalogueOffsets,
+        items: torch.Tensor,
+        select: torch.Tensor,
+        context: dict | None = None,
+    ) -> torch.Tensor | CatalogueOffsets:
         """`total` (the offsets before it, over the whole catalogue, without gradient) + these offsets: the
         same numbers as total + the call's, in place where it can."""
         ...
@@ -81,8 +94,9 @@ class OutfitBag(nn.Module):
         self.always = always
         self.warmup_weight = 0.0
 
-    def forward(self, model, states: torch.Tensor, items: torch.Tensor, select: torch.Tensor,
-                context: dict | None) -> torch.Tensor:
+    def forward(
+        self, model, states: torch.Tensor, items: torch.Tensor, select: torch.Tensor, context: dict | None
+    ) -> torch.Tensor:
         weight = 1.0 if self.always else (self.warmup_weight if self.training else 0.0)
         if weight <= 0:
             return states
@@ -99,8 +113,9 @@ class HistoryBag(nn.Module):
         super().__init__()
         self.gate = nn.Parameter(torch.zeros(()))
 
-    def forward(self, model, states: torch.Tensor, items: torch.Tensor, select: torch.Tensor,
-                context: dict | None) -> torch.Tensor:
+    def forward(
+        self, model, states: torch.Tensor, items: torch.Tensor, select: torch.Tensor, context: dict | None
+    ) -> torch.Tensor:
         assert context is not None, "HistoryBag is built only for a model that reads a history"
         rows = select.nonzero(as_tuple=True)[0]
         mean = history_mean(context[HISTORY_FEATURE][rows], lambda a: model.article_vectors(model.item_embeddings, a))
@@ -153,8 +168,9 @@ class CatalogueOffsets:
     def _block(self, start: int | None = None, stop: int | None = None) -> torch.Tensor:
         """(articles start..stop, M) offsets, article-major."""
         weights = None if self.weights is None else self.weights[start:stop]
-        block = F.embedding_bag(self.index[start:stop], self.gains, mode="sum", per_sample_weights=weights,
-                                padding_idx=self.pad)
+        block = F.embedding_bag(
+            self.index[start:stop], self.gains, mode="sum", per_sample_weights=weights, padding_idx=self.pad
+        )
         first = 0 if start is None else start
         for articles, values in self.sparse:  # block[a, m] + value, each an addition as total + forward() makes
             inside = (articles >= first) & (articles < first + block.shape[0])
@@ -214,21 +230,38 @@ class AttributeOverlap(nn.Module):
         self.offsets = nn.ParameterList(nn.Parameter(torch.zeros(f.cardinality)) for f in self.spec.features)
         self._values: tuple | None = None  # value_table's cache: (the catalogue's tensors, their versions, the table)
 
-    def forward(self, model, items: torch.Tensor, select: torch.Tensor, context: dict | None = None,
-                articles: torch.Tensor | None = None) -> torch.Tensor | CatalogueOffsets:
+    def forward(
+        self,
+        model,
+        items: torch.Tensor,
+        select: torch.Tensor,
+        context: dict | None = None,
+        articles: torch.Tensor | None = None,
+    ) -> torch.Tensor | CatalogueOffsets:
         """The logit-offset seam: the offsets of `model`'s catalogue (`offsets`); over the whole catalogue
         without gradient (every evaluation pass, serving) by `catalogue_offsets`, else by `offsets_for`."""
         if articles is None and not torch.is_grad_enabled():
             return self.catalogue_offsets(model.attributes.catalogue(), items, select)
         return self.offsets_for(model.attributes.catalogue(), items, select, articles)
 
-    def add_to(self, model, total: torch.Tensor | CatalogueOffsets, items: torch.Tensor, select: torch.Tensor,
-               context: dict | None = None) -> torch.Tensor | CatalogueOffsets:
+    def add_to(
+        self,
+        model,
+        total: torch.Tensor | CatalogueOffsets,
+        items: torch.Tensor,
+        select: torch.Tensor,
+        context: dict | None = None,
+    ) -> torch.Tensor | CatalogueOffsets:
         """`total` + the catalogue's offsets (a new tensor: they are made whole to be added)."""
         return total + self(model, items, select, context)
 
-    def offsets_for(self, catalogue: dict[str, torch.Tensor], items: torch.Tensor, select: torch.Tensor,
-                    articles: torch.Tensor | None = None) -> torch.Tensor:
+    def offsets_for(
+        self,
+        catalogue: dict[str, torch.Tensor],
+        items: torch.Tensor,
+        select: torch.Tensor,
+        articles: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """(M, n_items) offsets at the `select` positions (bool, (B, L); row-major) of `items` (B, L, catalogue
         indices), for every article of `catalogue` (attribute name -> (n,) or (n, max_values) indices); or
         (M, C) for the catalogue indices `articles` (C,) only (the sampled softmax's candidates)."""
@@ -264,8 +297,9 @@ class AttributeOverlap(nn.Module):
         tensors = tuple(catalogue[f.name] for f in self.spec.features)
         if self._values is not None:
             held, versions, table = self._values
-            if len(held) == len(tensors) and all(a is b and a._version == v
-                                                 for a, b, v in zip(held, tensors, versions)):
+            if len(held) == len(tensors) and all(
+                a is b and a._version == v for a, b, v in zip(held, tensors, versions)
+            ):
                 return table
         dtype = self.offsets[0].dtype
         pad = sum(f.cardinality for f in self.spec.features)
@@ -281,8 +315,9 @@ class AttributeOverlap(nn.Module):
         self._values = (tensors, tuple(t._version for t in tensors), table)
         return table
 
-    def catalogue_offsets(self, catalogue: dict[str, torch.Tensor], items: torch.Tensor,
-                          select: torch.Tensor) -> CatalogueOffsets:
+    def catalogue_offsets(
+        self, catalogue: dict[str, torch.Tensor], items: torch.Tensor, select: torch.Tensor
+    ) -> CatalogueOffsets:
         """`offsets_for` over every article of `catalogue`, for passes without gradient: the gains (M, values)
         of every attribute's values computed once, in one table, then expanded to the articles in one pass (a
         sum over each article's value slots: embedding_bag over `value_table`) instead of one gather over the
@@ -344,15 +379,25 @@ class HistoryRepeat(nn.Module):
         worn = ((history[:, :, None] == history[:, None, :]) & held[:, None, :]).sum(dim=-1).clamp_min(1)
         scale = AttributeOverlap.SCALE
         level = self.worn[worn.clamp_max(self.WORN_LEVELS) - 1]
-        log_lambda = (self.LOG_LAMBDA + scale * (self.weight[0] + self.weight[1] * n.log() + level) - n.log()
-                      + worn.to(self.weight.dtype).log())
+        log_lambda = (
+            self.LOG_LAMBDA
+            + scale * (self.weight[0] + self.weight[1] * n.log() + level)
+            - n.log()
+            + worn.to(self.weight.dtype).log()
+        )
         # an "_attrs" model's history may hold catalogue articles without an id: their bias is the [UNK] row's
         ids = torch.where(history < model.output_bias.shape[0], history, UNKNOWN_INDEX)
         bias = model.output_bias.detach()[ids].to(self.weight.dtype)
         return history, held.to(self.weight.dtype) * F.softplus(log_lambda - bias)
 
-    def forward(self, model, items: torch.Tensor, select: torch.Tensor, context: dict | None = None,
-                articles: torch.Tensor | None = None) -> torch.Tensor | None:
+    def forward(
+        self,
+        model,
+        items: torch.Tensor,
+        select: torch.Tensor,
+        context: dict | None = None,
+        articles: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
         """(M, n_items) offsets at the `select` positions from the rows' histories (context[HISTORY_FEATURE]:
         (B, max_items) article indices, an article once per earlier outfit that held it), or (M, C) for the
         article indices `articles` (C,) only; None without the context."""
@@ -368,8 +413,14 @@ class HistoryRepeat(nn.Module):
         out = gain.new_zeros(history.shape[0], len(articles) + 1).scatter_(1, column[history], gain)
         return out[:, :-1]
 
-    def add_to(self, model, total: torch.Tensor | CatalogueOffsets, items: torch.Tensor, select: torch.Tensor,
-               context: dict | None = None) -> torch.Tensor | CatalogueOffsets:
+    def add_to(
+        self,
+        model,
+        total: torch.Tensor | CatalogueOffsets,
+        items: torch.Tensor,
+        select: torch.Tensor,
+        context: dict | None = None,
+    ) -> torch.Tensor | CatalogueOffsets:
         """`total` (M, n_items; a tensor or a CatalogueOffsets) + these offsets over the whole catalogue, in
         place and only where they are not 0 (passes without gradient: no (M, n_items) tensor of zeros); the
         same numbers as total + forward()."""

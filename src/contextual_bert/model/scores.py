@@ -36,8 +36,13 @@ class ArticleScores:
         self.attributes = None  # (no class attributes: they would hide the submodules)
         if uses_attributes(variant) != (attributes is not None and len(attributes.features) > 0):
             raise ContextualBertError(
-                f"model '{variant}' " + ("needs article attributes (features.article_features: true)"
-                                         if uses_attributes(variant) else "reads article ids only; it takes no attributes"))
+                f"model '{variant}' "
+                + (
+                    "needs article attributes (features.article_features: true)"
+                    if uses_attributes(variant)
+                    else "reads article ids only; it takes no attributes"
+                )
+            )
         if attributes is not None:
             self.attributes = ArticleAttributes(attributes, n_items, self.model_cfg.d_model, combine)
         self.head_terms = head_terms(self.model_cfg, encoder=hasattr(self, "blocks"), reads_history=self.reads_history)
@@ -107,9 +112,15 @@ class ArticleScores:
         attributes summed, each row on its own: the same numbers), not built again for every outfit and
         history article."""
         held = self._held_output
-        if (held is not None and articles is not None and table is self.item_embeddings and not self.training
-                and not torch.is_grad_enabled() and not hasattr(self, "output_embeddings")
-                and (self.attributes is None or self.attributes.combine == "sum")):
+        if (
+            held is not None
+            and articles is not None
+            and table is self.item_embeddings
+            and not self.training
+            and not torch.is_grad_enabled()
+            and not hasattr(self, "output_embeddings")
+            and (self.attributes is None or self.attributes.combine == "sum")
+        ):
             return held[0][articles]
         if self.attributes is not None:
             return self.attributes(table, articles)
@@ -123,8 +134,9 @@ class ArticleScores:
             if side is not None:
                 side.id_dropout = float(rate)
 
-    def output_articles(self, table: nn.Embedding, attributes: ArticleAttributes | None,
-                        articles: torch.Tensor | None = None):
+    def output_articles(
+        self, table: nn.Embedding, attributes: ArticleAttributes | None, articles: torch.Tensor | None = None
+    ):
         """(weight (n_items, d), bias (n_items,)) of the output layer over every article, from the id table
         `table` and, with attributes, the attribute embeddings `attributes`; or (C, d), (C,) for the catalogue
         indices `articles` (C,) only: the sampled softmax's candidates, whose attribute vectors are then the
@@ -137,8 +149,14 @@ class ArticleScores:
         ids = attributes.ids(articles)
         return attributes(table, articles, ids=ids), self.output_bias[ids]
 
-    def outfit_offsets(self, items: torch.Tensor, select: torch.Tensor, articles: torch.Tensor | None = None,
-                       context: dict[str, torch.Tensor] | None = None, blocks: bool = False):
+    def outfit_offsets(
+        self,
+        items: torch.Tensor,
+        select: torch.Tensor,
+        articles: torch.Tensor | None = None,
+        context: dict[str, torch.Tensor] | None = None,
+        blocks: bool = False,
+    ):
         """(M, n_items) the sum of the logit offsets (readers.logit_offsets) at the `select` positions, or (M, C)
         for the catalogue indices `articles` only; None for a model without them. The history's need the
         `context`. Over the whole catalogue without gradient, each offset after the first adds its own to the
@@ -169,8 +187,14 @@ class ArticleScores:
             states = term(self, states, items, select, context)
         return states
 
-    def target_log_probs(self, items: torch.Tensor, context: dict[str, torch.Tensor] | None, targets: torch.Tensor,
-                         offsets: torch.Tensor | CatalogueOffsets | None = None, block: int = 1024) -> torch.Tensor:
+    def target_log_probs(
+        self,
+        items: torch.Tensor,
+        context: dict[str, torch.Tensor] | None,
+        targets: torch.Tensor,
+        offsets: torch.Tensor | CatalogueOffsets | None = None,
+        block: int = 1024,
+    ) -> torch.Tensor:
         """(B, 1) log-probabilities of `targets` (B, 1) over the real articles at the one [MASK] of every row,
         with `offsets` as masked_logits takes them (None: none added), without gradient: the logits made and
         their log-sum-exp taken `block` articles at a time (kept in cache, never (B, n_items) at once; the sum
@@ -197,12 +221,17 @@ class ArticleScores:
             target_logit[inside] = logits[rows[inside], target[inside] - start]
             peak_before, peak = peak, torch.maximum(peak, logits.amax(dim=1))
             shift = peak.masked_fill(torch.isneginf(peak), 0.0)  # a row of -inf so far: exp(-inf) = 0, not NaN
-            total = (total * torch.exp(peak_before - shift).double()
-                     + logits.sub_(shift[:, None]).exp_().sum(dim=1, dtype=torch.float64))
+            total = total * torch.exp(peak_before - shift).double() + logits.sub_(shift[:, None]).exp_().sum(
+                dim=1, dtype=torch.float64
+            )
         return (target_logit.double() - peak.double() - total.log()).float()[:, None]
 
-    def masked_logits(self, items: torch.Tensor, context: dict[str, torch.Tensor] | None,
-                      offsets: torch.Tensor | CatalogueOffsets | None = None) -> torch.Tensor:
+    def masked_logits(
+        self,
+        items: torch.Tensor,
+        context: dict[str, torch.Tensor] | None,
+        offsets: torch.Tensor | CatalogueOffsets | None = None,
+    ) -> torch.Tensor:
         """(B, n_items) logits at the one MASK_INDEX of every row; the special indices get -inf. `offsets`:
         (B, n_items) logit offsets to add instead of the rows' own (`outfit_offsets` of `items`, a tensor or
         with blocks=True), e.g. those of the real outfits while the encoder reads others (the outfit dependence,

@@ -31,11 +31,7 @@ def _needs_manage(request) -> bool:
 
 def _guard_protected_aliases():
     from flask import request
-    from mlflow.server.auth import (
-        make_forbidden_response,
-        sender_is_admin,
-        validate_can_manage_registered_model,
-    )
+    from mlflow.server.auth import make_forbidden_response, sender_is_admin, validate_can_manage_registered_model
 
     # Runs after basic-auth's own hook: the request is authenticated and allowed EDIT by then.
     if _needs_manage(request) and not sender_is_admin() and not validate_can_manage_registered_model():

@@ -67,8 +67,13 @@ def _training_run(mlflow_client, cfg: Config, variant: str, seed: int, model_dir
     run = mlflow_client.create_run(
         exp_id,
         run_name=f"{variant}-s{seed}",
-        tags={"variant": variant, "seed": str(seed), "logged_after_training": "true",
-              "checkpoint_sha256": checkpoint_sha, **features_lineage(cfg.paths.features_dir)},
+        tags={
+            "variant": variant,
+            "seed": str(seed),
+            "logged_after_training": "true",
+            "checkpoint_sha256": checkpoint_sha,
+            **features_lineage(cfg.paths.features_dir),
+        },
     )
     run_id = run.info.run_id
     log_params(mlflow_client, run_id, training_params(cfg, variant, seed))
@@ -122,11 +127,20 @@ def register_run(mlflow_client, cfg: Config, variant: str, seed: int, features_s
     run_id = run.info.run_id
     trained_on = run.data.tags.get("features_sha256", features_sha)
     if trained_on != features_sha:  # the served model bundles today's vocabularies: they must be its own
-        return {"variant": variant, "seed": seed, "run_id": run_id,
-                "skipped": f"trained on other features than {cfg.paths.features_dir} now holds; train it again"}
+        return {
+            "variant": variant,
+            "seed": seed,
+            "run_id": run_id,
+            "skipped": f"trained on other features than {cfg.paths.features_dir} now holds; train it again",
+        }
     name = cfg.mlflow.model_name
-    tags = {"variant": variant, "seed": str(seed), "run_id": run_id, "features_sha256": features_sha,
-            "checkpoint_sha256": checkpoint_sha}
+    tags = {
+        "variant": variant,
+        "seed": str(seed),
+        "run_id": run_id,
+        "features_sha256": features_sha,
+        "checkpoint_sha256": checkpoint_sha,
+    }
     for split in ("val", "test"):
         tags.update({metric_key(k, split): repr(v) for k, v in numeric_items(report.get(split, {})).items()})
 
@@ -137,7 +151,11 @@ def register_run(mlflow_client, cfg: Config, variant: str, seed: int, features_s
     else:
         model_id = _logged_pyfunc(mlflow_client, cfg, run, model_dir)
         version = mlflow_client.create_model_version(
-            name, source=f"models:/{model_id}", run_id=run_id, tags=tags, model_id=model_id,
+            name,
+            source=f"models:/{model_id}",
+            run_id=run_id,
+            tags=tags,
+            model_id=model_id,
             description=f"{variant}, seed {seed}: run {run_id}",
         )
     # Only the tags that changed (a re-evaluation): one request each, 27 per version, took 20 of the
@@ -145,8 +163,15 @@ def register_run(mlflow_client, cfg: Config, variant: str, seed: int, features_s
     for key, value in tags.items():
         if (version.tags or {}).get(key) != value:
             mlflow_client.set_model_version_tag(name, version.version, key, value)
-    return {"variant": variant, "seed": seed, "version": int(version.version), "run_id": run_id,
-            "created": created, "val": report.get("val", {}), "test": report.get("test", {})}
+    return {
+        "variant": variant,
+        "seed": seed,
+        "version": int(version.version),
+        "run_id": run_id,
+        "created": created,
+        "val": report.get("val", {}),
+        "test": report.get("test", {}),
+    }
 
 
 def register_all(cfg: Config) -> dict:

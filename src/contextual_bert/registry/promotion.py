@@ -86,8 +86,9 @@ def paired_test(candidate_hits, champion_hits, margin: float, alpha: float) -> P
     b = int((candidate_hits & ~champion_hits).sum())
     c = int((~candidate_hits & champion_hits).sum())
     p = binomtest(b, b + c, 0.5, alternative="greater").pvalue if b + c else 1.0
-    return PairedTest(len(candidate_hits), float(candidate_hits.mean()), float(champion_hits.mean()), b, c,
-                      float(p), margin, alpha)
+    return PairedTest(
+        len(candidate_hits), float(candidate_hits.mean()), float(champion_hits.mean()), b, c, float(p), margin, alpha
+    )
 
 
 # --- per-case hits of a registered version on the validation cases ---------------------------------------
@@ -133,8 +134,9 @@ def _reencoded_validation(cfg: Config, core):
     if core.model.reads_history:  # each outfit's history by the one rule, as the champion was trained to read it
         from contextual_bert.data.features import history_article_ids
 
-        outfits[HISTORY_COLUMN] = history_article_ids(outfits, _splits(cfg), cfg.features,
-                                                      cfg.paths.validated_dir / "outfits.parquet")
+        outfits[HISTORY_COLUMN] = history_article_ids(
+            outfits, _splits(cfg), cfg.features, cfg.paths.validated_dir / "outfits.parquet"
+        )
     outfits = outfits.set_index("outfit_id").loc[val_ids]
     rows = outfits.reset_index().merge(customers, on="customer_id", how="left", suffixes=("", "_customer"))
     # the champion's own vocabularies, through the one outfit encoder (whole outfits: no [MASK] slot)
@@ -155,8 +157,12 @@ def keyed_cases(model, data, batch_size: int, device) -> dict[tuple[str, int], t
 
     cases = case_ranks(model, data, batch_size, device)
     outfit_ids = data.outfit_ids or [str(i) for i in range(len(data))]
-    return {(outfit_ids[o], int(p)): (int(r), float(lp)) for o, p, r, lp in zip(
-        cases["outfit"].tolist(), cases["position"].tolist(), cases["rank"].tolist(), cases["log_prob"].tolist())}
+    return {
+        (outfit_ids[o], int(p)): (int(r), float(lp))
+        for o, p, r, lp in zip(
+            cases["outfit"].tolist(), cases["position"].tolist(), cases["rank"].tolist(), cases["log_prob"].tolist()
+        )
+    }
 
 
 def version_cases(cfg: Config, version, features_sha: str):
@@ -195,15 +201,22 @@ def yardstick_guard(cfg: Config, core, data, cases: dict) -> dict:
         raise ContextualBertError(f"the candidate and its yardstick ({name}) share no validation case")
     candidate = -float(np.mean([cases[key][1] for key in common]))
     count = -float(np.mean([counted[key][1] for key in common]))
-    return {"yardstick": name, "n_cases": len(common), "candidate_val_cross_entropy": candidate,
-            "yardstick_val_cross_entropy": count, "worse": candidate > count}
+    return {
+        "yardstick": name,
+        "n_cases": len(common),
+        "candidate_val_cross_entropy": candidate,
+        "yardstick_val_cross_entropy": count,
+        "worse": candidate > count,
+    }
 
 
 def aligned_hits(candidate: dict, champion: dict) -> tuple[np.ndarray, np.ndarray]:
     """Both models' hits on the union of their cases; a case one model cannot rank is its miss."""
     keys = sorted(set(candidate) | set(champion))
-    return (np.array([candidate.get(key, False) for key in keys], dtype=bool),
-            np.array([champion.get(key, False) for key in keys], dtype=bool))
+    return (
+        np.array([candidate.get(key, False) for key in keys], dtype=bool),
+        np.array([champion.get(key, False) for key in keys], dtype=bool),
+    )
 
 
 # --- promote and rollback -------------------------------------------------------------------------------
@@ -230,13 +243,19 @@ def require_manage(mlflow_client, name: str, command: str) -> None:
         raise ContextualBertError(f"MLflow server {uri} refused user '{user}' (HTTP 401: wrong password?)")
     if resp.status_code == 200 and resp.json().get("user", {}).get("is_admin"):
         return
-    resp = http_request(creds, "/api/3.0/mlflow/users/permissions/get", "GET", max_retries=2,
-                        params={"username": user, "resource_type": "registered_model", "resource_id": name})
+    resp = http_request(
+        creds,
+        "/api/3.0/mlflow/users/permissions/get",
+        "GET",
+        max_retries=2,
+        params={"username": user, "resource_type": "registered_model", "resource_id": name},
+    )
     permission = resp.json().get("permission", "?") if resp.status_code == 200 else f"HTTP {resp.status_code}"
     if permission != "MANAGE":
         raise ContextualBertError(
             f"MLflow user '{user}' lacks MANAGE on registered model '{name}' (has {permission}), which `{command}` "
-            f"needs to move alias '{CHAMPION}'; run it as a user who may promote (the stack's 'promoter')")
+            f"needs to move alias '{CHAMPION}'; run it as a user who may promote (the stack's 'promoter')"
+        )
 
 
 def _alias_version(mlflow_client, name: str, alias: str):
@@ -265,7 +284,8 @@ def candidates(mlflow_client, cfg: Config, features_sha: str) -> list:
     key = metric_key(cfg.promote.metric, "val")
     versions = mlflow_client.search_model_versions(f"name = '{cfg.mlflow.model_name}'")
     return [
-        v for v in versions
+        v
+        for v in versions
         if v.tags.get("features_sha256") == features_sha and key in v.tags and v.tags.get(ROLLED_BACK_TAG) != "true"
     ]
 
@@ -286,8 +306,12 @@ def promote(cfg: Config) -> dict:
     key = metric_key(cfg.promote.metric, "val")
     best = max(pool, key=lambda v: (float(v.tags[key]), -int(v.version)))
     champion = _alias_version(mlflow_client, name, CHAMPION)
-    result = {"model_name": name, "metric": cfg.promote.metric, "candidate": _describe(best, key),
-              "champion_before": _describe(champion, key) if champion else None}
+    result = {
+        "model_name": name,
+        "metric": cfg.promote.metric,
+        "candidate": _describe(best, key),
+        "champion_before": _describe(champion, key) if champion else None,
+    }
 
     core, data, best_cases = version_cases(cfg, best, features_sha)
     guard = yardstick_guard(cfg, core, data, best_cases)
@@ -296,7 +320,9 @@ def promote(cfg: Config) -> dict:
         decision, test = (
             f"not promoted: version {best.version} ({best.tags.get('variant')}) counts worse than its yardstick "
             f"{guard['yardstick']} on validation, cross-entropy {guard['candidate_val_cross_entropy']:.4f} against "
-            f"{guard['yardstick_val_cross_entropy']:.4f} on {guard['n_cases']} cases", None)
+            f"{guard['yardstick_val_cross_entropy']:.4f} on {guard['n_cases']} cases",
+            None,
+        )
     elif champion is None:
         decision, test = "promoted: there was no champion", None
     elif champion.version == best.version:
@@ -316,14 +342,21 @@ def promote(cfg: Config) -> dict:
     if test is not None or promoted or guard["worse"]:
         tags = {"promotion_decision": decision, "yardstick_guard": json.dumps(guard)}
         if test is not None:
-            tags.update(promotion_test=json.dumps(test.as_dict()), promotion_p_value=repr(test.p_value),
-                        promotion_against_version=str(champion.version))
+            tags.update(
+                promotion_test=json.dumps(test.as_dict()),
+                promotion_p_value=repr(test.p_value),
+                promotion_against_version=str(champion.version),
+            )
         for tag, value in tags.items():
             mlflow_client.set_model_version_tag(name, best.version, tag, value)
     if promoted:
         move_champion(mlflow_client, name, best.version, champion)
-    result.update(decision=decision, promoted=promoted, test=test.as_dict() if test else None,
-                  champion=int(best.version) if promoted else (int(champion.version) if champion else None))
+    result.update(
+        decision=decision,
+        promoted=promoted,
+        test=test.as_dict() if test else None,
+        champion=int(best.version) if promoted else (int(champion.version) if champion else None),
+    )
     write_report(cfg, PROMOTION_REPORT, result)
     return result
 

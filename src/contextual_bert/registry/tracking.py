@@ -250,7 +250,9 @@ def read_run_file(run_dir: Path) -> dict | None:
         record = json.loads(path.read_text())
         record["run_id"]
     except (json.JSONDecodeError, KeyError, TypeError):
-        raise ContextualBertError(f"{path}: not a valid MLflow run file (expected a JSON object with 'run_id')") from None
+        raise ContextualBertError(
+            f"{path}: not a valid MLflow run file (expected a JSON object with 'run_id')"
+        ) from None
     return record
 
 
@@ -306,9 +308,7 @@ class TrainingTracker:
         checkpoint = self.run_dir / "checkpoint.pt"
         if checkpoint.exists():  # lets register find this run from the checkpoint alone
             self.mlflow_client.set_tag(self.run_id, "checkpoint_sha256", file_sha256(checkpoint))
-        log_run_artifacts(
-            self.mlflow_client, self.run_id, self.run_dir, self.features_dir, self.cfg, self.params_file
-        )
+        log_run_artifacts(self.mlflow_client, self.run_id, self.run_dir, self.features_dir, self.cfg, self.params_file)
 
 
 def log_epochs(mlflow_client, run_id: str, rows: list[dict], first_step: int = 1) -> None:
@@ -438,8 +438,11 @@ def log_evaluation(cfg: Config, run_dir: Path, report: dict, report_path: Path |
         if isinstance(values, dict):
             metrics += [Metric(metric_key(k, split), v, now, 0) for k, v in numeric_items(values).items()]
     verdict = report.get("yardstick") or {}  # evaluation.yardstick: where the model stands against its count
-    tags = [RunTag("yardstick", str(verdict["name"])), RunTag("yardstick_verdict", str(verdict.get("verdict")))] \
-        if verdict else []
+    tags = (
+        [RunTag("yardstick", str(verdict["name"])), RunTag("yardstick_verdict", str(verdict.get("verdict")))]
+        if verdict
+        else []
+    )
     try:
         if metrics or tags:
             mlflow_client.log_batch(record["run_id"], metrics=metrics, tags=tags)

@@ -78,18 +78,21 @@ class OutfitCompleterCore:
         import warnings
 
         vocab = self.article_vocab.ids
-        example = self.encode(pd.DataFrame({"article_ids": [[vocab[N_SPECIAL]], vocab[N_SPECIAL:N_SPECIAL + 2]]}))
+        example = self.encode(pd.DataFrame({"article_ids": [[vocab[N_SPECIAL]], vocab[N_SPECIAL : N_SPECIAL + 2]]}))
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", torch.jit.TracerWarning)  # the Python check, left out (above)
             warnings.simplefilter("ignore", DeprecationWarning)  # said above
-            inputs = (example.outfits.items.to(self.device),
-                      {k: v.to(self.device) for k, v in example.outfits.context.items()})
+            inputs = (
+                example.outfits.items.to(self.device),
+                {k: v.to(self.device) for k, v in example.outfits.context.items()},
+            )
             traced = torch.jit.trace_module(self.model, {"masked_logits": inputs}, strict=False, check_trace=False)
         return traced.masked_logits
 
     @classmethod
-    def load(cls, checkpoint: Path, features_dir: Path, device: str = "auto",
-             catalogue: Path | None = None) -> OutfitCompleterCore:
+    def load(
+        cls, checkpoint: Path, features_dir: Path, device: str = "auto", catalogue: Path | None = None
+    ) -> OutfitCompleterCore:
         """`catalogue`: an articles table whose articles the model does not hold yet are added (attribute
         models only); by default the one CONTEXTUAL_BERT_CATALOGUE names, if any."""
         from contextual_bert.model import load_checkpoint
@@ -109,8 +112,10 @@ class OutfitCompleterCore:
             model.set_catalogue(articles.tensors())
             encoder = OutfitEncoder(articles.vocab, encoder.context, encoder.max_set_size)
         elif catalogue is not None:
-            raise ContextualBertError(f"model '{model.variant}' reads article ids only: it cannot add articles "
-                                      "from a catalogue (train a '<model>_attrs' model)")
+            raise ContextualBertError(
+                f"model '{model.variant}' reads article ids only: it cannot add articles "
+                "from a catalogue (train a '<model>_attrs' model)"
+            )
         return cls(model, encoder, torch_device)
 
     def encode(self, rows: pd.DataFrame) -> EncodedRows:
@@ -262,8 +267,9 @@ def signature(spec, top_k: int):
     # kept in the model's metadata (log_pyfunc_model). Nor does MLflow require article_ids: its refusal of a
     # request without the column (or of a list or an empty body, which it reads as a frame without it) dumps
     # the frame and the whole schema; the encoder's is one line naming the column.
-    inputs = [ColSpec(AnyType(), name, required=False)
-              for name in ("article_ids", *(f.request_column for f in spec.features))]
+    inputs = [
+        ColSpec(AnyType(), name, required=False) for name in ("article_ids", *(f.request_column for f in spec.features))
+    ]
     outputs = [
         ColSpec(Array(DataType.string), "article_ids"),
         ColSpec(Array(DataType.double), "scores"),
@@ -284,8 +290,9 @@ def feature_kinds(spec) -> dict[str, str]:
 def pip_requirements() -> list[str]:
     from importlib.metadata import version
 
-    return [f"{name}=={version(name)}" for name in ("mlflow", "torch", "numpy", "pandas", "pyarrow", "pydantic",
-                                                     "pyyaml")]
+    return [
+        f"{name}=={version(name)}" for name in ("mlflow", "torch", "numpy", "pandas", "pyarrow", "pydantic", "pyyaml")
+    ]
 
 
 def _package_copy(tmp: Path) -> Path:
@@ -347,4 +354,3 @@ def example_request(features_dir: Path, n_rows: int = 2) -> pd.DataFrame:
     real = vocab.ids[N_SPECIAL:]
     rows = [{"article_ids": real[i : i + 2]} for i in range(0, 2 * n_rows, 2)]
     return pd.DataFrame(rows)
-

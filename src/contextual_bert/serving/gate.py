@@ -56,8 +56,9 @@ class Gate:
             return await self.app(scope, receive, send)
         if self.token is not None and scope["path"] not in UNGUARDED and not self._authorized(scope):
             log.warning("refused %s %s: 401 (no valid credential)", scope["method"], scope["path"])
-            return await _answer(send, 401, "a credential is required: Authorization: Bearer <token>",
-                                 [(b"www-authenticate", b"Bearer")])
+            return await _answer(
+                send, 401, "a credential is required: Authorization: Bearer <token>", [(b"www-authenticate", b"Bearer")]
+            )
         length = _header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             return await self._too_large(send, scope, f"body of {length} bytes")
@@ -109,9 +110,13 @@ def _header(scope, name: bytes) -> str | None:
 
 async def _answer(send, status: int, message: str, headers=()):
     body = json.dumps({"error_code": status, "message": message}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            *headers]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -137,8 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.require_token and token is None:
         parser.error(f"--require-token: {TOKEN_ENV} is not set")
     if token is None and args.host not in ("127.0.0.1", "localhost", "::1"):
-        log.warning("serving on %s without a credential: anyone who reaches it may score (set %s)", args.host,
-                    TOKEN_ENV)
+        log.warning(
+            "serving on %s without a credential: anyone who reaches it may score (set %s)", args.host, TOKEN_ENV
+        )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     app = build_app(args.model_uri, token, args.max_body_bytes, args.max_rows)
     uvicorn.run(app, host=args.host, port=args.port, access_log=False, log_level="info")

@@ -70,8 +70,9 @@ def cooccurrence_embeddings(items: torch.Tensor, n_rows: int, dim: int) -> tuple
 def init_from_cooccurrence(model: torch.nn.Module, items: torch.Tensor) -> int:
     """Overwrite the rows of the model's article-id embedding tables (`item_embeddings`, and a bag of items'
     `output_embeddings`) that have co-occurrence pairs in `items`; returns how many rows were set."""
-    tables = [t for t in (getattr(model, "item_embeddings", None), getattr(model, "output_embeddings", None))
-              if t is not None]
+    tables = [
+        t for t in (getattr(model, "item_embeddings", None), getattr(model, "output_embeddings", None)) if t is not None
+    ]
     n_rows, dim = tables[0].weight.shape
     rows, has_pairs = cooccurrence_embeddings(items, n_rows, dim)
     if not bool(has_pairs.any()):

@@ -176,12 +176,22 @@ class Run:
         return math.ceil(len(self.train_data) / self.cfg.batch_size)
 
     def save(self, position: Position | None = None) -> None:
-        save_resume_state(self.last_path, self.key, self.model, self.optimizer, self.scheduler, self.generator,
-                          self.device, self.state, position)
+        save_resume_state(
+            self.last_path,
+            self.key,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            self.generator,
+            self.device,
+            self.state,
+            position,
+        )
 
 
-def start_run(model, train_data: EncodedOutfits, val_data: EncodedOutfits, cfg: TrainConfig, out_dir: Path,
-              seed: int) -> Run:
+def start_run(
+    model, train_data: EncodedOutfits, val_data: EncodedOutfits, cfg: TrainConfig, out_dir: Path, seed: int
+) -> Run:
     """The device, the run's key, the optimizer and schedule, every random stream seeded, and the state of a run
     at its start (before any resume)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -208,8 +218,23 @@ def start_run(model, train_data: EncodedOutfits, val_data: EncodedOutfits, cfg: 
     sampler = negative_sampler(cfg, model, train_data, generator)  # draws from the generator: resumable
     state = RunState(bag_warmup=BagWarmup.at_start(cfg, model))
     rare_id_decay = RareIdDecay(model, train_data.items, cfg.rare_id_decay) if cfg.rare_id_decay > 0 else None
-    return Run(model, cfg, out_dir, seed, device, key, train_data, val_data, optimizer, scheduler, generator,
-               sampler, state, id_dropout, rare_id_decay)
+    return Run(
+        model,
+        cfg,
+        out_dir,
+        seed,
+        device,
+        key,
+        train_data,
+        val_data,
+        optimizer,
+        scheduler,
+        generator,
+        sampler,
+        state,
+        id_dropout,
+        rare_id_decay,
+    )
 
 
 def train_epoch(run: Run, epoch: int, position: Position | None, mid_epoch_random: dict | None) -> dict:
@@ -223,8 +248,9 @@ def train_epoch(run: Run, epoch: int, position: Position | None, mid_epoch_rando
         generator.set_state(position.epoch_generator)
     epoch_generator = generator.get_state()
     lengths = (data.items != PAD_INDEX).sum(dim=1)
-    batches = length_batches(torch.randperm(len(data), generator=generator, device=device), lengths,
-                             cfg.batch_size, generator)
+    batches = length_batches(
+        torch.randperm(len(data), generator=generator, device=device), lengths, cfg.batch_size, generator
+    )
     widths = torch.stack([lengths[index].max() for index in batches]).tolist()  # one device sync
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     n_targets: int | torch.Tensor = 0
@@ -254,14 +280,25 @@ def train_epoch(run: Run, epoch: int, position: Position | None, mid_epoch_rando
         if step % 20 == 0 or step == run.steps_per_epoch - 1:
             elapsed = time.perf_counter() - started
             bar.set_postfix(loss=f"{float(loss):.3f}", samples_per_s=f"{bar.n / max(elapsed, 1e-9):.0f}")
-        if (cfg.checkpoint_every_s > 0 and step + 1 < len(batches)
-                and time.perf_counter() - saved_at >= cfg.checkpoint_every_s):
-            run.save(Position(epoch, step + 1, epoch_generator, loss_sum.cpu(), int(n_targets),
-                              time.perf_counter() - started))
+        if (
+            cfg.checkpoint_every_s > 0
+            and step + 1 < len(batches)
+            and time.perf_counter() - saved_at >= cfg.checkpoint_every_s
+        ):
+            run.save(
+                Position(
+                    epoch, step + 1, epoch_generator, loss_sum.cpu(), int(n_targets), time.perf_counter() - started
+                )
+            )
             saved_at = time.perf_counter()
     bar.close()
-    return {"epoch": epoch, "train_loss": float(loss_sum / n_targets), "learning_rate": learning_rate,
-            "samples_per_s": len(data) / (time.perf_counter() - started), "started": started}
+    return {
+        "epoch": epoch,
+        "train_loss": float(loss_sum / n_targets),
+        "learning_rate": learning_rate,
+        "samples_per_s": len(data) / (time.perf_counter() - started),
+        "started": started,
+    }
 
 
 def validate_epoch(run: Run, row: dict, train_probe: EncodedOutfits) -> dict:
@@ -273,7 +310,8 @@ def validate_epoch(run: Run, row: dict, train_probe: EncodedOutfits) -> dict:
         raise ContextualBertError(
             f"{run.out_dir}: validation cross-entropy is {val_ce} at epoch {epoch}, no checkpoint can be kept; "
             "check the validation split (`contextual-bert features` guards it: features.min_known_targets) "
-            "or lower train.learning_rate if the training diverged")
+            "or lower train.learning_rate if the training diverged"
+        )
     started = row.pop("started")
     row = {"epoch": epoch, "train_loss": row["train_loss"],
            "train_cross_entropy": validation_cross_entropy(run.model, train_probe, batch_size, run.device),
@@ -289,9 +327,15 @@ def begin_epoch(run: Run, epoch: int) -> float:
     weight = warmup.weight(cfg, run.model, epoch)
     if warmup.phase == "planned" and epoch in warmup.epochs(cfg, run.model):
         best = run.state.best_val  # a warm-up from epoch 1 is judged against the untrained model
-        warmup.begin(run.model, run.optimizer, run.scheduler, best if math.isfinite(best) else
-                     validation_cross_entropy(run.model, run.val_data, 4 * cfg.batch_size, run.device),
-                     run.state.bad_epochs)
+        warmup.begin(
+            run.model,
+            run.optimizer,
+            run.scheduler,
+            best
+            if math.isfinite(best)
+            else validation_cross_entropy(run.model, run.val_data, 4 * cfg.batch_size, run.device),
+            run.state.bad_epochs,
+        )
     set_bag_weight(run.model, weight)
     return weight
 
@@ -310,8 +354,11 @@ def end_epoch(run: Run, row: dict, bag_weight: float, n_params: int) -> None:
     state.seconds += row["seconds"]
     if row["val_cross_entropy"] < state.best_val:
         state.best_val, state.best_epoch, state.bad_epochs = row["val_cross_entropy"], epoch, 0
-        save_checkpoint(run.out_dir / CHECKPOINT_FILE, run.model, {
-            "epoch": epoch, "val_cross_entropy": row["val_cross_entropy"], "seed": run.seed, "parameters": n_params})
+        save_checkpoint(
+            run.out_dir / CHECKPOINT_FILE,
+            run.model,
+            {"epoch": epoch, "val_cross_entropy": row["val_cross_entropy"], "seed": run.seed, "parameters": n_params},
+        )
     else:
         state.bad_epochs += 1
     if warmup.phase == "running" and epoch == warmup.epochs(cfg, run.model)[-1]:
@@ -350,8 +397,7 @@ def fit(
     run = start_run(model, train_data, val_data, train_cfg, Path(out_dir), seed)
     train_probe = even_sample(run.train_data, min(len(run.val_data), train_cfg.probe_outfits))
     position, mid_epoch_random = None, None
-    resumed = load_resume_state(run.last_path, run.key, model, run.optimizer, run.scheduler, run.generator,
-                                run.device)
+    resumed = load_resume_state(run.last_path, run.key, model, run.optimizer, run.scheduler, run.generator, run.device)
     if resumed is not None:
         run.state, position, mid_epoch_random = resumed
         # patience may differ: it only decides when a run stops, so a run the old patience stopped goes
@@ -391,8 +437,11 @@ def finish_run(run: Run, n_params: int) -> dict:
         "device": run.device.type,
         "threads": run.cfg.num_threads,
         "cpu_kernels": cpu_kernels.in_effect() if run.device.type == "cpu" else None,
-        **({"bag_warmup": state.bag_warmup.summary()}
-           if reads_bag_warmup(run.cfg, run.model) and state.bag_warmup.phase != "due" else {}),
+        **(
+            {"bag_warmup": state.bag_warmup.summary()}
+            if reads_bag_warmup(run.cfg, run.model) and state.bag_warmup.phase != "due"
+            else {}
+        ),
         **({"id_dropout": run.id_dropout} if run.id_dropout is not None else {}),
     }
     write_json(run.out_dir / METRICS_FILE, metrics)
@@ -431,8 +480,13 @@ def train(
 
     spec = load_spec(features_dir)
     if base_model(variant) not in CONTEXT_FREE and not spec.features:
-        return not_applicable(out_dir, variant, seed, f"'{variant}' conditions on the customer context, and this "
-                              "data has no context columns (e.g. curated sets without customers)")
+        return not_applicable(
+            out_dir,
+            variant,
+            seed,
+            f"'{variant}' conditions on the customer context, and this "
+            "data has no context columns (e.g. curated sets without customers)",
+        )
     n_items = len(load_article_vocab(features_dir))
     # "<model>_attrs": the catalogue's articles, known by their attributes (items by catalogue index)
     catalogue = load_catalogue(features_dir) if uses_attributes(variant) else None

@@ -52,8 +52,7 @@ class LinearCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h, full_weight, full_bias, targets, first: int, chunk_rows: int, shift=None,
-                full_offsets=None):
+    def forward(ctx, h, full_weight, full_bias, targets, first: int, chunk_rows: int, shift=None, full_offsets=None):
         n = h.shape[0]
         weight = full_weight[first:]
         bias = full_bias[first:] if shift is None else full_bias[first:] + shift
@@ -170,16 +169,18 @@ class NegativeSampler:
         return candidates, log_inclusion, inverse[: len(targets)]
 
 
-def negative_sampler(cfg: TrainConfig, model, train_data: EncodedOutfits,
-                     generator: torch.Generator) -> NegativeSampler | None:
+def negative_sampler(
+    cfg: TrainConfig, model, train_data: EncodedOutfits, generator: torch.Generator
+) -> NegativeSampler | None:
     """The sampled softmax's sampler for train.softmax: sampled (drawing from the training's generator), else None."""
     if cfg.softmax == "full":
         return None
     return NegativeSampler.for_training(train_data.items, model.n_items, cfg.negatives, generator)
 
 
-def sampled_cross_entropy(logits: torch.Tensor, log_inclusion: torch.Tensor, target_columns: torch.Tensor,
-                          reduction: str = "mean") -> torch.Tensor:
+def sampled_cross_entropy(
+    logits: torch.Tensor, log_inclusion: torch.Tensor, target_columns: torch.Tensor, reduction: str = "mean"
+) -> torch.Tensor:
     """Cross-entropy over the candidates' logits (M, C) with the log-Q correction: every column but the row's
     own target lowered by its log inclusion probability (NegativeSampler)."""
     logits = logits.float()
@@ -189,16 +190,24 @@ def sampled_cross_entropy(logits: torch.Tensor, log_inclusion: torch.Tensor, tar
     return F.cross_entropy(corrected, target_columns, reduction=reduction)
 
 
-def sampled_item_loss(model, head_states: torch.Tensor, targets: torch.Tensor, inputs: torch.Tensor,
-                      predict: torch.Tensor, sampler: NegativeSampler, context: dict | None = None) -> torch.Tensor:
+def sampled_item_loss(
+    model,
+    head_states: torch.Tensor,
+    targets: torch.Tensor,
+    inputs: torch.Tensor,
+    predict: torch.Tensor,
+    sampler: NegativeSampler,
+    context: dict | None = None,
+) -> torch.Tensor:
     """The sampled softmax's loss: the output layer (and, for the `_attrs` models, the attribute vectors; the
     outfit offsets) computed for the candidates only; on the CPU, fused (LinearCrossEntropy)."""
     candidates, log_inclusion, target_columns = sampler.draw(targets)
     weight, bias = model.output_layer(candidates)
     offsets = model.outfit_offsets(inputs, predict, candidates, context)
     if fused_loss_applies(head_states):
-        return LinearCrossEntropy.apply(head_states, weight, bias, target_columns, 0, LOSS_CHUNK_ROWS,
-                                        -log_inclusion, offsets)
+        return LinearCrossEntropy.apply(
+            head_states, weight, bias, target_columns, 0, LOSS_CHUNK_ROWS, -log_inclusion, offsets
+        )
     logits = F.linear(head_states, weight.to(head_states.dtype), bias.to(head_states.dtype))
     if offsets is not None:
         logits = logits + offsets.to(logits.dtype)
@@ -206,7 +215,11 @@ def sampled_item_loss(model, head_states: torch.Tensor, targets: torch.Tensor, i
 
 
 def masked_item_loss(
-    model, inputs: torch.Tensor, context: dict, predict: torch.Tensor, items: torch.Tensor,
+    model,
+    inputs: torch.Tensor,
+    context: dict,
+    predict: torch.Tensor,
+    items: torch.Tensor,
     sampler: NegativeSampler | None = None,
 ) -> torch.Tensor:
     """Cross-entropy over the real articles at the positions to predict: the full softmax, or with a

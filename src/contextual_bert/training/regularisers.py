@@ -20,8 +20,11 @@ class RareIdDecay:
     dense data still learns from it (docs/decisions.md)."""
 
     def __init__(self, model, items: torch.Tensor, strength: float):
-        self.tables = [t.weight for t in (getattr(model, "item_embeddings", None),
-                                          getattr(model, "output_embeddings", None)) if t is not None]
+        self.tables = [
+            t.weight
+            for t in (getattr(model, "item_embeddings", None), getattr(model, "output_embeddings", None))
+            if t is not None
+        ]
         n_ids = self.tables[0].shape[0]
         real = items[(items >= N_SPECIAL) & (items < n_ids)]
         counts = torch.bincount(real, minlength=n_ids).clamp_min(1).to(self.tables[0].dtype)

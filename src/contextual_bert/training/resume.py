@@ -76,9 +76,16 @@ class RunState:
     bag_warmup: BagWarmup = field(default_factory=BagWarmup)
 
     def to_dict(self) -> dict:
-        return {"epoch": self.epoch, "curve": self.curve, "best_val": self.best_val, "best_epoch": self.best_epoch,
-                "bad_epochs": self.bad_epochs, "stopped": self.stopped, "seconds": self.seconds,
-                "bag_warmup": self.bag_warmup.to_dict()}
+        return {
+            "epoch": self.epoch,
+            "curve": self.curve,
+            "best_val": self.best_val,
+            "best_epoch": self.best_epoch,
+            "bad_epochs": self.bad_epochs,
+            "stopped": self.stopped,
+            "seconds": self.seconds,
+            "bag_warmup": self.bag_warmup.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, saved: dict) -> RunState:
@@ -98,8 +105,14 @@ class Position:
     seconds: float
 
     def to_dict(self) -> dict:
-        return {"epoch": self.epoch, "step": self.step, "epoch_generator": self.epoch_generator,
-                "loss_sum": self.loss_sum, "n_targets": self.n_targets, "seconds": self.seconds}
+        return {
+            "epoch": self.epoch,
+            "step": self.step,
+            "epoch_generator": self.epoch_generator,
+            "loss_sum": self.loss_sum,
+            "n_targets": self.n_targets,
+            "seconds": self.seconds,
+        }
 
 
 def run_key(model, train_cfg: TrainConfig, seed: int, train_data, val_data, device) -> dict:
@@ -149,8 +162,12 @@ def random_states(generator: torch.Generator, device: torch.device) -> dict:
         "generator": generator.get_state(),
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-        "numpy": {"keys": torch.from_numpy(np.asarray(keys).astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
-                  "cached_gaussian": float(cached_gaussian)},
+        "numpy": {
+            "keys": torch.from_numpy(np.asarray(keys).astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
         "python": random.getstate(),
     }
 
@@ -161,14 +178,24 @@ def restore_random_states(states: dict, generator: torch.Generator, device: torc
     if device.type == "cuda" and states["cuda"] is not None:
         torch.cuda.set_rng_state(states["cuda"], device)
     numpy = states["numpy"]
-    np.random.set_state(("MT19937", numpy["keys"].numpy().astype(np.uint32), numpy["pos"], numpy["has_gauss"],
-                         numpy["cached_gaussian"]))
+    np.random.set_state(
+        ("MT19937", numpy["keys"].numpy().astype(np.uint32), numpy["pos"], numpy["has_gauss"], numpy["cached_gaussian"])
+    )
     version, internal, gauss = states["python"]
     random.setstate((version, tuple(internal), gauss))
 
 
-def save_resume_state(path: Path, key: dict, model, optimizer, scheduler, generator, device, state: RunState,
-                      position: Position | None = None) -> None:
+def save_resume_state(
+    path: Path,
+    key: dict,
+    model,
+    optimizer,
+    scheduler,
+    generator,
+    device,
+    state: RunState,
+    position: Position | None = None,
+) -> None:
     """last.pt: all a run needs to go on exactly. `position` is None at an epoch's end."""
     atomic_save(
         {
@@ -185,8 +212,9 @@ def save_resume_state(path: Path, key: dict, model, optimizer, scheduler, genera
     )
 
 
-def load_resume_state(path: Path, key: dict, model, optimizer, scheduler, generator,
-                      device) -> tuple[RunState, Position | None, dict | None] | None:
+def load_resume_state(
+    path: Path, key: dict, model, optimizer, scheduler, generator, device
+) -> tuple[RunState, Position | None, dict | None] | None:
     """Restore last.pt when it belongs to the run `key`: returns (state, position, random states), the last two
     for a run stopped within an epoch (else None). Returns None and removes the run's files when last.pt is
     another run's (other settings or data) or of another CHECKPOINT_VERSION (with a one-line warning naming it,
@@ -196,8 +224,11 @@ def load_resume_state(path: Path, key: dict, model, optimizer, scheduler, genera
     saved = torch.load(path, map_location="cpu", weights_only=True)
     version = saved.get("version")
     if version != CHECKPOINT_VERSION:
-        warnings.warn(f"{path}: resume state version {version} (this code reads version {CHECKPOINT_VERSION}); not "
-                      "resumed, the run starts afresh", stacklevel=2)
+        warnings.warn(
+            f"{path}: resume state version {version} (this code reads version {CHECKPOINT_VERSION}); not "
+            "resumed, the run starts afresh",
+            stacklevel=2,
+        )
     if version != CHECKPOINT_VERSION or saved["run_key"] != key:
         for stale in RUN_FILES:
             (path.parent / stale).unlink(missing_ok=True)

@@ -113,10 +113,13 @@ class BagWarmup:
     def begin(self, model, optimizer, scheduler, best_val: float, bad_epochs: int) -> None:
         """Keep what the warm-up may have to give back: weights, optimizer and schedule state, and the
         early-stopping state, as they are before its first epoch."""
-        self.before = {"model": {k: v.detach().clone() for k, v in model.state_dict().items()},
-                       "optimizer": copy.deepcopy(optimizer.state_dict()),
-                       "scheduler": copy.deepcopy(scheduler.state_dict()),
-                       "best_val": best_val, "bad_epochs": bad_epochs}
+        self.before = {
+            "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
+            "optimizer": copy.deepcopy(optimizer.state_dict()),
+            "scheduler": copy.deepcopy(scheduler.state_dict()),
+            "best_val": best_val,
+            "bad_epochs": bad_epochs,
+        }
 
     def end(self, best_val: float, model, optimizer, scheduler) -> int | None:
         """After its last epoch: did it lift validation (a best validation cross-entropy `best_val` below the
@@ -134,13 +137,22 @@ class BagWarmup:
 
     def summary(self) -> dict:
         """What metrics.json says of it: the check (when one ran), its first epoch ("from"), whether it lifted."""
-        checked = ({"checked_at_epoch": self.checked_at_epoch, "outfit_dependence": self.outfit_dependence}
-                   if self.checked_at_epoch is not None else {})
+        checked = (
+            {"checked_at_epoch": self.checked_at_epoch, "outfit_dependence": self.outfit_dependence}
+            if self.checked_at_epoch is not None
+            else {}
+        )
         return {**checked, "from": self.start, **({} if self.lifted is None else {"lifted": self.lifted})}
 
     def to_dict(self) -> dict:
-        return {"due": self.due, "start": self.start, "checked_at_epoch": self.checked_at_epoch,
-                "outfit_dependence": self.outfit_dependence, "before": self.before, "lifted": self.lifted}
+        return {
+            "due": self.due,
+            "start": self.start,
+            "checked_at_epoch": self.checked_at_epoch,
+            "outfit_dependence": self.outfit_dependence,
+            "before": self.before,
+            "lifted": self.lifted,
+        }
 
     @classmethod
     def from_dict(cls, saved: dict) -> BagWarmup:

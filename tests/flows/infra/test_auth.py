@@ -21,7 +21,8 @@ def test_credentials_are_made_once_private_and_reused(tmp_path):
     path.write_text(text)  # a key missing from an older file is added, the others kept
     again = auth.credentials(tmp_path / "s")
     assert {k: v for k, v in again.items() if k != "SERVING_TOKEN"} == {
-        k: v for k, v in creds.items() if k != "SERVING_TOKEN"}
+        k: v for k, v in creds.items() if k != "SERVING_TOKEN"
+    }
     assert again["SERVING_TOKEN"] != creds["SERVING_TOKEN"]
 
     path.chmod(0o644)
@@ -45,5 +46,7 @@ def test_no_password_in_a_url_and_a_private_password_file(tmp_path):
     assert not any(v in " ".join(command) for v in creds.values())  # no secret on a command line
     assert env["PGPASSFILE"] == str(pgpass) and env["MLFLOW_AUTH_ADMIN_PASSWORD"] == creds["MLFLOW_ADMIN_PASSWORD"]
     assert stack.client_env(creds, "trainer") == {
-        "PREFECT_API_AUTH_STRING": creds["PREFECT_AUTH_STRING"], "MLFLOW_TRACKING_USERNAME": "trainer",
-        "MLFLOW_TRACKING_PASSWORD": creds["MLFLOW_TRAINER_PASSWORD"]}
+        "PREFECT_API_AUTH_STRING": creds["PREFECT_AUTH_STRING"],
+        "MLFLOW_TRACKING_USERNAME": "trainer",
+        "MLFLOW_TRACKING_PASSWORD": creds["MLFLOW_TRAINER_PASSWORD"],
+    }

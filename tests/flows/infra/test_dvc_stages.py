@@ -12,18 +12,24 @@ from flows_testkit import REPO
 from flows.infra import dvc_stages
 from flows.infra.dvc_stages import Plan, StageFailed, plan
 
-PIPELINE = ["ingest", "validate", "features"] + [
-    f"{kind}@{v}-{s}" for kind in ("train", "evaluate") for v in ("none", "global_state") for s in (0, 1)
-] + ["baseline", "report", "register", "promote"]
+PIPELINE = (
+    ["ingest", "validate", "features"]
+    + [f"{kind}@{v}-{s}" for kind in ("train", "evaluate") for v in ("none", "global_state") for s in (0, 1)]
+    + ["baseline", "report", "register", "promote"]
+)
 
 
 def pipeline_edges() -> list[tuple[str, str]]:
     edges = [("ingest", "validate"), ("validate", "features"), ("features", "baseline")]
     for v in ("none", "global_state"):
         for s in (0, 1):
-            edges += [("features", f"train@{v}-{s}"), (f"train@{v}-{s}", f"evaluate@{v}-{s}"),
-                      ("features", f"evaluate@{v}-{s}"), (f"evaluate@{v}-{s}", "report"),
-                      (f"train@{v}-{s}", "report")]
+            edges += [
+                ("features", f"train@{v}-{s}"),
+                (f"train@{v}-{s}", f"evaluate@{v}-{s}"),
+                ("features", f"evaluate@{v}-{s}"),
+                (f"evaluate@{v}-{s}", "report"),
+                (f"train@{v}-{s}", "report"),
+            ]
     edges += [("baseline", "report"), ("report", "register"), ("register", "promote")]
     return edges
 
@@ -75,8 +81,12 @@ def test_kind_and_unit_key():
 
 
 def test_a_user_error_is_told_apart_from_a_crash():
-    user = StageFailed(["dvc", "repro"], 255, "Running stage 'validate':\n"
-                       "contextual-bert validate: error: data/raw/outfits.parquet: row 3, column items: empty\n")
+    user = StageFailed(
+        ["dvc", "repro"],
+        255,
+        "Running stage 'validate':\n"
+        "contextual-bert validate: error: data/raw/outfits.parquet: row 3, column items: empty\n",
+    )
     crash = StageFailed(["dvc", "repro"], 255, "Traceback (most recent call last):\nConnectionError: refused\n")
     assert user.user_error and not crash.user_error
     assert "exited with 255" in str(user) and "row 3" in str(user)

@@ -34,13 +34,25 @@ def test_only_the_lines_of_changed_values_change(params):
     columns) stay byte for byte; a new key of a one-line flow mapping joins it (the sweep's
     `variants.<model>.<key>`)."""
     before = params.read_text().splitlines()
-    apply_overrides(params, {"generate.size": "tiny", "train.seeds": [0], "variants.none.learning_rate": 0.01,
-                             "variants.none.dropout": 0.2, "import_sets.customer_column": "customer"})
+    apply_overrides(
+        params,
+        {
+            "generate.size": "tiny",
+            "train.seeds": [0],
+            "variants.none.learning_rate": 0.01,
+            "variants.none.dropout": 0.2,
+            "import_sets.customer_column": "customer",
+        },
+    )
     after = params.read_text().splitlines()
     assert len(after) == len(before)
     changed = {i: (b, a) for i, (b, a) in enumerate(zip(before, after)) if a != b}
     assert sorted(a.split("#")[0].strip() for _, a in changed.values()) == [
-        "customer_column: customer", "none: {learning_rate: 0.01, dropout: 0.2}", "seeds: [0]", "size: tiny"]
+        "customer_column: customer",
+        "none: {learning_rate: 0.01, dropout: 0.2}",
+        "seeds: [0]",
+        "size: tiny",
+    ]
     size_before, size_after = next((b, a) for b, a in changed.values() if a.lstrip().startswith("size:"))
     assert size_after.index("#") == size_before.index("#")  # the comment keeps its column
     cfg = load_config(params)
@@ -72,4 +84,7 @@ def test_an_unknown_section_is_refused(params):
 def test_named_parameters_become_dotted_keys():
     assert pipeline_overrides() == {}
     assert pipeline_overrides(size="tiny", source="hm", params={"train.seeds": [0]}) == {
-        "ingest.source": "hm", "generate.size": "tiny", "train.seeds": [0]}
+        "ingest.source": "hm",
+        "generate.size": "tiny",
+        "train.seeds": [0],
+    }

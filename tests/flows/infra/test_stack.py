@@ -85,8 +85,7 @@ def prefect_settings(stack_up) -> dict:
     """This process's Prefect client settings for the stack: its URL and auth string."""
     from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL
 
-    return {PREFECT_API_URL: stack_up["server"].url,
-            PREFECT_API_AUTH_STRING: stack_up["creds"]["PREFECT_AUTH_STRING"]}
+    return {PREFECT_API_URL: stack_up["server"].url, PREFECT_API_AUTH_STRING: stack_up["creds"]["PREFECT_AUTH_STRING"]}
 
 
 @pytest.fixture(scope="module")
@@ -128,14 +127,23 @@ def stack_up(postgres, creds, tmp_path_factory):
     try:
         port, mlflow_port = free_port(), free_port()
         pgpass = auth.write_pgpass(root, postgres.port, creds)
-        server = PrefectServer(f"http://127.0.0.1:{port}/api", root / "prefect-home", processes,
-                               auth.prefect_client_env(creds))
-        proc = processes.start("prefect-server", stack.prefect_server_command(port, scheduler=False), root,
-                               {**server.env(), **stack.prefect_server_env(postgres, server.home, creds, pgpass)})
+        server = PrefectServer(
+            f"http://127.0.0.1:{port}/api", root / "prefect-home", processes, auth.prefect_client_env(creds)
+        )
+        proc = processes.start(
+            "prefect-server",
+            stack.prefect_server_command(port, scheduler=False),
+            root,
+            {**server.env(), **stack.prefect_server_env(postgres, server.home, creds, pgpass)},
+        )
         mlflow_uri = f"http://127.0.0.1:{mlflow_port}"
         artifacts = root / "mlartifacts"
-        mlflow = processes.start("mlflow-server", stack.mlflow_server_command(postgres, mlflow_port, str(artifacts)),
-                                 root, clean_env(**stack.mlflow_server_env(root, creds, pgpass)))
+        mlflow = processes.start(
+            "mlflow-server",
+            stack.mlflow_server_command(postgres, mlflow_port, str(artifacts)),
+            root,
+            clean_env(**stack.mlflow_server_env(root, creds, pgpass)),
+        )
         stack.wait_healthy(f"{server.url}/health", PG_SERVER_START_TIMEOUT, "prefect server", proc.alive)
         stack.wait_healthy(f"{mlflow_uri}/health", PG_SERVER_START_TIMEOUT, "mlflow server", mlflow.alive)
         auth.setup_mlflow(mlflow_uri, creds, *stack.mlflow_names(REPO))
@@ -157,20 +165,45 @@ def stack_up(postgres, creds, tmp_path_factory):
         # up` starts them: the training workers (queue `default`) can die without taking a parent along.
         (root / "worker-pipeline").mkdir()
         # As the stack does: the pipeline worker (register, promote) is the promoter, the trainers trainer.
-        pipeline_worker = server.start_worker(processes, CPU_POOL, root / "worker-pipeline", "worker-pipeline",
-                                              queue=PIPELINE_QUEUE, MLFLOW_TRACKING_URI=mlflow_uri, **RESILIENT_ENV,
-                                              **auth.mlflow_user_env(creds, "promoter"))
+        pipeline_worker = server.start_worker(
+            processes,
+            CPU_POOL,
+            root / "worker-pipeline",
+            "worker-pipeline",
+            queue=PIPELINE_QUEUE,
+            MLFLOW_TRACKING_URI=mlflow_uri,
+            **RESILIENT_ENV,
+            **auth.mlflow_user_env(creds, "promoter"),
+        )
         workers = {}
         for name in WORKERS:
             wdir = root / name
             (wdir / "tmp").mkdir(parents=True)
             # TMPDIR: each flow run's working directory (its clone) lies in the worker's own directory.
-            workers[name] = server.start_worker(processes, CPU_POOL, wdir, name, queue=TRAIN_QUEUE,
-                                                MLFLOW_TRACKING_URI=mlflow_uri, TMPDIR=str(wdir / "tmp"),
-                                                **RESILIENT_ENV, **auth.mlflow_user_env(creds, "trainer"))
-        yield {"server": server, "mlflow": mlflow_uri, "root": root, "origin": origin, "storage": storage,
-               "artifacts": artifacts, "workers": workers, "pipeline_worker": pipeline_worker,
-               "processes": processes, "pg": postgres, "creds": creds}
+            workers[name] = server.start_worker(
+                processes,
+                CPU_POOL,
+                wdir,
+                name,
+                queue=TRAIN_QUEUE,
+                MLFLOW_TRACKING_URI=mlflow_uri,
+                TMPDIR=str(wdir / "tmp"),
+                **RESILIENT_ENV,
+                **auth.mlflow_user_env(creds, "trainer"),
+            )
+        yield {
+            "server": server,
+            "mlflow": mlflow_uri,
+            "root": root,
+            "origin": origin,
+            "storage": storage,
+            "artifacts": artifacts,
+            "workers": workers,
+            "pipeline_worker": pipeline_worker,
+            "processes": processes,
+            "pg": postgres,
+            "creds": creds,
+        }
     finally:
         processes.stop_all()
         for k, v in saved.items():
@@ -197,9 +230,16 @@ def start_nightly(stack_up, ws: Path):
             nightly = client.read_deployment_by_name("pipeline/nightly")
         # The deployment runs where it was deployed from; this run works in `ws` instead.
         return run_deployment(
-            "pipeline/nightly", timeout=0, as_subflow=False,
-            parameters={"size": "tiny", "params": TINY_PARAMS, "fan_out": "remote", "workdir": str(ws),
-                        "train_timeout_s": RUN_TIMEOUT},
+            "pipeline/nightly",
+            timeout=0,
+            as_subflow=False,
+            parameters={
+                "size": "tiny",
+                "params": TINY_PARAMS,
+                "fan_out": "remote",
+                "workdir": str(ws),
+                "train_timeout_s": RUN_TIMEOUT,
+            },
         ), nightly
 
 
@@ -241,15 +281,22 @@ def unit_runs(stack_up, ws: Path, since) -> list:
     commit = git(["rev-parse", "HEAD"], ws).strip()
     with temporary_settings(updates=prefect_settings(stack_up)):
         with get_client(sync_client=True) as client:
-            runs = client.read_flow_runs(deployment_filter=DeploymentFilter(
-                name=DeploymentFilterName(any_=["train-run-remote-cpu"])))
-            mine = [r for r in runs if r.created >= since and r.parameters.get("commit") == commit
-                    and r.parameters.get("params_yaml") == (ws / "params.yaml").read_text()]
+            runs = client.read_flow_runs(
+                deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=["train-run-remote-cpu"]))
+            )
+            mine = [
+                r
+                for r in runs
+                if r.created >= since
+                and r.parameters.get("commit") == commit
+                and r.parameters.get("params_yaml") == (ws / "params.yaml").read_text()
+            ]
             out = []
             for r in sorted(mine, key=lambda r: r.created):
                 arts = client.read_artifacts(
                     artifact_filter=ArtifactFilter(type=ArtifactFilterType(any_=["unit-report"])),
-                    flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[r.id])))
+                    flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[r.id])),
+                )
                 out.append((r, arts[0].data if arts else None))
     return out
 
@@ -368,9 +415,11 @@ def test_faults_a_worker_killed_mid_training_and_postgres_down_for_10_s(stack_up
         assert len(retried) == 1, dead.name
         assert str(stack_up["root"] / survivor) in retried[0][1]["where"]
     assert results(ws) == expected, "the disturbed run's results differ from the undisturbed run's"
-    print(f"fault run: worker {killed} killed at {killed_at:.0f} s, PostgreSQL down at "
-          f"{events['postgres'][0]:.0f} s for {events['postgres'][1]:.0f} s, {len(crashed)} unit(s) retried, "
-          f"completed in {seconds:.0f} s (undisturbed: {undisturbed_s:.0f} s)")
+    print(
+        f"fault run: worker {killed} killed at {killed_at:.0f} s, PostgreSQL down at "
+        f"{events['postgres'][0]:.0f} s for {events['postgres'][1]:.0f} s, {len(crashed)} unit(s) retried, "
+        f"completed in {seconds:.0f} s (undisturbed: {undisturbed_s:.0f} s)"
+    )
 
 
 # --- authentication: every server refuses who has no credential ----------------------------------------
@@ -412,8 +461,10 @@ def test_every_server_refuses_a_request_without_credentials(stack_up, creds):
     assert _status("GET", search, params={"max_results": 1}) == 401
     assert _status("GET", search, params={"max_results": 1}, auth=("trainer", "wrong")) == 401
     for user in auth.MLFLOW_USERS:
-        assert _status("GET", search, params={"max_results": 1},
-                       auth=(user, creds[f"MLFLOW_{user.upper()}_PASSWORD"])) == 200
+        assert (
+            _status("GET", search, params={"max_results": 1}, auth=(user, creds[f"MLFLOW_{user.upper()}_PASSWORD"]))
+            == 200
+        )
     token = base64.b64encode(f"admin:{creds['MLFLOW_ADMIN_PASSWORD']}".encode()).decode()
     assert _status("GET", search, params={"max_results": 1}, headers={"Authorization": f"Basic {token}"}) == 200
 
@@ -421,10 +472,24 @@ def test_every_server_refuses_a_request_without_credentials(stack_up, creds):
     nowhere = str(stack_up["root"] / "no-pgpass")  # not the stack's pgpass, nor ~/.pgpass
     for user, password in (("mlflow", None), ("mlflow", "wrong"), ("postgres", None), ("prefect", "wrong")):
         with pytest.raises(psycopg2.OperationalError, match="password"):
-            psycopg2.connect(host="127.0.0.1", port=pg.port, user=user, dbname=user if user != "postgres" else
-                             "postgres", password=password, passfile=nowhere, connect_timeout=10).close()
-    psycopg2.connect(host="127.0.0.1", port=pg.port, user="mlflow", dbname="mlflow",
-                     password=creds["MLFLOW_DB_PASSWORD"], passfile=nowhere, connect_timeout=10).close()
+            psycopg2.connect(
+                host="127.0.0.1",
+                port=pg.port,
+                user=user,
+                dbname=user if user != "postgres" else "postgres",
+                password=password,
+                passfile=nowhere,
+                connect_timeout=10,
+            ).close()
+    psycopg2.connect(
+        host="127.0.0.1",
+        port=pg.port,
+        user="mlflow",
+        dbname="mlflow",
+        password=creds["MLFLOW_DB_PASSWORD"],
+        passfile=nowhere,
+        connect_timeout=10,
+    ).close()
 
 
 def _as(creds, user: str, **extra) -> dict:
@@ -445,18 +510,26 @@ def test_only_the_promoter_moves_the_champion(stack_up, undisturbed, creds):
     for user in ("trainer",):
         os.environ.update(auth.mlflow_user_env(creds, user))
         client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
-        for call in (lambda client=client: client.set_registered_model_alias(name, "champion", other),
-                     lambda client=client: client.delete_registered_model_alias(name, "champion"),
-                     lambda client=client: client.set_registered_model_alias(name, "previous", other)):
+        for call in (
+            lambda client=client: client.set_registered_model_alias(name, "champion", other),
+            lambda client=client: client.delete_registered_model_alias(name, "champion"),
+            lambda client=client: client.set_registered_model_alias(name, "previous", other),
+        ):
             with pytest.raises(MlflowException) as refused:
                 call()
             assert refused.value.get_http_status_code() == 403
         client.set_registered_model_alias(name, "candidate", other)  # EDIT sets other aliases: the rule is narrow
 
     for args in (["promote"], ["promote", "--rollback"]):
-        proc = subprocess.run([str(VENV_BIN / "contextual-bert"), *args], cwd=ws, text=True, timeout=300,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              env=_as(creds, "trainer", MLFLOW_TRACKING_URI=uri))
+        proc = subprocess.run(
+            [str(VENV_BIN / "contextual-bert"), *args],
+            cwd=ws,
+            text=True,
+            timeout=300,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=_as(creds, "trainer", MLFLOW_TRACKING_URI=uri),
+        )
         assert proc.returncode != 0
         lines = proc.stdout.strip().splitlines()
         assert len(lines) == 1 and "lacks MANAGE" in lines[0] and "'trainer'" in lines[0], proc.stdout
@@ -484,15 +557,19 @@ def _prefect_records(stack_up) -> list[str]:
             runs = client.read_flow_runs(limit=200)
             assert runs
             for r in runs:
-                out.append(json.dumps({"parameters": r.parameters, "job_variables": r.job_variables,
-                                       "tags": r.tags}, default=str))
+                out.append(
+                    json.dumps(
+                        {"parameters": r.parameters, "job_variables": r.job_variables, "tags": r.tags}, default=str
+                    )
+                )
             for a in client.read_artifacts(limit=200):
                 out.append(json.dumps(a.data, default=str) + str(a.description))
             ids = [r.id for r in runs]
             offset = 0
             while True:
-                logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)),
-                                        limit=200, offset=offset)
+                logs = client.read_logs(
+                    log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)), limit=200, offset=offset
+                )
                 out += [f"{log.name} {log.message}" for log in logs]
                 if len(logs) < 200:
                     break
@@ -521,8 +598,9 @@ def test_no_secret_in_any_record(stack_up, undisturbed, creds):
     """After a training run on the stack: no secret in the workspace's records, MLflow's, Prefect's, the
     artifact root, the DVC remote or the processes' logs."""
     ws = undisturbed[0]
-    secrets_ = {k: v for k, v in creds.items()} | {"PREFECT_AUTH_STRING (password)":
-                                                    creds["PREFECT_AUTH_STRING"].split(":", 1)[1]}
+    secrets_ = {k: v for k, v in creds.items()} | {
+        "PREFECT_AUTH_STRING (password)": creds["PREFECT_AUTH_STRING"].split(":", 1)[1]
+    }
     files = [ws / "params.yaml", ws / "dvc.lock", *(p for p in (ws / "reports").rglob("*") if p.is_file())]
     for where in (stack_up["artifacts"], stack_up["storage"], stack_up["root"] / "logs", ws / "models"):
         files += [p for p in where.rglob("*") if p.is_file()]

@@ -81,8 +81,9 @@ class ClosetTruth:
     def slots_by_type(self) -> np.ndarray:
         """(C, T) n[c, t]: the closet's slots of each type."""
         c = np.repeat(np.arange(self.n_customers), self.closet.shape[1])
-        return np.bincount(c * self.n_types + self.article_type[self.closet.ravel()],
-                           minlength=self.n_customers * self.n_types).reshape(self.n_customers, self.n_types)
+        return np.bincount(
+            c * self.n_types + self.article_type[self.closet.ravel()], minlength=self.n_customers * self.n_types
+        ).reshape(self.n_customers, self.n_types)
 
     def rewear_by_type(self) -> np.ndarray:
         """(C, T) rho_ct = rho 1[n[c, t] > 0]."""
@@ -112,9 +113,15 @@ class ClosetTruth:
 
     @classmethod
     def from_npz(cls, z) -> ClosetTruth:
-        return cls(article_ids=z["article_ids"], article_type=z["article_type"].astype(np.int64),
-                   log_popularity=z["log_popularity"].astype(np.float64), customer_ids=z["customer_ids"],
-                   closet=z[CLOSET_KEY].astype(np.int64), rewear=float(z["rewear"]), n_types=int(z["n_types"]))
+        return cls(
+            article_ids=z["article_ids"],
+            article_type=z["article_type"].astype(np.int64),
+            log_popularity=z["log_popularity"].astype(np.float64),
+            customer_ids=z["customer_ids"],
+            closet=z[CLOSET_KEY].astype(np.int64),
+            rewear=float(z["rewear"]),
+            n_types=int(z["n_types"]),
+        )
 
 
 def truth_from_npz(z, path: Path) -> ClosetTruth:
@@ -133,8 +140,9 @@ def closet_schema() -> DataSchema:
 # --- the story ---------------------------------------------------------------------------------------
 
 
-def _fresh(rng: np.random.Generator, article_type: np.ndarray, popularity: np.ndarray, types: np.ndarray,
-           n_types: int) -> np.ndarray:
+def _fresh(
+    rng: np.random.Generator, article_type: np.ndarray, popularity: np.ndarray, types: np.ndarray, n_types: int
+) -> np.ndarray:
     """One draw from q(. | t) per entry of `types` (inverse CDF over the articles sorted by type)."""
     by_type = np.argsort(article_type, kind="stable")
     cum = np.cumsum(popularity[by_type])
@@ -215,8 +223,18 @@ def generate_closets(cfg: PlantedConfig, out_dir: Path, max_set_size: int, min_s
     }
     about = {
         "story": "see the docstring of contextual_bert/data/closets.py",
-        "params": cfg.model_dump(include={"seed", "n_outfits", "n_articles", "n_customers", "n_types",
-                                          "popularity_exponent", "closet_size", "rewear_probability"}),
+        "params": cfg.model_dump(
+            include={
+                "seed",
+                "n_outfits",
+                "n_articles",
+                "n_customers",
+                "n_types",
+                "popularity_exponent",
+                "closet_size",
+                "rewear_probability",
+            }
+        ),
         "context_columns": [{"name": n, "n_values": k} for n, k in CLOSET_CONTEXT_COLUMNS],
         "signal": signal,
     }
@@ -224,8 +242,12 @@ def generate_closets(cfg: PlantedConfig, out_dir: Path, max_set_size: int, min_s
         "source": tastes.SOURCE,
         "story": "closets",
         "seed": cfg.seed,
-        "size": {"n_outfits": cfg.n_outfits, "n_articles": cfg.n_articles, "n_customers": cfg.n_customers,
-                 "closet_size": cfg.closet_size},
+        "size": {
+            "n_outfits": cfg.n_outfits,
+            "n_articles": cfg.n_articles,
+            "n_customers": cfg.n_customers,
+            "closet_size": cfg.closet_size,
+        },
         "rows": {name: table.num_rows for name, table in tables.items()},
         "items_per_outfit": round(float(s["size"].mean()), 3),
         "articles_never_drawn": int(cfg.n_articles - len(drawn)),

@@ -114,8 +114,10 @@ class ContextPrior(nn.Module):
         key = self.context_key(context)
         pos = torch.searchsorted(self.keys, key).clamp(max=len(self.keys) - 1)
         if not bool((self.keys[pos] == key).all()):
-            raise ContextualBertError("a context combination absent from the planted customer population: "
-                                      "the data and its truth file disagree")
+            raise ContextualBertError(
+                "a context combination absent from the planted customer population: "
+                "the data and its truth file disagree"
+            )
         return self.log_prior[pos]
 
 
@@ -207,8 +209,21 @@ class ClosetOptimum(ContextPrior):
     oov_share:      (C, T) Q_c[t], e_c's mass on type t's articles outside the vocabulary
     Memory is bounded by scoring at most about `chunk_cells` float64 numbers per step (rows at a time)."""
 
-    def __init__(self, item_type, item_log_fresh, rewear, entry_customer, entry_item, entry_kappa, oov_share,
-                 log_prior, context_digits=None, radix=None, keys=None, chunk_cells: int = 1 << 23):
+    def __init__(
+        self,
+        item_type,
+        item_log_fresh,
+        rewear,
+        entry_customer,
+        entry_item,
+        entry_kappa,
+        oov_share,
+        log_prior,
+        context_digits=None,
+        radix=None,
+        keys=None,
+        chunk_cells: int = 1 << 23,
+    ):
         super().__init__()
         item_type = torch.as_tensor(item_type, dtype=torch.int64)
         real = item_type >= 0
@@ -248,8 +263,10 @@ class ClosetOptimum(ContextPrior):
         per_row = self.n_customers * self.n_types * (degree + 3) + len(self.entry_item) + 3 * self.n_items
         step = max(1, self.chunk_cells // per_row)
         with torch.autocast(items.device.type, enabled=False):
-            parts = [self._masked_logits(items[s: s + step], {k: v[s: s + step] for k, v in context.items()})
-                     for s in range(0, len(items), step)]
+            parts = [
+                self._masked_logits(items[s : s + step], {k: v[s : s + step] for k, v in context.items()})
+                for s in range(0, len(items), step)
+            ]
         return torch.cat(parts) if parts else items.new_zeros(0, self.n_items, dtype=torch.float64)
 
     def _masked_logits(self, items: torch.Tensor, context: dict) -> torch.Tensor:
@@ -264,10 +281,14 @@ class ClosetOptimum(ContextPrior):
         if int(counts.sum()) > 0:
             first = torch.repeat_interleave(self.owner_start[flat], counts)
             within = torch.arange(len(first), device=items.device) - torch.repeat_interleave(
-                torch.cumsum(counts, 0) - counts, counts)
+                torch.cumsum(counts, 0) - counts, counts
+            )
             owner = first + within
-            log_post = log_post.index_put((torch.repeat_interleave(case, counts), self.owner_customer[owner]),
-                                          self.owner_gain[owner], accumulate=True)
+            log_post = log_post.index_put(
+                (torch.repeat_interleave(case, counts), self.owner_customer[owner]),
+                self.owner_gain[owner],
+                accumulate=True,
+            )
         post = torch.softmax(log_post, dim=1)  # P(c | known items, context), (B, C)
         # only the customers some case gives a probability above 0 add to a score (with context: its group's)
         active = (post > 0).any(0)
@@ -311,8 +332,14 @@ def _logsumexp(x: np.ndarray, axis: int) -> np.ndarray:
     return np.log(np.exp(x - top).sum(axis=axis)) + np.squeeze(top, axis=axis)
 
 
-def history_log_prior(truth: PlantedTruth, customer_rows: np.ndarray, article_rows: list[np.ndarray],
-                      history: list[np.ndarray], wanted: np.ndarray, chunk: int = 4096) -> np.ndarray:
+def history_log_prior(
+    truth: PlantedTruth,
+    customer_rows: np.ndarray,
+    article_rows: list[np.ndarray],
+    history: list[np.ndarray],
+    wanted: np.ndarray,
+    chunk: int = 4096,
+) -> np.ndarray:
     """(len(wanted), K) log P(z | H(o), x_o) for the outfits `wanted` (rows of the lists below).
 
     customer_rows: per outfit, its customer's row in the truth; article_rows: per outfit, its articles' rows in
@@ -394,8 +421,9 @@ def _vocab_rows(truth, vocab_ids) -> np.ndarray:
     rows = pd.Index(truth.article_ids.astype(str)).get_indexer(vocab)
     if (rows < 0).any():
         missing = vocab_ids[N_SPECIAL + int(np.flatnonzero(rows < 0)[0])]
-        raise DataError(f"article '{missing}' of the vocabulary is not in the planted truth; "
-                        "the data and its truth file disagree")
+        raise DataError(
+            f"article '{missing}' of the vocabulary is not in the planted truth; the data and its truth file disagree"
+        )
     return rows
 
 
@@ -436,15 +464,26 @@ def build_closet_optimum(truth, vocab_ids, with_context: bool, customer_digits=N
     oov = (1 - rewear) * oov_fresh[None, :] + rewear * oov_closet
     entries = (customer[inside], index_of_row[article[inside]], kappa[inside])
     if not with_context:
-        return ClosetOptimum(item_type, item_log_fresh, rewear, *entries, oov,
-                             np.full((1, truth.n_customers), -np.log(truth.n_customers)))
+        return ClosetOptimum(
+            item_type,
+            item_log_fresh,
+            rewear,
+            *entries,
+            oov,
+            np.full((1, truth.n_customers), -np.log(truth.n_customers)),
+        )
     log_prior, keys = _group_log_prior(context_keys(customer_digits, radix))
     return ClosetOptimum(item_type, item_log_fresh, rewear, *entries, oov, log_prior, context_digits, radix, keys)
 
 
-def closet_history_log_prior(truth, customer_keys: np.ndarray, customer_rows: np.ndarray,
-                             article_rows: list[np.ndarray], history: list[np.ndarray],
-                             wanted: np.ndarray) -> np.ndarray:
+def closet_history_log_prior(
+    truth,
+    customer_keys: np.ndarray,
+    customer_rows: np.ndarray,
+    article_rows: list[np.ndarray],
+    history: list[np.ndarray],
+    wanted: np.ndarray,
+) -> np.ndarray:
     """(len(wanted), C) log P(c | H(o), x_o) for the outfits `wanted` (rows of the lists below):
 
         log P(c | H, x) = log P(c | x) + sum over h in H, b in h of log e_c(b) + const
@@ -470,8 +509,9 @@ def closet_history_log_prior(truth, customer_keys: np.ndarray, customer_rows: np
     counts = start[article + 1] - start[article]
     first = np.repeat(start[article], counts)
     entry = order[first + np.arange(len(first)) - np.repeat(np.cumsum(counts) - counts, counts)]
-    log_post += np.bincount(np.repeat(owner, counts) * n_c + customer[entry], weights=gain[entry],
-                            minlength=len(wanted) * n_c).reshape(len(wanted), n_c)
+    log_post += np.bincount(
+        np.repeat(owner, counts) * n_c + customer[entry], weights=gain[entry], minlength=len(wanted) * n_c
+    ).reshape(len(wanted), n_c)
     key = customer_keys[customer_rows[wanted]]
     group = customer_keys[None, :] == key[:, None]
     log_post = np.where(group, log_post - np.log(group.sum(1, keepdims=True)), -np.inf)

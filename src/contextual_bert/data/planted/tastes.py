@@ -187,8 +187,7 @@ def load_truth(raw_dir: Path):
     """The PlantedTruth in raw_dir (planted_source.load_truth reads either story's)."""
     path = Path(raw_dir) / TRUTH_FILE
     if not path.is_file():
-        raise DataError("no planted truth here: the data was not made by `contextual-bert generate-planted`",
-                        path=path)
+        raise DataError("no planted truth here: the data was not made by `contextual-bert generate-planted`", path=path)
     try:
         with np.load(path, allow_pickle=False) as z:
             truth = PlantedTruth(
@@ -249,15 +248,20 @@ def _customers(rng: np.random.Generator, cfg: PlantedConfig) -> dict:
         taste_rng = np.random.default_rng([cfg.seed, CUSTOMER_TASTE_STREAM])
         cus["hidden"] = taste_rng.integers(0, cfg.n_customer_tastes, cfg.n_customers)
         cus["customer_taste_table"] = cfg.customer_taste_strength * taste_rng.normal(
-            0, 1, (cfg.n_customer_tastes, cfg.n_tastes))
+            0, 1, (cfg.n_customer_tastes, cfg.n_tastes)
+        )
         # P(z | x_c): the mean over the unseen u, each equally likely
-        cus["taste_prob"] = _softmax((taste_logit[:, None, :] + cus["customer_taste_table"][None]).reshape(
-            -1, cfg.n_tastes)).reshape(cfg.n_customers, cfg.n_customer_tastes, cfg.n_tastes).mean(axis=1)
+        cus["taste_prob"] = (
+            _softmax((taste_logit[:, None, :] + cus["customer_taste_table"][None]).reshape(-1, cfg.n_tastes))
+            .reshape(cfg.n_customers, cfg.n_customer_tastes, cfg.n_tastes)
+            .mean(axis=1)
+        )
     return cus
 
 
-def _outfits(rng: np.random.Generator, cfg: PlantedConfig, cat: dict, cus: dict, max_set_size: int,
-             min_set_size: int) -> dict:
+def _outfits(
+    rng: np.random.Generator, cfg: PlantedConfig, cat: dict, cus: dict, max_set_size: int, min_set_size: int
+) -> dict:
     n, t = cfg.n_outfits, cfg.n_types
     customer = rng.integers(0, cfg.n_customers, n)
     if cus["hidden"] is None:
@@ -320,7 +324,8 @@ def _tables(cfg: PlantedConfig, cat: dict, cus: dict, out: dict) -> dict[str, pa
 def outfit_dates(seed: int, n: int) -> np.ndarray:
     """The outfits' dates: uniform over DATE_SPAN_DAYS days from DATE_START, from a generator of their own."""
     return DATE_START + np.random.default_rng([seed, DATE_STREAM]).integers(0, DATE_SPAN_DAYS, n).astype(
-        "timedelta64[D]")
+        "timedelta64[D]"
+    )
 
 
 def outfits_table(customer_ids: np.ndarray, article_ids: np.ndarray, sizes: np.ndarray, dates: np.ndarray) -> pa.Table:
@@ -351,15 +356,22 @@ def _entropy(p: np.ndarray) -> np.ndarray:
 def check_sizes(cfg: PlantedConfig, max_set_size: int) -> None:
     """Sizes no story can fill -> a one-line error."""
     if cfg.n_types < max_set_size:
-        raise ContextualBertError(f"planted.n_types is {cfg.n_types}; an outfit of {max_set_size} items "
-                                  f"(model.max_set_size) needs at least {max_set_size} product types")
+        raise ContextualBertError(
+            f"planted.n_types is {cfg.n_types}; an outfit of {max_set_size} items "
+            f"(model.max_set_size) needs at least {max_set_size} product types"
+        )
     if cfg.n_articles < cfg.n_types:
-        raise ContextualBertError(f"planted.n_articles is {cfg.n_articles}; every one of the "
-                                  f"{cfg.n_types} product types needs an article")
+        raise ContextualBertError(
+            f"planted.n_articles is {cfg.n_articles}; every one of the {cfg.n_types} product types needs an article"
+        )
 
 
-def generate_planted(cfg: PlantedConfig, out_dir: Path, max_set_size: int = ModelConfig().max_set_size,
-                     min_set_size: int = IngestConfig().min_set_size) -> dict:
+def generate_planted(
+    cfg: PlantedConfig,
+    out_dir: Path,
+    max_set_size: int = ModelConfig().max_set_size,
+    min_set_size: int = IngestConfig().min_set_size,
+) -> dict:
     """Write the raw contract (tables, schema.json, ingest_report.json) and the truth into out_dir."""
     check_sizes(cfg, max_set_size)
     started = time.perf_counter()

@@ -86,14 +86,20 @@ MAPPING_NOTE = (
     "price <- mean transaction price (H&M's scaled units)"
 )
 DROP_REASONS = ("too_small", "too_large")
-REJECTED = {"INVALID ENCODING": UNREADABLE["encoding"], "TOO MANY COLUMNS": UNREADABLE["too_many"],
-            "MISSING COLUMNS": UNREADABLE["too_few"], "UNQUOTED VALUE": UNREADABLE["quote"]}
+REJECTED = {
+    "INVALID ENCODING": UNREADABLE["encoding"],
+    "TOO MANY COLUMNS": UNREADABLE["too_many"],
+    "MISSING COLUMNS": UNREADABLE["too_few"],
+    "UNQUOTED VALUE": UNREADABLE["quote"],
+}
 UNUSABLE = {"customer_id": "no customer id", "t_dat": "not a date", "article_id": "no article id"}
 # The day of a purchase: t_dat as YYYY-MM-DD, or an ISO 8601 date and time, of which the date as written is the day
 # (no time zone is converted: the day the shop recorded), or in import_hm.date_format. Anything else is not a date.
 ISO_DAY = r"\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}(:?\d{2})?)?)?"
-ISO_DAY_SQL = (f"CASE WHEN regexp_full_match(trim(t_dat), '{ISO_DAY}') "
-               "THEN CAST(try_strptime(left(trim(t_dat), 10), '%Y-%m-%d') AS DATE) END")
+ISO_DAY_SQL = (
+    f"CASE WHEN regexp_full_match(trim(t_dat), '{ISO_DAY}') "
+    "THEN CAST(try_strptime(left(trim(t_dat), 10), '%Y-%m-%d') AS DATE) END"
+)
 
 # The first day of the basket a purchase belongs to, as SQL over `day_items` joined with `customer_days`.
 BASKET_START = {"day": "day", "week": "CAST(date_trunc('week', day) AS DATE)", "session": "session"}
@@ -140,8 +146,9 @@ def _transactions(db: _Db, file: _SourceFile, date_format: str | None) -> dict:
         try:
             db.con.execute(f"SELECT try_strptime('', {_quote(date_format)})")
         except db.duckdb.Error as exc:
-            raise DataError(f"import_hm.date_format '{date_format}' is not a strptime format "
-                            f"({str(exc).strip().splitlines()[0]})") from None
+            raise DataError(
+                f"import_hm.date_format '{date_format}' is not a strptime format ({str(exc).strip().splitlines()[0]})"
+            ) from None
     db.run(f"""CREATE TABLE tx_values AS
         SELECT GROUPING(customer_id, t_dat, article_id) AS grouping_id, customer_id, t_dat, article_id,
                count(*) AS n_rows
@@ -197,10 +204,15 @@ def _customers(db: _Db, file: _SourceFile) -> dict:
     db.run("""CREATE TABLE customers AS SELECT * EXCLUDE (rank, text) FROM (
         SELECT *, row_number() OVER (PARTITION BY customer_id ORDER BY source_row) AS rank FROM customers_in
         WHERE nullif(customer_id, '') IS NOT NULL) WHERE rank = 1""")
-    rows, without_id = db.one("SELECT count(*), count(*) FILTER (WHERE nullif(customer_id, '') IS NULL) FROM customers_in")
+    rows, without_id = db.one(
+        "SELECT count(*), count(*) FILTER (WHERE nullif(customer_id, '') IS NULL) FROM customers_in"
+    )
     (kept,) = db.one("SELECT count(*) FROM customers")
-    return {"customers_rows": int(rows), "customers_without_id_dropped": int(without_id),
-            "customers_duplicate_dropped": int(rows - without_id - kept)}
+    return {
+        "customers_rows": int(rows),
+        "customers_without_id_dropped": int(without_id),
+        "customers_duplicate_dropped": int(rows - without_id - kept),
+    }
 
 
 def _articles(db: _Db, file: _SourceFile) -> dict:
@@ -229,8 +241,12 @@ def _articles(db: _Db, file: _SourceFile) -> dict:
     rows, without_id = db.one("SELECT count(*), count(*) FILTER (WHERE article_id IS NULL) FROM articles_in")
     (in_source,) = db.one("SELECT count(*) FROM articles_unique")
     (without_price,) = db.one("SELECT count(*) FILTER (WHERE price IS NULL) FROM articles")
-    return {"articles_rows": int(rows), "articles_without_id_dropped": int(without_id),
-            "articles_in_source": int(in_source), "articles_without_price": int(without_price)}
+    return {
+        "articles_rows": int(rows),
+        "articles_without_id_dropped": int(without_id),
+        "articles_in_source": int(in_source),
+        "articles_without_price": int(without_price),
+    }
 
 
 def _baskets(db: _Db, cfg: ImportHMConfig, min_items: int, max_items: int) -> dict:
@@ -353,8 +369,9 @@ def _lines(rows: np.ndarray, rejected: np.ndarray, header_lines: int) -> np.ndar
     return rows + header_lines + np.searchsorted(rows_before, rows, side="left")
 
 
-def _quarantine(db: _Db, files: dict[str, _SourceFile], counts: dict,
-                date_format: str | None) -> tuple[pd.DataFrame, dict]:
+def _quarantine(
+    db: _Db, files: dict[str, _SourceFile], counts: dict, date_format: str | None
+) -> tuple[pd.DataFrame, dict]:
     """Every source line the import could not use, once (contract.IMPORT_QUARANTINE_SCHEMA's columns), and
     the lines not read per file: lines DuckDB could not read, then rows read without a usable customer id,
     date or article id. A file of which nothing could be read, or transactions none of which are usable,
@@ -366,33 +383,47 @@ def _quarantine(db: _Db, files: dict[str, _SourceFile], counts: dict,
         ORDER BY s.file_path, e.line""").to_pandas() if read_csv else pd.DataFrame(  # Parquet files only
         columns=["path", "line", "column", "error_type", "message", "text"])  # fmt: skip
     rejects["file"] = rejects["path"].map(lambda p: Path(p).name)  # as stored (.csv or .csv.gz)
-    rejects["reason"] = [f"{REJECTED.get(t, t.lower())} ({m})" for t, m in zip(rejects["error_type"], rejects["message"])]
+    rejects["reason"] = [
+        f"{REJECTED.get(t, t.lower())} ({m})" for t, m in zip(rejects["error_type"], rejects["message"])
+    ]
     unusable = {  # file -> SQL of (source_row, column, text)
-        TRANSACTIONS: "SELECT source_row, \"column\", text FROM tx_malformed" if counts["transactions_malformed_dropped"] else None,
+        TRANSACTIONS: 'SELECT source_row, "column", text FROM tx_malformed'
+        if counts["transactions_malformed_dropped"]
+        else None,
         CUSTOMERS: "SELECT source_row, 'customer_id' AS \"column\", text FROM customers_in WHERE nullif(customer_id, '') IS NULL",
         ARTICLES: "SELECT source_row, 'article_id' AS \"column\", text FROM articles_in WHERE article_id IS NULL",
     }
-    read = {TRANSACTIONS: counts["transactions"], CUSTOMERS: counts["customers_rows"], ARTICLES: counts["articles_rows"]}
+    read = {
+        TRANSACTIONS: counts["transactions"],
+        CUSTOMERS: counts["customers_rows"],
+        ARTICLES: counts["articles_rows"],
+    }
     parts, lines_rejected = {"rejected": rejects[["file", "line", "column", "reason", "text"]]}, {}
     for name, sql in unusable.items():
         rejected = rejects[rejects["file"] == files[name].path.name]
         lines_rejected[name] = len(rejected)
         if read[name] == 0 and len(rejected):
             first = rejected.iloc[0]
-            raise DataError(f"{files[name].unit} {first['line']}: {first['reason']}; no line of the file could be "
-                            "read", path=files[name].path, column=first["column"])
+            raise DataError(
+                f"{files[name].unit} {first['line']}: {first['reason']}; no line of the file could be read",
+                path=files[name].path,
+                column=first["column"],
+            )
         rows = db.arrow(sql + " ORDER BY source_row").to_pandas() if sql else None
         if rows is None or rows.empty:
             continue
-        rows["line"] = _lines(rows.pop("source_row").to_numpy(), rejected["line"].to_numpy(),
-                              files[name].header_lines)
+        rows["line"] = _lines(rows.pop("source_row").to_numpy(), rejected["line"].to_numpy(), files[name].header_lines)
         rows["file"] = files[name].path.name
         rows["reason"] = rows["column"].map({**UNUSABLE, "t_dat": _date_reason(date_format)})
         parts[name] = rows
     if 0 < counts["transactions"] == counts["transactions_malformed_dropped"]:
         first = parts[TRANSACTIONS].iloc[0]
-        raise DataError(f"{files[TRANSACTIONS].unit} {first['line']}: {first['reason']}; no transaction has a "
-                        "customer id, a date and an article id", path=files[TRANSACTIONS].path, column=first["column"])
+        raise DataError(
+            f"{files[TRANSACTIONS].unit} {first['line']}: {first['reason']}; no transaction has a "
+            "customer id, a date and an article id",
+            path=files[TRANSACTIONS].path,
+            column=first["column"],
+        )
     return pd.concat(parts.values(), ignore_index=True), lines_rejected
 
 
@@ -410,8 +441,14 @@ class _Clock:
         return result
 
 
-def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig, timings: dict | None = None,
-              max_set_size: int = ModelConfig().max_set_size, min_set_size: int = IngestConfig().min_set_size) -> dict:
+def import_hm(
+    source: Path,
+    out_dir: Path,
+    cfg: ImportHMConfig,
+    timings: dict | None = None,
+    max_set_size: int = ModelConfig().max_set_size,
+    min_set_size: int = IngestConfig().min_set_size,
+) -> dict:
     """Read transactions_train.csv, customers.csv and articles.csv from `source`; write the raw contract
     (articles/customers/outfits.parquet, schema.json = HM_SCHEMA, ingest_report.json) into `out_dir`.
     `timings`, when given, receives the wall seconds of each phase (for benchmarks; not in the report, which
@@ -428,14 +465,19 @@ def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig, timings: dict | 
             counts |= clock("articles", _articles(db, files[ARTICLES]))
             quarantine, lines_rejected = _quarantine(db, files, counts, cfg.date_format)
             quarantined = write_import_quarantine(quarantine, out_dir)
-            counts |= {"lines_rejected": lines_rejected, "quarantined": {"file": IMPORT_QUARANTINE, "rows": quarantined}}
+            counts |= {
+                "lines_rejected": lines_rejected,
+                "quarantined": {"file": IMPORT_QUARANTINE, "rows": quarantined},
+            }
             clock("quarantine", None)
             by_definition = clock("basket_definitions", _baskets(db, cfg, min_set_size, max_set_size))
             outfits, outfit_counts = clock("outfits", _outfits(db, cfg, min_set_size, max_set_size))
             counts |= outfit_counts
             for table in ("articles", "customers"):
-                db.run(f"COPY (SELECT * EXCLUDE (source_row) FROM {table} ORDER BY source_row) "
-                       f"TO {_quote(out_dir / f'{table}.parquet')} (FORMAT parquet)")
+                db.run(
+                    f"COPY (SELECT * EXCLUDE (source_row) FROM {table} ORDER BY source_row) "
+                    f"TO {_quote(out_dir / f'{table}.parquet')} (FORMAT parquet)"
+                )
             pq.write_table(outfits, out_dir / "outfits.parquet")  # ordered by customer code, then date
             rows = {t: int(db.one(f"SELECT count(*) FROM {t}")[0]) for t in ("articles", "customers")}
             rows["outfits"] = outfits.num_rows
@@ -472,8 +514,13 @@ def import_hm(source: Path, out_dir: Path, cfg: ImportHMConfig, timings: dict | 
 
 def ingest(cfg, source: Path | None = None) -> dict:
     """The `hm` entry of sources.SOURCES."""
-    return import_hm(source or cfg.import_hm.source, out_dir=cfg.paths.raw_dir, cfg=cfg.import_hm,
-                     max_set_size=cfg.model.max_set_size, min_set_size=cfg.ingest.min_set_size)
+    return import_hm(
+        source or cfg.import_hm.source,
+        out_dir=cfg.paths.raw_dir,
+        cfg=cfg.import_hm,
+        max_set_size=cfg.model.max_set_size,
+        min_set_size=cfg.ingest.min_set_size,
+    )
 
 
 def schema(cfg) -> DataSchema:

@@ -25,8 +25,13 @@ ARTICLE_COLUMNS = {  # contract column <- H&M column
 }
 
 
-EXTRA_ARTICLE_COLUMNS = ("prod_name", "product_group_name", "index_group_name", "garment_group_name",
-                         "detail_desc")  # detail_desc: a text attribute (features.article_attributes.hm)
+EXTRA_ARTICLE_COLUMNS = (
+    "prod_name",
+    "product_group_name",
+    "index_group_name",
+    "garment_group_name",
+    "detail_desc",
+)  # detail_desc: a text attribute (features.article_attributes.hm)
 
 
 CUSTOMER_COLUMNS = ("customer_id", "FN", "Active", "club_member_status", "fashion_news_frequency", "age",
@@ -74,12 +79,16 @@ class _SourceFile:
         A Parquet file's typed columns are cast to text (an integer article id, a timestamp t_dat, a double
         price) and parsed as a CSV's are: one path for every format."""
         if self.written is not None:
-            select = ", ".join(f"CAST({_ident(written)} AS VARCHAR) AS {_ident(name)}"
-                               for written, name in zip(self.written, self.columns))
+            select = ", ".join(
+                f"CAST({_ident(written)} AS VARCHAR) AS {_ident(name)}"
+                for written, name in zip(self.written, self.columns)
+            )
             return f"(SELECT {select} FROM read_parquet({_quote(self.path)}))"
         columns = ", ".join(f"{_quote(name)}: 'VARCHAR'" for name in self.columns)
-        return (f"read_csv({_quote(self.path)}, header=true, auto_detect=false, columns={{{columns}}}, "
-                f"delim={_quote(self.delim)}, quote='\"', escape='\"', store_rejects=true)")
+        return (
+            f"read_csv({_quote(self.path)}, header=true, auto_detect=false, columns={{{columns}}}, "
+            f"delim={_quote(self.delim)}, quote='\"', escape='\"', store_rejects=true)"
+        )
 
     def row_text(self, alias: str) -> str:
         """SQL: a row as read, its fields joined by the delimiter (what the quarantine keeps of a row that was
@@ -113,8 +122,7 @@ def _source_file(source: Path, name: str) -> _SourceFile:
     found = [source / f"{stem}{suffix}" for suffix in FILE_SUFFIXES if (source / f"{stem}{suffix}").is_file()]
     if not found:
         stored = " or ".join(f"{stem}{suffix}" for suffix in FILE_SUFFIXES[1:])
-        raise DataError(f"file not found (expected the H&M Kaggle file of that name, or {stored})",
-                        path=source / name)
+        raise DataError(f"file not found (expected the H&M Kaggle file of that name, or {stored})", path=source / name)
     if len(found) > 1:
         raise DataError(f"{' and '.join(p.name for p in found)} both hold {stem}: keep one", path=source / name)
     path, required, known = found[0], REQUIRED_COLUMNS[name], KNOWN_COLUMNS[name]

@@ -17,8 +17,12 @@ from contextual_bert.data.planted import closets, tastes
 from contextual_bert.errors import DataError
 
 
-def generate(cfg: PlantedConfig, out_dir: Path, max_set_size: int = ModelConfig().max_set_size,
-             min_set_size: int = IngestConfig().min_set_size) -> dict:
+def generate(
+    cfg: PlantedConfig,
+    out_dir: Path,
+    max_set_size: int = ModelConfig().max_set_size,
+    min_set_size: int = IngestConfig().min_set_size,
+) -> dict:
     """Write the raw contract and the truth of the story cfg names into out_dir; the ingest report."""
     story = closets.generate_closets if cfg.closet_size else tastes.generate_planted
     return story(cfg, Path(out_dir), max_set_size, min_set_size)
@@ -26,8 +30,12 @@ def generate(cfg: PlantedConfig, out_dir: Path, max_set_size: int = ModelConfig(
 
 def ingest(cfg, source=None) -> dict:
     """The `planted` entry of sources.SOURCES (it reads no files: `source` is unused)."""
-    return generate(cfg.planted, out_dir=cfg.paths.raw_dir, max_set_size=cfg.model.max_set_size,
-                    min_set_size=cfg.ingest.min_set_size)
+    return generate(
+        cfg.planted,
+        out_dir=cfg.paths.raw_dir,
+        max_set_size=cfg.model.max_set_size,
+        min_set_size=cfg.ingest.min_set_size,
+    )
 
 
 def schema(cfg) -> DataSchema:
@@ -48,8 +56,7 @@ def load_truth(raw_dir: Path):
     """The truth in raw_dir: a tastes.PlantedTruth, or a closets.ClosetTruth for the closets' story."""
     path = Path(raw_dir) / tastes.TRUTH_FILE
     if not path.is_file():
-        raise DataError("no planted truth here: the data was not made by `contextual-bert generate-planted`",
-                        path=path)
+        raise DataError("no planted truth here: the data was not made by `contextual-bert generate-planted`", path=path)
     try:
         with np.load(path, allow_pickle=False) as z:
             if closets.CLOSET_KEY in z.files:

@@ -78,9 +78,12 @@ POLYVORE_SUFFIX = ".json"
 SOURCE_NAME = "sets"
 SEQUENCE_START = np.datetime64("1970-01-01", "D")  # an integer date k is the day SEQUENCE_START + k
 DATE_FORMS = "a date (YYYY-MM-DD) or an integer sequence number"
-DATE_REASONS = {"unreadable": f"not a date ({DATE_FORMS})",
-                "other_unreadable": "another row of its outfit has no readable date",
-                "disagree": "the outfit's rows disagree on the date", "none": "the outfit has no date"}
+DATE_REASONS = {
+    "unreadable": f"not a date ({DATE_FORMS})",
+    "other_unreadable": "another row of its outfit has no readable date",
+    "disagree": "the outfit's rows disagree on the date",
+    "none": "the outfit has no date",
+}
 
 
 def sets_schema(cfg: ImportSetsConfig) -> DataSchema:
@@ -319,9 +322,13 @@ def read_products(cfg: ImportSetsConfig) -> tuple[pd.DataFrame, pd.DataFrame, di
     })  # fmt: skip
     rows = pd.DataFrame({"article_id": ids[~bad].tolist()}
                         | {names[c]: frame.loc[~bad, c].tolist() for c in theirs}, dtype=object)  # fmt: skip
-    counts = {"rows": int(len(frame) + len(unread)), "without_id": int(ids.isna().sum()),
-              "duplicate_id": int(duplicate.sum()), "lines_rejected": len(unread),
-              "columns": {c: names[c] for c in theirs}}
+    counts = {
+        "rows": int(len(frame) + len(unread)),
+        "without_id": int(ids.isna().sum()),
+        "duplicate_id": int(duplicate.sum()),
+        "lines_rejected": len(unread),
+        "columns": {c: names[c] for c in theirs},
+    }
     return rows, pd.concat([unread, quarantine], ignore_index=True), counts
 
 
@@ -339,8 +346,10 @@ def _articles_table(items: pa.Array, cfg: ImportSetsConfig) -> tuple[pa.Table, p
         rows = products.set_index("article_id").reindex(item_ids + others)
         columns = {"article_id": pa.array(item_ids + others, pa.string())}
         columns |= {name: _product_column(rows[name]) for name in rows.columns}
-        counts |= {"items_without_product": len(in_outfits - set(products["article_id"])),
-                   "products_without_outfit": len(others)}
+        counts |= {
+            "items_without_product": len(in_outfits - set(products["article_id"])),
+            "products_without_outfit": len(others),
+        }
     n = len(columns["article_id"])
     for column, logical in REQUIRED_COLUMNS["articles"].items():  # the contract's: missing where not given
         if column not in columns:
@@ -356,9 +365,13 @@ def _articles_table(items: pa.Array, cfg: ImportSetsConfig) -> tuple[pa.Table, p
     return pa.table(columns), unusable, counts
 
 
-def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
-                max_set_size: int = ModelConfig().max_set_size,
-                min_set_size: int = IngestConfig().min_set_size) -> dict:
+def import_sets(
+    source: Path,
+    out_dir: Path,
+    cfg: ImportSetsConfig,
+    max_set_size: int = ModelConfig().max_set_size,
+    min_set_size: int = IngestConfig().min_set_size,
+) -> dict:
     """Read curated sets from `source`; write the raw contract and ingest_report.json into `out_dir`."""
     source, out_dir = Path(source), Path(out_dir)
     pairs, layout, unread = read_pairs(source, cfg)
@@ -376,8 +389,11 @@ def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
         "text": [",".join("" if pd.isna(v) else str(v) for v in row) for row in bad[["outfit_id", "item_id", "customer_id"]]
                  .itertuples(index=False)],
     })  # fmt: skip
-    quarantine = pd.concat([unread.assign(file=source.name), quarantine] + (
-        [customers_unread.assign(file=Path(cfg.customers).name)] if len(customers_unread) else []), ignore_index=True)
+    quarantine = pd.concat(
+        [unread.assign(file=source.name), quarantine]
+        + ([customers_unread.assign(file=Path(cfg.customers).name)] if len(customers_unread) else []),
+        ignore_index=True,
+    )
     pairs = pairs[~malformed]
     undated_sets = 0
     if cfg.date_column:  # an outfit without one readable date: every pair of it to the quarantine
@@ -420,13 +436,11 @@ def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
     })  # fmt: skip
     if cfg.date_column:  # each outfit's one day (a row without a date holds the smallest int64: max skips it)
         day = pairs.groupby("outfit_id", sort=False)[DATE_COLUMN].max().reindex(outfit_ids[keep]).to_numpy()
-        outfits = outfits.append_column(DATE_COLUMN, pa.array(SEQUENCE_START + day.astype("timedelta64[D]"),
-                                                              DATE_TYPE))
+        outfits = outfits.append_column(DATE_COLUMN, pa.array(SEQUENCE_START + day.astype("timedelta64[D]"), DATE_TYPE))
     items = pc.unique(outfits.column("article_ids").combine_chunks().flatten())  # in the order first listed
     articles, products_unusable, products_counts = _articles_table(items, cfg)
     if len(products_unusable):
-        quarantine = pd.concat([quarantine, products_unusable.assign(file=Path(cfg.articles).name)],
-                               ignore_index=True)
+        quarantine = pd.concat([quarantine, products_unusable.assign(file=Path(cfg.articles).name)], ignore_index=True)
     known_customers = set(customers.column("customer_id").to_pylist())
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -441,14 +455,19 @@ def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
         "layout": layout,
         "pairs": n_pairs,
         "pairs_malformed_dropped": int(malformed.sum()),
-        "lines_rejected": {source.name: len(unread), **({Path(cfg.customers).name: len(customers_unread)}
-                                                         if cfg.customers else {})},
+        "lines_rejected": {
+            source.name: len(unread),
+            **({Path(cfg.customers).name: len(customers_unread)} if cfg.customers else {}),
+        },
         "quarantined": {"file": IMPORT_QUARANTINE, "rows": quarantined},
         "pairs_duplicate_dropped": int(len(pairs) - len(unique)),
         "sets": len(outfit_ids) + undated_sets,
         "sets_kept": outfits.num_rows,
-        "sets_dropped": {"too_small": int(too_small.sum()), "too_large": int(too_large.sum()),
-                         **({"date": int(undated_sets)} if cfg.date_column else {})},
+        "sets_dropped": {
+            "too_small": int(too_small.sum()),
+            "too_large": int(too_large.sum()),
+            **({"date": int(undated_sets)} if cfg.date_column else {}),
+        },
         "min_items": min_set_size,
         "max_items": max_set_size,
         "outfits_without_customer": int(customer_ids.isna().sum()),
@@ -460,15 +479,23 @@ def import_sets(source: Path, out_dir: Path, cfg: ImportSetsConfig,
     (out_dir / "ingest_report.json").write_text(json.dumps(report, indent=2))
     if not outfits.num_rows:  # the report stays for a look at why; an empty import is no result
         dropped = report["sets_dropped"]
-        raise DataError(f"no outfit kept: of {len(outfit_ids)} sets none has {min_set_size}-{max_set_size} distinct items "
-                        f"({dropped['too_small']} too small, {dropped['too_large']} too large)", path=source)
+        raise DataError(
+            f"no outfit kept: of {len(outfit_ids)} sets none has {min_set_size}-{max_set_size} distinct items "
+            f"({dropped['too_small']} too small, {dropped['too_large']} too large)",
+            path=source,
+        )
     return report
 
 
 def ingest(cfg, source: Path | None = None) -> dict:
     """The `sets` entry of sources.SOURCES."""
-    return import_sets(source or cfg.import_sets.source, out_dir=cfg.paths.raw_dir, cfg=cfg.import_sets,
-                       max_set_size=cfg.model.max_set_size, min_set_size=cfg.ingest.min_set_size)
+    return import_sets(
+        source or cfg.import_sets.source,
+        out_dir=cfg.paths.raw_dir,
+        cfg=cfg.import_sets,
+        max_set_size=cfg.model.max_set_size,
+        min_set_size=cfg.ingest.min_set_size,
+    )
 
 
 def schema(cfg) -> DataSchema:
@@ -479,8 +506,9 @@ def schema(cfg) -> DataSchema:
 def inputs(cfg) -> list[Path]:
     """The files the `sets` source reads (sources.SOURCES): the sets, and the customers and products tables when
     named."""
-    paths = [Path(p) for p in (cfg.import_sets.source, cfg.import_sets.customers, cfg.import_sets.articles)
-             if p is not None]
+    paths = [
+        Path(p) for p in (cfg.import_sets.source, cfg.import_sets.customers, cfg.import_sets.articles) if p is not None
+    ]
     for path in paths:
         if not path.is_file():
             raise DataError("file not found", path=path)

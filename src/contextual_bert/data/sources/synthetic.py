@@ -141,13 +141,15 @@ def _size_odds(min_set_size: int, max_set_size: int) -> tuple[np.ndarray, np.nda
     sizes = np.arange(min_set_size, min_set_size + len(SIZE_ODDS))
     keep = sizes <= max_set_size
     if not keep.any():
-        raise ContextualBertError(f"model.max_set_size {max_set_size} is below the smallest outfit, "
-                                  f"ingest.min_set_size {min_set_size}")
+        raise ContextualBertError(
+            f"model.max_set_size {max_set_size} is below the smallest outfit, ingest.min_set_size {min_set_size}"
+        )
     return sizes[keep], SIZE_ODDS if keep.all() else SIZE_ODDS[keep] / SIZE_ODDS[keep].sum()
 
 
-def _make_outfits(rng: np.random.Generator, n_outfits: int, art: dict, cus: dict, max_set_size: int,
-                  min_set_size: int) -> dict:
+def _make_outfits(
+    rng: np.random.Generator, n_outfits: int, art: dict, cus: dict, max_set_size: int, min_set_size: int
+) -> dict:
     type_w, occ_style_w, p_dress, p_outer = _occasion_tables()
     type_slot = np.array([SLOTS.index(PRODUCT_TYPES[t][0]) for t in PRODUCT_TYPES])
     customer = rng.choice(cus["n"], n_outfits, p=cus["activity"] / cus["activity"].sum())
@@ -177,7 +179,11 @@ def _make_outfits(rng: np.random.Generator, n_outfits: int, art: dict, cus: dict
     weights = type_w[occasion] * allowed
     draws_outfit, draws_type = [], []
     for slot, needed in (
-        ("top", ~dress), ("bottom", ~dress), ("dress", dress), ("shoes", np.ones(n_outfits, bool)), ("outerwear", outer)
+        ("top", ~dress),
+        ("bottom", ~dress),
+        ("dress", dress),
+        ("shoes", np.ones(n_outfits, bool)),
+        ("outerwear", outer),
     ):
         rows = np.flatnonzero(needed)
         cols = np.flatnonzero(type_slot == SLOTS.index(slot))
@@ -351,9 +357,14 @@ def planted_signal(art: dict, cus: dict, out: dict) -> dict[str, float]:
     }
 
 
-def generate(size: GeneratorSize, seed: int, out_dir: Path, max_set_size: int = ModelConfig().max_set_size,
-             min_set_size: int = IngestConfig().min_set_size,
-             customer_taste_strength: float = GenerateConfig().customer_taste_strength) -> dict:
+def generate(
+    size: GeneratorSize,
+    seed: int,
+    out_dir: Path,
+    max_set_size: int = ModelConfig().max_set_size,
+    min_set_size: int = IngestConfig().min_set_size,
+    customer_taste_strength: float = GenerateConfig().customer_taste_strength,
+) -> dict:
     """Write articles/customers/outfits.parquet, schema.json and ingest_report.json into out_dir."""
     started = time.perf_counter()
     rng = np.random.default_rng(seed)
@@ -386,9 +397,14 @@ def generate(size: GeneratorSize, seed: int, out_dir: Path, max_set_size: int = 
 
 def ingest(cfg, source=None) -> dict:
     """The `synthetic` entry of sources.SOURCES (it reads no files: `source` is unused)."""
-    return generate(cfg.generate.chosen, seed=cfg.generate.seed, out_dir=cfg.paths.raw_dir,
-                    max_set_size=cfg.model.max_set_size, min_set_size=cfg.ingest.min_set_size,
-                    customer_taste_strength=cfg.generate.customer_taste_strength)
+    return generate(
+        cfg.generate.chosen,
+        seed=cfg.generate.seed,
+        out_dir=cfg.paths.raw_dir,
+        max_set_size=cfg.model.max_set_size,
+        min_set_size=cfg.ingest.min_set_size,
+        customer_taste_strength=cfg.generate.customer_taste_strength,
+    )
 
 
 def schema(cfg) -> DataSchema:
