@@ -131,11 +131,11 @@ def test_remote_trainings_clone_the_parents_commit_on_their_worker():
         assert d["pull"] == [
             {
                 "prefect.deployments.steps.git_clone": {
-                    "repository": "{{ $%s }}" % CLONE_URL_ENV,
-                    "commit_sha": "{{ $%s }}" % CLONE_COMMIT_ENV,
+                    "repository": f"{{{{ ${CLONE_URL_ENV} }}}}",
+                    "commit_sha": f"{{{{ ${CLONE_COMMIT_ENV} }}}}",
                 }
             }
-        ]  # noqa: UP031
+        ]
     for name in ("nightly", "train-run-cpu"):
         assert "pull" not in deployments[name]  # these run in the workspace itself
     # Every deployment's runs retry a server without its database (500) instead of failing.

@@ -15,14 +15,16 @@ import pyarrow.parquet as pq
 import torch
 
 from contextual_bert.config import EvaluateConfig, ModelConfig
+from contextual_bert.data.planted.closet_optimum import (
+    ClosetHistoryOptimum,
+    build_closet_optimum,
+    closet_history_log_prior,
+)
 from contextual_bert.data.planted.closets import ClosetTruth
 from contextual_bert.data.planted.optimum import (
     OUTFIT_ROW,
-    ClosetHistoryOptimum,
     HistoryOptimum,
-    build_closet_optimum,
     build_optimum,
-    closet_history_log_prior,
     context_keys,
     history_log_prior,
 )

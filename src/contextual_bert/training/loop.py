@@ -33,6 +33,7 @@ from contextual_bert.data.feature_spec import HISTORY_FEATURE, PAD_INDEX, Encode
 from contextual_bert.devices import autocast, keep_freed_memory, select_device
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.model import build_model, count_paper_parameters, save_checkpoint
+from contextual_bert.training.batches import BUCKET_BATCHES, length_batches  # noqa: F401
 from contextual_bert.training.losses import NegativeSampler, mask_items, masked_item_loss, negative_sampler
 from contextual_bert.training.regularisers import RareIdDecay, drop_history, id_dropout_rate
 from contextual_bert.training.resume import (
@@ -54,7 +55,6 @@ from contextual_bert.training.warmup import BagWarmup, reads_bag_warmup, set_bag
 
 EpochHook = Callable[[int, dict], None]  # (epoch, its row of the curve)
 CONVERGENCE_EPOCHS, CONVERGENCE_NATS = 3, 0.01
-BUCKET_BATCHES = 32  # batches per window sorted by outfit length (length_batches)
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
@@ -80,27 +80,6 @@ def train_step(model, optimizer, scheduler, items, context, cfg: TrainConfig, ge
     optimizer.step()
     scheduler.step()
     return loss.detach(), predict
-
-
-def length_batches(
-    order: torch.Tensor, lengths: torch.Tensor, batch_size: int, generator: torch.Generator
-) -> list[torch.Tensor]:
-    """Split a shuffled `order` into batches of outfits of similar length, in random batch order.
-
-    Outfits hold 4-8 items and are padded to the longest: in a random batch of 64 nearly always to 8,
-    while the mean is ~5.4, so a third of every step's matrix work would go to padding. Within windows of
-    BUCKET_BATCHES batches of `order`, outfits are sorted by length (stable) before batching, and the
-    batches are then shuffled: each batch is trimmed to its own longest outfit, and the windows keep the
-    batches' contents random. The number of batches is that of plain batching.
-    """
-    window = batch_size * BUCKET_BATCHES
-    batches = []
-    for start in range(0, len(order), window):
-        chunk = order[start : start + window]
-        chunk = chunk[torch.sort(lengths[chunk], stable=True).indices]
-        batches += list(chunk.split(batch_size))
-    shuffled = torch.randperm(len(batches), generator=generator, device=generator.device).tolist()
-    return [batches[i] for i in shuffled]
 
 
 def lr_factor(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
