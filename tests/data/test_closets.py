@@ -16,14 +16,14 @@ import torch
 from contextual_bert.config import PlantedConfig
 from contextual_bert.data.contract import DATE_COLUMN, TABLES, DataSchema
 from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, UNKNOWN_INDEX
-from contextual_bert.data.planted.closets import CLOSET_CONTEXT_COLUMNS, ClosetTruth, _story, closet_schema
-from contextual_bert.data.planted.optimum import (
-    OUTFIT_ROW,
+from contextual_bert.data.planted.closet_optimum import (
     ClosetHistoryOptimum,
     ClosetOptimum,
     build_closet_optimum,
     closet_history_log_prior,
 )
+from contextual_bert.data.planted.closets import CLOSET_CONTEXT_COLUMNS, ClosetTruth, _story, closet_schema
+from contextual_bert.data.planted.optimum import OUTFIT_ROW
 from contextual_bert.data.planted.tastes import TRUTH_JSON
 from contextual_bert.data.sources.planted import generate as generate_planted
 from contextual_bert.data.sources.planted import load_truth
