@@ -73,6 +73,19 @@ class PlantedConfig(Section):
     closet_size: int = Field(0, ge=0)
     # ... an item of a type the closet holds being one of its closet's articles of that type with this chance
     rewear_probability: float = Field(0.3, ge=0, lt=1)
+    # the compatibility switch (tastes_options.py): a customer column `lifestyle` of n_lifestyles values changes
+    # which styles go with a taste: each lifestyle's style table is sqrt(1 - s^2) x the shared one + s x its own
+    # (0: off, and the data is today's byte for byte; 1: unrelated tables per lifestyle)
+    compatibility_switch: float = Field(0.0, ge=0, le=1)
+    n_lifestyles: int = Field(3, ge=1)
+    # plain: the planted context columns; paper: plus the paper's twelve customer columns (categorical,
+    # multi-valued, numeric), all pure noise: d_context about the paper's 736 with features.embedding_dims
+    context: Literal["plain", "paper"] = "plain"
+    # a list<float32> column `style_vector` of this length in the articles table: the article's tastes, randomly
+    # projected (0: off, today's data) ...
+    vector_dim: int = Field(0, ge=0, le=4096)
+    # ... plus Gaussian noise of this std (each dimension's signal has std 1)
+    vector_noise: float = Field(1.0, ge=0)
 
     @model_validator(mode="after")
     def _one_story(self):
@@ -80,6 +93,16 @@ class PlantedConfig(Section):
             raise ValueError(
                 "planted.closet_size > 0 is the closets' story, which has no tastes: set "
                 "hidden_taste_strength and customer_taste_strength to 0"
+            )
+        if self.closet_size and (self.compatibility_switch or self.context != "plain" or self.vector_dim):
+            raise ValueError(
+                "planted.closet_size > 0 is the closets' story: compatibility_switch, context and vector_dim are "
+                "the planted tastes' options; set them to 0, plain and 0"
+            )
+        if self.compatibility_switch and self.n_lifestyles < 2:
+            raise ValueError(
+                f"planted.compatibility_switch {self.compatibility_switch} needs at least 2 lifestyles to switch "
+                f"between; planted.n_lifestyles is {self.n_lifestyles}"
             )
         return self
 

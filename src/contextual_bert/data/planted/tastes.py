@@ -67,6 +67,10 @@ and P(a | O, H, x) is the first formula with P(z | O, H, x) in place of P(z | O,
 customer_taste_table (U, K), s * H: P(z | x_c, u) = softmax(taste_logit[c] + customer_taste_table[u]). `optimum.py` computes this over the features stage's vocabulary (and handles articles the
 vocabulary lacks exactly); this module writes the data and the truth it needs.
 
+Options (tastes_options.py, each off by default, and then the data is today's byte for byte): a compatibility
+switch (a customer column that changes which styles go with a taste; the truth's latent is then the pair
+(lifestyle, taste)), the paper's context (twelve customer columns of pure noise) and article vectors.
+
 Planted closets (planted.closet_size > 0) are another story, with their own truth (closets.py);
 data/sources/planted.py, the `planted` source, picks the story.
 
@@ -88,6 +92,7 @@ import pyarrow.parquet as pq
 
 from contextual_bert.config import IngestConfig, ModelConfig, PlantedConfig
 from contextual_bert.data.contract import DATE_COLUMN, DATE_TYPE, ContextColumn, DataSchema
+from contextual_bert.data.planted import tastes_options as options
 from contextual_bert.errors import ContextualBertError, DataError
 
 TRUTH_FILE = "planted_truth.npz"
@@ -147,6 +152,12 @@ class PlantedTruth:
     # softmax(taste_logit[c] + customer_taste_table[u]), u uniform over the table's rows and unseen
     taste_logit: np.ndarray | None = None  # (C, K)
     customer_taste_table: np.ndarray | None = None  # (U, K)
+    # the compatibility switch (tastes_options.py): the latent is the pair (lifestyle v, taste z), column v K + z
+    # of log_weight, taste_prob, taste_logit and customer_taste_table; `lifestyle` (C,) each customer's v
+    n_lifestyles: int = 1
+    lifestyle: np.ndarray | None = None
+    # context columns the optimum does not condition on (the paper's noise columns: tastes_options.py)
+    ignored_context: tuple[str, ...] = ()
 
     @property
     def has_customer_taste(self) -> bool:
@@ -179,6 +190,9 @@ class PlantedTruth:
             n_types=np.int64(self.n_types),
             **({} if not self.has_customer_taste else {
                 "taste_logit": self.taste_logit, "customer_taste_table": self.customer_taste_table}),
+            **({} if self.lifestyle is None else {
+                "n_lifestyles": np.int64(self.n_lifestyles), "lifestyle": self.lifestyle}),
+            **({} if not self.ignored_context else {"ignored_context": np.array(self.ignored_context, dtype=str)}),
         )  # fmt: skip
         (Path(out_dir) / TRUTH_JSON).write_text(json.dumps(about, indent=2))
 
@@ -197,6 +211,9 @@ def load_truth(raw_dir: Path):
                 **({} if "customer_taste_table" not in z.files else {
                     "taste_logit": z["taste_logit"].astype(np.float64),
                     "customer_taste_table": z["customer_taste_table"].astype(np.float64)}),
+                **({} if "lifestyle" not in z.files else {
+                    "n_lifestyles": int(z["n_lifestyles"]), "lifestyle": z["lifestyle"].astype(np.int64)}),
+                ignored_context=tuple(str(v) for v in z["ignored_context"]) if "ignored_context" in z.files else (),
             )  # fmt: skip
     except (KeyError, ValueError, OSError) as exc:
         raise DataError(f"not a readable planted truth file ({exc})", path=path) from None
@@ -259,9 +276,8 @@ def _customers(rng: np.random.Generator, cfg: PlantedConfig) -> dict:
     return cus
 
 
-def _outfits(
-    rng: np.random.Generator, cfg: PlantedConfig, cat: dict, cus: dict, max_set_size: int, min_set_size: int
-) -> dict:
+def _outfits(rng: np.random.Generator, cfg: PlantedConfig, cat: dict, cus: dict, max_set_size: int,
+             min_set_size: int, switch: dict | None = None) -> dict:  # fmt: skip
     n, t = cfg.n_outfits, cfg.n_types
     customer = rng.integers(0, cfg.n_customers, n)
     if cus["hidden"] is None:
@@ -276,15 +292,20 @@ def _outfits(
     draw_outfit = np.broadcast_to(np.arange(n)[:, None], types.shape)[keep]
     draw_type = types[keep]
 
-    # P(a | t, z) = w[a, z] / W[t, z]: one categorical per (type, taste) group of draws
+    # P(a | t, z) = w[a, z] / W[t, z]: one categorical per (type, taste) group of draws; with the switch the
+    # latent is the pair (lifestyle, taste), column v K + z of its log_weight (tastes_options.py)
+    log_weight, n_latent, latent = cat["log_weight"], cfg.n_tastes, taste
+    if switch is not None:
+        log_weight, n_latent = switch["log_weight"], switch["log_weight"].shape[1]
+        latent = switch["lifestyle"][customer] * cfg.n_tastes + taste
     article = np.empty(len(draw_type), dtype=np.int64)
-    key = draw_type * cfg.n_tastes + taste[draw_outfit]
+    key = draw_type * n_latent + latent[draw_outfit]
     by_key = np.argsort(key, kind="stable")
     bounds = np.flatnonzero(np.diff(key[by_key])) + 1
     for group in np.split(by_key, bounds):
-        ty, z = divmod(int(key[group[0]]), cfg.n_tastes)
+        ty, z = divmod(int(key[group[0]]), n_latent)
         pool = np.flatnonzero(cat["type"] == ty)
-        w = np.exp(cat["log_weight"][pool, z] - cat["log_weight"][pool, z].max())
+        w = np.exp(log_weight[pool, z] - log_weight[pool, z].max())
         article[group] = rng.choice(pool, len(group), p=w / w.sum())
     order = np.lexsort((rng.random(len(draw_outfit)), draw_outfit))  # grouped by outfit, items shuffled
     date = outfit_dates(cfg.seed, n)
@@ -292,17 +313,26 @@ def _outfits(
                 date=date)  # fmt: skip
 
 
-def planted_schema() -> DataSchema:
+def _vocabulary(cfg: PlantedConfig) -> dict[str, np.ndarray]:
+    """The articles' categorical columns' values (the paper's context's lists draw from them)."""
+    return {"product_type": _names("type", cfg.n_types), "brand": _names("brand", N_BRANDS),
+            "color": _names("color", N_COLORS), "style": _names("style", N_STYLES)}  # fmt: skip
+
+
+def planted_schema(cfg: PlantedConfig | None = None) -> DataSchema:
+    """The context columns of the planted tastes: CONTEXT_COLUMNS, and those of cfg's options."""
     return DataSchema(
         source=SOURCE,
         context_columns=tuple(
             ContextColumn(name, "customers", "categorical", nullable=False, values=tuple(_names(name, k)))
             for name, k, _ in CONTEXT_COLUMNS
-        ),
+        )
+        + (() if cfg is None else options.context_columns(cfg, _vocabulary(cfg))),
     )
 
 
-def _tables(cfg: PlantedConfig, cat: dict, cus: dict, out: dict) -> dict[str, pa.Table]:
+def _tables(cfg: PlantedConfig, cat: dict, cus: dict, out: dict, extra: dict) -> dict[str, pa.Table]:
+    """The raw tables; `extra`: the options' columns of the articles and customers tables (tastes_options.py)."""
     article_id = _names("P", cfg.n_articles)
     customer_id = _names("PC", cfg.n_customers)
     articles = pa.table({
@@ -312,10 +342,12 @@ def _tables(cfg: PlantedConfig, cat: dict, cus: dict, out: dict) -> dict[str, pa
         "color": pa.array(_names("color", N_COLORS)[cat["color"]], pa.string()),
         "style": pa.array(_names("style", N_STYLES)[cat["style"]], pa.string()),
         "price": pa.array(cat["price"], pa.float64()),
+        **extra["articles"],
     })  # fmt: skip
     customers = pa.table({
         "customer_id": pa.array(customer_id, pa.string()),
         **{name: pa.array(_names(name, k)[cus["values"][name]], pa.string()) for name, k, _ in CONTEXT_COLUMNS},
+        **extra["customers"],
     })  # fmt: skip
     outfits = outfits_table(customer_id[out["customer"]], article_id[out["article"]], out["size"], out["date"])
     return {"articles": articles, "customers": customers, "outfits": outfits}
@@ -378,18 +410,20 @@ def generate_planted(
     rng = np.random.default_rng(cfg.seed)
     cat = _catalogue(rng, cfg)
     cus = _customers(rng, cfg)
-    out = _outfits(rng, cfg, cat, cus, max_set_size, min_set_size)
-    tables = _tables(cfg, cat, cus, out)
+    switch = options.compatibility(cfg, cat)  # each option from a generator of its own: the story's draws stay
+    out = _outfits(rng, cfg, cat, cus, max_set_size, min_set_size, switch)
+    paper = options.paper_columns(cfg, _vocabulary(cfg))
+    vectors = options.article_vectors(cfg, cat["log_weight"], cat["popularity"])
+    tables = _tables(cfg, cat, cus, out, options.extra_columns(cfg, switch, paper, vectors))
 
     truth = PlantedTruth(
         article_ids=tables["articles"].column("article_id").to_numpy(zero_copy_only=False),
-        article_type=cat["type"], log_weight=cat["log_weight"],
+        article_type=cat["type"],
         customer_ids=tables["customers"].column("customer_id").to_numpy(zero_copy_only=False),
-        taste_prob=cus["taste_prob"], n_types=cfg.n_types,
-        **({} if cus["hidden"] is None else {"taste_logit": cus["taste_logit"],
-                                              "customer_taste_table": cus["customer_taste_table"]}),
+        n_types=cfg.n_types, ignored_context=tuple(column.name for column in paper),
+        **options.latent_arrays(cat, cus, switch),
     )  # fmt: skip
-    prior = truth.population_prior()
+    prior = cus["taste_prob"].mean(axis=0)  # P(z), the lifestyle summed out
     signal = {
         # I(z; x) = H(z) - H(z | x): how much the context says about the taste, in nats
         "taste_entropy_population": round(float(_entropy(prior)), 4),
@@ -401,7 +435,7 @@ def generate_planted(
         # (without a later setting at its "off" value: the truth file of today's data stays byte for byte)
         "params": cfg.model_dump(exclude=(set() if cfg.hidden_taste_strength else {"hidden_taste_strength"}) | (
             set() if cfg.customer_taste_strength else {"customer_taste_strength", "n_customer_tastes"}) | {
-            "closet_size", "rewear_probability"}),
+            "closet_size", "rewear_probability"} | options.unused_settings(cfg)),
         "n_styles": N_STYLES, "n_colors": N_COLORS, "color_weight": COLOR_WEIGHT,
         "context_columns": [{"name": n, "n_values": k, "informative": i} for n, k, i in CONTEXT_COLUMNS],
         "context_tables": {name: table.round(6).tolist() for name, table in cus["tables"].items()},
@@ -413,6 +447,7 @@ def generate_planted(
         "population_prior": prior.round(6).tolist(),
         "signal": signal,
         **({} if cus["hidden"] is None else {"customer_taste": cus["hidden"].tolist()}),
+        **options.about(cfg, switch, paper),
     }  # fmt: skip
     report = {
         "source": SOURCE,
@@ -423,6 +458,6 @@ def generate_planted(
         "articles_never_drawn": int(cfg.n_articles - len(np.unique(out["article"]))),
         "planted_signal": signal,
     }
-    write_raw(Path(out_dir), tables, planted_schema(), truth, about, report)
+    write_raw(Path(out_dir), tables, planted_schema(cfg), truth, about, report)
     # the time is returned, not written: data/raw stays byte-identical for the same settings (DVC's hash)
     return {**report, "seconds": round(time.perf_counter() - started, 2)}

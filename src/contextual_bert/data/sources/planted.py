@@ -39,8 +39,8 @@ def ingest(cfg, source=None) -> dict:
 
 
 def schema(cfg) -> DataSchema:
-    """The context columns of the story planted.closet_size names."""
-    return closets.closet_schema() if cfg.planted.closet_size else tastes.planted_schema()
+    """The context columns of the story planted.closet_size names (and of the planted tastes' options)."""
+    return closets.closet_schema() if cfg.planted.closet_size else tastes.planted_schema(cfg.planted)
 
 
 def inputs(cfg) -> list:
