@@ -36,9 +36,10 @@ RESULTS = {"optimum_context": True, "optimum_no_context": False}  # eval name ->
 HISTORY_RESULT = "optimum_history"  # the optimum with context and history (data/planted/optimum.py)
 
 
-def _customer_context(raw_dir: Path, features_dir: Path, customer_ids: np.ndarray):
+def _customer_context(raw_dir: Path, features_dir: Path, customer_ids: np.ndarray, ignored=()):
     """(digits (C, D) int64, [(feature name, width)], radix (D,)): the encoded context of the truth's customers (in
-    `customer_ids`' order) as the model sees it: every customer column of the features stage but the history."""
+    `customer_ids`' order) as the model sees it: every customer column of the features stage but the history and
+    those `ignored` (the truth's ignored_context: planted columns of pure noise, independent of every latent)."""
     from contextual_bert.data.feature_store import load_context_indexer
 
     encoder = load_context_indexer(features_dir)
@@ -51,7 +52,7 @@ def _customer_context(raw_dir: Path, features_dir: Path, customer_ids: np.ndarra
             path=customers_path,
         )
     # the customer's columns (features.history, when on, is the optimum with history's: evaluate_history_optimum)
-    context = [f for f in encoder.spec.features if f.source != "history"]
+    context = [f for f in encoder.spec.features if f.source != "history" and f.name not in ignored]
     if any(f.source != "customer" for f in context):
         raise ContextualBertError(
             f"{features_dir}: planted data has customer context only, but the features "
@@ -77,7 +78,8 @@ def optimum_from_features(raw_dir: Path, features_dir: Path, with_context: bool)
     build = build_closet_optimum if isinstance(truth, ClosetTruth) else build_optimum
     if not with_context:
         return build(truth, vocab.ids, with_context=False)
-    return build(truth, vocab.ids, True, *_customer_context(raw_dir, features_dir, truth.customer_ids))
+    ignored = getattr(truth, "ignored_context", ())
+    return build(truth, vocab.ids, True, *_customer_context(raw_dir, features_dir, truth.customer_ids, ignored))
 
 
 def evaluate_optimum(raw_dir: Path, features_dir: Path, out_paths: dict[str, Path], cfg: EvaluateConfig,

@@ -36,6 +36,14 @@ model reading the history). With L_h(z) = prod_{b in h} S[b, z] and u the custom
 and the case is scored as above with P(z | H, x) as its prior (summing u out of P(u, z | O, H, x) first
 gives the same posterior over z). With an empty history P(z | H, x) = P(z | x): the row "with context".
 
+The planted tastes' options (tastes_options.py). With the compatibility switch the latent is the pair (lifestyle,
+taste) and the truth's arrays are over it (P(v, z | x_c) = 1[v = v_c] P(z | x_c), S_v[a, z]), so every formula
+above holds with z read as the pair: with context the lifestyle column is one of the context's digits, and a
+context combination's prior puts its mass on its customers' lifestyles; without it the prior is the population's
+mean, which sums the lifestyle out. A prior entry may be exactly 0 (log -inf): that pair has no mass. The paper's
+noise columns (truth.ignored_context) are not among the context digits (evaluation/optimum.py leaves them out):
+independent of every latent, they would change no prior.
+
 Planted closets (closets.py; ClosetOptimum, the same three rows). The latent is the customer c, uniform over the
 C customers (with context: over those whose context encodes to the case's), each with its known closet; given c an
 outfit's items are independent given their types, item b with e_c(b) = (1 - rho_ct) q(b | t) + rho_ct kappa_c(b).
@@ -199,7 +207,8 @@ class HistoryOptimum(BayesOptimum):
 def _logsumexp(x: np.ndarray, axis: int) -> np.ndarray:
     top = np.max(x, axis=axis, keepdims=True)
     top = np.where(np.isfinite(top), top, 0.0)
-    return np.log(np.exp(x - top).sum(axis=axis)) + np.squeeze(top, axis=axis)
+    with np.errstate(divide="ignore"):  # a slice all -inf (a lifestyle not the customer's) sums to log 0
+        return np.log(np.exp(x - top).sum(axis=axis)) + np.squeeze(top, axis=axis)
 
 
 def history_log_prior(
@@ -244,13 +253,16 @@ def history_log_prior(
 
 
 def _population_log_prior(taste_prob: np.ndarray, keys: np.ndarray | None):
-    """(log prior per combination, sorted unique keys): the mean P(z | x_c) over each key's customers."""
+    """(log prior per combination, sorted unique keys): the mean P(z | x_c) over each key's customers (with the
+    compatibility switch an entry may be 0, its log -inf: a lifestyle none of the key's customers has)."""
     if keys is None:
-        return np.log(taste_prob.mean(axis=0, keepdims=True)), None
+        with np.errstate(divide="ignore"):
+            return np.log(taste_prob.mean(axis=0, keepdims=True)), None
     unique, inverse = np.unique(keys, return_inverse=True)
     sums = np.zeros((len(unique), taste_prob.shape[1]))
     np.add.at(sums, inverse, taste_prob)
-    return np.log(sums / np.bincount(inverse)[:, None]), unique
+    with np.errstate(divide="ignore"):
+        return np.log(sums / np.bincount(inverse)[:, None]), unique
 
 
 def context_keys(customer_digits, radix) -> np.ndarray:
