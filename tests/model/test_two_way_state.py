@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from helpers import wake_between_blocks
 from test_model import SMALL, SPEC, context, outfits_with_one_mask, paper_spec
 
 from contextual_bert.cli import main
@@ -24,15 +25,10 @@ N_ITEMS = N_SPECIAL + 30
 
 
 def trained_looking(variant: str, seed: int = 0) -> ContextualBert:
-    """The variant at SMALL with the between-block gains and biases drawn at random, as training moves them
-    from their zero start: at initialisation the reads and updates are the identity, and hide what they do."""
+    """The variant at SMALL, its reads and updates between blocks away from their zero start."""
     torch.manual_seed(seed)
     bert = ContextualBert(SMALL, variant, N_ITEMS, SPEC).eval()
-    with torch.no_grad():
-        for between in (bert.global_state_reads, bert.global_state_updates):
-            for module in between or []:
-                module.norm.weight.normal_()
-                module.norm.bias.normal_(std=0.1)
+    wake_between_blocks(bert)
     return bert
 
 
