@@ -19,7 +19,7 @@ Batches are formed as training forms them (`make_batches`; `--padded`: padded to
 before); `--repeats N` times each variant N times and reports every run's rate and their mean (run to run, a
 rate moves by up to 10% on the 2-core machine).
 
-`--compile none static dynamic` also times each row with the encoder's blocks (and [GSU]'s state updates) under
+`--compile none static dynamic` also times each row with the encoder's blocks (and the state's updates) under
 torch.compile, static or dynamic shapes, the modes in turn on the same batches; a compiled row first takes one
 untimed step per batch width (its `compile_seconds`) and goes under "variants[_sampled]_compile_<mode>".
 
@@ -200,9 +200,9 @@ def rates(prefix: str, seconds: list[float]) -> dict:
 
 
 def compile_blocks(model: ContextualBert, mode: str) -> None:
-    """torch.compile (inductor) the encoder's blocks and [GSU]'s state updates in place, shapes `mode`
-    ("static": one graph per batch width; "dynamic")."""
-    for module in [*model.blocks, *(model.global_state_updates or [])]:
+    """torch.compile (inductor) the encoder's blocks and [GSU]'s and [GS2]'s state updates (and [GS2]'s reads) in
+    place, shapes `mode` ("static": one graph per batch width; "dynamic")."""
+    for module in [*model.blocks, *(model.global_state_reads or []), *(model.global_state_updates or [])]:
         module.compile(dynamic=mode == "dynamic")
 
 

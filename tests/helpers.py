@@ -22,6 +22,18 @@ STRONG, WEAK = ("global_state", 0), ("none", 0)
 PLAIN_TRAIN = {"weight_decay": 0.01, "softmax": "full", "bag_warmup_epochs": 0, "bag_warmup_check_steps": None}
 
 
+def wake_between_blocks(model) -> None:
+    """[GSU]'s updates and [GS2]'s reads of the state between blocks, their norms' gains and biases drawn at random
+    as training moves them: at their zero start they are the identity and hide what they compute."""
+    import torch
+
+    with torch.no_grad():
+        for between in (getattr(model, "global_state_reads", None), getattr(model, "global_state_updates", None)):
+            for module in between or []:
+                module.norm.weight.normal_()
+                module.norm.bias.normal_(std=0.1)
+
+
 def with_registry_settings(cfg, model_name, variants, **promote_settings):
     """`cfg` with its own registered model name, the variants to register and promote settings."""
     return cfg.model_copy(

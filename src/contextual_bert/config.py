@@ -35,6 +35,8 @@ from contextual_bert.names import (  # noqa: F401 - the model names, read throug
     METRICS_FILE,
     MODELS,
     NOT_APPLICABLE,
+    OWN_VARIANTS,
+    PAPER_VARIANTS,
     VARIANTS,
     base_model,
     uses_attributes,
@@ -158,8 +160,12 @@ class ModelConfig(Section):
 
 class TrainConfig(Section):
     RENAMED: ClassVar[dict[str, str]] = {"warmup_steps": "lr_warmup_steps"}  # an old name -> its new one: refused
-    # each at least once, never twice (a stage per variant and seed); the "_attrs" models only when listed
-    variants: Annotated[list[Variant], Field(min_length=1), AfterValidator(_distinct)] = [*VARIANTS, *BASELINE_MODELS]
+    # each at least once, never twice (a stage per variant and seed); OWN_VARIANTS and the "_attrs" models only
+    # when listed
+    variants: Annotated[list[Variant], Field(min_length=1), AfterValidator(_distinct)] = [
+        *PAPER_VARIANTS,
+        *BASELINE_MODELS,
+    ]
     seeds: Annotated[list[int], Field(min_length=1), AfterValidator(_distinct)] = [0, 1, 2]
     batch_size: int = Field(64, ge=1)
     max_epochs: int = Field(32, ge=1)
@@ -322,7 +328,7 @@ class Config(Section):
     features: FeaturesConfig = FeaturesConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
-    variants: dict[Variant, VariantOverrides] = {v: VariantOverrides() for v in VARIANTS + BASELINE_MODELS}
+    variants: dict[Variant, VariantOverrides] = {v: VariantOverrides() for v in PAPER_VARIANTS + BASELINE_MODELS}
     sweep: SweepConfig = SweepConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     mlflow: MlflowConfig = MlflowConfig()

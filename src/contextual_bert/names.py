@@ -1,9 +1,13 @@
-"""The names every layer shares: the models (the paper's five variants, the learned baselines, their `_attrs`
-twins) and the files of a run's directory. `config.py` validates settings against them."""
+"""The names every layer shares: the models (the paper's five variants and ours beside them, the learned
+baselines, their `_attrs` twins) and the files of a run's directory. `config.py` validates settings against them."""
 
 from __future__ import annotations
 
-VARIANTS = ("none", "concat", "new_position", "global_state", "global_state_update")  # the paper's five
+PAPER_VARIANTS = ("none", "concat", "new_position", "global_state", "global_state_update")  # the paper's five
+# Conditioning variants of our own beside the paper's (model/encoder.py), trained only where train.variants lists
+# them (docs/decisions.md): [GS2], the global state that also reads the outfit (issue 70)
+OWN_VARIANTS = ("global_state_two_way",)
+VARIANTS = PAPER_VARIANTS + OWN_VARIANTS  # every conditioning variant of the encoder
 BASELINE_MODELS = ("bag_of_items", "bag_of_items_context")  # learned baselines, trained by the same code
 CONTEXT_FREE = ("none", "bag_of_items")  # the models that read no customer context (and their "_attrs" twins)
 NOT_APPLICABLE = "not_applicable"  # a run's metrics.json key: this data cannot train the model, and why

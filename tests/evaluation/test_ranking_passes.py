@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import wake_between_blocks
 
 from contextual_bert.config import FitbConfig, ModelConfig
 from contextual_bert.data.feature_spec import (
@@ -64,10 +65,12 @@ def catalogue(spec: ContextSpec, seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def attribute_model(variant: str, attributes: ContextSpec, history: bool = False, seed: int = 0, combine: str = "sum"):
-    """A small "_attrs" model with the overlap on, its offsets (and the history repeat's weights) nonzero."""
+    """A small "_attrs" model with the overlap on, its offsets (and the history repeat's weights, the state's reads
+    and updates between blocks) nonzero."""
     torch.manual_seed(seed)
     model = build_model(SMALL, variant + "_attrs", N_IDS, HISTORY if history else CONTEXT, attributes, combine)
     model.set_catalogue(catalogue(attributes, seed))
+    wake_between_blocks(model)
     with torch.no_grad():
         for offset in model.reader(AttributeOverlap).offsets:
             offset.normal_(std=0.1)
@@ -189,6 +192,7 @@ def test_the_catalogue_offsets_are_the_plain_ones(attributes, history):
         ("global_state", False, "sum"),
         ("global_state", True, "sum"),
         ("global_state", True, "concat"),
+        ("global_state_two_way", True, "sum"),
         ("bag_of_items_context", True, "sum"),
     ],
 )

@@ -45,12 +45,21 @@ BASELINES = {
         "recall@5": [0.33, 0.34, 0.32],
     },
 }
+# Our own variant, not in the paper ([GS2]): best by recall@1 when it is trained.
+OWN = {
+    "global_state_two_way": {
+        "cross_entropy": [4.69, 4.71, 4.70],
+        "recall@1": [0.139, 0.141, 0.140],
+        "recall@5": [0.33, 0.34, 0.35],
+    }
+}
 PARAMETERS = {
     "none": 546_432,
     "concat": 673_664,
     "new_position": 640_768,
     "global_state": 723_328,
     "global_state_update": 921_856,
+    "global_state_two_way": 1_120_768,
     "bag_of_items": 0,
     "bag_of_items_context": 94_336,
 }
@@ -103,7 +112,9 @@ def write_fake_runs(root, seeds=(0, 1, 2), variants=tuple(FAKE), with_outfits=Fa
     (root / "reports" / "eval").mkdir(parents=True)
     for variant in variants:
         for i, seed in enumerate(seeds):
-            numbers = {m: {**FAKE, **BASELINES}[variant][m][i] for m in ("cross_entropy", "recall@1", "recall@5")}
+            numbers = {
+                m: {**FAKE, **OWN, **BASELINES}[variant][m][i] for m in ("cross_entropy", "recall@1", "recall@5")
+            }
             test = _metrics(numbers["cross_entropy"], numbers["recall@1"], numbers["recall@5"])
             result = {
                 "name": f"{variant}-s{seed}",
@@ -244,6 +255,23 @@ def test_report_numbers_verdicts_and_files(tmp_path):
     gs_at_1 = [row["recall"] for row in curve if row["variant"] == "global_state" and row["k"] == 1]
     assert gs_at_1 == [pytest.approx(0.131)]
     assert {row["variant"] for row in curve} == set(FAKE) | {"popularity"}
+
+
+def test_a_variant_of_ours_is_a_row_without_the_papers_numbers_and_ranked_beside_its_order(tmp_path):
+    cfg = write_fake_runs(tmp_path, variants=("none", "new_position", "global_state_update", "global_state_two_way"))
+    result = build_report(cfg)
+    table = (tmp_path / "reports" / "table1.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| [GS2] |"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[1:5] == ["4.70 ± 0.01", "–", "14.00 ± 0.06", "–"]  # the paper's cells empty
+    assert "1,120,768 | – |" in row and "+64.7 % | – |" in row  # its count, and its gain over [None]
+    # the paper's variants in the paper's order: the same order, [GS2] ranked among them
+    assert result["order_by_recall@1"] == ["global_state_two_way", "global_state_update", "new_position"]
+    assert result["order_matches_paper"] is True
+    assert "Ours: [GS2] > [GSU] > [NP]. Paper: [GSU] > [NP] ([GS2]: not in the paper). **Same order.**" in table
+    assert json.loads((tmp_path / "reports" / "metrics.json").read_text())["global_state_two_way"]["parameters"] == (
+        1_120_768
+    )
 
 
 def test_context_wins_by_more_than_se_when_it_does(tmp_path):

@@ -11,9 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from helpers import STRONG, free_port, stop_process_group, wait_for_http
+from helpers import STRONG, free_port, stop_process_group, wait_for_http, wake_between_blocks
 from mlflow.exceptions import MlflowException
 
+from contextual_bert.config import BASELINE_MODELS, VARIANTS
 from contextual_bert.data.feature_spec import N_SPECIAL
 from contextual_bert.data.feature_store import load_spec
 from contextual_bert.errors import ContextualBertError
@@ -75,10 +76,7 @@ def test_a_rows_scores_do_not_depend_on_the_other_rows_of_its_request(core, requ
         torch.testing.assert_close(together[row], expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize(
-    "variant",
-    ["none", "concat", "new_position", "global_state", "global_state_update", "bag_of_items", "bag_of_items_context"],
-)
+@pytest.mark.parametrize("variant", [*VARIANTS, *BASELINE_MODELS])
 def test_the_traced_forward_pass_equals_the_models_at_any_batch_and_width(tiny_project, requests, variant):
     """Serving runs masked_logits as a trace taken on one small example: every model, at other batch
     sizes and outfit widths, gives exactly the model's own logits."""
@@ -92,6 +90,7 @@ def test_the_traced_forward_pass_equals_the_models_at_any_batch_and_width(tiny_p
     torch.manual_seed(0)
     n_items = len(load_article_vocab(tiny_project.features_dir))
     model = build_model(cfg.model_for(variant), variant, n_items, load_spec(tiny_project.features_dir)).eval()
+    wake_between_blocks(model)  # [GS2]'s reads of the outfit (and [GSU]'s updates) traced at work, not as identities
     encoder = OutfitEncoder.load(tiny_project.features_dir, cfg.model.max_set_size)
     core = OutfitCompleterCore(model, encoder, torch.device("cpu"))
     assert core.masked_logits != model.masked_logits  # the trace, not the module

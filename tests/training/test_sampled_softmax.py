@@ -57,7 +57,10 @@ def loss_and_grads(model, inputs, context, predict, items, sampler):
     return loss.detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("variant", ["global_state_update", "bag_of_items_context", "none_attrs", "bag_of_items_attrs"])
+@pytest.mark.parametrize(
+    "variant",
+    ["global_state_update", "bag_of_items_context", "none_attrs", "global_state_two_way_attrs", "bag_of_items_attrs"],
+)
 def test_the_sampled_loss_with_every_article_as_a_negative_equals_the_full_loss(variant):
     torch.manual_seed(0)
     model = attribute_model(variant) if variant.endswith("_attrs") else build_model(DROPOUT, variant, N_ITEMS, SPEC)

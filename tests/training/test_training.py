@@ -215,10 +215,11 @@ SHORT = TrainConfig(
 DROPOUT = TINY.model_copy(update={"dropout": 0.2})  # dropout draws from the global generator: resume restores it
 
 
-def test_a_resumed_run_ends_where_an_uninterrupted_run_ends(tmp_path):
+@pytest.mark.parametrize("variant", ["global_state_update", "global_state_two_way"])
+def test_a_resumed_run_ends_where_an_uninterrupted_run_ends(tmp_path, variant):
     train, val = planted(300, 0), planted(60, 1)
     cfg = SHORT.model_copy(update={"bag_warmup_epochs": 2})  # killed inside the warm-up from the bag
-    whole = new_model("global_state_update", cfg=DROPOUT)
+    whole = new_model(variant, cfg=DROPOUT)
     whole_metrics = fit(whole, train, val, cfg, tmp_path / "whole", seed=7)
 
     # Killed after epoch 1; the resumed process starts from a differently initialised model.
@@ -226,10 +227,10 @@ def test_a_resumed_run_ends_where_an_uninterrupted_run_ends(tmp_path):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        fit(new_model("global_state_update", cfg=DROPOUT), train, val, cfg, tmp_path / "resumed", seed=7,
+        fit(new_model(variant, cfg=DROPOUT), train, val, cfg, tmp_path / "resumed", seed=7,
             on_epoch_end=kill)  # fmt: skip
     logged = []
-    resumed = new_model("global_state_update", seed=2, cfg=DROPOUT)
+    resumed = new_model(variant, seed=2, cfg=DROPOUT)
     resumed_metrics = fit(resumed, train, val, cfg, tmp_path / "resumed", seed=7,
                           on_epoch_end=lambda epoch, row: logged.append(epoch))  # fmt: skip
 

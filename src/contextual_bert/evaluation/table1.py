@@ -38,6 +38,7 @@ LABELS = {
     "new_position": "[NP]",
     "global_state": "[GS]",
     "global_state_update": "[GSU]",
+    "global_state_two_way": "[GS2]",
     "popularity_attribute": "Popularity by attribute",
     "popularity_history": "Popularity + own history",
     "popularity_attribute_history": "Popularity by attribute + own history",
@@ -416,11 +417,13 @@ def _order_lines(order: dict) -> list[str]:
         return []
     ours = " > ".join(LABELS.get(v, v) for v in order["ours"])
     paper = " > ".join(LABELS.get(v, v) for v in order["paper"])
+    own = ", ".join(LABELS.get(v, v) for v in order["ours"] if v not in order["paper"])
     lines = [
         "",
         "## Order of the context variants by recall@1",
         "",
-        f"- Ours: {ours}. Paper: {paper}. **{'Same order' if order['matches_paper'] else 'Different order'}.**",
+        f"- Ours: {ours}. Paper: {paper}{f' ({own}: not in the paper)' if own else ''}. "
+        f"**{'Same order' if order['matches_paper'] else 'Different order'}.**",
     ]
     if order["within_se"]:
         pairs = ", ".join(f"{LABELS.get(a, a)} vs {LABELS.get(b, b)}" for a, b in order["within_se"])

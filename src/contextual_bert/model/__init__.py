@@ -1,4 +1,4 @@
-"""The models: the paper's encoder and its five variants (encoder.py), the learned bag of items
+"""The models: the paper's encoder and its variants (encoder.py), the learned bag of items
 (bag_of_items.py), article vectors from attributes (articles.py), the customer context (context.py), the
 readers at the two seams (readers.py), the output side they share (scores.py), and checkpoints."""
 
@@ -19,14 +19,17 @@ from contextual_bert.model.encoder import (
     GLOBAL_STATE_VARIANTS,
     PAPER_PARAMETERS,
     PAPER_SIZES,
+    STATE_UPDATE_VARIANTS,
     Block,
     ConcatInput,
     ContextualBert,
     FeedForward,
     GlobalState,
     GlobalStateAttention,
+    GlobalStateRead,
     GlobalStateUpdate,
     MultiHeadSelfAttention,
+    StateAttention,
 )
 from contextual_bert.model.readers import (
     AttributeOverlap,

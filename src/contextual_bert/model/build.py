@@ -10,6 +10,8 @@ from contextual_bert.model.bag_of_items import BagOfItems
 from contextual_bert.model.encoder import PAPER_PARAMETERS, PAPER_SIZES, ContextualBert
 from contextual_bert.model.readers import AttributeOverlap
 
+NOT_IN_THE_PAPER = "not in the paper"  # describe_variants' paper count of a variant of ours
+
 
 def build_model(
     model_cfg: ModelConfig,
@@ -41,7 +43,7 @@ def count_paper_parameters(model: nn.Module) -> int:
 
 def describe_variants(model_cfg: ModelConfig, paper: bool = False, d_context: int | None = None) -> dict:
     """Counted parameters of every variant, at the paper's sizes or at `model_cfg`'s (d_context: the
-    width of c, by default the paper's 736)."""
+    width of c, by default the paper's 736), beside the paper's count ("not in the paper" for ours)."""
     if paper:
         sizes = dict(PAPER_SIZES)
         model_cfg = model_cfg.model_copy(update={k: v for k, v in sizes.items() if k != "d_context"})
@@ -58,8 +60,8 @@ def describe_variants(model_cfg: ModelConfig, paper: bool = False, d_context: in
     variants = {}
     for variant in VARIANTS:
         counted = count_paper_parameters(ContextualBert(model_cfg, variant, N_SPECIAL + 1, spec))
-        row = {"parameters": counted, "paper_parameters": PAPER_PARAMETERS[variant]}
-        if paper:
+        row = {"parameters": counted, "paper_parameters": PAPER_PARAMETERS.get(variant, NOT_IN_THE_PAPER)}
+        if paper and variant in PAPER_PARAMETERS:  # ours (OWN_VARIANTS) have nothing to match
             row["matches_paper"] = counted == PAPER_PARAMETERS[variant]
         variants[variant] = row
     return {"sizes": sizes, "paper": paper, "variants": variants}

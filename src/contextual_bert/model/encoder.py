@@ -1,5 +1,5 @@
 """Contextual BERT (Denk & Peleteiro Ramallo, 2020): a BERT encoder over a *set* of articles, conditioned on
-a customer context vector c in one of five ways.
+a customer context vector c in one of the paper's five ways, or in a sixth of ours.
 
 An outfit is a set, so there is no positional encoding; padding is hidden from attention by a key mask.
 Inside the blocks the hidden states are laid out position-first, (L, B, d): a head's (L, d_head) slices are
@@ -12,6 +12,8 @@ V^V the per-block value projection of the global state, A^ the normalised self-a
     new_position         [NP]  a projection of c is prepended as an extra position every item may attend to
     global_state         [GS]  c~ = FNN(c); every block adds B = V^V c~ to A^ between attention and FFN
     global_state_update  [GSU] [GS], and c~ is updated by its own FFN between blocks
+    global_state_two_way [GS2] [GSU], and before its FFN the update also attends over the previous block's
+                               outputs: the outfit writes to the state as well as reading it (not in the paper)
 
 The output layer is tied to the article embeddings (as in BERT), with a per-article bias, and is evaluated
 only at the positions to predict (scores.ArticleScores). What the paper does not have plugs in from outside
@@ -47,7 +49,8 @@ PAPER_PARAMETERS = {
 }
 
 
-GLOBAL_STATE_VARIANTS = ("global_state", "global_state_update")
+GLOBAL_STATE_VARIANTS = ("global_state", "global_state_update", "global_state_two_way")  # every block reads c~
+STATE_UPDATE_VARIANTS = ("global_state_update", "global_state_two_way")  # c~ is updated between blocks
 
 
 class MultiHeadSelfAttention(nn.Module):
@@ -155,7 +158,8 @@ class GlobalState(nn.Module):
 
 
 class GlobalStateUpdate(nn.Module):
-    """[GSU] c~(l+1) = c~(l) + Dropout(g * Norm(FFN(c~(l))) + b), between two blocks; weights not shared.
+    """[GSU] c~(l+1) = c~(l) + Dropout(g * Norm(FFN(c~(l))) + b), between two blocks ([GS2]: after its read of
+    the outfit, GlobalStateRead); weights not shared.
 
     The paper writes c~(l+1) := FNN(c~(l)) and counts 256 parameters per update besides the FFN: a
     LayerNorm's gain g and bias b. Where the norm sits decides the state's scale. LayerNorm(c~ + FFN(c~))
@@ -177,6 +181,53 @@ class GlobalStateUpdate(nn.Module):
         return self.dropout(self.norm(self.feed_forward(global_state)), global_state)
 
 
+class StateAttention(nn.Module):
+    """[GS2] MultiHead(c~, H, H): the global state, the single query, attends over the positions of H (W^Q, W^K,
+    W^V, W^O of its own); padded keys get no attention. Returns (B, d): one vector per outfit."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__()  # d_model divisible by n_heads: checked by the blocks' MultiHeadSelfAttention
+        self.n_heads, self.d_head = n_heads, d_model // n_heads
+        self.query = nn.Linear(d_model, d_model)
+        self.key = nn.Linear(d_model, d_model)
+        self.value = nn.Linear(d_model, d_model)
+        self.output = nn.Linear(d_model, d_model)
+        self.dropout = Dropout(dropout)
+
+    def forward(self, global_state: torch.Tensor, h: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
+        """global_state: (B, d); h: (L, B, d), position-first as in the blocks; key_bias: (B, 1, 1, L)."""
+        length, batch, d_model = h.shape
+
+        def heads(x):  # (L, B, d) -> (B * heads, L, d_head), a view
+            return x.view(length, batch * self.n_heads, self.d_head).transpose(0, 1)
+
+        q = self.query(global_state).view(batch * self.n_heads, 1, self.d_head)
+        k, v = heads(self.key(h)), heads(self.value(h))
+        scores = torch.bmm(q, k.transpose(1, 2)).mul_(self.d_head**-0.5)  # (B * heads, 1, L)
+        scores.view(batch, self.n_heads, 1, length).add_(key_bias)
+        probs = torch.softmax(scores, dim=-1)
+        return self.output(torch.bmm(self.dropout(probs), v).view(batch, d_model))
+
+
+class GlobalStateRead(nn.Module):
+    """[GS2] c~ + Dropout(g * Norm(MultiHead(c~, H, H)) + b): the state reads the previous block's outputs.
+
+    The norm shapes the read only, with g = b = 0 at initialisation, as in GlobalStateUpdate: every read
+    starts as the identity, so [GS2] starts out exactly as [GS] (and [GSU]), and a comparison with them
+    measures what the outfit's writing to the state adds, not another start or another scale of the state.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attention = StateAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
+        self.norm = nn.LayerNorm(cfg.d_model)  # g, b: the read's scale, learned from zero
+        self.dropout = Dropout(cfg.dropout)
+        nn.init.zeros_(self.norm.weight)
+
+    def forward(self, global_state: torch.Tensor, h: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.norm(self.attention(global_state, h, key_bias)), global_state)
+
+
 class ConcatInput(nn.Module):
     """[C] x_i = W [e_i; W_c c]: c projected to d_model, concatenated to every item embedding."""
 
@@ -191,7 +242,7 @@ class ConcatInput(nn.Module):
 
 
 class ContextualBert(ArticleScores, nn.Module):
-    """The encoder over a set of article indices (PAD_INDEX-padded), one of the five variants."""
+    """The encoder over a set of article indices (PAD_INDEX-padded), one of the variants (VARIANTS)."""
 
     def __init__(
         self,
@@ -224,9 +275,15 @@ class ContextualBert(ArticleScores, nn.Module):
         self.global_state = GlobalState(d_context, d) if global_state else None
         self.embedding_dropout = Dropout(model_cfg.dropout)
         self.blocks = nn.ModuleList(Block(model_cfg, global_state) for _ in range(model_cfg.n_blocks))
+        # between two blocks: [GS2]'s read of the outfit, then the update of [GSU] and [GS2]; weights not shared
+        self.global_state_reads = (
+            nn.ModuleList(GlobalStateRead(model_cfg) for _ in range(model_cfg.n_blocks - 1))
+            if conditioning == "global_state_two_way"
+            else None
+        )
         self.global_state_updates = (
             nn.ModuleList(GlobalStateUpdate(model_cfg) for _ in range(model_cfg.n_blocks - 1))
-            if conditioning == "global_state_update"
+            if conditioning in STATE_UPDATE_VARIANTS
             else None
         )
         self.head_transform = nn.Linear(d, d)
@@ -244,11 +301,17 @@ class ContextualBert(ArticleScores, nn.Module):
     # --- the encoder ---------------------------------------------------------------------------------
 
     def forward(
-        self, items: torch.Tensor, context: dict[str, torch.Tensor] | None = None, select: torch.Tensor | None = None
+        self,
+        items: torch.Tensor,
+        context: dict[str, torch.Tensor] | None = None,
+        select: torch.Tensor | None = None,
+        *,
+        states: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Hidden states (B, L, d_model) at the L item positions of `items` (B, L); or, given `select`
         (bool, (B, L)), (M, d_model) at those positions only, in row-major order. Only they are needed for
-        a prediction, and the last block then computes just them after its attention."""
+        a prediction, and the last block then computes just them after its attention. `states`, a list, gets
+        the global state each block reads (global_states)."""
         c = self.context(context)
         x = self.article_vectors(self.item_embeddings, items) * self.input_scale
         if self.model_cfg.bag_path == "input":  # the bag of items inside the encoder, no parameter
@@ -268,12 +331,22 @@ class ContextualBert(ArticleScores, nn.Module):
         h = self.embedding_dropout(x)
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
+            if i > 0 and self.global_state_reads is not None:  # h: the previous block's, at every position
+                global_state = self.global_state_reads[i - 1](global_state, h, key_bias)
             if i > 0 and self.global_state_updates is not None:
                 global_state = self.global_state_updates[i - 1](global_state)
+            if states is not None and global_state is not None:
+                states.append(global_state)
             h = block(h, key_bias, global_state, select if i == last else None)
         if select is not None:
             return h
         return (h[1:] if self.context_position is not None else h).transpose(0, 1)
+
+    def global_states(self, items: torch.Tensor, context: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """The global state c~ (B, d_model) that each block reads, in block order; [] for a variant without one."""
+        states: list[torch.Tensor] = []
+        self(items, context, states=states)
+        return states
 
     def context(self, context: dict[str, torch.Tensor] | None) -> torch.Tensor | None:
         """c, or None for [None]; a history is read through the article vectors at the input's scale."""
