@@ -1,0 +1,309 @@
+"""The conditioning map (issue 70): on which data does a global state beat concatenation, and does a state the
+outfit writes to ([GS2]) beat [GSU]?
+
+The grid is declared in `settings.yaml` (committed before any result): planted data whose context acts as a prior
+over the latent taste only, or also switches which styles go together; a few clean context columns, or the
+paper's many mixed columns (mostly noise); two data sizes. Every cell trains every variant of `variants` with
+every seed, each variant at the learning rate its sweep chose on validation (`sweep`: one middle cell, seed 0;
+a choice at the grid's edge extends the grid by the declared next rate, once). Every cell's optimum with and
+without context and its popularity are its yardsticks.
+
+Each cell is a project of its own under --work (studies/project.py): its data stages run through the CLI
+(ingest, validate, features, baseline, optimum), its trainings in --jobs worker processes that call the library
+(`training.train`, `evaluation.evaluate_run`; no MLflow), and its report stage through the CLI again. Results go
+to this folder's results.json: `<cell>/optimum`, `<cell>/runs/<model>-s<seed>`, `<cell>/summary`,
+`<cell>/table1`, `sweep/<model>/<rate>`, `sweep/choice`; `settings` holds the commit and the settings file.
+
+    python studies/conditioning/conditioning.py --work /tmp/conditioning [--jobs 2] [--only sweep|map] [--cells a,b]
+
+Per run it also measures where the context enters (`context_influence`): with every test outfit's first item
+masked, the relative change of each block's output when the outfit reads another customer's context (a donor of
+the same length), and the mean absolute change of the target's log-probability.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scripts, not an installed package
+from studies.project import Project, override, record, relocated  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+SETTINGS = HERE / "settings.yaml"
+OUT = HERE / "results.json"  # the results file (--out: a trial's own)
+DATA_STAGES = ("ingest", "validate", "features", "baseline", "optimum")
+YARDSTICKS = ("optimum_context", "optimum_no_context", "popularity")
+
+
+# --- the grid -------------------------------------------------------------------------------------------------
+
+
+def cells(settings: dict) -> dict[str, list[str]]:
+    """cell name ("<context>-<columns>-<size>") -> its --set overrides (the base's first, then each axis')."""
+    axes = settings["axes"]
+    out = {}
+    for values in itertools.product(*(axes[axis].items() for axis in axes)):
+        name = "-".join(value for value, _ in values)
+        out[name] = list(settings["base"]) + [s for _, sets in values for s in sets]
+    return out
+
+
+def cell_params(overrides: list[str], root: Path, settings: dict) -> dict:
+    """params.yaml with the overrides, under `root`; the study's models and seeds (the report reads them), and
+    every model on the cell's horizon (params.yaml gives [C] and [NP] a longer one)."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    for assignment in overrides:
+        override(params, assignment)
+    params["train"] |= {"num_threads": 1, "variants": list(settings["variants"]), "seeds": list(settings["seeds"])}
+    for model in settings["variants"]:
+        params["variants"][model]["max_epochs"] = params["train"]["max_epochs"]
+    return relocated(params, root)
+
+
+# --- one training, in a worker process ------------------------------------------------------------------------
+
+
+def _pin() -> None:
+    from contextual_bert import cpu_kernels
+    from contextual_bert.config import TrainConfig
+
+    cpu_kernels.pin(TrainConfig().cpu_kernels)  # before torch is imported: the libraries read it once
+
+
+def context_influence(run_dir: Path, features_dir: Path, max_set_size: int, n_outfits: int = 500) -> dict:
+    """Where the context enters: per block, ||h(c') - h(c)|| / ||h(c)|| over the real positions when each test
+    outfit (its first item masked) reads a donor's context c'; and the mean |change| of the target's log-prob."""
+    import torch
+
+    from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX
+    from contextual_bert.data.feature_store import load_split
+    from contextual_bert.evaluation.ranking import donor_outfits
+    from contextual_bert.model.checkpoint import load_checkpoint
+
+    model, _ = load_checkpoint(run_dir / "checkpoint.pt")
+    if not hasattr(model, "blocks"):
+        return {}
+    data = load_split(features_dir, "test", max_set_size)
+    data = data.subset(torch.arange(min(n_outfits, len(data))))
+    items = data.items
+    target = items[:, :1].clone()
+    masked = items.clone()
+    masked[:, 0] = MASK_INDEX
+    donor = donor_outfits(items)
+    donor_context = {name: values[donor] for name, values in data.context.items()}
+    real = (items != PAD_INDEX).float()
+
+    def hidden_and_log_prob(context):
+        outputs: list[torch.Tensor] = []
+        hooks = [b.register_forward_hook(lambda _m, _i, out: outputs.append(out)) for b in model.blocks]
+        try:
+            with torch.no_grad():
+                logits = model.masked_logits(masked, context).float()[:, N_SPECIAL:]
+        finally:
+            for hook in hooks:
+                hook.remove()
+        log_prob = logits.gather(1, target - N_SPECIAL) - torch.logsumexp(logits, dim=1, keepdim=True)
+        return outputs, log_prob.squeeze(1)
+
+    def per_outfit(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(vectors, weights) of a block's output: every real position of (L, B, d), [NP]'s extra position
+        dropped; or the masked position of each outfit, (B, d), where the last block computed only those."""
+        if h.dim() == 2:
+            return h, torch.ones(len(h), 1)
+        h = (h[1:] if h.shape[0] > items.shape[1] else h).transpose(0, 1)
+        return h, real[..., None]
+
+    states, log_prob = hidden_and_log_prob(data.context)
+    states_donor, log_prob_donor = hidden_and_log_prob(donor_context)
+    per_block = []
+    for h, h_donor in zip(states, states_donor):
+        (h, weight), (h_donor, _) = per_outfit(h), per_outfit(h_donor)
+        per_block.append(float(((h - h_donor) * weight).norm() / (h * weight).norm()))
+    return {
+        "block_change": per_block,
+        "log_prob_change": float((log_prob - log_prob_donor).abs().mean()),
+        "outfits": int(len(items)),
+    }
+
+
+def train_one(task: tuple[str, str, int, bool]) -> dict:
+    """Train one (model, seed) of the cell whose params file is `task[0]`, and evaluate it on test unless
+    `task[3]` is false (the sweep chooses on validation); its summary."""
+    params_path, model, seed, evaluate = Path(task[0]), task[1], task[2], task[3]
+    from contextual_bert.config import load_config
+    from contextual_bert.evaluation.evaluate import evaluate_run
+    from contextual_bert.training import train
+
+    cfg = load_config(params_path)
+    run_dir = cfg.run_dir(model, seed)
+    started = time.perf_counter()
+    metrics = train(
+        cfg.paths.features_dir, run_dir, model, seed, cfg.model_for(model), cfg.train_for(model), on_epoch_end=None
+    )
+    metrics_path = cfg.train_metrics_path(model, seed)
+    metrics_path.parent.mkdir(parents=True, exist_ok=True)
+    metrics_path.write_text(json.dumps(metrics, indent=2))
+    summary = {
+        "model": model,
+        "seed": seed,
+        "learning_rate": cfg.train_for(model).learning_rate,
+        "best_val_cross_entropy": metrics["best_val_cross_entropy"],
+        "epochs": metrics["epochs"],
+        "best_epoch": metrics["best_epoch"],
+        "converged": metrics["converged"],
+        "parameters": metrics["parameters"],
+    }
+    if not evaluate:
+        return summary | {"seconds": round(time.perf_counter() - started, 1)}
+    report = evaluate_run(cfg.paths.features_dir, run_dir, cfg.eval_path(f"{model}-s{seed}"), cfg.evaluate)
+    test, val = report["test"], report["val"]
+    return summary | {
+        "test_cross_entropy": test["cross_entropy"],
+        "test_recall@1": test["recall@1"],
+        "test_recall@5": test["recall@5"],
+        "val_cross_entropy": val["cross_entropy"],
+        "outfit_dependence": test.get("outfit_dependence"),
+        "context_influence": context_influence(run_dir, cfg.paths.features_dir, cfg.model.max_set_size),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+# --- cells ----------------------------------------------------------------------------------------------------
+
+
+def prepare(root: Path, overrides: list[str], settings: dict) -> Project:
+    """The cell's project with its data stages run (skipped when its features and yardsticks exist)."""
+    project = Project(root, cell_params(overrides, root, settings))
+    done = project.path("reports_dir") / "eval" / "optimum_context.json"
+    if not done.exists():
+        for stage in DATA_STAGES:
+            project.stage(stage)
+    return project
+
+
+def yardsticks(project: Project) -> dict:
+    out = {}
+    for name in YARDSTICKS:
+        path = project.path("reports_dir") / "eval" / f"{name}.json"
+        result = json.loads(path.read_text())
+        out[name] = result["test"]["cross_entropy"] if result.get("known", True) else None
+    return out
+
+
+def run_tasks(pool, tasks: list[tuple[str, str, int, bool]]) -> list[dict]:
+    return list(pool.map(train_one, tasks))
+
+
+def sweep(settings: dict, grid: dict[str, list[str]], work: Path, pool) -> dict[str, float]:
+    """Each variant's rate, chosen on validation in the sweep's cell (seed `sweep.seed`); a choice at the grid's
+    edge tries the declared next rate beyond it, once. Every run is recorded. The rates' projects share the
+    cell's data (one data project; each rate's project reads its features)."""
+    declared = settings["sweep"]
+    data = prepare(work / "sweep" / "data", grid[declared["cell"]], settings)
+    rates = list(declared["rates"])
+    results: dict[str, dict[float, float]] = {m: {} for m in settings["variants"]}
+
+    def run(models: list[str], rate: float) -> None:
+        """The models at one rate, in one project that reads the data project's features."""
+        root = work / "sweep" / f"rate-{rate}"
+        rates = [f"variants.{m}.learning_rate={rate}" for m in models]
+        params = cell_params(grid[declared["cell"]] + rates, root, settings)
+        params["paths"]["features_dir"] = str(data.path("features_dir"))
+        project = Project(root, params)
+        tasks = [(str(project.params_path), m, declared["seed"], False) for m in models]
+        for model, result in zip(models, run_tasks(pool, tasks)):
+            results[model][rate] = result["best_val_cross_entropy"]
+            record(OUT, f"sweep/{model}/{rate}", result)
+
+    for rate in rates:
+        run(list(settings["variants"]), rate)
+    beyond = {rates[0]: declared["edge"]["below"], rates[-1]: declared["edge"]["above"]}
+    edges = [(m, beyond[min(r, key=r.get)]) for m, r in results.items() if min(r, key=r.get) in beyond]
+    for rate in dict.fromkeys(rate for _, rate in edges):
+        run([m for m, r in edges if r == rate], rate)
+    choice = {m: min(r, key=r.get) for m, r in results.items()}
+    record(OUT, "sweep/choice", {"cell": declared["cell"], "seed": declared["seed"], "rates": choice})
+    return choice
+
+
+def summarize(runs: list[dict], yards: dict) -> dict:
+    from contextual_bert.evaluation.report_stats import compare, mean_se
+
+    rows = {}
+    for model in dict.fromkeys(r["model"] for r in runs):
+        mine = [r for r in runs if r["model"] == model]
+        rows[model] = {
+            metric: mean_se([r[metric] for r in mine])
+            for metric in ("test_cross_entropy", "test_recall@1", "test_recall@5", "outfit_dependence")
+        } | {"converged": sum(r["converged"] is not None for r in mine), "runs": len(mine)}
+    ce = {m: row["test_cross_entropy"] for m, row in rows.items()}
+    pairs = [("global_state", "concat"), ("global_state_update", "concat"), ("global_state_two_way", "concat"),
+             ("global_state_two_way", "global_state_update"), ("concat", "none"), ("new_position", "concat")]  # fmt: skip
+    comparisons = {
+        f"{a} vs {b}": compare(ce[a], ce[b], higher_is_better=False) for a, b in pairs if a in ce and b in ce
+    }
+    order = sorted(ce, key=lambda m: ce[m]["mean"])
+    return {"rows": rows, "order": order, "comparisons": comparisons, "yardsticks": yards}
+
+
+def run_cell(name: str, overrides: list[str], settings: dict, choice: dict, work: Path, pool) -> None:
+    overrides = overrides + [f"variants.{m}.learning_rate={r}" for m, r in choice.items()]
+    project = prepare(work / name, overrides, settings)
+    yards = yardsticks(project)
+    record(OUT, f"{name}/optimum", yards)
+    tasks = [(str(project.params_path), m, s, True) for m in settings["variants"] for s in settings["seeds"]]
+    runs = run_tasks(pool, tasks)
+    for r in runs:
+        record(OUT, f"{name}/runs/{r['model']}-s{r['seed']}", r)
+    project.stage("report")
+    table1 = (project.path("reports_dir") / "table1.md").read_text().splitlines()
+    record(OUT, f"{name}/table1", table1)
+    record(OUT, f"{name}/summary", summarize(runs, yards))
+    record(OUT, f"{name}/settings", {"set": overrides, "seconds": project.timings})
+
+
+def main() -> int:
+    global OUT
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--jobs", type=int, default=2, help="trainings at a time (one torch thread each)")
+    parser.add_argument("--only", choices=["sweep", "map"], help="the sweep only, or the map (the sweep's choice)")
+    parser.add_argument("--settings", type=Path, default=SETTINGS, help="the declared grid (a trial: another file)")
+    parser.add_argument("--out", type=Path, default=OUT, help="the results file")
+    parser.add_argument("--cells", help="comma-separated cell names (default: every cell, in the declared order)")
+    args = parser.parse_args()
+
+    OUT = args.out
+    settings = yaml.safe_load(args.settings.read_text())
+    grid = cells(settings)
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    record(OUT, "settings", {"commit": commit.strip(), "settings": settings, "cells": list(grid)})
+    os.environ["TQDM_DISABLE"] = "1"  # the workers' progress bars: thousands of lines in the log
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn"), initializer=_pin) as pool:
+        if args.only == "map":
+            choice = json.loads(OUT.read_text())["sweep/choice"]["rates"]
+        else:
+            choice = sweep(settings, grid, args.work, pool)
+        if args.only == "sweep":
+            return 0
+        names = args.cells.split(",") if args.cells else list(grid)
+        for name in names:
+            run_cell(name, grid[name], settings, choice, args.work, pool)
+            print(f"{name}: {json.loads(OUT.read_text())[f'{name}/summary']['order']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
