@@ -64,7 +64,8 @@ def recall_k(metric: str) -> int:
 ATTRIBUTE_SETTINGS = ("id_dropout", "attribute_overlap")  # settings only the "_attrs" models read: set per model
 ENCODER_SETTINGS = ("bag_warmup_epochs", "bag_warmup_check_steps")  # train settings only the paper's encoders read
 InitEmbeddings = Literal["random", "cooccurrence"]  # how the article-id embeddings start (cooccurrence.py)
-InitOutput = Literal["random", "counts"]  # how the logits start: random, or as the counts (count_start.py)
+# how the logits start: random, or as the counts (count_start.py); auto: counts on sparse data (training/sparse.py)
+InitOutput = Literal["random", "counts", "auto"]
 # an "_attrs" model's id dropout: a rate, or "auto", the validation articles' share without an id (training.id_dropout_rate)
 IdDropout = Annotated[float, Field(ge=0, lt=1)] | Literal["auto"]
 Softmax = Literal["full", "sampled"]  # the training loss's output layer (training.NegativeSampler)
@@ -196,11 +197,14 @@ class TrainConfig(Section):
     # How the output bias starts: "random" (at 0), or "counts": at the training split's log-popularity, so that a
     # model starts at about the popularity yardstick (with a history: popularity + own history) and its learned
     # scores, small and random at the start either way, add to it (count_start.py; docs/training.md).
-    init_output: InitOutput = "random"
+    init_output: InitOutput = "auto"
     # s: after every step an article id's embedding row shrinks by 1 - lr * s / n^2, n its training count, on top
     # of weight_decay, so that the ids of articles seen once or twice are not learned by heart (0: off;
     # training.regularisers.RareIdDecay)
-    rare_id_decay: float = Field(0.0, ge=0)
+    rare_id_decay: Annotated[float, Field(ge=0)] | Literal["auto"] = "auto"
+    # auto (init_output, rare_id_decay): the sparse recipe (counts, 5) when more than this share of the articles
+    # seen in training are seen at most twice, else random and 0 (training/sparse.py)
+    sparse_share: float = Field(0.5, gt=0, le=1)
     # The training loss's softmax: over every article (full), or over the step's masked targets plus
     # `negatives` articles drawn by popularity, shared by the batch, with the log-Q correction
     # (training.NegativeSampler; docs/sampled_softmax.md). Evaluation always ranks every article.

@@ -34,6 +34,7 @@ from contextual_bert.devices import autocast, keep_freed_memory, select_device
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.model import build_model, count_paper_parameters, save_checkpoint
 from contextual_bert.training.batches import BUCKET_BATCHES, length_batches  # noqa: F401
+from contextual_bert.training.count_start import start_from_counts
 from contextual_bert.training.losses import NegativeSampler, mask_items, masked_item_loss, negative_sampler
 from contextual_bert.training.regularisers import RareIdDecay, drop_history, id_dropout_rate
 from contextual_bert.training.resume import (
@@ -51,6 +52,7 @@ from contextual_bert.training.resume import (
     seeded_random_states,
     write_json,
 )
+from contextual_bert.training.sparse import resolve as resolve_sparse
 from contextual_bert.training.warmup import BagWarmup, reads_bag_warmup, set_bag_weight, stuck_check
 
 EpochHook = Callable[[int, dict], None]  # (epoch, its row of the curve)
@@ -145,6 +147,7 @@ class Run:
     state: RunState
     id_dropout: float | None = None
     rare_id_decay: RareIdDecay | None = None
+    sparse_recipe: dict | None = None  # what train.init_output / rare_id_decay "auto" decided (training/sparse.py)
 
     @property
     def last_path(self) -> Path:
@@ -373,7 +376,11 @@ def fit(
     patience continues a run that stopped early, as if it had had that patience from the start; a new
     max_epochs (the decay's horizon) starts it afresh.
     """
+    train_cfg, sparse_recipe = resolve_sparse(train_cfg, train_data.items)
+    if train_cfg.init_output == "counts":  # before a resume: a resumed run loads its own weights
+        start_from_counts(model, train_data.items)
     run = start_run(model, train_data, val_data, train_cfg, Path(out_dir), seed)
+    run.sparse_recipe = sparse_recipe
     train_probe = even_sample(run.train_data, min(len(run.val_data), train_cfg.probe_outfits))
     position, mid_epoch_random = None, None
     resumed = load_resume_state(run.last_path, run.key, model, run.optimizer, run.scheduler, run.generator, run.device)
@@ -422,6 +429,7 @@ def finish_run(run: Run, n_params: int) -> dict:
             else {}
         ),
         **({"id_dropout": run.id_dropout} if run.id_dropout is not None else {}),
+        **({"sparse_recipe": run.sparse_recipe} if run.sparse_recipe is not None else {}),
     }
     write_json(run.out_dir / METRICS_FILE, metrics)
     return metrics
@@ -455,7 +463,6 @@ def train(
     """
     from contextual_bert.data.feature_store import load_article_vocab, load_catalogue, load_spec, load_split
     from contextual_bert.training.cooccurrence import init_from_cooccurrence
-    from contextual_bert.training.count_start import start_from_counts
 
     spec = load_spec(features_dir)
     if base_model(variant) not in CONTEXT_FREE and not spec.features:
@@ -477,6 +484,4 @@ def train(
         model.set_catalogue(catalogue.tensors())
     if train_cfg.init_embeddings == "cooccurrence":  # before fit: a resumed run loads its own weights
         init_from_cooccurrence(model, train_data.items)
-    if train_cfg.init_output == "counts":
-        start_from_counts(model, train_data.items)
     return fit(model, train_data, val_data, train_cfg, out_dir, seed, on_epoch_end)
