@@ -55,6 +55,37 @@ def test_a_vectors_file_is_joined_into_the_articles_table_whatever_the_source(tm
     assert not (tmp_path / "raw" / IMPORT_QUARANTINE).exists()  # nothing to quarantine
 
 
+def source_settings(tmp_path: Path, source: str) -> dict:
+    """Each source's params for a small import (the H&M and retailer fixtures, small generators)."""
+    from helpers import hm_fixture
+    from test_products import RETAILER_SETS
+
+    return {
+        "synthetic": {"generate": {"size": "tiny"}},
+        "planted": {"planted": PLANTED},
+        "hm": {"import_hm": {"source": str(hm_fixture(tmp_path / "hm"))}},
+        "sets": {"import_sets": RETAILER_SETS},
+    }[source]
+
+
+@pytest.mark.parametrize("source", ["synthetic", "planted", "hm", "sets"])
+def test_every_source_gets_its_vectors_joined(tmp_path, source):
+    settings = {"paths": {"raw_dir": str(tmp_path / "raw"), "source_fingerprint": str(tmp_path / "source.json")},
+                "ingest": {"source": source}, **source_settings(tmp_path, source)}  # fmt: skip
+    ingest(Config.model_validate(settings))
+    ids = pq.read_table(tmp_path / "raw" / "articles.parquet").column("article_id").to_pylist()[:5]
+    if source == "hm":  # as a file written from H&M's integer ids would hold them: without the leading zero
+        ids = [int(a) for a in ids]
+    path = write_vectors(tmp_path / "clip.parquet", [str(a) for a in ids], [good(i) for i in range(5)])
+    settings["ingest"]["article_vectors"] = {"clip": {"path": str(path), "id_column": "Article_ID"}}
+    cfg = Config.model_validate(settings)
+    report = ingest(cfg)
+    assert report["article_vectors"]["clip"]["joined"] == 5
+    articles = pq.read_table(tmp_path / "raw" / "articles.parquet")
+    assert sum(v is not None for v in articles.column("clip").to_pylist()) == 5
+    assert str(path) in [f["path"] for f in fingerprint(cfg)["files"]]
+
+
 def test_without_vectors_ingest_writes_what_it_wrote_before(tmp_path):
     cfg = planted_cfg(tmp_path, {})
     report = ingest(cfg)
