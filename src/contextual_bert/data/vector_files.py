@@ -112,10 +112,12 @@ def join_file(name: str, setting: VectorFileConfig, article_ids: list[str]) -> t
     no_id = pd.isna(ids)
     unknown = ~no_id & (index == UNKNOWN_INDEX)
     repeated = ~no_id & ~unknown & pd.Series(index).duplicated().to_numpy()
-    reasons = np.where(no_id, NO_ID, np.where(unknown, NOT_IN_ARTICLES, np.where(repeated, LISTED_BEFORE, None)))
-    reasons = np.where(pd.isna(reasons), vectors.reasons, reasons)
-    absent = pd.isna(reasons) & vectors.missing
-    reasons[absent] = NO_VECTOR
+    # one reason per row, an id's fault before its vector's (later assignments win)
+    reasons = vectors.reasons.copy()  # a bad vector's; None where it is fine or absent
+    reasons[vectors.missing & pd.isna(reasons)] = NO_VECTOR
+    reasons[repeated] = LISTED_BEFORE
+    reasons[unknown] = NOT_IN_ARTICLES
+    reasons[no_id] = NO_ID
     bad = np.flatnonzero(pd.notna(reasons))
     id_reason = np.isin(reasons[bad], [NO_ID, NOT_IN_ARTICLES, LISTED_BEFORE])  # a .npy's ids are in its ids file
     quarantine = pd.DataFrame({
