@@ -135,14 +135,16 @@ def write_catalogue(catalogue: Catalogue, features_dir: Path) -> dict:
                        features_dir / DERIVED_VECTORS_FILE)  # fmt: skip
     real = slice(N_SPECIAL, None)
     first = lambda a: a[real] if a.ndim == 1 else a[real, 0]  # noqa: E731
-    indexed = {k: a for k, a in catalogue.attributes.items() if a.dtype.kind != "f"}
+    vectors = {k for k, a in catalogue.attributes.items() if a.dtype.kind == "f"}  # NaN rows: without a vector
     return {
         "articles": n - N_SPECIAL,
         "with_id": catalogue.n_ids - N_SPECIAL,
         "spec": spec,
         "missing": {
-            k: int(np.isnan(a[real, 0]).sum()) if a.dtype.kind == "f" else int((first(a) == MISSING_INDEX).sum())
+            k: int(np.isnan(first(a)).sum() if k in vectors else (first(a) == MISSING_INDEX).sum())
             for k, a in catalogue.attributes.items()
-        },  # fmt: skip
-        "unknown": {k: int((first(a) == UNKNOWN_INDEX).sum()) for k, a in indexed.items()},
+        },
+        "unknown": {
+            k: int((first(a) == UNKNOWN_INDEX).sum()) for k, a in catalogue.attributes.items() if k not in vectors
+        },
     }
