@@ -4,7 +4,8 @@ Reads data/validated (the raw contract, `contract.py`) and writes data/features 
 `feature_store.py` and docs/architecture.md; everyone else reads it through `feature_store`). Everything
 learned from data (article vocabulary, context vocabularies, numeric bucket edges) is fit on the TRAIN split
 only, so validation and test rows can hold unseen values exactly as serving requests can. The encoding
-rules are in `encoding.py`.
+rules are in `encoding.py`, the fitting in `fitting.py`; the catalogue of every article with its attributes
+(article vectors included: `vectors.py`) is built by `catalogue.py`.
 
 Split: by outfit, from a keyed hash (BLAKE2b, 8 bytes, key = `split_seed`) of the outfit_id mapped to
 [0, 1): below `test_fraction` -> test, below `test_fraction + val_fraction` -> val, else train. An outfit
