@@ -95,6 +95,13 @@ class HistoryConfig(Section):
     dim: int = Field(64, ge=1)  # its share of d_context: the pooled article vectors projected to this width
 
 
+class DerivedVectorConfig(Section):
+    """An article vector derived from the catalogue's text (features.derived_vectors; data/vectors.TextVectors)."""
+
+    columns: Annotated[list[str], Field(min_length=1), AfterValidator(_distinct)]  # text columns of the articles
+    dim: int = Field(64, ge=1)  # the vector's length: the SVD's components (fewer when there are fewer words)
+
+
 class FeaturesConfig(Section):
     # hash: a keyed hash of the outfit id (features.py). time: the earliest outfits train, the latest validate
     # and test (cut dates by share), so no training outfit comes from the evaluated period; needs dates.
@@ -122,6 +129,12 @@ class FeaturesConfig(Section):
     # train articles than this maps to UNKNOWN; an article keeps its first max_text_words distinct words.
     min_text_count: int = Field(2, ge=1)
     max_text_words: int = Field(32, ge=1)
+    # Attributes of kind vector (data/vectors.py): attribute -> l2, each article's vector scaled to length 1;
+    # none (or unlisted): as read. Either way all are then scaled by one number to a mean length of 1.
+    vector_normalize: dict[str, Literal["none", "l2"]] = {}
+    # Vectors made here from the catalogue's own text columns (TF-IDF + truncated SVD over every article of
+    # the catalogue): attribute -> its columns and width; declare the attribute as `vector` to read it.
+    derived_vectors: dict[str, DerivedVectorConfig] = {}
 
 
 class ModelConfig(Section):

@@ -19,11 +19,39 @@ class GeneratorSize(Section):
     n_customers: int = Field(gt=0)
 
 
+VECTOR_FILE_SUFFIXES = (".parquet", ".npy")
+
+
+class VectorFileConfig(Section):
+    """A file of article vectors (ingest.article_vectors), keyed by article id: Parquet with an id column and a
+    list column, or .npy (one row per article) with its ids in a text file beside it, one a line, row for row."""
+
+    path: Path
+    id_column: str = "article_id"  # Parquet: the article id column
+    column: str = "vector"  # Parquet: the list<float> column
+    ids: Path | None = None  # .npy: its ids file; by default beside it, data/clip.npy's data/clip.ids.txt
+
+    @model_validator(mode="after")
+    def _known_format(self):
+        if self.path.suffix not in VECTOR_FILE_SUFFIXES:
+            raise ValueError(f"{self.path}: a vectors file is {' or '.join(VECTOR_FILE_SUFFIXES)}")
+        return self
+
+    @property
+    def ids_path(self) -> Path:
+        return self.ids or self.path.with_suffix(".ids.txt")
+
+
 class IngestConfig(Section):
     source: str = "synthetic"  # a name in contextual_bert.data.sources.SOURCES (checked there: sources.chosen)
     # The smallest outfit generated, imported or valid (the largest: model.max_set_size). Here, not under
     # `model`: only ingest and validate read it, and the trainings (which list `model`) need not re-run.
     min_set_size: int = Field(4, ge=1)
+    # Article vectors from files of their own (CLIP, a sentence embedding): attribute -> its file, joined into
+    # the articles table as that column after any source's ingest (data/vector_files.py); declare the attribute
+    # as `vector` under features.article_attributes. Here, as the source's files are: ingest reads them, and the
+    # `source` stage fingerprints them (a changed file re-runs ingest).
+    article_vectors: dict[str, VectorFileConfig] = {}
 
 
 class GenerateConfig(Section):
@@ -121,7 +149,8 @@ class ImportHMConfig(Section):
 
 
 ContextKindName = Literal["categorical", "multi_categorical", "numeric"]
-AttributeKindName = Literal["categorical", "multi_categorical", "numeric", "text"]  # text: article attributes only
+# text and vector: article attributes only (vector: a fixed-length float vector per article, data/vectors.py)
+AttributeKindName = Literal["categorical", "multi_categorical", "numeric", "text", "vector"]
 
 
 class ImportSetsConfig(Section):

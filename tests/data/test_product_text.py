@@ -10,7 +10,7 @@ import torch
 from contextual_bert.config import FeaturesConfig
 from contextual_bert.data.encoding import text_words
 from contextual_bert.data.feature_spec import MISSING_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec
-from contextual_bert.data.features import _fit_feature
+from contextual_bert.data.fitting import fit_feature
 from contextual_bert.data.vocabularies import ContextIndexer
 from contextual_bert.model import ArticleAttributes, TextEmbedding
 
@@ -33,7 +33,7 @@ def test_text_words_fold_case_accents_punctuation_and_stop_words(text, words):
 
 def fitted(values, **settings):
     cfg = FeaturesConfig(**settings)
-    feature, entry = _fit_feature(
+    feature, entry = fit_feature(
         "description", "text", "article", np.asarray(values, dtype=object), cfg, 8, cfg.min_context_count
     )
     return feature, ContextIndexer(ContextSpec((feature,)), {"description": entry})

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import yaml
 from helpers import TINY_MODEL
@@ -209,3 +211,46 @@ def test_attribute_models_train_and_rank_unseen_targets_on_the_retailers_outfits
         result["test_known"]["cross_entropy"], abs=1e-6
     )
     assert result["fitb"]["hard"]["attribute"] == "product_type" and 0 <= result["test"]["fitb_hard"] <= 1
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_a_products_vector_column_is_an_article_vector_of_every_product(tmp_path, suffix):
+    # a retailer's products table with each product's image embedding (a list of floats) and integer tag codes
+    products = products_table().reset_index(drop=True)
+    rng = np.random.default_rng(0)
+    products["Image Embedding"] = [rng.normal(size=5).round(4).tolist() for _ in range(len(products))]
+    products.at[3, "Image Embedding"] = None  # a product without one
+    products["tags"] = [[1, 2] for _ in range(len(products))]
+    path = tmp_path / f"products{suffix}"
+    if suffix == ".jsonl":
+        products.to_json(path, orient="records", lines=True)
+    else:
+        products.to_parquet(path)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({
+        "paths": {k: str(tmp_path / k) for k in ("raw_dir", "validated_dir", "quarantine_dir", "features_dir",
+                                                 "reports_dir")} | {"source_fingerprint": str(tmp_path / "s.json")},
+        "ingest": {"source": "sets"}, "import_sets": {**RETAILER_SETS, "articles": str(path)},
+        "features": {"article_features": True, "val_fraction": 0.2, "test_fraction": 0.2, "min_split_outfits": 5,
+                     "min_known_targets": 5, "article_attributes": {"sets": {
+                         "product_type": "categorical", "image_embedding": "vector", "tags": "multi_categorical"}}},
+    }))  # fmt: skip
+    for stage in ("ingest", "validate", "features"):
+        assert main(["--params", str(params), stage]) == 0, stage
+    cfg = load_config(params)
+    raw = pq.read_table(cfg.paths.raw_dir / "articles.parquet")
+    assert raw.schema.field("image_embedding").type == pa.list_(pa.float32())
+    assert raw.schema.field("tags").type == pa.list_(pa.string())  # whole numbers stay codes, as before
+    from contextual_bert.data.feature_store import load_catalogue
+
+    catalogue = load_catalogue(cfg.paths.features_dir)
+    vectors = catalogue.attributes["image_embedding"]
+    by_id = products.set_index("ITEM_ID")["Image Embedding"]
+    unbought = [a for a in catalogue.vocab.ids[catalogue.n_ids :] if a in by_id.index and by_id[a] is not None]
+    assert unbought  # products of no training outfit: their vectors are in the catalogue all the same
+    row = catalogue.vocab.ids.index(unbought[0])
+    scale = catalogue.indexer.vocab["image_embedding"]["scale"]
+    np.testing.assert_allclose(vectors[row], np.asarray(by_id[unbought[0]]) * scale, rtol=1e-5)
+    assert np.isnan(vectors[catalogue.vocab.ids.index(products.at[3, "ITEM_ID"])]).all()
+    manifest = json.loads((cfg.paths.features_dir / "manifest.json").read_text())
+    assert manifest["catalogue"]["missing"]["image_embedding"] == 2  # that product and the item without a row

@@ -21,7 +21,10 @@ UNKNOWN_INDEX = 2
 MASK_INDEX = 1
 N_SPECIAL = 3  # first index of a real article / value
 
-FeatureKind = Literal["categorical", "multi_categorical", "numeric", "text", "history"]  # text: article attributes only
+# text and vector: article attributes only. A vector is a fixed-length float row per article (data/vectors.py), not
+# indices: its FeatureSpec's max_values is its length, its cardinality 0 (no table of values)
+FeatureKind = Literal["categorical", "multi_categorical", "numeric", "text", "vector", "history"]
+VECTOR_KIND = "vector"
 # kinds stored as a PAD-padded row of indices per row (max_values wide): a list of values, a text's words, or
 # the article indices of a customer's history
 LIST_KINDS = ("multi_categorical", "text", "history")
@@ -41,7 +44,7 @@ class FeatureSpec:
     source: FeatureSource  # customers table, per outfit (e.g. occasion), or an article attribute
     cardinality: int  # size of its embedding table, special indices included
     dim: int  # embedding dimension; the dims of all features sum to d_context
-    max_values: int = 1  # width of the padded index row for multi_categorical and text, else 1
+    max_values: int = 1  # width of the padded index row for multi_categorical and text, a vector's length, else 1
 
     @property
     def request_column(self) -> str:

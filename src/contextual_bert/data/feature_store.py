@@ -21,10 +21,12 @@ from contextual_bert.data.feature_spec import (
     MISSING_INDEX,
     PAD_INDEX,
     UNKNOWN_INDEX,
+    VECTOR_KIND,
     ContextSpec,
     EncodedOutfits,
     FeatureSpec,
 )
+from contextual_bert.data.vectors import TextVectors, read_vectors, vector_array
 from contextual_bert.data.vocabularies import ArticleVocab, Catalogue, ContextIndexer
 from contextual_bert.errors import ContextualBertError, DataError
 
@@ -37,14 +39,16 @@ OUTFITS_FILE = "outfits.parquet"
 SPEC_FILE = "spec.json"
 MANIFEST_FILE = "manifest.json"
 # With features.article_features on: every article of the catalogue with its encoded attributes, and the
-# attributes' spec and vocabularies (to encode articles added to the catalogue later, at serving).
+# attributes' spec and vocabularies (to encode articles added to the catalogue later, at serving); with vectors
+# derived from the catalogue's text (features.derived_vectors), their words, idf and SVD components.
 CATALOGUE_FILE = "catalogue.parquet"
 ATTRIBUTES_FILE = "article_attributes.json"
+DERIVED_VECTORS_FILE = "derived_vectors.parquet"
 # What a trained model needs besides its checkpoint to read requests (logged with each run, bundled with
 # each served model): its vocabularies, the spec, and the manifest for lineage; and the catalogue files
 # where the features stage wrote them.
 MODEL_FEATURE_FILES = (ARTICLE_VOCAB_FILE, CONTEXT_VOCAB_FILE, SPEC_FILE, MANIFEST_FILE)
-CATALOGUE_FEATURE_FILES = (CATALOGUE_FILE, ATTRIBUTES_FILE)
+CATALOGUE_FEATURE_FILES = (CATALOGUE_FILE, ATTRIBUTES_FILE, DERIVED_VECTORS_FILE)
 
 
 # --- reading data/features ------------------------------------------------------------------------------
@@ -82,7 +86,11 @@ def load_catalogue(features_dir: Path) -> Catalogue:
         [str(a) for a in table.column("article_id").to_pylist()], table.column("count").to_numpy().astype(np.int64)
     )
     attributes = {f.name: _feature_array(table, f, path) for f in spec.features}
-    return Catalogue(vocab, int(saved["n_ids"]), attributes, ContextIndexer(spec, saved["vocab"]))
+    derived = {name: entry["derived"]["columns"] for name, entry in saved["vocab"].items() if "derived" in entry}
+    if derived:
+        words = pq.read_table(_require(features_dir / DERIVED_VECTORS_FILE))
+        derived = {name: TextVectors.from_table(words, name, columns) for name, columns in derived.items()}
+    return Catalogue(vocab, int(saved["n_ids"]), attributes, ContextIndexer(spec, saved["vocab"], derived))
 
 
 def file_sha256(path: Path) -> str:
@@ -114,6 +122,20 @@ def _padded(column: pa.ChunkedArray | pa.Array, width: int) -> np.ndarray:
     return out
 
 
+def list_column(padded: np.ndarray) -> pa.ListArray:
+    """(N, W) PAD-padded indices -> an Arrow list<int64> column without the padding (`_padded`'s inverse)."""
+    keep = padded != PAD_INDEX
+    offsets = np.concatenate([[0], np.cumsum(keep.sum(axis=1))]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(padded[keep], type=pa.int64()))
+
+
+def stored_columns(encoded: dict[str, np.ndarray]) -> dict[str, pa.Array]:
+    """Encoded features as the stage stores them: an index per row (int64), a list of indices, or a vector
+    (float32 rows, NaN for none: a list<float32>, null for none)."""
+    return {name: vector_array(a) if a.dtype.kind == "f" else list_column(a) if a.ndim == 2
+            else pa.array(a, type=pa.int64()) for name, a in encoded.items()}  # fmt: skip
+
+
 def load_spec(features_dir: Path) -> ContextSpec:
     return ContextSpec.load(_require(Path(features_dir) / SPEC_FILE))
 
@@ -137,6 +159,8 @@ def _column(table: pa.Table, name: str, path: Path) -> pa.ChunkedArray:
 
 def _feature_array(table: pa.Table, feature: FeatureSpec, path: Path) -> np.ndarray:
     column = _column(table, feature.name, path)
+    if feature.kind == VECTOR_KIND:  # (n, length) float32, a NaN row without a vector
+        return read_vectors(column, feature.max_values).matrix
     if feature.is_list:
         return _padded(column, feature.max_values)
     return column.to_numpy().astype(np.int64)

@@ -4,7 +4,8 @@ Reads data/validated (the raw contract, `contract.py`) and writes data/features 
 `feature_store.py` and docs/architecture.md; everyone else reads it through `feature_store`). Everything
 learned from data (article vocabulary, context vocabularies, numeric bucket edges) is fit on the TRAIN split
 only, so validation and test rows can hold unseen values exactly as serving requests can. The encoding
-rules are in `encoding.py`.
+rules are in `encoding.py`, the fitting in `fitting.py`; the catalogue of every article with its attributes
+(article vectors included: `vectors.py`) is built by `catalogue.py`.
 
 Split: by outfit, from a keyed hash (BLAKE2b, 8 bytes, key = `split_seed`) of the outfit_id mapped to
 [0, 1): below `test_fraction` -> test, below `test_fraction + val_fraction` -> val, else train. An outfit
@@ -26,11 +27,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from contextual_bert.config import FeaturesConfig
+from contextual_bert.data.catalogue import build_catalogue, write_catalogue
 from contextual_bert.data.contract import ID_COLUMN, SCHEMA_FILE, TABLES, DataSchema
-from contextual_bert.data.encoding import as_object_array, explode_values, text_lists, text_of, to_float
 from contextual_bert.data.feature_spec import (
     HISTORY_FEATURE,
-    MISSING_INDEX,
     N_SPECIAL,
     PAD_INDEX,
     UNKNOWN_INDEX,
@@ -39,9 +39,7 @@ from contextual_bert.data.feature_spec import (
 )
 from contextual_bert.data.feature_store import (
     ARTICLE_VOCAB_FILE,
-    ATTRIBUTES_FILE,
     CATALOGUE_FEATURE_FILES,
-    CATALOGUE_FILE,
     CONTEXT_VOCAB_FILE,
     CUSTOMERS_FILE,
     MANIFEST_FILE,
@@ -50,11 +48,13 @@ from contextual_bert.data.feature_store import (
     SPECIAL_ARTICLES,
     SPLITS,
     file_sha256,
+    stored_columns,
 )
+from contextual_bert.data.fitting import fit_feature
 from contextual_bert.data.history import earlier_outfits, eligible_rows, history_items
 from contextual_bert.data.split_guards import check_splits, split_counts
 from contextual_bert.data.splits import assign_splits, assign_time_splits, outfit_dates, split_fractions  # noqa: F401
-from contextual_bert.data.vocabularies import ArticleVocab, Catalogue, ContextIndexer
+from contextual_bert.data.vocabularies import ArticleVocab, ContextIndexer
 from contextual_bert.errors import DataError
 
 # Columns of the encoded outfits table that a context feature must not be named after.
@@ -99,30 +99,6 @@ def history_column(
 
 
 # --- fitting on the train split ----------------------------------------------------------------------------
-
-
-def fit_categorical(values, min_count: int) -> list[str]:
-    text, missing = text_of(as_object_array(values))
-    counts = pd.Series(text[~missing], dtype=object).value_counts()
-    return sorted(counts.index[counts >= min_count].tolist())
-
-
-def fit_multi(values, min_count: int) -> tuple[list[str], int]:
-    """(vocabulary, the longest list of distinct values in a row)."""
-    rows, text = explode_values(values)
-    pairs = pd.DataFrame({"row": rows, "value": text}).drop_duplicates()
-    counts = pairs["value"].value_counts()
-    longest = int(pairs.groupby("row").size().max()) if len(pairs) else 1
-    return sorted(counts.index[counts >= min_count].tolist()), longest
-
-
-def fit_numeric(values, n_buckets: int) -> list[float]:
-    array = values.to_numpy() if isinstance(values, pd.Series) else np.asarray(values)
-    number = array.astype(np.float64) if array.dtype.kind in "iuf" else to_float(as_object_array(values))
-    number = number[np.isfinite(number)]
-    if len(number) == 0:
-        return []
-    return np.unique(np.quantile(number, np.linspace(0, 1, n_buckets + 1)[1:-1])).tolist()
 
 
 def fit_article_vocab(train_article_ids: pd.Series, min_count: int) -> ArticleVocab:
@@ -186,45 +162,6 @@ def _optional_ids(ids: pd.Series) -> pd.Series:
     return ids.astype(object).where(ids.notna(), None)
 
 
-def _list_array(padded: np.ndarray) -> pa.ListArray:
-    """(N, W) PAD-padded indices -> an Arrow list<int64> column without the padding."""
-    keep = padded != PAD_INDEX
-    offsets = np.concatenate([[0], np.cumsum(keep.sum(axis=1))]).astype(np.int32)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(padded[keep], type=pa.int64()))
-
-
-def _encoded_columns(indices: dict[str, np.ndarray]) -> dict[str, pa.Array]:
-    return {name: _list_array(a) if a.ndim == 2 else pa.array(a, type=pa.int64()) for name, a in indices.items()}
-
-
-def _fit_feature(
-    name: str, kind: str, source: str, values, cfg: FeaturesConfig, dim: int, min_count: int
-) -> tuple[FeatureSpec, dict]:
-    """One feature's spec and vocabulary entry (values or bucket edges), fitted on `values`: the one fitting
-    code of context features and article attributes."""
-    max_values = 1
-    if kind == "text":  # its words, as a list of values (encoding.text_words)
-        values_seen, longest = fit_multi(text_lists(values), cfg.min_text_count)
-        max_values = min(cfg.max_text_words, longest)
-        entry = {"kind": kind, "source": source, "values": values_seen, "max_values": max_values}
-        return FeatureSpec(name, kind, source, N_SPECIAL + len(values_seen), dim, max_values), entry
-    if kind == "numeric":
-        edges = fit_numeric(values, cfg.numeric_buckets)
-        entry = {"kind": kind, "source": source, "bucket_edges": edges}
-        cardinality = N_SPECIAL + len(edges) + 1
-    else:
-        if kind == "multi_categorical":
-            values_seen, longest = fit_multi(values, min_count)
-            max_values = min(cfg.max_multi_values, longest)
-        else:
-            values_seen = fit_categorical(values, min_count)
-        entry = {"kind": kind, "source": source, "values": values_seen}
-        cardinality = N_SPECIAL + len(values_seen)
-    if kind == "multi_categorical":
-        entry["max_values"] = max_values
-    return FeatureSpec(name, kind, source, cardinality, dim, max_values), entry
-
-
 def _fit_context(
     schema: DataSchema, cfg: FeaturesConfig, train_customers: pd.DataFrame, train_outfits: pd.DataFrame
 ) -> tuple[ContextSpec, dict[str, dict]]:
@@ -232,85 +169,11 @@ def _fit_context(
     for column in schema.context_columns:
         values = (train_customers if column.table == "customers" else train_outfits)[column.name]
         dim = cfg.embedding_dims.get(column.name, cfg.default_dim)
-        feature, vocab[column.name] = _fit_feature(
+        feature, vocab[column.name] = fit_feature(
             column.name, column.kind, SOURCE_OF_TABLE[column.table], values, cfg, dim, cfg.min_context_count
         )
         features.append(feature)
     return ContextSpec(tuple(features)), vocab
-
-
-def build_catalogue(
-    articles: pd.DataFrame,
-    article_vocab: ArticleVocab,
-    train_counts: pd.Series,
-    attributes: dict[str, str],
-    cfg: FeaturesConfig,
-    path: Path,
-) -> Catalogue:
-    """Every article of the articles table (and of the train vocabulary) with its attributes encoded.
-
-    The attribute vocabularies are fitted on the articles of the train vocabulary (a value needs
-    `min_context_count` of them, else it is UNKNOWN): a value no trained article has would enter with an
-    embedding training never moved. Every article of the catalogue is encoded, whatever its values;
-    a missing value, or an article of the vocabulary without a row in the articles table, is missing."""
-    for name in attributes:
-        if name not in articles.columns:
-            raise DataError(
-                f"article attribute '{name}' (features.article_attributes) is not a column of the "
-                f"articles table; it has {sorted(articles.columns)}",
-                path=path,
-                column=name,
-            )
-    by_id = articles.assign(article_id=articles["article_id"].astype(str)).drop_duplicates("article_id")
-    known = set(article_vocab.ids[N_SPECIAL:])
-    extra = sorted(set(by_id["article_id"]) - known)
-    ids = article_vocab.ids + extra
-    rows = pd.DataFrame({"article_id": ids}).merge(by_id, on="article_id", how="left")  # keeps the order
-    trained = rows.iloc[N_SPECIAL : len(article_vocab)]
-    features, vocab = [], {}
-    for name, kind in attributes.items():
-        feature, vocab[name] = _fit_feature(
-            name, kind, "article", trained[name], cfg, cfg.default_dim, cfg.min_context_count
-        )
-        features.append(feature)
-    indexer = ContextIndexer(ContextSpec(tuple(features)), vocab)
-    encoded, _, _ = indexer.encode_arrays(rows, source="article")
-    for a in encoded.values():  # the special rows have no attributes: PAD, a zero vector
-        a[:N_SPECIAL] = PAD_INDEX
-    # train occurrences of every article, those below min_article_count (no id embedding) included
-    counts = np.concatenate([article_vocab.counts,
-                             train_counts.reindex(extra).fillna(0).to_numpy(dtype=np.int64)])  # fmt: skip
-    return Catalogue(ArticleVocab(ids, counts), len(article_vocab), encoded, indexer)
-
-
-def _write_catalogue(catalogue: Catalogue, features_dir: Path) -> dict:
-    """catalogue.parquet and article_attributes.json; the counts for the manifest."""
-    n = len(catalogue)
-    pq.write_table(
-        pa.table(
-            {
-                "index": pa.array(np.arange(n), type=pa.int64()),
-                "article_id": pa.array(catalogue.vocab.ids),
-                "count": pa.array(catalogue.vocab.counts, type=pa.int64()),
-                "has_id": pa.array(np.arange(n) < catalogue.n_ids),
-                **_encoded_columns(catalogue.attributes),
-            }
-        ),
-        features_dir / CATALOGUE_FILE,
-    )
-    spec = json.loads(catalogue.spec.to_json())["features"]
-    (features_dir / ATTRIBUTES_FILE).write_text(
-        json.dumps({"n_ids": catalogue.n_ids, "spec": spec, "vocab": catalogue.indexer.vocab}, indent=2)
-    )
-    real = slice(N_SPECIAL, None)
-    first = lambda a: a[real] if a.ndim == 1 else a[real, 0]  # noqa: E731
-    return {
-        "articles": n - N_SPECIAL,
-        "with_id": catalogue.n_ids - N_SPECIAL,
-        "spec": spec,
-        "missing": {k: int((first(a) == MISSING_INDEX).sum()) for k, a in catalogue.attributes.items()},
-        "unknown": {k: int((first(a) == UNKNOWN_INDEX).sum()) for k, a in catalogue.attributes.items()},
-    }
 
 
 def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig, max_set_size: int) -> dict:
@@ -396,9 +259,7 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
 
     features_dir.mkdir(parents=True, exist_ok=True)
     pq.write_table(
-        pa.table(
-            {"customer_id": pa.array(customers["customer_id"].astype(str).tolist()), **_encoded_columns(cust_idx)}
-        ),
+        pa.table({"customer_id": pa.array(customers["customer_id"].astype(str).tolist()), **stored_columns(cust_idx)}),
         features_dir / CUSTOMERS_FILE,
     )
     pq.write_table(
@@ -408,7 +269,7 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
                 "customer_id": pa.array(customer_ids.tolist(), pa.string()),
                 "split": pa.array(split.tolist()),
                 "items": items,
-                **_encoded_columns(outfit_idx),
+                **stored_columns(outfit_idx),
             }
         ),
         features_dir / OUTFITS_FILE,
@@ -427,7 +288,7 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
     spec.save(features_dir / SPEC_FILE)
     for stale in CATALOGUE_FEATURE_FILES:  # written again below when the attributes are on
         (features_dir / stale).unlink(missing_ok=True)
-    catalogue_counts = _write_catalogue(catalogue, features_dir) if catalogue is not None else None
+    catalogue_counts = write_catalogue(catalogue, features_dir) if catalogue is not None else None
 
     unknown_items = item_idx == UNKNOWN_INDEX
     item_split = split[exploded.index.to_numpy()]
@@ -486,11 +347,13 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
         "max_set_size": max_set_size,
         # the attribute settings only when they are on: with them off, the stage writes exactly the files
         # it wrote before attributes existed (same DVC hash, the trained models' lineage still matches)
-        # (and history and the split method only when not at their defaults, for the same reason)
+        # (and history, the split method and the vectors' settings only when not at their defaults, for the same
+        # reason)
         "params": cfg.model_dump(
             exclude=(set() if cfg.article_features else {"article_features", "article_attributes"})
             | (set() if cfg.history.enabled else {"history"})
             | (set() if cfg.split == "time" else {"split"})
+            | {name for name in ("vector_normalize", "derived_vectors") if not getattr(cfg, name)}
         ),
         "inputs": {f"{t}.parquet": file_sha256(validated_dir / f"{t}.parquet") for t in TABLES}
         | {SCHEMA_FILE: file_sha256(validated_dir / SCHEMA_FILE)},

@@ -8,6 +8,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -23,16 +24,22 @@ from contextual_bert.data.encoding import (
     lookup,
     text_lists,
 )
-from contextual_bert.data.feature_spec import N_SPECIAL, UNKNOWN_INDEX, ContextSpec, FeatureSpec
+from contextual_bert.data.feature_spec import N_SPECIAL, UNKNOWN_INDEX, VECTOR_KIND, ContextSpec, FeatureSpec
+from contextual_bert.data.vectors import TextVectors, check_vectors, encode_vector
 from contextual_bert.errors import ContextualBertError
 
 
 class ContextIndexer:
-    """Raw context values -> index tensors, exactly as the features stage stored them for training."""
+    """Raw context values -> index tensors, exactly as the features stage stored them for training (an article
+    vector: its float row, vectors.encode_vector).
 
-    def __init__(self, spec: ContextSpec, vocab: dict[str, dict]):
+    `derived`: the vector attributes made from the articles' text (features.derived_vectors), by name: their
+    vectors come from those columns (vectors.TextVectors), not from a column of their own."""
+
+    def __init__(self, spec: ContextSpec, vocab: dict[str, dict], derived: dict[str, TextVectors] | None = None):
         self.spec = spec
         self.vocab = vocab
+        self.derived = derived or {}
         self._index = {name: index_of(v["values"]) for name, v in vocab.items() if "values" in v}
         self._edges = {
             name: np.asarray(v["bucket_edges"], dtype=np.float64) for name, v in vocab.items() if "bucket_edges" in v
@@ -46,6 +53,8 @@ class ContextIndexer:
             return encode_multi(values, self._index[feature.name], feature.max_values)
         if feature.kind == "text":
             return encode_multi(text_lists(values), self._index[feature.name], feature.max_values)
+        if feature.kind == VECTOR_KIND:
+            return encode_vector(values, self.vocab[feature.name])
         return encode_numeric(values, self._edges[feature.name])
 
     def encode_arrays(self, rows, source: str | None = None, n_rows: int | None = None):
@@ -59,7 +68,12 @@ class ContextIndexer:
         for feature in self.spec.features:
             if (source is not None and feature.source != source) or feature.source == "history":
                 continue  # the history holds article ids: OutfitEncoder reads it through the article vocabulary
-            column = rows[feature.name] if feature.name in rows else np.full(n, None, dtype=object)
+            if feature.name in rows:
+                column = rows[feature.name]
+            elif feature.name in self.derived:
+                column = self.derived[feature.name].transform(rows)
+            else:
+                column = np.full(n, None, dtype=object)
             name = feature.name
             indices[name], missing[name], unknown[name] = self.encode_feature(feature, column)
         return indices, missing, unknown
@@ -148,9 +162,11 @@ class Catalogue:
     Indices 0..n_ids-1 are the train article vocabulary, in its order (specials first): these articles
     have an id embedding. The other articles of the articles table follow (sorted by id), and articles
     added later (`extend`, at serving) after them: they have no id embedding and read the [UNK] id row.
-    `attributes`: attribute name -> (n,) or (n, max_values) int64 indices; the special rows are PAD (a zero
-    attribute vector). The attributes are encoded by `indexer` (the context features' code, `ContextIndexer`):
-    missing -> its reserved missing row, a value not fitted -> UNKNOWN_INDEX; no article is ever dropped.
+    `attributes`: attribute name -> (n,) or (n, max_values) int64 indices, the special rows PAD (a zero
+    attribute vector); or, for a vector, (n, length) float32, a NaN row for an article without one (the specials
+    too). The attributes are encoded by `indexer` (the context features' code, `ContextIndexer`): missing -> its
+    reserved missing row (a vector: the model's missing vector), a value not fitted -> UNKNOWN_INDEX; no article
+    is ever dropped.
     """
 
     vocab: ArticleVocab  # ids and train occurrences of every catalogue article (0: never in a train outfit)
@@ -173,12 +189,16 @@ class Catalogue:
         indices, _, _ = self.indexer.encode_arrays(articles.reset_index(drop=True), source="article")
         return indices
 
-    def extend(self, articles: pd.DataFrame) -> Catalogue:
+    def extend(self, articles: pd.DataFrame, path: Path | None = None) -> Catalogue:
         """The catalogue with the articles of `articles` (column article_id + raw attribute columns) that it
-        does not hold yet appended, without an id embedding. Articles it holds keep their row."""
+        does not hold yet appended, without an id embedding. Articles it holds keep their row. A bad vector
+        in the table (`path`, for the message) is a one-line error naming its row and column."""
         if "article_id" not in articles.columns:
             raise ContextualBertError("the catalogue table has no 'article_id' column")
         ids = articles["article_id"].astype(str)
+        for f in self.spec.features:
+            if f.kind == VECTOR_KIND and f.name in articles.columns:
+                check_vectors(articles[f.name], ids.to_numpy(), path, f.name, length=f.max_values)
         new = articles[~ids.isin(set(self.vocab.ids)).to_numpy() & ~ids.duplicated().to_numpy()]
         if not len(new):
             return self

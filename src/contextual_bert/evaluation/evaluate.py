@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from contextual_bert.config import CURVE_FILE, NOT_APPLICABLE, EvaluateConfig, ModelConfig, uses_attributes
-from contextual_bert.data.feature_spec import HISTORY_FEATURE, EncodedOutfits
+from contextual_bert.data.feature_spec import HISTORY_FEATURE, VECTOR_KIND, EncodedOutfits
 from contextual_bert.devices import evaluation_device, keep_freed_memory
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.evaluation.bootstrap import (
@@ -369,7 +369,7 @@ def attribute_popularity_model(features_dir: Path, cfg: EvaluateConfig, max_set_
         return None, "evaluate.popularity_attribute is not set", None
     catalogue = load_catalogue(features_dir)
     if attribute not in catalogue.attributes or catalogue.attributes[attribute].ndim != 1:
-        categorical = [f.name for f in catalogue.spec.features if not f.is_list]
+        categorical = [f.name for f in catalogue.spec.features if not f.is_list and f.kind != VECTOR_KIND]
         raise ContextualBertError(
             f"evaluate.popularity_attribute '{attribute}' is not a single-valued article "
             f"attribute of {features_dir} (those are {categorical})"

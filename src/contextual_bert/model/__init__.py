@@ -2,7 +2,13 @@
 (bag_of_items.py), article vectors from attributes (articles.py), the customer context (context.py), the
 readers at the two seams (readers.py), the output side they share (scores.py), and checkpoints."""
 
-from contextual_bert.model.articles import ATTRIBUTE_COMBINES, ArticleAttributes, TextEmbedding, attribute_embedding
+from contextual_bert.model.articles import (
+    ATTRIBUTE_COMBINES,
+    ArticleAttributes,
+    TextEmbedding,
+    VectorProjection,
+    attribute_embedding,
+)
 from contextual_bert.model.bag_of_items import BagOfItems
 from contextual_bert.model.build import build_model, count_paper_parameters, describe_variants
 from contextual_bert.model.checkpoint import (

@@ -1,12 +1,12 @@
-"""Article vectors from attributes: e_a from an article's id embedding and its attribute embeddings, for every
-article of the catalogue (the "<model>_attrs" models)."""
+"""Article vectors from attributes: e_a from an article's id embedding and its attribute embeddings (a vector
+attribute's projection among them), for every article of the catalogue (the "<model>_attrs" models)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from contextual_bert.data.feature_spec import N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, ContextSpec, FeatureSpec
+from contextual_bert.data.feature_spec import N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, VECTOR_KIND, ContextSpec, FeatureSpec
 from contextual_bert.errors import ContextualBertError
 
 ATTRIBUTE_COMBINES = ("sum", "concat")
@@ -21,8 +21,34 @@ class TextEmbedding(nn.EmbeddingBag):
         super().__init__(n_words, dim, mode="mean", padding_idx=PAD_INDEX)
 
 
-def attribute_embedding(feature: FeatureSpec, width: int) -> nn.Module:
-    """The embedding table of one article attribute, by its kind."""
+class VectorProjection(nn.Module):
+    """A vector attribute's part of e_a (kind vector: CLIP's, a sentence embedding, the catalogue's TF-IDF;
+    data/vectors.py): W x(a) + b, a learned linear projection of the article's vector; a learned vector of its
+    own for an article without one (never dropped); zero for the special rows, as every attribute's PAD row.
+
+    W starts at N(0, 1/d_model): the vectors arrive at a root-mean-square length of 1 (vectors.fit_vector), so
+    W x starts at the id embeddings' scale."""
+
+    def __init__(self, length: int, width: int, d_model: int):
+        super().__init__()
+        self.linear = nn.Linear(length, width)
+        self.missing = nn.Parameter(torch.zeros(width))
+        nn.init.normal_(self.linear.weight, std=d_model**-0.5)
+        nn.init.zeros_(self.linear.bias)
+        nn.init.normal_(self.missing, std=d_model**-0.5)
+
+    def forward(self, vectors: torch.Tensor, special: torch.Tensor) -> torch.Tensor:
+        """(m, width) of `vectors` (m, length), a NaN row for none; `special` (m,): the rows that are specials."""
+        absent = torch.isnan(vectors).any(dim=-1, keepdim=True)
+        projected = self.linear(torch.nan_to_num(vectors, nan=0.0))
+        out = torch.where(absent, self.missing.to(projected.dtype), projected)
+        return out.masked_fill(special.unsqueeze(-1), 0.0)
+
+
+def attribute_embedding(feature: FeatureSpec, width: int, d_model: int) -> nn.Module:
+    """The embedding table (a vector's projection) of one article attribute, by its kind."""
+    if feature.kind == VECTOR_KIND:
+        return VectorProjection(feature.max_values, width, d_model)
     if feature.kind == "text":
         return TextEmbedding(feature.cardinality, width)
     if feature.kind == "multi_categorical":
@@ -51,7 +77,9 @@ class ArticleAttributes(nn.Module):
     not depend on how many articles there are, so a served model takes a larger catalogue without
     retraining. An article without an id embedding (index >= n_ids) reads the [UNK] id row. Multi-valued
     attributes are the mean of their values' embeddings, text the mean of its words' (TextEmbedding); missing /
-    unknown values have their own rows.
+    unknown values have their own rows. A vector attribute is a learned projection of the article's vector
+    (VectorProjection), summed as any attribute is, so that an article unseen in training is ranked by its vector
+    at the output as at the input.
     """
 
     def __init__(self, spec: ContextSpec, n_ids: int, d_model: int, combine: str = "sum"):
@@ -63,15 +91,17 @@ class ArticleAttributes(nn.Module):
         self.spec, self.n_ids, self.combine = spec, n_ids, combine
         self.id_dropout = 0.0  # a training setting (variants.<model>_attrs.id_dropout; training.fit), not a weight
         widths = [d_model if combine == "sum" else f.dim for f in spec.features]
-        self.embeddings = nn.ModuleList(attribute_embedding(f, w) for f, w in zip(spec.features, widths))
+        self.embeddings = nn.ModuleList(attribute_embedding(f, w, d_model) for f, w in zip(spec.features, widths))
         for table in self.embeddings:
+            if isinstance(table, VectorProjection):
+                continue  # initialised as its own class says
             nn.init.normal_(table.weight, std=d_model**-0.5)
             with torch.no_grad():
                 table.weight[PAD_INDEX].zero_()
         self.projection = nn.Linear(d_model + sum(widths), d_model) if combine == "concat" else None
         self.scale = (1 + len(spec.features)) ** -0.5
-        self.set_catalogue({f.name: torch.zeros((n_ids, f.max_values) if f.is_list else n_ids,
-                                                dtype=torch.long) for f in spec.features})  # fmt: skip
+        self.set_catalogue({f.name: torch.zeros((n_ids, f.max_values) if f.is_list or f.kind == VECTOR_KIND
+                                                else n_ids) for f in spec.features})  # fmt: skip
 
     @property
     def n_items(self) -> int:
@@ -86,12 +116,17 @@ class ArticleAttributes(nn.Module):
         n = len(attributes[self.spec.features[0].name])
         if n < self.n_ids:
             raise ContextualBertError(f"the catalogue has {n} rows, fewer than the model's {self.n_ids} article ids")
-        device = self.embeddings[0].weight.device
+        device = next(self.embeddings.parameters()).device
         for f in self.spec.features:
-            values = attributes[f.name].to(device=device, dtype=torch.long)
+            vector = f.kind == VECTOR_KIND
+            values = attributes[f.name].to(device=device, dtype=torch.float32 if vector else torch.long)
             if len(values) != n:
                 raise ContextualBertError(f"catalogue attribute {f.name!r} has {len(values)} rows, not {n}")
-            if values.numel() and int(values.max()) >= f.cardinality:
+            if vector and (values.dim() != 2 or values.shape[1] != f.max_values):
+                raise ContextualBertError(
+                    f"catalogue vector {f.name!r} is of shape {tuple(values.shape)}, not (n, {f.max_values})"
+                )
+            if not vector and values.numel() and int(values.max()) >= f.cardinality:
                 raise ContextualBertError(
                     f"catalogue attribute {f.name!r} holds index {int(values.max())}, "
                     f"beyond its {f.cardinality} embedding rows"
@@ -123,7 +158,12 @@ class ArticleAttributes(nn.Module):
         parts = [id_embeddings(ids)]
         for f, table in zip(self.spec.features, self.embeddings):
             values = getattr(self, f"catalogue_{f.name}")
-            parts.append(table(values if flat is None else values[flat]))
+            rows = values if flat is None else values[flat]
+            if f.kind == VECTOR_KIND:  # the specials by their catalogue index, whatever id dropout read
+                index = torch.arange(len(values), device=values.device) if flat is None else flat
+                parts.append(table(rows, index < N_SPECIAL))
+            else:
+                parts.append(table(rows))
         if self.projection is not None:
             e = self.projection(torch.cat(parts, dim=-1))
         else:

@@ -27,6 +27,7 @@ from contextual_bert.data.feature_spec import (
     N_SPECIAL,
     PAD_INDEX,
     UNKNOWN_INDEX,
+    VECTOR_KIND,
     ContextSpec,
 )
 from contextual_bert.model.context import history_mean
@@ -201,10 +202,11 @@ class CatalogueOffsets:
 
 
 def overlap_spec(spec: ContextSpec) -> ContextSpec:
-    """The attributes AttributeOverlap reads: not text. A text's words would make the offsets cost a pass over the
-    whole catalogue per word slot (max_text_words of them: on the H&M sample, training 2x slower per epoch), and a
-    word shared with the outfit is what the mean of the word embeddings can already say."""
-    return ContextSpec(tuple(f for f in spec.features if f.kind != "text"))
+    """The attributes AttributeOverlap reads: not text, not vectors. A text's words would make the offsets cost a
+    pass over the whole catalogue per word slot (max_text_words of them: on the H&M sample, training 2x slower per
+    epoch), and a word shared with the outfit is what the mean of the word embeddings can already say; a vector has
+    no values to share."""
+    return ContextSpec(tuple(f for f in spec.features if f.kind not in ("text", VECTOR_KIND)))
 
 
 class AttributeOverlap(nn.Module):

@@ -19,8 +19,9 @@ features files serving needs, its code the `contextual_bert` package as it was a
 A model with article attributes ("<model>_attrs") recommends from the catalogue, not only from the articles
 it was trained on. At load it reads the catalogue bundled at logging time and, when CONTEXTUAL_BERT_CATALOGUE
 names an articles table (.parquet, .csv or .jsonl: article_id and the attribute columns, e.g. the new
-season's data/validated/articles.parquet), appends the articles it does not hold yet: they are scored by
-their attributes from then on, and may be named in requests, without retraining (README, Serving).
+season's data/validated/articles.parquet; a vector attribute as a list column, or JSON text in a CSV), appends
+the articles it does not hold yet: they are scored by their attributes from then on, and may be named in
+requests, without retraining (README, Serving).
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ class OutfitCompleterCore:
             articles = load_catalogue(features_dir)
             catalogue = catalogue or os.environ.get(CATALOGUE_ENV) or None
             if catalogue is not None:
-                articles = articles.extend(read_table_file(Path(catalogue), ("article_id",)))  # .csv, .parquet, ...
+                path = Path(catalogue)  # .csv, .parquet, ...: its new articles' attributes, vectors included
+                articles = articles.extend(read_table_file(path, ("article_id",)), path)
             model.set_catalogue(articles.tensors())
             encoder = OutfitEncoder(articles.vocab, encoder.context, encoder.max_set_size)
         elif catalogue is not None:

@@ -40,12 +40,25 @@ RUN_FILES = (CHECKPOINT_FILE, LAST_FILE, CURVE_FILE, METRICS_FILE)
 RESUMABLE_CHANGES = ("variants", "seeds", "patience", "device", "checkpoint_every_s")
 
 
-def _data_fingerprint(data: EncodedOutfits) -> str:
+def _tensors_fingerprint(tensors: list[tuple[str, torch.Tensor]]) -> str:
     digest = hashlib.blake2b(digest_size=16)
-    for name, tensor in [("items", data.items), *sorted(data.context.items())]:
+    for name, tensor in tensors:
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
+
+
+def _data_fingerprint(data: EncodedOutfits) -> str:
+    return _tensors_fingerprint([("items", data.items), *sorted(data.context.items())])
+
+
+def _catalogue_key(model) -> dict:
+    """An "_attrs" model's catalogue: its attributes' spec and every article's encoded values (a vector's numbers
+    included), which the model reads as it reads the outfits; a model of ids has none."""
+    if model.attributes is None:
+        return {}
+    catalogue = model.attributes.catalogue()
+    return {"attributes": model.attributes.spec.to_json(), "catalogue": _tensors_fingerprint(sorted(catalogue.items()))}
 
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # src/contextual_bert
@@ -129,6 +142,7 @@ def run_key(model, train_cfg: TrainConfig, seed: int, train_data, val_data, devi
         "seed": seed,
         "train_data": _data_fingerprint(train_data),
         "val_data": _data_fingerprint(val_data),
+        **_catalogue_key(model),
     }
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contextual_bert.data.contract import DataSchema
+from contextual_bert.data.vector_files import join_article_vectors, vector_inputs
 from contextual_bert.errors import ContextualBertError
 
 
@@ -28,7 +29,9 @@ class Source:
     about: str
 
     def ingest(self, cfg, source: Path | None = None) -> dict:
-        return importlib.import_module(self.module).ingest(cfg, source)
+        """The source's raw contract, with the article vectors of ingest.article_vectors joined, whatever the
+        source (vector_files.py)."""
+        return join_article_vectors(cfg, importlib.import_module(self.module).ingest(cfg, source))
 
     def schema(self, cfg) -> DataSchema:
         """The context columns the source declares."""
@@ -66,12 +69,13 @@ def ingest(cfg, source: Path | None = None, name: str | None = None) -> dict:
 
 
 def fingerprint(cfg) -> dict:
-    """The files the chosen source reads, by content (path, bytes, md5): what the `source` stage writes to
-    paths.source_fingerprint. That stage runs on every `dvc repro` (always_changed: params only name the files,
-    so DVC cannot hash them itself); ingest depends on its output, so changed source files make ingest stale
-    and unchanged ones leave it, and everything after it, alone. A file whose size, modification time and
-    inode are those of its last hashing is not read again (hash_cache_path; DVC trusts the same signs):
-    the full-size H&M files cost 7.9 s of md5 on every repro otherwise."""
+    """The files the chosen source reads and the article vectors' files (ingest.article_vectors), by content
+    (path, bytes, md5): what the `source` stage writes to paths.source_fingerprint. That stage runs on every
+    `dvc repro` (always_changed: params only name the files, so DVC cannot hash them itself); ingest depends on
+    its output, so changed source files make ingest stale and unchanged ones leave it, and everything after it,
+    alone. A file whose size, modification time and inode are those of its last hashing is not read again
+    (hash_cache_path; DVC trusts the same signs): the full-size H&M files cost 7.9 s of md5 on every repro
+    otherwise."""
     cache_path = hash_cache_path(cfg)
     try:
         cache = json.loads(cache_path.read_text())
@@ -79,7 +83,7 @@ def fingerprint(cfg) -> dict:
         cache = {}  # none yet, or unreadable: hash every file
     cache = cache if isinstance(cache, dict) else {}
     files, seen = [], {}
-    for path in chosen(cfg).inputs(cfg):
+    for path in [*chosen(cfg).inputs(cfg), *vector_inputs(cfg)]:
         stat = path.stat()
         signs = [stat.st_size, stat.st_mtime_ns, stat.st_ino]
         key = str(path.resolve())

@@ -58,14 +58,22 @@ def _polyvore_products(path: Path, id_column: str) -> pd.DataFrame:
     return frame
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_))
+
+
 def _product_column(values: pd.Series) -> pa.Array:
     """One column of the products table as the articles table holds it: numbers as float64, lists as lists of
-    text, anything else as stripped text (empty -> null; an object as its JSON)."""
+    text, except lists of numbers holding a float (a vector: an image's or a text's embedding) as lists of
+    float32; anything else as stripped text (empty -> null; an object as its JSON)."""
     cells = [None if not isinstance(c, (list, tuple, np.ndarray)) and pd.isna(c) else c for c in values.tolist()]
     present = [c for c in cells if c is not None]
     if present and all(isinstance(c, (list, tuple, np.ndarray)) for c in present):
+        flat = [v for c in present for v in c]
+        if flat and all(_is_number(v) for v in flat) and any(isinstance(v, (float, np.floating)) for v in flat):
+            return pa.array([None if c is None else [float(v) for v in c] for c in cells], pa.list_(pa.float32()))
         return pa.array([None if c is None else [str(v) for v in c] for c in cells], pa.list_(pa.string()))
-    if present and all(isinstance(c, (int, float, np.number)) and not isinstance(c, (bool, np.bool_)) for c in present):
+    if present and all(_is_number(c) for c in present):
         return pa.array([None if c is None else float(c) for c in cells], pa.float64())
     text = [None if c is None else (json.dumps(c) if isinstance(c, dict) else str(c).strip()) for c in cells]
     return pa.array([t or None for t in text], pa.string())
