@@ -1,0 +1,81 @@
+"""Article vectors on planted data (issue 71): does a vector per article that carries what no column shows let a
+model rank articles, above all those never seen in training, better than the attribute-aware popularity, and does
+the gain vanish when the vectors carry nothing? The cells are declared in `settings.yaml`.
+
+Each cell is a project of its own under --work (studies/project.py): ingest, validate, features, baseline,
+optimum, then each model's train and evaluate, through the CLI. Results go to this folder's results.json:
+`<cell>/<model>` (test cross-entropy on all, known and unseen targets, the verdict against its yardstick),
+`<cell>/yardsticks`, `<cell>/settings`.
+
+    python studies/article_vectors/article_vectors.py --work /tmp/article_vectors [--cells vectors,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scripts, not an installed package
+from studies.project import Project, override, record, relocated  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+PARTS = ("test", "test_known", "test_unseen")
+YARDSTICKS = ("popularity_attribute", "optimum_no_context", "popularity")
+
+
+def parts(result: dict) -> dict:
+    return {part: result[part]["cross_entropy"] for part in PARTS if part in result}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--cells", help="comma-separated cells (default: every cell, in the declared order)")
+    parser.add_argument("--out", type=Path, default=HERE / "results.json", help="the results file")
+    args = parser.parse_args()
+
+    settings = yaml.safe_load((HERE / "settings.yaml").read_text())
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    record(args.out, "settings", {"commit": commit.strip(), "settings": settings})
+    for name in args.cells.split(",") if args.cells else settings["cells"]:
+        params = yaml.safe_load((REPO / "params.yaml").read_text())
+        for assignment in settings["base"] + settings["cells"][name]:
+            override(params, assignment)
+        params["train"] |= {"num_threads": 1, "variants": settings["models"], "seeds": [settings["seed"]]}
+        project = Project(args.work / name, relocated(params, args.work / name))
+        for stage in ("ingest", "validate", "features", "baseline", "optimum"):
+            project.stage(stage)
+        evals = project.path("reports_dir") / "eval"
+        record(
+            args.out,
+            f"{name}/yardsticks",
+            {y: parts(json.loads((evals / f"{y}.json").read_text())) for y in YARDSTICKS},
+        )
+        for model in settings["models"]:
+            project.stage("train", "--variant", model, "--seed", str(settings["seed"]))
+            project.stage("evaluate", "--variant", model, "--seed", str(settings["seed"]))
+            result = json.loads((evals / f"{model}-s{settings['seed']}.json").read_text())
+            trained = json.loads(
+                (project.path("models_dir") / f"{model}-s{settings['seed']}" / "metrics.json").read_text()
+            )
+            record(args.out, f"{name}/{model}", {
+                **parts(result), "yardstick": result.get("yardstick"), "outfit_dependence": result["test"].get("outfit_dependence"),
+                "epochs": trained["epochs"], "best_epoch": trained["best_epoch"], "converged": trained["converged"],
+                "id_dropout": trained.get("id_dropout"),
+            })  # fmt: skip
+        record(
+            args.out,
+            f"{name}/settings",
+            {"set": settings["base"] + settings["cells"][name], "seconds": project.timings},
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
