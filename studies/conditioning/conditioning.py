@@ -274,6 +274,67 @@ def run_cell(name: str, overrides: list[str], settings: dict, choice: dict, work
     record(OUT, f"{name}/settings", {"set": overrides, "seconds": project.timings})
 
 
+# --- the findings' tables, from the results file -------------------------------------------------------------
+
+LABELS = {"none": "[None]", "concat": "[C]", "new_position": "[NP]", "global_state": "[GS]",
+          "global_state_update": "[GSU]", "global_state_two_way": "[GS2]"}  # fmt: skip
+
+
+def _mean_se(stat: dict, scale: float = 1.0, digits: int = 3) -> str:
+    if stat["mean"] is None:
+        return "–"
+    se = "" if stat["se"] is None else f" ± {stat['se'] * scale:.{digits}f}"
+    return f"{stat['mean'] * scale:.{digits}f}{se}"
+
+
+def render(results: dict) -> str:
+    """Markdown: per cell, each model's test cross-entropy, recall@1, convergence, outfit dependence and the
+    context's influence on the target's log-probability; then the comparisons the findings answer."""
+    cells = [k.removesuffix("/summary") for k in results if k.endswith("/summary")]
+    lines = ["| cell | optimum with / without c | popularity | " + " | ".join(LABELS.values()) + " | order |",
+             "| --- | --- | --- | " + " | ".join("---" for _ in LABELS) + " | --- |"]  # fmt: skip
+    for cell in cells:
+        summary, yards = results[f"{cell}/summary"], results[f"{cell}/optimum"]
+        row = [
+            cell,
+            f"{yards['optimum_context']:.3f} / {yards['optimum_no_context']:.3f}",
+            f"{yards['popularity']:.3f}",
+        ]
+        for model in LABELS:
+            stat = summary["rows"].get(model)
+            row.append("–" if stat is None else _mean_se(stat["test_cross_entropy"]))
+        row.append(" > ".join(LABELS[m] for m in summary["order"]))
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "| cell | " + " | ".join(results[f"{cells[0]}/summary"]["comparisons"]) + " |",
+              "| --- | " + " | ".join("---" for _ in results[f"{cells[0]}/summary"]["comparisons"]) + " |"]  # fmt: skip
+    for cell in cells:
+        cells_text = []
+        for c in results[f"{cell}/summary"]["comparisons"].values():
+            mark = " **beats**" if c["beats_by_more_than_se"] else ""
+            se = "" if c["se"] is None else f" ± {c['se']:.3f}"
+            cells_text.append(f"{c['improvement']:+.3f}{se}{mark}")
+        lines.append(f"| {cell} | " + " | ".join(cells_text) + " |")
+    lines += [
+        "",
+        "| cell | " + " | ".join(f"{v} R@1 % / conv. / dep. / ctx" for v in LABELS.values()) + " |",
+        "| --- | " + " | ".join("---" for _ in LABELS) + " |",
+    ]
+    for cell in cells:
+        rows = results[f"{cell}/summary"]["rows"]
+        runs = [results[k] for k in results if k.startswith(f"{cell}/runs/")]
+        out = []
+        for model in LABELS:
+            if model not in rows:
+                out.append("–")
+                continue
+            mine = [r for r in runs if r["model"] == model]
+            influence = sum(r["context_influence"]["log_prob_change"] for r in mine) / len(mine)
+            out.append(f"{_mean_se(rows[model]['test_recall@1'], 100, 1)} / {rows[model]['converged']}/"
+                       f"{rows[model]['runs']} / {rows[model]['outfit_dependence']['mean']:.2f} / {influence:.2f}")  # fmt: skip
+        lines.append(f"| {cell} | " + " | ".join(out) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     global OUT
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -282,10 +343,14 @@ def main() -> int:
     parser.add_argument("--only", choices=["sweep", "map"], help="the sweep only, or the map (the sweep's choice)")
     parser.add_argument("--settings", type=Path, default=SETTINGS, help="the declared grid (a trial: another file)")
     parser.add_argument("--out", type=Path, default=OUT, help="the results file")
+    parser.add_argument("--render", action="store_true", help="print the findings' tables from --out and stop")
     parser.add_argument("--cells", help="comma-separated cell names (default: every cell, in the declared order)")
     args = parser.parse_args()
 
     OUT = args.out
+    if args.render:
+        print(render(json.loads(OUT.read_text())))
+        return 0
     settings = yaml.safe_load(args.settings.read_text())
     grid = cells(settings)
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
