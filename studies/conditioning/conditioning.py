@@ -332,6 +332,17 @@ def render(results: dict) -> str:
             out.append(f"{_mean_se(rows[model]['test_recall@1'], 100, 1)} / {rows[model]['converged']}/"
                        f"{rows[model]['runs']} / {rows[model]['outfit_dependence']['mean']:.2f} / {influence:.2f}")  # fmt: skip
         lines.append(f"| {cell} | " + " | ".join(out) + " |")
+    # where the context enters: each block's relative change under a donor's context, over every cell's runs
+    runs = [v for k, v in results.items() if "/runs/" in k and "context_influence" in v]
+    lines += ["", "| model | block 1 | block 2 | block 3 | block 4 (masked position) | target log-prob |",
+              "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for model in list(LABELS)[1:]:
+        mine = [r["context_influence"] for r in runs if r["model"] == model and r["context_influence"]]
+        if not mine:
+            continue
+        blocks = [sum(m["block_change"][b] for m in mine) / len(mine) for b in range(len(mine[0]["block_change"]))]
+        change = sum(m["log_prob_change"] for m in mine) / len(mine)
+        lines.append(f"| {LABELS[model]} | " + " | ".join(f"{b:.2f}" for b in blocks) + f" | {change:.2f} |")
     return "\n".join(lines)
 
 
