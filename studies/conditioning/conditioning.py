@@ -274,6 +274,27 @@ def run_cell(name: str, overrides: list[str], settings: dict, choice: dict, work
     record(OUT, f"{name}/settings", {"set": overrides, "seconds": project.timings})
 
 
+def run_supplement(settings: dict, grid: dict[str, list[str]], choice: dict, work: Path, pool) -> None:
+    """`supplement` (declared after the map began, with its reason): the named models again at the given rates in
+    the named cells, on the cell's own data; the cell's summary recomputed with them in place of the map's rows
+    (`<cell>/supplement/summary`); the map's own entries are kept as they are."""
+    declared = settings["supplement"]
+    results = json.loads(OUT.read_text())
+    for cell in declared["cells"]:
+        root = work / f"{cell}-supplement"
+        rates = [f"variants.{m}.learning_rate={r}" for m, r in declared["rates"].items()]
+        params = cell_params(grid[cell] + [f"variants.{m}.learning_rate={r}" for m, r in choice.items()] + rates,
+                             root, settings)  # fmt: skip
+        params["paths"]["features_dir"] = str(work / cell / "data" / "features")
+        project = Project(root, params)
+        tasks = [(str(project.params_path), m, s, True) for m in declared["rates"] for s in settings["seeds"]]
+        runs = run_tasks(pool, tasks)
+        for r in runs:
+            record(OUT, f"{cell}/supplement/runs/{r['model']}-s{r['seed']}", r)
+        kept = [v for k, v in results.items() if k.startswith(f"{cell}/runs/") and v["model"] not in declared["rates"]]
+        record(OUT, f"{cell}/supplement/summary", summarize(kept + runs, results[f"{cell}/optimum"]))
+
+
 # --- the findings' tables, from the results file -------------------------------------------------------------
 
 LABELS = {"none": "[None]", "concat": "[C]", "new_position": "[NP]", "global_state": "[GS]",
@@ -351,7 +372,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--jobs", type=int, default=2, help="trainings at a time (one torch thread each)")
-    parser.add_argument("--only", choices=["sweep", "map"], help="the sweep only, or the map (the sweep's choice)")
+    parser.add_argument("--only", choices=["sweep", "map", "supplement"], help="the sweep, the map or the supplement")
     parser.add_argument("--settings", type=Path, default=SETTINGS, help="the declared grid (a trial: another file)")
     parser.add_argument("--out", type=Path, default=OUT, help="the results file")
     parser.add_argument("--render", action="store_true", help="print the findings' tables from --out and stop")
@@ -368,9 +389,12 @@ def main() -> int:
     record(OUT, "settings", {"commit": commit.strip(), "settings": settings, "cells": list(grid)})
     os.environ["TQDM_DISABLE"] = "1"  # the workers' progress bars: thousands of lines in the log
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn"), initializer=_pin) as pool:
-        if args.only == "map":
+        if args.only in ("map", "supplement"):
             choice = json.loads(OUT.read_text())["sweep/choice"]["rates"]
-        else:
+        if args.only == "supplement":
+            run_supplement(settings, grid, choice, args.work, pool)
+            return 0
+        if args.only is None or args.only == "sweep":
             choice = sweep(settings, grid, args.work, pool)
         if args.only == "sweep":
             return 0
