@@ -311,7 +311,7 @@ def _mean_se(stat: dict, scale: float = 1.0, digits: int = 3) -> str:
 def render(results: dict) -> str:
     """Markdown: per cell, each model's test cross-entropy, recall@1, convergence, outfit dependence and the
     context's influence on the target's log-probability; then the comparisons the findings answer."""
-    cells = [k.removesuffix("/summary") for k in results if k.endswith("/summary")]
+    cells = [k.removesuffix("/summary") for k in results if k.endswith("/summary") and "/supplement/" not in k]
     lines = ["| cell | optimum with / without c | popularity | " + " | ".join(LABELS.values()) + " | order |",
              "| --- | --- | --- | " + " | ".join("---" for _ in LABELS) + " | --- |"]  # fmt: skip
     for cell in cells:
@@ -342,7 +342,7 @@ def render(results: dict) -> str:
     ]
     for cell in cells:
         rows = results[f"{cell}/summary"]["rows"]
-        runs = [results[k] for k in results if k.startswith(f"{cell}/runs/")]
+        runs = [v for k, v in results.items() if k.startswith(f"{cell}/runs/")]
         out = []
         for model in LABELS:
             if model not in rows:
@@ -354,7 +354,7 @@ def render(results: dict) -> str:
                        f"{rows[model]['runs']} / {rows[model]['outfit_dependence']['mean']:.2f} / {influence:.2f}")  # fmt: skip
         lines.append(f"| {cell} | " + " | ".join(out) + " |")
     # where the context enters: each block's relative change under a donor's context, over every cell's runs
-    runs = [v for k, v in results.items() if "/runs/" in k and "context_influence" in v]
+    runs = [v for k, v in results.items() if "/runs/" in k and "/supplement/" not in k and "context_influence" in v]
     lines += ["", "| model | block 1 | block 2 | block 3 | block 4 (masked position) | target log-prob |",
               "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for model in list(LABELS)[1:]:
