@@ -199,6 +199,8 @@ def start_run(
     generator = seeded_random_states(seed, device)
     sampler = negative_sampler(cfg, model, train_data, generator)  # draws from the generator: resumable
     state = RunState(bag_warmup=BagWarmup.at_start(cfg, model))
+    if isinstance(cfg.rare_id_decay, str):  # fit decides "auto" before it starts a run
+        raise ContextualBertError("train.rare_id_decay 'auto' reached start_run undecided (training.sparse.resolve)")
     rare_id_decay = RareIdDecay(model, train_data.items, cfg.rare_id_decay) if cfg.rare_id_decay > 0 else None
     return Run(
         model,
