@@ -181,20 +181,12 @@ class GlobalStateUpdate(nn.Module):
         return self.dropout(self.norm(self.feed_forward(global_state)), global_state)
 
 
-class StateAttention(nn.Module):
+class StateAttention(MultiHeadSelfAttention):
     """[GS2] MultiHead(c~, H, H): the global state, the single query, attends over the positions of H (W^Q, W^K,
-    W^V, W^O of its own); padded keys get no attention. Returns (B, d): one vector per outfit."""
+    W^V, W^O of its own, laid out as the blocks' attention); padded keys get no attention. Returns (B, d): one
+    vector per outfit."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float):
-        super().__init__()  # d_model divisible by n_heads: checked by the blocks' MultiHeadSelfAttention
-        self.n_heads, self.d_head = n_heads, d_model // n_heads
-        self.query = nn.Linear(d_model, d_model)
-        self.key = nn.Linear(d_model, d_model)
-        self.value = nn.Linear(d_model, d_model)
-        self.output = nn.Linear(d_model, d_model)
-        self.dropout = Dropout(dropout)
-
-    def forward(self, global_state: torch.Tensor, h: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
+    def forward(self, global_state: torch.Tensor, h: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         """global_state: (B, d); h: (L, B, d), position-first as in the blocks; key_bias: (B, 1, 1, L)."""
         length, batch, d_model = h.shape
 
