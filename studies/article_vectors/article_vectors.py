@@ -1,6 +1,7 @@
-"""Article vectors on planted data (issue 71): does a vector per article that carries what no column shows let a
+"""Article vectors (issue 71): on planted data, does a vector per article that carries what no column shows let a
 model rank articles, above all those never seen in training, better than the attribute-aware popularity, and does
-the gain vanish when the vectors carry nothing? The cells are declared in `settings.yaml`.
+the gain vanish when the vectors carry nothing? On the H&M sample, do vectors derived from the product text rank
+better than the text as attributes, or no text? The cells and their bases are declared in `settings.yaml`.
 
 Each cell is a project of its own under --work (studies/project.py): ingest, validate, features, baseline,
 optimum, then each model's train and evaluate, through the CLI. Results go to this folder's results.json:
@@ -44,10 +45,12 @@ def main() -> int:
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
     record(args.out, "settings", {"commit": commit.strip(), "settings": settings})
     for name in args.cells.split(",") if args.cells else settings["cells"]:
+        cell = settings["cells"][name]
+        assignments, models = settings["bases"][cell["base"]] + cell["set"], settings["models"][cell["base"]]
         params = yaml.safe_load((REPO / "params.yaml").read_text())
-        for assignment in settings["base"] + settings["cells"][name]:
+        for assignment in assignments:
             override(params, assignment)
-        params["train"] |= {"num_threads": 1, "variants": settings["models"], "seeds": [settings["seed"]]}
+        params["train"] |= {"num_threads": 1, "variants": models, "seeds": [settings["seed"]]}
         project = Project(args.work / name, relocated(params, args.work / name))
         for stage in ("ingest", "validate", "features", "baseline", "optimum"):
             project.stage(stage)
@@ -55,9 +58,13 @@ def main() -> int:
         record(
             args.out,
             f"{name}/yardsticks",
-            {y: parts(json.loads((evals / f"{y}.json").read_text())) for y in YARDSTICKS},
+            {
+                y: parts(json.loads((evals / f"{y}.json").read_text()))
+                for y in YARDSTICKS
+                if (evals / f"{y}.json").exists()
+            },
         )
-        for model in settings["models"]:
+        for model in models:
             project.stage("train", "--variant", model, "--seed", str(settings["seed"]))
             project.stage("evaluate", "--variant", model, "--seed", str(settings["seed"]))
             result = json.loads((evals / f"{model}-s{settings['seed']}.json").read_text())
@@ -69,11 +76,7 @@ def main() -> int:
                 "epochs": trained["epochs"], "best_epoch": trained["best_epoch"], "converged": trained["converged"],
                 "id_dropout": trained.get("id_dropout"),
             })  # fmt: skip
-        record(
-            args.out,
-            f"{name}/settings",
-            {"set": settings["base"] + settings["cells"][name], "seconds": project.timings},
-        )
+        record(args.out, f"{name}/settings", {"set": assignments, "seconds": project.timings})
     return 0
 
 

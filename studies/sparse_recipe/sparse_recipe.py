@@ -13,6 +13,8 @@ file (--out, default the study's results.json) as runs/<name>/curve, .../metrics
     # without history (another features folder: --dset)
     python studies/sparse_recipe/sparse_recipe.py closets gs_no_history --dset features.history.enabled=false \
         --data --set train.init_output=counts --set train.rare_id_decay=5 --evaluate
+    # the same closets written as H&M's three files and imported by the `hm` source, the defaults only
+    python studies/sparse_recipe/sparse_recipe.py closets_hm closets_hm_gs_defaults --data --evaluate
 
 The runs of findings.md are results.json's runs/<name>/* entries (settings: the recipe each ran).
 """
@@ -24,6 +26,7 @@ import json
 import sys
 from pathlib import Path
 
+import pandas as pd
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +38,57 @@ from studies.project import Project, override, record, relocated  # noqa: E402
 DATA_DIRS = ("raw_dir", "validated_dir", "quarantine_dir", "features_dir", "source_fingerprint")
 HIDDEN = ["ingest.source=planted", "planted.taste_strength=0.0", "planted.hidden_taste_strength=1.3"]
 RECIPE_KEYS = ("init_output", "rare_id_decay", "weight_decay", "bag_warmup_epochs", "bag_warmup_check_steps")
-KINDS = {"closets": lambda: closet_settings([]), "default": lambda: [], "planted_hidden": lambda: list(HIDDEN)}
+KINDS = {
+    "closets": lambda: closet_settings([]),
+    "default": lambda: [],
+    "planted_hidden": lambda: list(HIDDEN),
+    "closets_hm": lambda: closets_hm_settings(),
+}
+HM_FOLDER = "closets_hm_files"  # under --workdir/data: the closets as H&M's files
+# the closets' context columns -> H&M customer columns the `hm` source reads as context (both categorical)
+HM_CONTEXT = {"region": "postal_code", "age_group": "club_member_status"}
+
+
+def closets_hm_settings() -> list[str]:
+    """The closets' data settings for the `hm` source: what the H&M files cannot say (the planted story) is
+    dropped; the split, history and the one attribute (product type) are the closets'."""
+    kept = [a for a in closet_settings([]) if not a.startswith(("ingest.", "planted.", "features.article_attributes."))]
+    return [
+        *kept,
+        "ingest.source=hm",
+        "import_hm.basket=day",
+        "features.article_attributes.hm={product_type: categorical}",
+    ]
+
+
+def write_closets_as_hm(raw_dir: Path, out: Path) -> dict:
+    """The closets' raw tables as H&M's transactions_train.csv, customers.csv and articles.csv: an outfit is one
+    customer's basket on one day, so a customer's outfits on the same day are moved to the next free day (counted);
+    article ids become H&M's integers. Returns the counts."""
+    outfits = pd.read_parquet(raw_dir / "outfits.parquet")
+    customers = pd.read_parquet(raw_dir / "customers.parquet")
+    articles = pd.read_parquet(raw_dir / "articles.parquet")
+    number = {a: 100_000_000 + i for i, a in enumerate(articles["article_id"])}
+    outfits = outfits.assign(day=pd.to_datetime(outfits["date"])).sort_values(["customer_id", "day", "outfit_id"])
+    days, moved, last = [], 0, {}
+    for customer, day in zip(outfits["customer_id"], outfits["day"]):
+        free = max(day, last[customer] + pd.Timedelta(days=1)) if customer in last else day
+        moved += free != day
+        days.append(free)
+        last[customer] = free
+    outfits["t_dat"] = pd.DatetimeIndex(days).strftime("%Y-%m-%d")
+    rows = outfits[["t_dat", "customer_id", "article_ids"]].explode("article_ids")
+    out.mkdir(parents=True, exist_ok=True)
+    rows.assign(article_id=rows["article_ids"].map(number), price=0.01, sales_channel_id=2)[
+        ["t_dat", "customer_id", "article_id", "price", "sales_channel_id"]
+    ].to_csv(out / "transactions_train.csv", index=False)
+    customers.rename(columns=HM_CONTEXT)[["customer_id", *HM_CONTEXT.values()]].to_csv(
+        out / "customers.csv", index=False
+    )
+    articles.assign(article_id=articles["article_id"].map(number)).rename(
+        columns={"product_type": "product_type_name"}
+    )[["article_id", "product_type_name"]].to_csv(out / "articles.csv", index=False)
+    return {"outfits": len(outfits), "transactions": len(rows), "outfits_moved_a_day_on": int(moved)}
 
 
 def params_for(data_root: Path, root: Path, assignments: list[str]) -> dict:
@@ -64,6 +117,13 @@ def main() -> int:
 
     data_assignments = KINDS[args.kind]() + args.dset
     data_root = args.workdir / "data" / "_".join([args.kind, *(a.replace("=", "-") for a in args.dset)])
+    if args.kind == "closets_hm":
+        folder = args.workdir / "data" / HM_FOLDER
+        data_assignments.append(f"import_hm.source={folder}")
+        if args.data:  # the closets' own data project first: its raw tables are what the files say
+            closets = args.workdir / "data" / "closets_for_hm"
+            Project(closets, params_for(closets, closets, KINDS["closets"]())).stage("ingest")
+            record(args.out, f"runs/{args.name}/hm_files", write_closets_as_hm(closets / "data" / "raw", folder))
     if args.data:
         data = Project(data_root, params_for(data_root, data_root, data_assignments))
         for stage in ("ingest", "validate", "features", "baseline"):
