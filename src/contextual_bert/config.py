@@ -189,7 +189,7 @@ class TrainConfig(Section):
     schedule: Literal["cosine", "linear", "constant"] = "cosine"  # after warm-up, down to min_lr_fraction
     min_lr_fraction: float = Field(0.0, ge=0, le=1)  # ... of learning_rate, reached at max_epochs
     grad_clip: float = Field(1.0, ge=0)  # global gradient norm; 0: no clipping
-    patience: int = Field(5, ge=1)
+    patience: int = Field(10, ge=1)
     # the epoch's validation reads at most this many validation outfits, a fixed evenly spaced sample (0: all),
     # and its training probe at most probe_outfits training outfits: on a large catalogue both rank every
     # article, and would otherwise cost more than the epoch's sampled-softmax training (docs/decisions.md)
