@@ -1,5 +1,11 @@
 """A vector attribute in the model (model/articles.py, VectorProjection): a learned projection of each article's
-vector summed into e_a, at the input and the tied output layer; a learned vector for an article without one."""
+vector summed into e_a, at the input and the tied output layer; a learned vector for an article without one. And
+the calibration between known and new articles (ArticleAttributes.calibrate_unseen): outside training an article
+without an id gets log(s (p K + U) / (p U)) on its logit (log(1 + p K / U) for `auto`), p the id dropout, s the
+validation's share without an id, K the articles with an id and U those without, so that the [UNK]-read group
+gets the share it should; nothing changes without id dropout or in training."""
+
+import math
 
 import pytest
 import torch
@@ -121,3 +127,76 @@ def test_a_catalogue_vector_of_another_length_is_refused():
     wrong = {"clip": torch.zeros(N_ARTICLES, LENGTH + 1)}
     with pytest.raises(ContextualBertError, match=r"catalogue vector 'clip' is of shape \(17, 6\), not \(n, 5\)"):
         model.set_catalogue(wrong)
+
+
+# --- the calibration between known and new articles ------------------------------------------------------
+
+KNOWN, WITHOUT_ID = N_IDS - N_SPECIAL, N_ARTICLES - N_IDS
+
+
+@pytest.mark.parametrize("variant", ["none_attrs", "bag_of_items_attrs"])
+def test_the_offset_is_log_one_plus_p_known_over_unseen_on_both_article_sides(variant):
+    model = vector_model(variant)
+    model.set_id_dropout(0.25)
+    expected = math.log1p(0.25 * KNOWN / WITHOUT_ID)
+    sides = [s for s in (model.attributes, getattr(model, "output_attributes", None)) if s is not None]
+    assert [s.unseen_offset for s in sides] == [pytest.approx(expected)] * len(sides)
+
+
+def test_a_rate_set_by_hand_aims_the_group_at_the_validation_share_not_at_the_rate():
+    model = vector_model()
+    model.set_id_dropout(0.5, unseen_share=0.1)  # a rate above the share: the group must get 0.1, not 0.5
+    assert model.attributes.unseen_offset == pytest.approx(
+        math.log(0.1 * (0.5 * KNOWN + WITHOUT_ID) / (0.5 * WITHOUT_ID))
+    )
+    model.set_id_dropout(0.5, unseen_share=0.0)  # validation meets no article without an id: no offset
+    assert model.attributes.unseen_offset == 0.0
+
+
+def test_outside_training_only_the_articles_without_an_id_move_by_the_offset():
+    plain = logits(vector_model(), [UNSEEN, N_SPECIAL])
+    model = vector_model()
+    model.set_id_dropout(0.5)
+    model.eval()
+    moved = logits(model, [UNSEEN, N_SPECIAL]) - plain
+    offset = math.log1p(0.5 * KNOWN / WITHOUT_ID)
+    torch.testing.assert_close(moved[N_SPECIAL:N_IDS], torch.zeros(KNOWN))
+    torch.testing.assert_close(moved[N_IDS:], torch.full((WITHOUT_ID,), offset))
+
+
+def test_in_training_the_output_bias_is_the_id_rows_own():
+    model = vector_model()
+    model.set_id_dropout(0.5)
+    model.train()
+    model.set_id_dropout(0.0)  # no draws: the rows read their own ids, [UNK] for the articles without one
+    model.attributes.unseen_offset = 1.0  # even with an offset set, training never adds it
+    weight, bias = model.output_layer()
+    torch.testing.assert_close(bias, model.output_bias[model.attributes.id_rows])
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.3])
+def test_without_id_dropout_or_without_articles_lacking_an_id_nothing_changes(rate):
+    model = vector_model()
+    before = logits(model, [UNSEEN, N_SPECIAL])
+    model.set_id_dropout(0.0)
+    assert model.attributes.unseen_offset == 0.0
+    assert torch.equal(logits(model, [UNSEEN, N_SPECIAL]), before)  # the same bits
+    known_only = {name: values[:N_IDS] for name, values in catalogue().items()}
+    model.set_catalogue(known_only)
+    model.set_id_dropout(rate)
+    assert model.attributes.unseen_offset == 0.0
+
+
+def test_a_checkpoint_keeps_the_offset_and_a_larger_catalogue_at_serving_keeps_it_too(tmp_path):
+    model = vector_model()
+    model.set_id_dropout(0.4)
+    save_checkpoint(tmp_path / "checkpoint.pt", model, {})
+    loaded, _ = load_checkpoint(tmp_path / "checkpoint.pt")
+    assert model.attributes.unseen_offset > 0
+    assert loaded.attributes.unseen_offset == pytest.approx(model.attributes.unseen_offset)
+    torch.testing.assert_close(logits(loaded, [UNSEEN, N_SPECIAL]), logits(model.eval(), [UNSEEN, N_SPECIAL]))
+    larger = {name: torch.cat([values, values[N_IDS : N_IDS + 2]]) for name, values in catalogue().items()}
+    loaded.set_catalogue(larger)  # two articles added after training: fixed at training, the offset stays
+    assert loaded.attributes.unseen_offset == pytest.approx(model.attributes.unseen_offset)
+    scores = logits(loaded, [UNSEEN, N_SPECIAL])
+    torch.testing.assert_close(scores[-2:], scores[N_IDS : N_IDS + 2])

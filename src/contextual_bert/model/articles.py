@@ -3,6 +3,8 @@ attribute's projection among them), for every article of the catalogue (the "<mo
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -90,6 +92,8 @@ class ArticleAttributes(nn.Module):
             raise ContextualBertError("a model with article attributes needs at least one attribute")
         self.spec, self.n_ids, self.combine = spec, n_ids, combine
         self.id_dropout = 0.0  # a training setting (variants.<model>_attrs.id_dropout; training.fit), not a weight
+        # added to the logit of every article without an id outside training (unseen_offset below; in checkpoints)
+        self.unseen_offset = 0.0
         widths = [d_model if combine == "sum" else f.dim for f in spec.features]
         self.embeddings = nn.ModuleList(attribute_embedding(f, w, d_model) for f, w in zip(spec.features, widths))
         for table in self.embeddings:
@@ -137,6 +141,27 @@ class ArticleAttributes(nn.Module):
 
     def catalogue(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f"catalogue_{f.name}") for f in self.spec.features}
+
+    def calibrate_unseen(self, share: float) -> float:
+        """Set and return `unseen_offset` for the catalogue held now, the id dropout set and `share`, the validation
+        targets' share without an id: log(s (p K + U) / (p U)), p the id dropout, K the articles with an id, U those
+        without, s the share; log(1 + p K / U) for `auto` (p = s). Why: in training the [UNK]-read rows are the U
+        articles without an id plus about p K dropped ones, and the dropped targets teach the model to give that
+        group a mass of about p; outside training only the U rows read [UNK], and the group should get s. 0 (the
+        same bits as without it) without id dropout, without articles lacking an id, or where s is 0."""
+        known, unseen, p = self.n_ids - N_SPECIAL, self.n_items - self.n_ids, self.id_dropout
+        useful = p > 0 and unseen > 0 and share > 0
+        self.unseen_offset = math.log(share * (p * known + unseen) / (p * unseen)) if useful else 0.0
+        return self.unseen_offset
+
+    def bias(self, output_bias: torch.Tensor, ids: torch.Tensor, flat: torch.Tensor | None = None) -> torch.Tensor:
+        """The output bias of the rows `ids` (from `ids(flat)`): the id rows' bias, plus `unseen_offset` for the
+        catalogue rows without an id (index >= n_ids) outside training."""
+        bias = output_bias[ids]
+        if self.training or self.unseen_offset == 0.0:
+            return bias
+        rows = torch.arange(self.n_items, device=bias.device) if flat is None else flat
+        return bias + (rows >= self.n_ids).to(bias.dtype) * self.unseen_offset
 
     def ids(self, flat: torch.Tensor | None = None) -> torch.Tensor:
         """The id rows of the article indices `flat` (1-d), or of the whole catalogue. In training mode, with

@@ -49,6 +49,7 @@ def model_payload(model: nn.Module) -> dict:
         payload["attributes"] = model.attributes.spec.to_json()
         payload["combine"] = model.attributes.combine
         payload["catalogue"] = {k: v.detach().cpu() for k, v in model.attributes.catalogue().items()}
+        payload["unseen_offset"] = model.attributes.unseen_offset
     return payload
 
 
@@ -72,6 +73,9 @@ def model_from_payload(payload: dict) -> nn.Module:
     model.load_state_dict(payload["state_dict"])
     if attributes is not None:
         model.set_catalogue(payload["catalogue"])
+        for side in (model.attributes, getattr(model, "output_attributes", None)):
+            if side is not None:  # fixed at training (a larger catalogue at serving keeps it): 0 before it existed
+                side.unseen_offset = float(payload.get("unseen_offset", 0.0))
     return model
 
 

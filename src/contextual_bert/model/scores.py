@@ -126,13 +126,16 @@ class ArticleScores:
             return self.attributes(table, articles)
         return table.weight if articles is None else table(articles)
 
-    def set_id_dropout(self, rate: float) -> None:
-        """Id dropout for training (variants.<model>_attrs.id_dropout; ArticleAttributes.ids), on both article sides."""
+    def set_id_dropout(self, rate: float, unseen_share: float | None = None) -> None:
+        """Id dropout for training (variants.<model>_attrs.id_dropout; ArticleAttributes.ids), on both article sides;
+        and the offset of the articles without an id outside training, for `unseen_share` of the targets without
+        one (ArticleAttributes.calibrate_unseen; None: the rate's own share, as `auto` sets it)."""
         if self.attributes is None:
             raise ContextualBertError(f"model '{self.variant}' reads article ids only; it has no id dropout")
         for side in (self.attributes, getattr(self, "output_attributes", None)):
             if side is not None:
                 side.id_dropout = float(rate)
+                side.calibrate_unseen(float(rate) if unseen_share is None else unseen_share)
 
     def output_articles(
         self, table: nn.Embedding, attributes: ArticleAttributes | None, articles: torch.Tensor | None = None
@@ -141,13 +144,14 @@ class ArticleScores:
         `table` and, with attributes, the attribute embeddings `attributes`; or (C, d), (C,) for the catalogue
         indices `articles` (C,) only: the sampled softmax's candidates, whose attribute vectors are then the
         only ones built. An article without an id (or whose id is dropped in this step) shares the [UNK] row's
-        bias: one draw of `ids()` serves both."""
+        bias: one draw of `ids()` serves both; outside training an article without an id gets the calibration
+        offset too (ArticleAttributes.calibrate_unseen)."""
         if attributes is None:
             if articles is None:
                 return table.weight, self.output_bias
             return table.weight.index_select(0, articles), self.output_bias.index_select(0, articles)
         ids = attributes.ids(articles)
-        return attributes(table, articles, ids=ids), self.output_bias[ids]
+        return attributes(table, articles, ids=ids), attributes.bias(self.output_bias, ids, articles)
 
     def outfit_offsets(
         self,

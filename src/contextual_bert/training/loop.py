@@ -36,7 +36,7 @@ from contextual_bert.model import build_model, count_paper_parameters, save_chec
 from contextual_bert.training.batches import BUCKET_BATCHES, length_batches  # noqa: F401
 from contextual_bert.training.count_start import start_from_counts
 from contextual_bert.training.losses import NegativeSampler, mask_items, masked_item_loss, negative_sampler
-from contextual_bert.training.regularisers import RareIdDecay, drop_history, id_dropout_rate
+from contextual_bert.training.regularisers import RareIdDecay, drop_history, id_dropout_rate, unseen_share
 from contextual_bert.training.resume import (
     CHECKPOINT_FILE,
     CURVE_FILE,
@@ -148,6 +148,7 @@ class Run:
     id_dropout: float | None = None
     rare_id_decay: RareIdDecay | None = None
     sparse_recipe: dict | None = None  # what train.init_output / rare_id_decay "auto" decided (training/sparse.py)
+    unseen_offset: float | None = None  # the "_attrs" models' offset of the articles without an id (calibrate_unseen)
 
     @property
     def last_path(self) -> Path:
@@ -184,10 +185,11 @@ def start_run(
     if device.type == "cpu":
         keep_freed_memory(large_blocks=True)
     key = run_key(model, cfg, seed, train_data, val_data, device)
-    id_dropout = None
+    id_dropout, unseen_offset = None, None
     if uses_attributes(model.variant):  # read by "_attrs" models only: the paper's models train as before
         id_dropout = id_dropout_rate(cfg.id_dropout, model, val_data)
-        model.set_id_dropout(id_dropout)
+        model.set_id_dropout(id_dropout, unseen_share(model, val_data))
+        unseen_offset = model.attributes.unseen_offset
     if cfg.validation_outfits and len(val_data) > cfg.validation_outfits:
         # early stopping reads the same sample every epoch
         val_data = even_sample(val_data, cfg.validation_outfits)
@@ -218,6 +220,7 @@ def start_run(
         state,
         id_dropout,
         rare_id_decay,
+        unseen_offset=unseen_offset,
     )
 
 
@@ -430,7 +433,11 @@ def finish_run(run: Run, n_params: int) -> dict:
             if reads_bag_warmup(run.cfg, run.model) and state.bag_warmup.phase != "due"
             else {}
         ),
-        **({"id_dropout": run.id_dropout} if run.id_dropout is not None else {}),
+        **(
+            {"id_dropout": run.id_dropout, "unseen_offset": run.unseen_offset}
+            if run.id_dropout is not None
+            else {}
+        ),
         **({"sparse_recipe": run.sparse_recipe} if run.sparse_recipe is not None else {}),
     }
     write_json(run.out_dir / METRICS_FILE, metrics)

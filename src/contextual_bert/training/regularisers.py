@@ -51,8 +51,11 @@ def id_dropout_rate(setting: float | str, model, val_data: EncodedOutfits) -> fl
     evaluation does; where it meets none, dropping ids only hides what the ids carry (docs/decisions.md). A
     never-dropped [UNK] row shrinks toward 0 under the weight decay, so an article added after training is read
     mostly by its attributes."""
-    if setting != "auto":
-        return float(setting)
+    return unseen_share(model, val_data) if setting == "auto" else float(setting)
+
+
+def unseen_share(model, val_data: EncodedOutfits) -> float:
+    """The share of the validation outfits' articles that have no id embedding (catalogue index >= n_ids)."""
     real = val_data.items >= N_SPECIAL
     unseen = real & (val_data.items >= model.n_ids)
     return int(unseen.sum()) / max(1, int(real.sum()))
