@@ -6,6 +6,7 @@ better than the text as attributes, or no text? The cells and their bases are de
 Each cell is a project of its own under --work (studies/project.py): ingest, validate, features, baseline,
 optimum, then each model's train and evaluate, through the CLI. Results go to this folder's results.json:
 `<cell>/<model>` (test cross-entropy on all, known and unseen targets, the verdict against its yardstick),
+`<cell>/<model>/unseen_mass` (unseen_mass.py: the mass on the articles without an id, with and without the offset),
 `<cell>/yardsticks`, `<cell>/settings`.
 
     python studies/article_vectors/article_vectors.py --work /tmp/article_vectors [--cells vectors,...]
@@ -23,6 +24,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scripts, not an installed package
+from studies.article_vectors.unseen_mass import measure  # noqa: E402
 from studies.project import Project, override, record, relocated  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -76,6 +78,7 @@ def main() -> int:
                 "epochs": trained["epochs"], "best_epoch": trained["best_epoch"], "converged": trained["converged"],
                 "id_dropout": trained.get("id_dropout"),
             })  # fmt: skip
+            record(args.out, f"{name}/{model}/unseen_mass", measure(project.root, model, settings["seed"]))
         record(args.out, f"{name}/settings", {"set": assignments, "seconds": project.timings})
     return 0
 

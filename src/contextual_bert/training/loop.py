@@ -433,11 +433,7 @@ def finish_run(run: Run, n_params: int) -> dict:
             if reads_bag_warmup(run.cfg, run.model) and state.bag_warmup.phase != "due"
             else {}
         ),
-        **(
-            {"id_dropout": run.id_dropout, "unseen_offset": run.unseen_offset}
-            if run.id_dropout is not None
-            else {}
-        ),
+        **({"id_dropout": run.id_dropout, "unseen_offset": run.unseen_offset} if run.id_dropout is not None else {}),
         **({"sparse_recipe": run.sparse_recipe} if run.sparse_recipe is not None else {}),
     }
     write_json(run.out_dir / METRICS_FILE, metrics)

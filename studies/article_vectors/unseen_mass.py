@@ -1,0 +1,99 @@
+"""How much probability a catalogue ranker puts on the articles without an id (never seen in training), against
+how often a test target is one: the calibration between known and new articles (issue 71). Per model: the mean
+over the test cases (each item of each test outfit masked in turn, the evaluation's cases) of the softmax mass on
+the catalogue rows without an id, beside the share of those cases whose target has none, and the cross-entropy
+on all, known and unseen targets; for the trained model with its calibration offset (unseen_offset, as evaluated)
+and with it set to 0 (as before the offset existed), and for the attribute-aware popularity. A model whose mass
+is far below the share gives new articles too little.
+
+    python studies/article_vectors/unseen_mass.py --project /tmp/article_vectors/hm_no_text --model none_attrs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import yaml
+
+from contextual_bert.config import load_config
+from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX
+from contextual_bert.data.feature_store import load_catalogue, load_split
+from contextual_bert.evaluation.evaluate import yardstick_model
+from contextual_bert.model.checkpoint import load_checkpoint
+
+BATCH = 256
+
+
+def unseen_mass(scorer, test, n_ids: int) -> dict:
+    """Mean softmax mass on rows >= n_ids over the test cases, and the share of cases whose target is such a row."""
+    items = test.items
+    outfit, position = (items != PAD_INDEX).nonzero(as_tuple=True)
+    target = items[outfit, position]
+    keep = target >= N_SPECIAL
+    outfit, position, target = outfit[keep], position[keep], target[keep]
+    mass, log_prob = [], []
+    with torch.no_grad():
+        for start in range(0, len(target), BATCH):
+            o, p = outfit[start : start + BATCH], position[start : start + BATCH]
+            masked = items[o].clone()
+            masked[torch.arange(len(o)), p] = MASK_INDEX
+            context = {name: values[o] for name, values in test.context.items()}
+            logits = scorer.masked_logits(masked, context).float()
+            logits[:, :N_SPECIAL] = float("-inf")
+            probs = torch.softmax(logits, dim=1)
+            mass.append(probs[:, n_ids:].sum(dim=1))
+            log_prob.append(torch.log_softmax(logits, dim=1).gather(1, target[start : start + BATCH, None])[:, 0])
+    mass, log_prob = torch.cat(mass), torch.cat(log_prob)
+    unseen = target >= n_ids
+    return {
+        "cases": len(target),
+        "cross_entropy": float(-log_prob.mean()),
+        "cross_entropy_known": float(-log_prob[~unseen].mean()) if (~unseen).any() else None,
+        "cross_entropy_unseen": float(-log_prob[unseen].mean()) if unseen.any() else None,
+        "unseen_target_share": float(unseen.float().mean()),
+        "mean_unseen_mass": float(mass.mean()),
+        "mean_unseen_mass_on_unseen_targets": float(mass[unseen].mean()) if unseen.any() else None,
+        "mean_unseen_mass_on_known_targets": float(mass[~unseen].mean()) if (~unseen).any() else None,
+    }
+
+
+def measure(project: Path, model_name: str, seed: int = 0) -> dict:
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    cfg = load_config(project / "params.yaml")
+    features = Path(params["paths"]["features_dir"])
+    catalogue = load_catalogue(features)
+    test = load_split(features, "test", cfg.model.max_set_size, catalogue=True)
+    model, _ = load_checkpoint(Path(params["paths"]["models_dir"]) / f"{model_name}-s{seed}" / "checkpoint.pt")
+    model.set_catalogue(catalogue.tensors())
+    model.eval()
+    val = load_split(features, "val", cfg.model.max_set_size, catalogue=True)
+    count = yardstick_model("popularity_attribute", features, cfg.evaluate, cfg.model.max_set_size, val)
+    offset = model.attributes.unseen_offset
+    calibrated = unseen_mass(model, test, catalogue.n_ids)
+    for side in (model.attributes, getattr(model, "output_attributes", None)):
+        if side is not None:
+            side.unseen_offset = 0.0
+    return {
+        "n_ids": catalogue.n_ids,
+        "n_rows": int(model.n_items),
+        "unseen_offset": offset,
+        model_name: calibrated,
+        f"{model_name} without the offset": unseen_mass(model, test, catalogue.n_ids),
+        "popularity_attribute": unseen_mass(count, test, catalogue.n_ids),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--project", type=Path, required=True)
+    parser.add_argument("--model", required=True)
+    args = parser.parse_args()
+    print(json.dumps(measure(args.project, args.model), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
