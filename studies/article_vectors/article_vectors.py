@@ -10,6 +10,7 @@ optimum, then each model's train and evaluate, through the CLI. Results go to th
 `<cell>/yardsticks`, `<cell>/settings`.
 
     python studies/article_vectors/article_vectors.py --work /tmp/article_vectors [--cells vectors,...]
+    python studies/article_vectors/article_vectors.py --work /tmp/article_vectors --compare   # settings' comparisons
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scripts, not an installed package
+from contextual_bert.evaluation.bootstrap import KNOWN_OUTFITS_KEY, OUTFITS_KEY, paired_difference  # noqa: E402
 from studies.article_vectors.unseen_mass import measure  # noqa: E402
 from studies.project import Project, override, record, relocated  # noqa: E402
 
@@ -36,14 +38,34 @@ def parts(result: dict) -> dict:
     return {part: result[part]["cross_entropy"] for part in PARTS if part in result}
 
 
+def compare(settings: dict, work: Path, out: Path) -> None:
+    """Each of settings' comparisons, per model the two cells share: `<a>-vs-<b>/<model>`, the paired difference
+    of the test cross-entropy (a minus b) on all targets and on those with an id."""
+    for a, b in settings["comparisons"]:
+        models = set(settings["models"][settings["cells"][a]["base"]]) & set(
+            settings["models"][settings["cells"][b]["base"]]
+        )
+        for model in sorted(models):
+            runs = [json.loads((work / cell / "reports" / "eval" / f"{model}-s{settings['seed']}.json").read_text())
+                    for cell in (a, b)]  # fmt: skip
+            record(out, f"{a}-vs-{b}/{model}", {
+                part: paired_difference(runs[0][key], runs[1][key], "cross_entropy")
+                for part, key in (("all", OUTFITS_KEY), ("known", KNOWN_OUTFITS_KEY))
+            })  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--cells", help="comma-separated cells (default: every cell, in the declared order)")
     parser.add_argument("--out", type=Path, default=HERE / "results.json", help="the results file")
+    parser.add_argument("--compare", action="store_true", help="only the paired differences of settings' comparisons")
     args = parser.parse_args()
 
     settings = yaml.safe_load((HERE / "settings.yaml").read_text())
+    if args.compare:
+        compare(settings, args.work, args.out)
+        return 0
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
     record(args.out, "settings", {"commit": commit.strip(), "settings": settings})
     for name in args.cells.split(",") if args.cells else settings["cells"]:
