@@ -73,9 +73,7 @@ def measure(project: Path, model_name: str, seed: int = 0) -> dict:
     count = yardstick_model("popularity_attribute", features, cfg.evaluate, cfg.model.max_set_size, val)
     offset = model.attributes.unseen_offset
     calibrated = unseen_mass(model, test, catalogue.n_ids)
-    for side in (model.attributes, getattr(model, "output_attributes", None)):
-        if side is not None:
-            side.unseen_offset = 0.0
+    model.set_unseen_offset(0.0)
     return {
         "n_ids": catalogue.n_ids,
         "n_rows": int(model.n_items),

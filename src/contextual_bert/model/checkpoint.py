@@ -73,9 +73,8 @@ def model_from_payload(payload: dict) -> nn.Module:
     model.load_state_dict(payload["state_dict"])
     if attributes is not None:
         model.set_catalogue(payload["catalogue"])
-        for side in (model.attributes, getattr(model, "output_attributes", None)):
-            if side is not None:  # fixed at training (a larger catalogue at serving keeps it): 0 before it existed
-                side.unseen_offset = float(payload.get("unseen_offset", 0.0))
+        # fixed at training (a larger catalogue at serving keeps it): 0 before it existed
+        model.set_unseen_offset(payload.get("unseen_offset", 0.0))
     return model
 
 

@@ -132,10 +132,19 @@ class ArticleScores:
         one (ArticleAttributes.calibrate_unseen; None: the rate's own share, as `auto` sets it)."""
         if self.attributes is None:
             raise ContextualBertError(f"model '{self.variant}' reads article ids only; it has no id dropout")
-        for side in (self.attributes, getattr(self, "output_attributes", None)):
-            if side is not None:
-                side.id_dropout = float(rate)
-                side.calibrate_unseen(float(rate) if unseen_share is None else unseen_share)
+        for side in self.article_sides():
+            side.id_dropout = float(rate)
+            side.calibrate_unseen(float(rate) if unseen_share is None else unseen_share)
+
+    def article_sides(self) -> list[ArticleAttributes]:
+        """The model's article attributes: the input's, and the output layer's where it has its own (the bag of items)."""
+        return [side for side in (self.attributes, getattr(self, "output_attributes", None)) if side is not None]
+
+    def set_unseen_offset(self, offset: float) -> None:
+        """The calibration offset of the articles without an id on every article side (ArticleAttributes.calibrate_unseen
+        sets it in training; a checkpoint restores it)."""
+        for side in self.article_sides():
+            side.unseen_offset = float(offset)
 
     def output_articles(
         self, table: nn.Embedding, attributes: ArticleAttributes | None, articles: torch.Tensor | None = None
