@@ -7,6 +7,8 @@ Each cell is a project of its own under --work (studies/project.py): ingest, val
 optimum, then each model's train and evaluate, through the CLI. Results go to this folder's results.json:
 `<cell>/<model>` (test cross-entropy on all, known and unseen targets, the verdict against its yardstick),
 `<cell>/<model>/unseen_mass` (unseen_mass.py: the mass on the articles without an id, with and without the offset),
+`<cell>/<model>/against_yardstick_unseen` (the paired difference on the targets without an id, model minus the
+attribute-aware popularity),
 `<cell>/yardsticks`, `<cell>/settings`.
 
     python studies/article_vectors/article_vectors.py --work /tmp/article_vectors [--cells vectors,...]
@@ -32,10 +34,38 @@ from studies.project import Project, override, record, relocated  # noqa: E402
 HERE = Path(__file__).resolve().parent
 PARTS = ("test", "test_known", "test_unseen")
 YARDSTICKS = ("popularity_attribute", "optimum_no_context", "popularity")
+UNSEEN_YARDSTICK = YARDSTICKS[0]  # the count that ranks an article without an id: its attributes' popularity
 
 
 def parts(result: dict) -> dict:
     return {part: result[part]["cross_entropy"] for part in PARTS if part in result}
+
+
+def unseen_record(result: dict) -> dict | None:
+    """The per-outfit record of the targets without an id: the record of all targets less that of the known ones,
+    outfit by outfit (both records are sums over an outfit's cases, so they subtract)."""
+    every, known = result.get(OUTFITS_KEY), result.get(KNOWN_OUTFITS_KEY)
+    if every is None or known is None:
+        return None
+    position = {o: i for i, o in enumerate(known["outfit_id"])}
+    take = [position.get(o) for o in every["outfit_id"]]
+
+    def less(values: list, known_values: list) -> list:
+        return [v - (0 if i is None else known_values[i]) for v, i in zip(values, take)]
+
+    return {
+        "outfit_id": every["outfit_id"],
+        "cases": less(every["cases"], known["cases"]),
+        "sums": {m: less(v, known["sums"][m]) for m, v in every["sums"].items() if m in known["sums"]},
+    }
+
+
+def against_unseen(result: dict, yardstick: dict) -> dict:
+    """The paired difference of the test cross-entropy on the targets without an id, model minus yardstick."""
+    a, b = unseen_record(result), unseen_record(yardstick)
+    if a is None or b is None:
+        return {"difference": None, "interval": None, "why": "no per-outfit record of the known targets"}
+    return paired_difference(a, b, "cross_entropy")
 
 
 def compare(settings: dict, work: Path, out: Path) -> None:
@@ -51,7 +81,7 @@ def compare(settings: dict, work: Path, out: Path) -> None:
             record(out, f"{a}-vs-{b}/{model}", {
                 part: paired_difference(runs[0][key], runs[1][key], "cross_entropy")
                 for part, key in (("all", OUTFITS_KEY), ("known", KNOWN_OUTFITS_KEY))
-            })  # fmt: skip
+            } | {"unseen": against_unseen(*runs)})  # fmt: skip
 
 
 def main() -> int:
@@ -100,6 +130,10 @@ def main() -> int:
                 "epochs": trained["epochs"], "best_epoch": trained["best_epoch"], "converged": trained["converged"],
                 "id_dropout": trained.get("id_dropout"),
             })  # fmt: skip
+            yardstick = evals / f"{UNSEEN_YARDSTICK}.json"
+            if yardstick.exists():
+                record(args.out, f"{name}/{model}/against_yardstick_unseen",
+                       against_unseen(result, json.loads(yardstick.read_text())))  # fmt: skip
             record(args.out, f"{name}/{model}/unseen_mass", measure(project.root, model, settings["seed"]))
         record(args.out, f"{name}/settings", {"set": assignments, "seconds": project.timings})
     return 0
