@@ -70,7 +70,7 @@ def against_unseen(result: dict, yardstick: dict) -> dict:
 
 def compare(settings: dict, work: Path, out: Path) -> None:
     """Each of settings' comparisons, per model the two cells share: `<a>-vs-<b>/<model>`, the paired difference
-    of the test cross-entropy (a minus b) on all targets and on those with an id."""
+    of the test cross-entropy (a minus b) on all targets, on those with an id and on those without."""
     for a, b in settings["comparisons"]:
         models = set(settings["models"][settings["cells"][a]["base"]]) & set(
             settings["models"][settings["cells"][b]["base"]]
