@@ -4,7 +4,7 @@ at a time, each in a folder of its own under --work (its params.yaml: the reposi
 `variants.<model>` settings, paths under the cell, the features the repository's); results.json gets every
 cell's best validation cross-entropy, best epoch, epochs, convergence and seconds.
 
-    python studies/first_run/recipe_sweep.py --work /tmp/first_run [--jobs 2] [--extra none=0.008 ...]
+    python studies/first_run/recipe_sweep.py --work /tmp/first_run [--jobs 2] [--groups encoders_20] [--extra none=0.008 ...]
 """
 
 from __future__ import annotations
@@ -25,9 +25,11 @@ ROOT = HERE.parents[1]
 RESULTS = HERE / "results.json"
 
 
-def cells(settings: dict, params: dict, extra: list[str]) -> list[dict]:
+def cells(settings: dict, params: dict, extra: list[str], groups: list[str] | None = None) -> list[dict]:
     out = []
-    for group in settings["cells"].values():
+    for name, group in settings["cells"].items():
+        if groups and name not in groups:
+            continue
         for variant in group["variants"]:
             for epochs in group["max_epochs"]:
                 for lr in group["learning_rate"]:
@@ -35,7 +37,7 @@ def cells(settings: dict, params: dict, extra: list[str]) -> list[dict]:
                     out.append({"variant": variant, "max_epochs": epochs, "learning_rate": rate})
     for item in extra:  # model=rate: the declared extension past the grid's top
         variant, rate = item.split("=")
-        epochs = next(c["max_epochs"] for c in out if c["variant"] == variant)
+        epochs = max(c["max_epochs"] for c in out if c["variant"] == variant)
         out.append({"variant": variant, "max_epochs": epochs, "learning_rate": float(rate)})
     return out
 
@@ -90,10 +92,11 @@ def main() -> None:
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--extra", nargs="*", default=[], help="model=rate: the declared extension")
+    parser.add_argument("--groups", nargs="*", help="settings.yaml's cell groups to run (default: all)")
     args = parser.parse_args()
     settings = yaml.safe_load((HERE / "settings.yaml").read_text())
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    todo = cells(settings, params, args.extra)
+    todo = cells(settings, params, args.extra, args.groups)
     done = json.loads(RESULTS.read_text())["cells"] if RESULTS.exists() else []
     todo = [c for c in todo if cell_name(c) not in {cell_name(d) for d in done}]
     with ThreadPoolExecutor(args.jobs) as pool:
