@@ -32,9 +32,11 @@ def cells(settings: dict, params: dict, extra: list[str], groups: list[str] | No
             continue
         for variant in group["variants"]:
             for epochs in group["max_epochs"]:
-                for lr in group["learning_rate"]:
-                    rate = params["variants"][variant]["learning_rate"] if lr == "params" else lr
-                    out.append({"variant": variant, "max_epochs": epochs, "learning_rate": rate})
+                for batch in group.get("batch_size", [None]):  # None: params.yaml's
+                    for lr in group["learning_rate"]:
+                        rate = params["variants"][variant]["learning_rate"] if lr == "params" else lr
+                        cell = {"variant": variant, "max_epochs": epochs, "learning_rate": rate}
+                        out.append(cell if batch is None else {**cell, "batch_size": batch})
     for item in extra:  # model=rate: the declared extension past the grid's top
         variant, rate = item.split("=")
         epochs = max(c["max_epochs"] for c in out if c["variant"] == variant)
@@ -43,7 +45,8 @@ def cells(settings: dict, params: dict, extra: list[str], groups: list[str] | No
 
 
 def cell_name(cell: dict) -> str:
-    return f"{cell['variant']}-e{cell['max_epochs']}-lr{cell['learning_rate']}"
+    batch = f"-b{cell['batch_size']}" if "batch_size" in cell else ""
+    return f"{cell['variant']}-e{cell['max_epochs']}{batch}-lr{cell['learning_rate']}"
 
 
 def run_cell(cell: dict, params: dict, seed: int, work: Path) -> dict:
@@ -54,8 +57,7 @@ def run_cell(cell: dict, params: dict, seed: int, work: Path) -> dict:
     own["paths"]["features_dir"] = str(ROOT / params["paths"]["features_dir"])
     own["variants"][cell["variant"]] = {
         **params["variants"][cell["variant"]],
-        "learning_rate": cell["learning_rate"],
-        "max_epochs": cell["max_epochs"],
+        **{k: cell[k] for k in ("learning_rate", "max_epochs", "batch_size") if k in cell},
     }
     (folder / "params.yaml").write_text(yaml.safe_dump(own, sort_keys=False))
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}"}
