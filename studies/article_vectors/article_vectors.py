@@ -135,7 +135,7 @@ def main() -> int:
                 record(args.out, f"{name}/{model}/against_yardstick_unseen",
                        against_unseen(result, json.loads(yardstick.read_text())))  # fmt: skip
             record(args.out, f"{name}/{model}/unseen_mass", measure(project.root, model, settings["seed"]))
-        record(args.out, f"{name}/settings", {"set": assignments, "seconds": project.timings})
+        record(args.out, f"{name}/settings", {"commit": commit.strip(), "set": assignments, "seconds": project.timings})
     return 0
 
 
