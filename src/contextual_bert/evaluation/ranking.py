@@ -149,7 +149,13 @@ def measures_dependence(model) -> bool:
 
 
 def case_ranks(
-    model, data: EncodedOutfits, batch_size: int, device, with_ranks: bool = True, dependence: bool = False
+    model,
+    data: EncodedOutfits,
+    batch_size: int,
+    device,
+    with_ranks: bool = True,
+    dependence: bool = False,
+    mass_from: int | None = None,
 ) -> dict:
     """Rank and log-probability of the target of every case (every non-padding item of every outfit).
 
@@ -159,8 +165,11 @@ def case_ranks(
     and "n_unknown_targets", the skipped cases whose target is [UNK]. With `dependence`, also
     "log_prob_shuffled": the target's log-probability when the encoder reads another outfit's articles
     (`_shuffled_log_probs`, the outfits paired by `donor_outfits`; the model's `masked_logits` then takes
-    `offsets`, and it has `outfit_offsets`).
+    `offsets`, and it has `outfit_offsets`). With `mass_from`, also "mass": the softmax mass of the catalogue
+    rows >= mass_from (e.g. the articles without an id, from `model.n_ids`).
     """
+    if mass_from is not None and dependence:
+        raise ValueError("case_ranks: mass_from is computed on the real pass only (dependence=False)")
     device = torch.device(device)
     model.eval()
     items = data.items.to(device)
@@ -171,14 +180,14 @@ def case_ranks(
     n_unknown = int((~known).sum())
     outfit, position, target = outfit[known], position[known], target[known]
 
-    if getattr(model, "ranked_cases", None) is not None and not dependence:
+    if getattr(model, "ranked_cases", None) is not None and not dependence and mass_from is None:
         return _count_model_cases(model, items, context, outfit, position, target, n_unknown, with_ranks)
 
     # Cases in order of outfit length, so that each batch is trimmed to little padding (items are
     # right-padded); the results are put back in outfit order below.
     lengths = (items != PAD_INDEX).sum(dim=1)
     by_length = torch.sort(lengths[outfit], stable=True).indices
-    ranks, log_probs, shuffled = [], [], []
+    ranks, log_probs, shuffled, masses = [], [], [], []
     donor = donor_outfits(items) if dependence else None
     article_index = torch.arange(model.n_items, device=device)
     bar = progress(len(target), f"{scorer_name(model)} {'dependence' if dependence else 'ranking'}", "case")
@@ -202,7 +211,10 @@ def case_ranks(
                     logits = model.masked_logits(masked, case_context).float()
                 logits[:, :N_SPECIAL] = float("-inf")  # never ranked, whatever the scorer says
                 target_logit = logits.gather(1, t)
-                log_probs.append(target_logit - torch.logsumexp(logits[:, N_SPECIAL:], dim=1, keepdim=True))
+                total = torch.logsumexp(logits[:, N_SPECIAL:], dim=1, keepdim=True)
+                log_probs.append(target_logit - total)
+                if mass_from is not None:
+                    masses.append(torch.exp(torch.logsumexp(logits[:, mass_from:], dim=1, keepdim=True) - total))
             if donor is not None:
                 donor_masked = items[donor[o], : masked.shape[1]].clone()
                 donor_masked[torch.arange(len(o), device=device), p] = MASK_INDEX
@@ -219,7 +231,7 @@ def case_ranks(
         restored[by_length] = values
         return restored
 
-    return _cases(
+    result = _cases(
         outfit,
         position,
         target,
@@ -228,6 +240,9 @@ def case_ranks(
         (in_outfit_order(ranks) if ranks else None) if with_ranks else False,
         (in_outfit_order(shuffled) if shuffled else None) if donor is not None else False,
     )
+    if mass_from is not None:
+        result["mass"] = in_outfit_order(masses).double().cpu().numpy() if masses else np.zeros(0)
+    return result
 
 
 def _cases(outfit, position, target, n_unknown: int, log_prob, rank, shuffled=False) -> dict:

@@ -53,6 +53,7 @@ from contextual_bert.training.resume import (
     write_json,
 )
 from contextual_bert.training.sparse import resolve as resolve_sparse
+from contextual_bert.training.unseen_fit import fit_unseen_offset
 from contextual_bert.training.warmup import BagWarmup, reads_bag_warmup, set_bag_weight, stuck_check
 
 EpochHook = Callable[[int, dict], None]  # (epoch, its row of the curve)
@@ -149,6 +150,7 @@ class Run:
     rare_id_decay: RareIdDecay | None = None
     sparse_recipe: dict | None = None  # what train.init_output / rare_id_decay "auto" decided (training/sparse.py)
     unseen_offset: float | None = None  # the "_attrs" models' offset of the articles without an id (calibrate_unseen)
+    unseen_fit: dict | None = None  # that offset moved to its validation optimum after training (unseen_fit.py)
 
     @property
     def last_path(self) -> Path:
@@ -406,8 +408,24 @@ def fit(
         end_epoch(run, row, bag_weight, n_params)
         if on_epoch_end is not None:
             on_epoch_end(epoch, row)
+    run.unseen_fit = fit_best_unseen_offset(run)
     set_bag_weight(model, 0.0)
     return finish_run(run, n_params)
+
+
+def fit_best_unseen_offset(run: Run) -> dict | None:
+    """An "_attrs" model's best checkpoint with its offset of the articles without an id fitted on validation
+    (unseen_fit.py), from the offset training started with, so that a finished run asked again fits the same."""
+    if run.id_dropout is None or not math.isfinite(run.state.best_val):
+        return None
+    path = run.out_dir / CHECKPOINT_FILE
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    run.model.load_state_dict(payload["state_dict"])
+    run.model.set_unseen_offset(run.unseen_offset)
+    fit = fit_unseen_offset(run.model, run.val_data, 4 * run.cfg.batch_size, run.device)
+    if fit is not None:
+        save_checkpoint(path, run.model, {**payload.get("meta", {}), "unseen_offset_fit": fit})
+    return fit
 
 
 def finish_run(run: Run, n_params: int) -> dict:
@@ -433,11 +451,24 @@ def finish_run(run: Run, n_params: int) -> dict:
             if reads_bag_warmup(run.cfg, run.model) and state.bag_warmup.phase != "due"
             else {}
         ),
-        **({"id_dropout": run.id_dropout, "unseen_offset": run.unseen_offset} if run.id_dropout is not None else {}),
+        **offset_metrics(run),
         **({"sparse_recipe": run.sparse_recipe} if run.sparse_recipe is not None else {}),
     }
     write_json(run.out_dir / METRICS_FILE, metrics)
     return metrics
+
+
+def offset_metrics(run: Run) -> dict:
+    """An "_attrs" model's id dropout and the offset of its articles without an id (fitted, where it was)."""
+    if run.id_dropout is None:
+        return {}
+    if run.unseen_fit is None:
+        return {"id_dropout": run.id_dropout, "unseen_offset": run.unseen_offset}
+    return {
+        "id_dropout": run.id_dropout,
+        "unseen_offset": run.unseen_fit["offset"],
+        "unseen_offset_fit": run.unseen_fit,
+    }
 
 
 def not_applicable(out_dir: Path, variant: str, seed: int, why: str) -> dict:
