@@ -421,8 +421,7 @@ def fit_best_unseen_offset(run: Run) -> dict | None:
     path = run.out_dir / CHECKPOINT_FILE
     payload = torch.load(path, map_location="cpu", weights_only=True)
     run.model.load_state_dict(payload["state_dict"])
-    run.model.set_unseen_offset(run.unseen_offset)
-    fit = fit_unseen_offset(run.model, run.val_data, 4 * run.cfg.batch_size, run.device)
+    fit = fit_unseen_offset(run.model, run.val_data, 4 * run.cfg.batch_size, run.device, start=run.unseen_offset)
     if fit is not None:
         save_checkpoint(path, run.model, {**payload.get("meta", {}), "unseen_offset_fit": fit})
     return fit

@@ -43,13 +43,16 @@ def best_delta(log_prob: np.ndarray, mass: np.ndarray, unseen: np.ndarray) -> tu
     return (delta, before, after) if after < before else (0.0, before, before)
 
 
-def fit_unseen_offset(model, val_data, batch_size: int, device) -> dict | None:
-    """Move `model`'s offset of the articles without an id to its validation optimum (in place); what it did, or
-    None where there is nothing to fit (no such articles, or no validation target among them)."""
+def fit_unseen_offset(model, val_data, batch_size: int, device, start: float | None = None) -> dict | None:
+    """Move `model`'s offset of the articles without an id (from `start`, None: the one it has) to its validation
+    optimum, in place; what it did, or None where there is nothing to fit (no such articles, or no validation target
+    among them)."""
     from contextual_bert.evaluation.ranking import case_ranks
 
     if getattr(model, "attributes", None) is None or model.n_items <= model.n_ids:
         return None
+    if start is not None:
+        model.set_unseen_offset(start)
     cases = case_ranks(model, val_data, batch_size, device, with_ranks=False, mass_from=model.n_ids)
     unseen = cases["target"] >= model.n_ids
     if not unseen.any():
