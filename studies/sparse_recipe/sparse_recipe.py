@@ -32,6 +32,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scripts, not an installed package
 from contextual_bert.evaluation.bootstrap import KNOWN_OUTFITS_KEY, OUTFITS_KEY, paired_difference  # noqa: E402
+from studies.article_vectors.article_vectors import UNSEEN_YARDSTICK, against_unseen  # noqa: E402
+from studies.article_vectors.unseen_mass import measure  # noqa: E402
 from studies.closets.closets import settings as closet_settings  # noqa: E402
 from studies.project import Project, override, record, relocated  # noqa: E402
 
@@ -151,7 +153,17 @@ def main() -> int:
                     "yardstick": count["test"]["cross_entropy"],
                     **paired_difference(result[KNOWN_OUTFITS_KEY], count[OUTFITS_KEY], "cross_entropy"),
                 }
+        unseen_count = data_root / "reports" / "eval" / f"{UNSEEN_YARDSTICK}.json"
+        if "test_unseen" in result and unseen_count.exists():  # the targets without an id against their count
+            count = json.loads(unseen_count.read_text())
+            keep["unseen_against_popularity_attribute"] = {
+                "model": result["test_unseen"]["cross_entropy"],
+                "yardstick": count.get("test_unseen", {}).get("cross_entropy"),
+                **against_unseen(result, count),
+            }
         record(args.out, f"{key}/evaluation", keep)
+        if "test_unseen" in result:
+            record(args.out, f"{key}/unseen_mass", measure(project.root, args.variant))
     recipe = {k: project.params["train"][k] for k in RECIPE_KEYS}
     settings = {
         "data": data_assignments,
