@@ -2,12 +2,11 @@
 
 `ArticleAttributes.calibrate_unseen` sets the offset from counts at the start of training: it restores the mass
 the [UNK]-read group had in training. That is not the mass validation asks for: a model's history or outfit
-offsets, or what it learned of the known articles, move mass between the two groups as well (on the planted
-closets the group got 0.126 of the mass where 0.156 of the targets were such articles). So the best checkpoint's
-offset is moved by the delta that minimises the validation cross-entropy, a convex problem in one variable. With
-each validation case's log-probability l_i and mass m_i on the articles without an id at the starting offset,
-and u_i whether its target is one, a delta d gives l_i + d u_i - log(1 - m_i + m_i e^d): one ranking pass, then
-Newton steps. Its optimum is where the mean mass equals the share of such targets. Nothing changes (the same bits)
+offsets, or what it learned of the known articles, move mass between the two groups as well (`docs/decisions.md`).
+So the best checkpoint's offset is moved by the delta that minimises the validation cross-entropy, a convex problem
+in one variable. With each validation case's log-probability l_i and mass m_i on the articles without an id at the
+starting offset, and u_i whether its target is one, a delta d gives l_i + d u_i - log(1 - m_i + m_i e^d): one
+ranking pass, then Newton steps. Its optimum is where the mean mass equals the share of such targets. Nothing changes (the same bits)
 for a model without such articles or without such targets in validation.
 """
 
