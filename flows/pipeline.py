@@ -69,6 +69,7 @@ from flows.tasks import (
     TASK_DEFAULTS,
     apply_params,
     bring_back,
+    check_brought_back,
     log_output,
     not_user_error,
     plan_stages,
@@ -376,6 +377,8 @@ def fan_out_units(
             progress.error("training %d/%d %s FAILED: %s", done, len(todo), key, failures[-1])
     if failures:
         raise RuntimeError(f"{len(failures)} of {len(todo)} trainings failed: " + "; ".join(failures))
+    if mode != "remote":  # a remote unit's report is checked as it is applied
+        check_brought_back(workdir, brought)
     return brought
 
 

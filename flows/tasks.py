@@ -100,6 +100,12 @@ def bring_back(key: str, checkout: Path, workdir: Path, stages: tuple[str, ...])
     return brought
 
 
+@task(name="check-brought-back", **TASK_DEFAULTS)
+def check_brought_back(workdir: Path, stages: list[str]) -> None:
+    """Every unit brought back is up to date here (`checkouts.refuse_stale`: one `dvc status`)."""
+    checkouts.refuse_stale(Path(workdir), stages)
+
+
 @task(name="wait-for-mlflow", retries=6, retry_delay_seconds=[2, 5, 10, 20, 30, 60], **TASK_DEFAULTS)
 def wait_for_mlflow(tracking_uri: str) -> str:
     """Fail (and so retry) until an MLflow server answers; a sqlite or file store needs no server."""

@@ -10,7 +10,7 @@ the parent's workspace. This flow makes a `git worktree` of the parent's reposit
 uncommitted changes and the shared DVC cache, `flows/infra/checkouts.py`), cuts its dvc.lock down to the
 unit's part, links the upstream outputs in, and runs
 `dvc repro --single-item train@<variant>-<seed> evaluate@<variant>-<seed>` there. DVC decides whether
-they are stale. The parent then brings the outputs back and `dvc commit`s them, in series, so a later
+they are stale. The parent then brings the outputs and their dvc.lock records back, in series, so a later
 `dvc repro` in the parent finds them up to date.
 
 While the stages run the flow holds one slot of its concurrency limit (`gpu-<i>`: one training per GPU;

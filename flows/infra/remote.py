@@ -15,8 +15,8 @@ stages of one variant and seed) where the parent's workspace cannot be seen, e.g
    as reports/eval/<unit>.json, which `dvc push` does not carry).
 4. `apply_report` (parent, in series with every other `dvc` command there): merges the records into
    dvc.lock, writes the uncached outputs, `dvc pull`s the cached ones, `dvc commit`s the stages and
-   checks that the records it computes equal the unit's, exactly as `checkouts.bring_back` does for a
-   checkout on the same disk.
+   checks that the records it computes equal the unit's (for checkouts on the same disk, the parent writes
+   the checkouts' records and `checkouts.refuse_stale` has DVC judge them once after the fan-out).
 
 Nothing here imports Prefect: the flows (train_run.py, pipeline.py) carry the values between machines.
 """
@@ -30,9 +30,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import yaml
-
-from flows.infra.dvc_stages import git, read_lock, run_dvc, same_record, stage_records
+from flows.infra.dvc_stages import git, read_lock, record_stages, run_dvc, same_record, stage_records
 
 # The files a clone takes from the parent as text; every other tracked file must be committed.
 CARRIED = ("params.yaml", "dvc.lock")
@@ -237,10 +235,7 @@ def apply_report(workdir: Path, report: dict, dvc_remote: str) -> list[str]:
     if report["commit"] != head:
         raise RuntimeError(f"the unit ran at commit {report['commit'][:12]}, this workspace is at {head[:12]}")
     stages = list(report["stages"])
-    lock_path = workdir / "dvc.lock"
-    lock = read_lock(workdir) or {"schema": "2.0"}
-    lock.setdefault("stages", {}).update(report["stages"])
-    lock_path.write_text(yaml.safe_dump(lock, sort_keys=False))
+    record_stages(workdir, report["stages"])
     for rel, data in report["files"].items():
         dst = workdir / rel
         dst.parent.mkdir(parents=True, exist_ok=True)

@@ -43,6 +43,11 @@ def test_a_unit_trained_in_a_checkout_is_up_to_date_in_the_parent(toy_repo, tmp_
 
     assert checkouts.bring_back(checkout, toy_repo, UNIT) == list(UNIT)
     assert dvc_stages.stale(list(UNIT), toy_repo) == {}
+    checkouts.refuse_stale(toy_repo, UNIT)  # nothing to refuse
+    assert (
+        dvc_stages.read_lock(toy_repo)["stages"]["train@none-0"]
+        == dvc_stages.read_lock(checkout)["stages"]["train@none-0"]
+    )  # the checkout's record, as DVC wrote it there
     ckpt = json.loads((toy_repo / "models/none-s0/ckpt.json").read_text())
     assert ckpt["cwd"] == str(checkout)  # trained there, not here
     assert (toy_repo / "reports/eval/none-s0.json").exists()  # an uncached output came back too
@@ -52,7 +57,7 @@ def test_a_unit_trained_in_a_checkout_is_up_to_date_in_the_parent(toy_repo, tmp_
     assert "evaluate@concat-0" in left  # the rest of the other unit is still to do
 
 
-def test_bringing_back_refuses_outputs_made_from_other_inputs(toy_repo, tmp_path):
+def test_outputs_made_from_other_inputs_are_stale_in_the_parent_and_refused(toy_repo, tmp_path):
     dvc_stages.repro("prep", toy_repo)
     checkout = checkouts.create_checkout(toy_repo, tmp_path / "co")
     checkouts.checkout_inputs(checkout, UNIT[:1])
@@ -60,8 +65,10 @@ def test_bringing_back_refuses_outputs_made_from_other_inputs(toy_repo, tmp_path
     # Meanwhile the parent's features changed.
     (toy_repo / "params.yaml").write_text((toy_repo / "params.yaml").read_text().replace("10", "11"))
     dvc_stages.repro("prep", toy_repo)
-    with pytest.raises(RuntimeError, match="differs.*trained on other inputs"):
-        checkouts.bring_back(checkout, toy_repo, UNIT[:1])
+    checkouts.bring_back(checkout, toy_repo, UNIT[:1])
+    assert "train@none-0" in dvc_stages.stale(list(UNIT[:1]), toy_repo)  # never recorded as up to date
+    with pytest.raises(RuntimeError, match=r"\['train@none-0'\]: .*made from other inputs"):
+        checkouts.refuse_stale(toy_repo, UNIT[:1])
 
 
 def test_bringing_back_a_stage_that_did_not_run_fails_clearly(toy_repo, tmp_path):
