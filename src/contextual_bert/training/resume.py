@@ -152,7 +152,9 @@ def pin_threads_and_algorithms(train_cfg: TrainConfig) -> None:
     torch.set_num_threads(train_cfg.num_threads)
     # cuBLAS is deterministic only with a fixed workspace, set before its first call (harmless on the CPU)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    # torch.use_deterministic_algorithms also sets inductor's flag, whose import costs ~1.4 s a process; nothing
+    # here compiles, so torch's own switch alone is the same setting for every op a training runs
+    torch._C._set_deterministic_algorithms(True, warn_only=True)
 
 
 def seeded_random_states(seed: int, device: torch.device) -> torch.Generator:
