@@ -247,10 +247,6 @@ def test_the_comparison_sees_a_difference(tmp_path, uninterrupted):
         assert_identical(uninterrupted, changed)
 
 
-if __name__ == "__main__":
-    child(Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]))
-
-
 def test_a_training_runs_with_torchs_deterministic_algorithms_warning_where_an_op_has_none():
     script = (
         "import sys, torch\n"
@@ -263,3 +259,7 @@ def test_a_training_runs_with_torchs_deterministic_algorithms_warning_where_an_o
         "assert 'torch._inductor.config' not in sys.modules  # its import alone took ~1.4 s a training\n"
     )
     subprocess.run([sys.executable, "-c", script], check=True)
+
+
+if __name__ == "__main__":
+    child(Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]))
