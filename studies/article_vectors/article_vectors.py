@@ -128,6 +128,7 @@ def main() -> int:
             record(args.out, f"{name}/{model}", {
                 **parts(result), "yardstick": result.get("yardstick"), "outfit_dependence": result["test"].get("outfit_dependence"),
                 "epochs": trained["epochs"], "best_epoch": trained["best_epoch"], "converged": trained["converged"],
+                "best_val_cross_entropy": trained.get("best_val_cross_entropy"),
                 "id_dropout": trained.get("id_dropout"),
             })  # fmt: skip
             yardstick = evals / f"{UNSEEN_YARDSTICK}.json"
