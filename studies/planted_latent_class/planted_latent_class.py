@@ -11,6 +11,11 @@ it on the test split exactly as the pipeline scores every model (`evaluation.eva
   truth, as an article attribute would give them), P(a | t, z) = phi_t[z, a] within each type, and the
   remaining types equally likely for a masked position, as in planted.py. Everything but the K x 3,000
   parameters and pi is the truth's.
+- `styles` (planted hidden tastes only, hidden_taste_strength > 0): that structure knowing also each article's
+  hidden style h(a) (from the truth, what noiseless article vectors carry): P(a | t, z) = P(h(a) | t, z)
+  P(a | h(a), t), a free multinomial over the styles per type and class, and within a (type, style) cell the
+  articles by their training count (+ 1), the same for every class, as the generator has it (w[a, z] = pop[a]
+  x a style's affinity). The generator's family with the least to estimate: what the vectors allow a learner.
 
 Neither uses the customer context: they are yardsticks for [None] and the bag of items (the optimum without
 context). phi is smoothed towards popularity (pseudo-counts `alpha` x an article's training count / K); K
@@ -25,6 +30,7 @@ optimum is about what the data allows, not what a recipe gets wrong.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -35,8 +41,8 @@ import torch
 
 from contextual_bert.config import EvaluateConfig, ModelConfig
 from contextual_bert.data.feature_spec import N_SPECIAL
-from contextual_bert.data.feature_store import load_split
-from contextual_bert.data.planted.tastes import load_truth
+from contextual_bert.data.feature_store import load_article_vocab, load_split
+from contextual_bert.data.planted.tastes import TRUTH_JSON, load_truth
 from contextual_bert.evaluation.evaluate import evaluate_split
 from contextual_bert.evaluation.optimum import optimum_from_features
 
@@ -57,13 +63,30 @@ class LatentClass:
     """A mixture of multinomials over articles (item_type None) or over articles within types (item_type)."""
 
     def __init__(
-        self, n_items: int, n_classes: int, item_type: np.ndarray | None, alpha: float, seed: int, counts: np.ndarray
-    ):
+        self, n_items: int, n_classes: int, item_type: np.ndarray | None, alpha: float, seed: int, counts: np.ndarray,
+        cell: np.ndarray | None = None,
+    ):  # fmt: skip
         rng = np.random.default_rng(seed)
-        self.n_items, self.item_type = n_items, item_type
+        self.n_items, self.item_type, self.cell = n_items, item_type, cell
         self.prior = alpha * counts / n_classes  # pseudo-counts towards popularity
+        if cell is not None:  # an article's share of its cell by its training count + 1, the same in every class
+            real = cell >= 0
+            cell_total = np.bincount(cell[real], weights=counts[real] + 1.0)
+            self.within = np.where(real, (counts + 1.0) / cell_total[cell.clip(min=0)], 0.0)
         self.log_pi = np.full(n_classes, -np.log(n_classes))
-        self.log_phi = self._normalised(rng.gamma(1.0, 1.0, (n_classes, n_items)))
+        self.log_phi = self._normalised(self._tied(rng.gamma(1.0, 1.0, (n_classes, n_items))))
+
+    def _tied(self, weights: np.ndarray) -> np.ndarray:
+        """With cells: each class's weight of a cell (the sum over its articles) spread over the cell's articles by
+        `within`; without: the weights as they are."""
+        if self.cell is None:
+            return weights
+        real = self.cell >= 0
+        sums = np.zeros((weights.shape[0], self.cell.max() + 1))
+        np.add.at(sums.T, self.cell[real], weights[:, real].T)
+        tied = np.zeros_like(weights)
+        tied[:, real] = sums[:, self.cell[real]] * self.within[real]
+        return tied
 
     def _normalised(self, weights: np.ndarray) -> np.ndarray:
         weights = weights.copy()
@@ -92,7 +115,7 @@ class LatentClass:
         log_norm = top + np.log(np.exp(joint - top).sum(1, keepdims=True))
         resp = np.exp(joint - log_norm)
         self.log_pi = np.log(resp.mean(0) + 1e-12)
-        self.log_phi = self._normalised(np.asarray((x.T @ resp).T) + self.prior)
+        self.log_phi = self._normalised(self._tied(np.asarray((x.T @ resp).T) + self.prior))
         return float(log_norm.mean())
 
     def masked_logits(self, items: torch.Tensor, context=None) -> torch.Tensor:
@@ -115,9 +138,10 @@ class LatentClass:
         return self
 
 
-def fit(kind: str, x, val, n_items, n_classes, item_type, alpha, seed, max_iter, check, cfg) -> dict:
+def fit(kind: str, x, val, n_items, n_classes, item_type, alpha, seed, max_iter, check, cfg, cell=None) -> dict:
     counts = np.asarray(x.sum(0)).ravel()
-    model = LatentClass(n_items, n_classes, item_type if kind == "types" else None, alpha, seed, counts)
+    model = LatentClass(n_items, n_classes, None if kind == "ids" else item_type, alpha, seed, counts,
+                        cell if kind == "styles" else None)  # fmt: skip
     best, best_state, rows = np.inf, None, []
     for it in range(1, max_iter + 1):
         loglik = model.step(x)
@@ -131,6 +155,19 @@ def fit(kind: str, x, val, n_items, n_classes, item_type, alpha, seed, max_iter,
                 break
     model.log_pi, model.log_phi = best_state
     return {"model": model, "best_val": best, "curve": rows}
+
+
+def hidden_cells(raw: Path, features: Path, item_type: np.ndarray) -> np.ndarray:
+    """(n_items,) each vocabulary article's (type, hidden style) cell, -1 for the specials; from the truth's JSON."""
+    about = json.loads((raw / TRUTH_JSON).read_text())
+    if "hidden_style" not in about:
+        raise SystemExit(f"{raw / TRUTH_JSON}: no hidden style (hidden_taste_strength 0): the kind `styles` needs one")
+    truth = load_truth(raw)
+    style_of = dict(zip(truth.article_ids.astype(str), about["hidden_style"]))
+    ids = load_article_vocab(features).ids
+    style = np.array([-1] * N_SPECIAL + [style_of[str(a)] for a in ids[N_SPECIAL:]])
+    n_styles = max(about["hidden_style"]) + 1
+    return np.where(item_type >= 0, item_type * n_styles + style, -1)
 
 
 def main() -> None:
@@ -148,7 +185,7 @@ def main() -> None:
     parser.add_argument("--max-iter", type=int, default=60)
     parser.add_argument("--check", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--kinds", nargs="+", choices=("ids", "types"), default=["ids", "types"])
+    parser.add_argument("--kinds", nargs="+", choices=("ids", "types", "styles"), default=["ids", "types"])
     args = parser.parse_args()
     torch.set_num_threads(1)
     raw, features = args.project / "data/raw", args.project / "data/features"
@@ -156,6 +193,7 @@ def main() -> None:
     optimum = optimum_from_features(raw, features, with_context=False)
     item_type = optimum.item_type.numpy()
     n_items = len(item_type)
+    cell = hidden_cells(raw, features, item_type) if "styles" in args.kinds else None
     max_set_size = ModelConfig().max_set_size
     train, val, test = (load_split(features, s, max_set_size) for s in ("train", "val", "test"))
     x = item_matrix(train.items, n_items)
@@ -171,7 +209,7 @@ def main() -> None:
         start, fits = time.time(), []
         for k in args.classes or [truth.n_tastes]:
             for alpha in args.alphas:
-                run = fit(kind, x, val, n_items, k, item_type, alpha, args.seed, args.max_iter, args.check, cfg)
+                run = fit(kind, x, val, n_items, k, item_type, alpha, args.seed, args.max_iter, args.check, cfg, cell)
                 fits.append((run["best_val"], (k, alpha), run))
         best_val, (k, alpha), run = min(fits, key=lambda f: f[0])
         metrics = evaluate_split(run["model"], test, cfg, "cpu")[0]
