@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -61,17 +62,47 @@ def unseen_mass(scorer, test, n_ids: int) -> dict:
     }
 
 
-def measure(project: Path, model_name: str, seed: int = 0) -> dict:
+@dataclass
+class Trained:
+    """A study project's trained `_attrs` model over its catalogue, its splits and its attribute-aware popularity."""
+
+    cfg: object
+    catalogue: object
+    val: object
+    test: object
+    model: object
+    count: object
+    run: Path  # the model's folder (checkpoint.pt, metrics.json)
+
+
+def load_trained(project: Path, model_name: str, seed: int = 0) -> Trained:
     params = yaml.safe_load((project / "params.yaml").read_text())
     cfg = load_config(project / "params.yaml")
     features = Path(params["paths"]["features_dir"])
     catalogue = load_catalogue(features)
     test = load_split(features, "test", cfg.model.max_set_size, catalogue=True)
-    model, _ = load_checkpoint(Path(params["paths"]["models_dir"]) / f"{model_name}-s{seed}" / "checkpoint.pt")
+    run = Path(params["paths"]["models_dir"]) / f"{model_name}-s{seed}"
+    model, _ = load_checkpoint(run / "checkpoint.pt")
     model.set_catalogue(catalogue.tensors())
     model.eval()
     val = load_split(features, "val", cfg.model.max_set_size, catalogue=True)
     count = yardstick_model("popularity_attribute", features, cfg.evaluate, cfg.model.max_set_size, val)
+    return Trained(cfg, catalogue, val, test, model, count, run)
+
+
+def cli(measure, doc: str) -> int:
+    """The command line of a script whose `measure(project, model)` returns a JSON-able dict."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--project", type=Path, required=True)
+    parser.add_argument("--model", required=True)
+    args = parser.parse_args()
+    print(json.dumps(measure(args.project, args.model), indent=1))
+    return 0
+
+
+def measure(project: Path, model_name: str, seed: int = 0) -> dict:
+    t = load_trained(project, model_name, seed)
+    catalogue, val, test, model, count = t.catalogue, t.val, t.test, t.model, t.count
     offset = model.attributes.unseen_offset
     calibrated = unseen_mass(model, test, catalogue.n_ids)
     # the checkpoint's offset moved to its optimum on the whole validation split (training fits it on at most
@@ -91,14 +122,5 @@ def measure(project: Path, model_name: str, seed: int = 0) -> dict:
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--project", type=Path, required=True)
-    parser.add_argument("--model", required=True)
-    args = parser.parse_args()
-    print(json.dumps(measure(args.project, args.model), indent=1))
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli(measure, __doc__))

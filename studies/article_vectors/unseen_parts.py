@@ -21,23 +21,19 @@ catalogue-wide offset fitted again on validation (training/unseen_fit.best_delta
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 
-from contextual_bert.config import load_config
-from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX
-from contextual_bert.data.feature_store import load_catalogue, load_split
-from contextual_bert.evaluation.evaluate import yardstick_model
-from contextual_bert.model.checkpoint import load_checkpoint
-from contextual_bert.training.unseen_fit import best_delta
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `studies.`: a folder of scripts, not a package
+from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX  # noqa: E402
+from contextual_bert.training.unseen_fit import best_delta  # noqa: E402
+from studies.article_vectors.unseen_mass import BATCH, cli, load_trained  # noqa: E402
 
-BATCH = 256
 PARTS = ("value", "no_id_share", "within")
 MIN_CASES = 20  # per_value_share: the values with at least this many test targets
 
@@ -143,37 +139,18 @@ def per_value(model, val, t: dict, values: torch.Tensor, n_ids: int, rate: float
 
 
 def measure(project: Path, model_name: str, seed: int = 0) -> dict:
-    params = yaml.safe_load((project / "params.yaml").read_text())
-    cfg = load_config(project / "params.yaml")
-    features = Path(params["paths"]["features_dir"])
-    catalogue = load_catalogue(features)
-    test = load_split(features, "test", cfg.model.max_set_size, catalogue=True)
-    val = load_split(features, "val", cfg.model.max_set_size, catalogue=True)
-    run = Path(params["paths"]["models_dir"]) / f"{model_name}-s{seed}"
-    model, _ = load_checkpoint(run / "checkpoint.pt")
-    model.set_catalogue(catalogue.tensors())
-    model.eval()
-    count = yardstick_model("popularity_attribute", features, cfg.evaluate, cfg.model.max_set_size, val)
-    values = torch.as_tensor(catalogue.attributes[cfg.evaluate.popularity_attribute], dtype=torch.long)
-    rate = json.loads((run / "metrics.json").read_text())["id_dropout"]
-    scored_model = scored(model, test, per_value_extra(values, catalogue.n_ids, rate), values, catalogue.n_ids)
-    scored_count = scored(count, test, torch.zeros(len(values)), values, catalogue.n_ids)
+    t = load_trained(project, model_name, seed)
+    attribute, n_ids = t.cfg.evaluate.popularity_attribute, t.catalogue.n_ids
+    values = torch.as_tensor(t.catalogue.attributes[attribute], dtype=torch.long)
+    rate = json.loads((t.run / "metrics.json").read_text())["id_dropout"]
+    scored_model = scored(t.model, t.test, per_value_extra(values, n_ids, rate), values, n_ids)
     return {
-        "attribute": cfg.evaluate.popularity_attribute,
+        "attribute": attribute,
         model_name: parts(scored_model),
-        "popularity_attribute": parts(scored_count),
-        **per_value(model, val, scored_model, values, catalogue.n_ids, rate),
+        "popularity_attribute": parts(scored(t.count, t.test, torch.zeros(len(values)), values, n_ids)),
+        **per_value(t.model, t.val, scored_model, values, n_ids, rate),
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--project", type=Path, required=True)
-    parser.add_argument("--model", required=True)
-    args = parser.parse_args()
-    print(json.dumps(measure(args.project, args.model), indent=1))
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli(measure, __doc__))
