@@ -17,7 +17,7 @@ it on the test split exactly as the pipeline scores every model (`evaluation.eva
   articles by their training count (+ 1), the same for every class, as the generator has it (w[a, z] = pop[a]
   x a style's affinity). The generator's family with the least to estimate: what the vectors allow a learner.
 
-Neither uses the customer context: they are yardsticks for [None] and the bag of items (the optimum without
+None of them uses the customer context: they are yardsticks for [None] and the bag of items (the optimum without
 context). phi is smoothed towards popularity (pseudo-counts `alpha` x an article's training count / K); K
 and alpha are chosen on validation; EM stops at the best validation cross-entropy (checked every `--check`
 iterations). Fitting the right family is the best case for a learner of this data size, so its gap to the
