@@ -100,11 +100,12 @@ def main() -> int:
     record(args.out, "settings", {"commit": commit.strip(), "settings": settings})
     for name in args.cells.split(",") if args.cells else settings["cells"]:
         cell = settings["cells"][name]
+        seed = cell.get("seed", settings["seed"])  # a cell may name its own training seed
         assignments, models = settings["bases"][cell["base"]] + cell["set"], settings["models"][cell["base"]]
         params = yaml.safe_load((REPO / "params.yaml").read_text())
         for assignment in assignments:
             override(params, assignment)
-        params["train"] |= {"num_threads": 1, "variants": models, "seeds": [settings["seed"]]}
+        params["train"] |= {"num_threads": 1, "variants": models, "seeds": [seed]}
         project = Project(args.work / name, relocated(params, args.work / name))
         for stage in ("ingest", "validate", "features", "baseline", "optimum"):
             project.stage(stage)
@@ -119,12 +120,10 @@ def main() -> int:
             },
         )
         for model in models:
-            project.stage("train", "--variant", model, "--seed", str(settings["seed"]))
-            project.stage("evaluate", "--variant", model, "--seed", str(settings["seed"]))
-            result = json.loads((evals / f"{model}-s{settings['seed']}.json").read_text())
-            trained = json.loads(
-                (project.path("models_dir") / f"{model}-s{settings['seed']}" / "metrics.json").read_text()
-            )
+            project.stage("train", "--variant", model, "--seed", str(seed))
+            project.stage("evaluate", "--variant", model, "--seed", str(seed))
+            result = json.loads((evals / f"{model}-s{seed}.json").read_text())
+            trained = json.loads((project.path("models_dir") / f"{model}-s{seed}" / "metrics.json").read_text())
             record(args.out, f"{name}/{model}", {
                 **parts(result), "yardstick": result.get("yardstick"), "outfit_dependence": result["test"].get("outfit_dependence"),
                 "epochs": trained["epochs"], "best_epoch": trained["best_epoch"], "converged": trained["converged"],
@@ -135,7 +134,7 @@ def main() -> int:
             if yardstick.exists():
                 record(args.out, f"{name}/{model}/against_yardstick_unseen",
                        against_unseen(result, json.loads(yardstick.read_text())))  # fmt: skip
-            record(args.out, f"{name}/{model}/unseen_mass", measure(project.root, model, settings["seed"]))
+            record(args.out, f"{name}/{model}/unseen_mass", measure(project.root, model, seed))
         record(args.out, f"{name}/settings", {"commit": commit.strip(), "set": assignments, "seconds": project.timings})
     return 0
 
