@@ -101,3 +101,98 @@ def test_an_attrs_models_history_article_without_an_id_is_repeated_at_the_unk_ro
     log_lambda = repeat.LOG_LAMBDA + 10.0 * (repeat.weight[0] + repeat.weight[1] * n.log()) - n.log()
     torch.testing.assert_close(gain[:, 0], torch.nn.functional.softplus(log_lambda + 3.0).detach())
     assert torch.isfinite(logits[:, N_SPECIAL:]).all()
+
+
+# --- an "_attrs" model starts at the attribute-aware popularity (its yardstick) ---------------------------------
+
+TYPES = ContextSpec((FeatureSpec("product_type", "categorical", "article", N_SPECIAL + 3, 8),))
+ATTRS_IDS = N_SPECIAL + 6  # articles with an id; two more of the catalogue have none
+
+
+def attrs_count_model(variant: str = "none_attrs"):
+    """An "_attrs" model over 8 articles of 3 types (two without an id) and the count it starts from."""
+    from contextual_bert.evaluation.counts import AttributePopularityModel
+
+    torch.manual_seed(0)
+    model = build_model(
+        SMALL.model_copy(update={"attribute_overlap": False}), variant, ATTRS_IDS, ContextSpec(()), TYPES
+    )
+    values = torch.tensor([0] * N_SPECIAL + [3, 3, 4, 4, 5, 5, 3, 5])  # the last two: no id
+    counts = np.array([0] * N_SPECIAL + [5, 1, 2, 2, 1, 3, 0, 0])
+    model.set_catalogue({"product_type": values})
+    return model, AttributePopularityModel(values.numpy(), counts, ATTRS_IDS, 0.0, attribute="product_type")
+
+
+def zero_learned_scores(model) -> None:
+    with torch.no_grad():
+        model.head_transform.weight.zero_()
+        model.head_transform.bias.zero_()
+
+
+def test_an_attrs_model_started_from_its_count_scores_every_article_as_the_count_does():
+    model, count = attrs_count_model()
+    assert start_from_counts(model, torch.tensor([[N_SPECIAL, N_SPECIAL + 1]]), count) == "popularity_attribute"
+    assert torch.equal(model.output_bias.detach(), torch.zeros_like(model.output_bias))  # the bias left at 0
+    zero_learned_scores(model)
+    model.eval()
+    with torch.no_grad():
+        _, bias = model.output_layer()
+    expected = count.log_prior()[N_SPECIAL:]
+    torch.testing.assert_close(bias[N_SPECIAL:].log_softmax(0), expected, atol=1e-6, rtol=0)
+    assert float(expected.exp().sum()) == pytest.approx(1.0, abs=1e-6)  # the count's P(a) with no outfit
+    # a dropped id keeps its article's count: the bias of a row read as [UNK] in training is its own prior
+    model.train()
+    rows = torch.arange(N_SPECIAL, ATTRS_IDS + 2)
+    ids = torch.full_like(rows, UNKNOWN_INDEX)
+    torch.testing.assert_close(model.attributes.bias(model.output_bias, ids, rows), count.log_prior()[rows])
+
+
+def test_a_larger_catalogue_spreads_a_types_new_article_mass_and_a_checkpoint_keeps_the_prior(tmp_path):
+    from contextual_bert.model.checkpoint import model_from_payload, model_payload
+
+    model, count = attrs_count_model()
+    start_from_counts(model, torch.tensor([[N_SPECIAL]]), count)
+    before = model.attributes.prior_rows.clone()
+    loaded = model_from_payload(model_payload(model))
+    torch.testing.assert_close(loaded.attributes.prior_rows, before)
+    # two more articles without an id, of the first type: its new articles' mass is now shared by three
+    values = torch.tensor([0] * N_SPECIAL + [3, 3, 4, 4, 5, 5, 3, 5, 3, 3])
+    loaded.set_catalogue({"product_type": values})
+    rows = loaded.attributes.prior_rows
+    torch.testing.assert_close(rows[: ATTRS_IDS + 2][:-2], before[:-2])  # the articles with an id keep theirs
+    first_type_new = rows[[ATTRS_IDS, ATTRS_IDS + 2, ATTRS_IDS + 3]]
+    torch.testing.assert_close(first_type_new.exp().sum(), before[ATTRS_IDS].exp())
+    torch.testing.assert_close(rows[ATTRS_IDS + 1], before[ATTRS_IDS + 1])  # the other type's new article
+
+
+def test_the_count_prior_must_name_a_single_valued_attribute():
+    model, count = attrs_count_model()
+    count.attribute = "colour"
+    with pytest.raises(Exception, match="colour"):
+        start_from_counts(model, torch.tensor([[N_SPECIAL]]), count)
+
+
+def test_a_training_started_from_the_attribute_count_says_so_and_its_checkpoint_keeps_the_prior(tmp_path):
+    from helpers import PLAIN_TRAIN
+
+    from contextual_bert.config import TrainConfig
+    from contextual_bert.data.feature_spec import PAD_INDEX, EncodedOutfits
+    from contextual_bert.model import load_checkpoint
+    from contextual_bert.training import fit
+
+    def outfits(n: int, seed: int, top: int) -> EncodedOutfits:
+        g = torch.Generator().manual_seed(seed)
+        items = torch.full((n, 4), PAD_INDEX, dtype=torch.long)
+        items[:, :3] = N_SPECIAL + torch.rand(n, top - N_SPECIAL, generator=g).argsort(dim=1)[:, :3]
+        return EncodedOutfits(items, {})
+
+    model, count = attrs_count_model()
+    cfg = TrainConfig(batch_size=16, max_epochs=2, lr_warmup_steps=2, device="cpu", id_dropout=0.3, init_output="counts",
+                      rare_id_decay=0.0, **PLAIN_TRAIN)  # fmt: skip
+    metrics = fit(
+        model, outfits(64, 0, ATTRS_IDS), outfits(16, 1, ATTRS_IDS + 2), cfg, tmp_path, 0, attribute_count=count
+    )
+    assert metrics["count_start"] == "popularity_attribute"
+    loaded, _ = load_checkpoint(tmp_path / "checkpoint.pt")
+    torch.testing.assert_close(loaded.attributes.prior_rows, model.attributes.prior_rows)
+    assert loaded.attributes.count_prior["unseen_share"] == count.unseen_share
