@@ -11,7 +11,12 @@ the files: the first operation whose bits differ is where the trainings part.
 documents as the same on Intel and non-Intel processors; AVX2,STRICT: the pinned default), each configuration
 in fresh processes, round robin, and says whether their final weights' bits differ.
 
-    .venv/bin/python benchmarks/cpu_ops.py [--cost] [--out FILE] [--compare OTHER.json]
+`--settings-against OTHER.json` runs every operation again in a fresh process under each of MKL's settings that
+could steer its code path (SETTINGS: the conditional-numerical-reproducibility branches, the instruction-set cap,
+the old vendor override) and lists, per setting, the operations whose bits still differ from OTHER's (the other
+machine's pinned run): does any setting of this machine's MKL give the other vendor's bits?
+
+    .venv/bin/python benchmarks/cpu_ops.py [--cost] [--out FILE] [--compare OTHER.json] [--settings-against OTHER.json]
 Writes reports/benchmarks/cpu_ops_<vendor>.json (the CPU named inside).
 """
 
@@ -30,6 +35,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 STEP_SECONDS: list[float] = []  # op_hashes' time in its training steps (only), for --cost
 MKL_PATHS = {"AVX2,STRICT": "the pinned default", "COMPATIBLE": "SSE2, the same on Intel and non-Intel"}
+# --settings-against: MKL's variables that choose its code path, on top of the pinned ATen and oneDNN
+SETTINGS = {
+    "pinned": {"MKL_CBWR": "AVX2,STRICT"},
+    "cbwr AVX2 (not strict)": {"MKL_CBWR": "AVX2"},
+    "cbwr AVX,STRICT": {"MKL_CBWR": "AVX,STRICT"},
+    "cbwr SSE4_2,STRICT": {"MKL_CBWR": "SSE4_2,STRICT"},
+    "cbwr AVX512,STRICT": {"MKL_CBWR": "AVX512,STRICT"},
+    "cbwr COMPATIBLE": {"MKL_CBWR": "COMPATIBLE"},
+    "MKL_ENABLE_INSTRUCTIONS=AVX2": {"MKL_CBWR": "AVX2,STRICT", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    "MKL_DEBUG_CPU_TYPE=5": {"MKL_CBWR": "AVX2,STRICT", "MKL_DEBUG_CPU_TYPE": "5"},
+}
 
 
 def digest(*tensors) -> str:
@@ -123,6 +139,19 @@ def step_seconds(mkl_path: str, steps: int) -> dict:
     return {"seconds": float(seconds), "bits": bits}
 
 
+def hashes_under(settings: dict[str, str], steps: int) -> dict[str, str]:
+    """op_hashes in a fresh process (the libraries read their variables once) under the pinned ATen and oneDNN and
+    these MKL `settings`."""
+    code = (
+        f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); import cpu_ops; "
+        f"print(json.dumps(cpu_ops.op_hashes({steps})))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MKL_")}
+    env |= {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", **settings}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
@@ -130,6 +159,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--compare", type=Path, help="another machine's file: the operations whose bits differ")
+    parser.add_argument("--settings-against", type=Path, help="another machine's file: MKL's settings tried (SETTINGS)")
     args = parser.parse_args()
 
     from contextual_bert import cpu_kernels
@@ -169,6 +199,16 @@ def main() -> None:
             "cpu": other["cpu"],
             "differ": [name for name, bits in report["ops"].items() if other["ops"].get(name) != bits],
         }
+    if args.settings_against:
+        other = json.loads(args.settings_against.read_text())
+        tried = {}
+        for name, settings in SETTINGS.items():
+            ops = hashes_under(settings, args.steps)
+            tried[name] = {
+                "settings": settings,
+                "differ": [k for k, bits in ops.items() if other["ops"].get(k) != bits],
+            }
+        report["settings_against"] = {"cpu": other["cpu"], "commit": other.get("commit"), "settings": tried}
     vendor = report["cpu"]["vendor"].lower() or "unknown"
     out = args.out or ROOT / "reports" / "benchmarks" / f"cpu_ops_{vendor}.json"
     out.write_text(json.dumps(report, indent=2) + "\n")
