@@ -83,7 +83,6 @@ def _cmd_train(cfg: Config, args) -> None:
             model_cfg=cfg.model_for(args.variant),
             train_cfg=cfg.train_for(args.variant),
             on_epoch_end=tracker.log_epoch,
-            count_attribute=cfg.evaluate.popularity_attribute,  # the count an "_attrs" model starts from
         )
         tracker.log_result(result)
     metrics_path = cfg.train_metrics_path(args.variant, args.seed)

@@ -40,7 +40,7 @@ from contextual_bert.config import load_config
 from contextual_bert.data.feature_spec import HISTORY_FEATURE, MASK_INDEX, N_SPECIAL
 from contextual_bert.data.feature_store import load_article_vocab, load_split
 from contextual_bert.evaluation.bootstrap import bootstrap_ci
-from contextual_bert.evaluation.counts import attribute_popularity_model
+from contextual_bert.evaluation.evaluate import attribute_popularity_model
 from contextual_bert.model import HistoryRepeat
 
 HERE = Path(__file__).resolve().parent

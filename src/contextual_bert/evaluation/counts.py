@@ -14,7 +14,6 @@ bits).
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,10 +26,8 @@ from contextual_bert.data.feature_spec import (
     N_SPECIAL,
     PAD_INDEX,
     UNKNOWN_INDEX,
-    VECTOR_KIND,
     EncodedOutfits,
 )
-from contextual_bert.errors import ContextualBertError
 from contextual_bert.evaluation.ranking import ScoreOrder, distinct_real, is_ahead, others_ahead
 
 CLOSED_FORM_CELLS = 1 << 20  # (cases x attribute values) the attribute popularity's closed form holds at a time
@@ -84,11 +81,8 @@ class AttributePopularityModel(nn.Module):
     an id seen exactly once. A value without articles of one kind gives the other kind all its mass.
     """
 
-    def __init__(
-        self, values: np.ndarray, counts: np.ndarray, n_ids: int, in_outfit_share: float, attribute: str | None = None
-    ):
+    def __init__(self, values: np.ndarray, counts: np.ndarray, n_ids: int, in_outfit_share: float):
         super().__init__()
-        self.attribute = attribute  # its name, where known (a model's count prior names it)
         values = np.asarray(values, dtype=np.int64)  # (n_items,) the attribute's index per article; specials: 0
         counts = np.asarray(counts, dtype=np.float64)
         n, n_values = len(values), int(values.max()) + 1
@@ -114,17 +108,6 @@ class AttributePopularityModel(nn.Module):
         self.register_buffer("value_mass", torch.from_numpy(value_mass).float())
         self.r = float(np.clip(in_outfit_share, 1e-6, 1 - 1e-6))
         self.n_items, self.n_ids = n, n_ids
-        self.unseen_share = u
-        # log of the mass a value's articles without an id share: P(v) times their share within the value
-        with np.errstate(divide="ignore"):
-            self.log_unseen_value = torch.from_numpy(
-                np.log(value_mass / value_mass.sum()) + np.log(np.where(known_mass > 0, u, 1.0))
-            ).float()
-
-    def log_prior(self) -> torch.Tensor:
-        """(n_items,) log P(a) with no outfit: log P(v(a)) + log P(a | v(a)), P(v) in proportion to the values'
-        masses (P(v | O) with no article in O); -inf at the special rows."""
-        return (self.value_mass / self.value_mass.sum()).log()[self.values] + self.log_within
 
     def masked_logits(self, items: torch.Tensor, context=None) -> torch.Tensor:
         return self.log_value(items).gather(1, self.values.expand(items.shape[0], -1)) + self.log_within
@@ -377,36 +360,6 @@ def attribute_history_log_probs(
             target_logit = logits.gather(1, t - N_SPECIAL) - log_z
             out.append(target_logit + torch.log1p(lam * lift_t) - torch.log1p(lam * share))
     return torch.cat(out).numpy() if out else np.zeros((0, len(weights)))
-
-
-def attribute_popularity_model(features_dir: Path, cfg: EvaluateConfig, max_set_size: int):
-    """(AttributePopularityModel over the catalogue, its attribute, its in-outfit share), or (None, why, None)
-    where the data has none (features.article_features off, or evaluate.popularity_attribute unset)."""
-    from contextual_bert.data.feature_store import ATTRIBUTES_FILE, load_catalogue, load_split
-
-    attribute = cfg.popularity_attribute
-    if not (Path(features_dir) / ATTRIBUTES_FILE).exists():
-        return (
-            None,
-            (
-                "no catalogue with attributes (features.article_features is off, or "
-                "features.article_attributes declares none for this source)"
-            ),
-            None,
-        )
-    if attribute is None:
-        return None, "evaluate.popularity_attribute is not set", None
-    catalogue = load_catalogue(features_dir)
-    if attribute not in catalogue.attributes or catalogue.attributes[attribute].ndim != 1:
-        categorical = [f.name for f in catalogue.spec.features if not f.is_list and f.kind != VECTOR_KIND]
-        raise ContextualBertError(
-            f"evaluate.popularity_attribute '{attribute}' is not a single-valued article "
-            f"attribute of {features_dir} (those are {categorical})"
-        )
-    values = catalogue.attributes[attribute]
-    share = in_outfit_share(load_split(features_dir, "train", max_set_size, catalogue=True).items, values)
-    model = AttributePopularityModel(values, catalogue.vocab.counts, catalogue.n_ids, share, attribute=attribute)
-    return model, attribute, share
 
 
 def in_outfit_share(items: torch.Tensor, values: np.ndarray) -> float:

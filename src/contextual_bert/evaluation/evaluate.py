@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from contextual_bert.config import CURVE_FILE, NOT_APPLICABLE, EvaluateConfig, ModelConfig, uses_attributes
-from contextual_bert.data.feature_spec import HISTORY_FEATURE, EncodedOutfits
+from contextual_bert.data.feature_spec import HISTORY_FEATURE, VECTOR_KIND, EncodedOutfits
 from contextual_bert.devices import evaluation_device, keep_freed_memory
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.evaluation.bootstrap import (
@@ -56,11 +56,12 @@ from contextual_bert.evaluation.bootstrap import (
 )
 from contextual_bert.evaluation.counts import (
     AttributeHistoryPopularityModel,
+    AttributePopularityModel,
     HistoryPopularityModel,
     PopularityModel,
     attribute_history_weight,
-    attribute_popularity_model,
     history_weight,
+    in_outfit_share,
 )
 from contextual_bert.evaluation.fitb import RESULT_KEY as FITB_KEY
 from contextual_bert.evaluation.fitb import fitb_result, split_questions
@@ -347,6 +348,35 @@ def evaluate_history_popularity(
     result |= {"weight": weight, "val_cross_entropy_by_weight": {str(w): ce for w, ce in by_weight.items()}}
     out_path.write_text(result_json(result))
     return result
+
+
+def attribute_popularity_model(features_dir: Path, cfg: EvaluateConfig, max_set_size: int):
+    """(AttributePopularityModel over the catalogue, its attribute, its in-outfit share), or (None, why, None)
+    where the data has none (features.article_features off, or evaluate.popularity_attribute unset)."""
+    from contextual_bert.data.feature_store import ATTRIBUTES_FILE, load_catalogue, load_split
+
+    attribute = cfg.popularity_attribute
+    if not (Path(features_dir) / ATTRIBUTES_FILE).exists():
+        return (
+            None,
+            (
+                "no catalogue with attributes (features.article_features is off, or "
+                "features.article_attributes declares none for this source)"
+            ),
+            None,
+        )
+    if attribute is None:
+        return None, "evaluate.popularity_attribute is not set", None
+    catalogue = load_catalogue(features_dir)
+    if attribute not in catalogue.attributes or catalogue.attributes[attribute].ndim != 1:
+        categorical = [f.name for f in catalogue.spec.features if not f.is_list and f.kind != VECTOR_KIND]
+        raise ContextualBertError(
+            f"evaluate.popularity_attribute '{attribute}' is not a single-valued article "
+            f"attribute of {features_dir} (those are {categorical})"
+        )
+    values = catalogue.attributes[attribute]
+    share = in_outfit_share(load_split(features_dir, "train", max_set_size, catalogue=True).items, values)
+    return AttributePopularityModel(values, catalogue.vocab.counts, catalogue.n_ids, share), attribute, share
 
 
 def yardstick_model(name: str, features_dir: Path, cfg: EvaluateConfig, max_set_size: int, val: EncodedOutfits):

@@ -94,9 +94,6 @@ class ArticleAttributes(nn.Module):
         self.id_dropout = 0.0  # a training setting (variants.<model>_attrs.id_dropout; training.fit), not a weight
         # added to the logit of every article without an id outside training (unseen_offset below; in checkpoints)
         self.unseen_offset = 0.0
-        # the count the output starts from (set_count_prior; in checkpoints), and its value per catalogue row
-        self.count_prior: dict | None = None
-        self.register_buffer("prior_rows", None, persistent=False)
         widths = [d_model if combine == "sum" else f.dim for f in spec.features]
         self.embeddings = nn.ModuleList(attribute_embedding(f, w, d_model) for f, w in zip(spec.features, widths))
         for table in self.embeddings:
@@ -141,8 +138,6 @@ class ArticleAttributes(nn.Module):
             self.register_buffer(f"catalogue_{f.name}", values, persistent=False)
         rows = torch.arange(n, device=device)
         self.register_buffer("id_rows", rows.masked_fill(rows >= self.n_ids, UNKNOWN_INDEX), persistent=False)
-        if self.count_prior is not None:  # a larger catalogue spreads each value's new-article mass over more rows
-            self.prior_rows = self._prior_rows()
 
     def catalogue(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f"catalogue_{f.name}") for f in self.spec.features}
@@ -152,63 +147,21 @@ class ArticleAttributes(nn.Module):
         targets' share without an id: log(s (p K + U) / (p U)), p the id dropout, K the articles with an id, U those
         without, s the share; log(1 + p K / U) for `auto` (p = s). Why: in training the [UNK]-read rows are the U
         articles without an id plus about p K dropped ones, and the dropped targets teach the model to give that
-        group a mass of about p; outside training only the U rows read [UNK], and the group should get s. With a
-        count prior the rows weigh by the count's mass instead of one each: K and U become 1 - u and u, u the
-        count's share of articles without an id. 0 (the same bits as without it) without id dropout, without
-        articles lacking an id, or where s is 0."""
+        group a mass of about p; outside training only the U rows read [UNK], and the group should get s. 0 (the
+        same bits as without it) without id dropout, without articles lacking an id, or where s is 0."""
         known, unseen, p = self.n_ids - N_SPECIAL, self.n_items - self.n_ids, self.id_dropout
-        if self.count_prior is not None and unseen > 0:
-            known, unseen = 1.0 - self.count_prior["unseen_share"], self.count_prior["unseen_share"]
         useful = p > 0 and unseen > 0 and share > 0
         self.unseen_offset = math.log(share * (p * known + unseen) / (p * unseen)) if useful else 0.0
         return self.unseen_offset
 
     def bias(self, output_bias: torch.Tensor, ids: torch.Tensor, flat: torch.Tensor | None = None) -> torch.Tensor:
-        """The output bias of the rows `ids` (from `ids(flat)`): the id rows' bias, plus the row's count prior where
-        one is set (whatever id dropout read: a dropped article keeps its count), plus `unseen_offset` for the
+        """The output bias of the rows `ids` (from `ids(flat)`): the id rows' bias, plus `unseen_offset` for the
         catalogue rows without an id (index >= n_ids) outside training."""
         bias = output_bias[ids]
-        if self.prior_rows is not None:
-            bias = bias + (self.prior_rows if flat is None else self.prior_rows[flat]).to(bias.dtype)
         if self.training or self.unseen_offset == 0.0:
             return bias
         rows = torch.arange(self.n_items, device=bias.device) if flat is None else flat
         return bias + (rows >= self.n_ids).to(bias.dtype) * self.unseen_offset
-
-    def set_count_prior(self, attribute: str, known: torch.Tensor, unseen_value: torch.Tensor, unseen_share: float):
-        """Start the output at the count (train.init_output: counts; training.count_start): every catalogue row's
-        logit gets the attribute-aware popularity's log P(a) with no outfit, fixed. `known` (n_ids,): the rows with
-        an id; `unseen_value` (the attribute's values,): log of the mass a value's articles without an id share,
-        divided among the value's rows without an id in the catalogue held (so a larger catalogue at serving
-        spreads it); `unseen_share`: that share of the count's, u (calibrate_unseen)."""
-        feature = next((f for f in self.spec.features if f.name == attribute), None)
-        if feature is None or feature.is_list or feature.kind == VECTOR_KIND:
-            raise ContextualBertError(
-                f"the count prior's attribute {attribute!r} is no single-valued article attribute"
-            )
-        if len(known) != self.n_ids:
-            raise ContextualBertError(f"the count prior has {len(known)} rows with an id, the model {self.n_ids}")
-        self.count_prior = {
-            "attribute": attribute,
-            "known": known.detach().float().cpu(),
-            "unseen_value": unseen_value.detach().float().cpu(),
-            "unseen_share": float(unseen_share),
-        }
-        self.prior_rows = self._prior_rows()
-
-    def _prior_rows(self) -> torch.Tensor:
-        """(n_items,) the count prior of every catalogue row (0 at the special rows, never scored)."""
-        prior = self.count_prior
-        assert prior is not None
-        values = getattr(self, f"catalogue_{prior['attribute']}").cpu()
-        rows = torch.zeros(len(values))
-        rows[: self.n_ids] = prior["known"]
-        unseen = values[self.n_ids :]
-        if len(unseen):
-            n_rows = torch.bincount(unseen, minlength=len(prior["unseen_value"])).float()
-            rows[self.n_ids :] = prior["unseen_value"][unseen] - n_rows[unseen].log()
-        rows[:N_SPECIAL] = 0.0
-        return rows.to(self.id_rows.device)
 
     def ids(self, flat: torch.Tensor | None = None) -> torch.Tensor:
         """The id rows of the article indices `flat` (1-d), or of the whole catalogue. In training mode, with

@@ -50,8 +50,6 @@ def model_payload(model: nn.Module) -> dict:
         payload["combine"] = model.attributes.combine
         payload["catalogue"] = {k: v.detach().cpu() for k, v in model.attributes.catalogue().items()}
         payload["unseen_offset"] = model.attributes.unseen_offset
-        if model.attributes.count_prior is not None:
-            payload["count_prior"] = model.attributes.count_prior
     return payload
 
 
@@ -77,9 +75,6 @@ def model_from_payload(payload: dict) -> nn.Module:
         model.set_catalogue(payload["catalogue"])
         # fixed at training (a larger catalogue at serving keeps it): 0 before it existed
         model.set_unseen_offset(payload.get("unseen_offset", 0.0))
-        if payload.get("count_prior") is not None:  # the count the output started from (training.count_start)
-            for side in model.article_sides():
-                side.set_count_prior(**payload["count_prior"])
     return model
 
 

@@ -151,7 +151,6 @@ class Run:
     sparse_recipe: dict | None = None  # what train.init_output / rare_id_decay "auto" decided (training/sparse.py)
     unseen_offset: float | None = None  # the "_attrs" models' offset of the articles without an id (calibrate_unseen)
     unseen_fit: dict | None = None  # that offset moved to its validation optimum after training (unseen_fit.py)
-    count_start: str | None = None  # the count train.init_output: counts started the output at (count_start.py)
 
     @property
     def last_path(self) -> Path:
@@ -375,11 +374,8 @@ def fit(
     out_dir: Path,
     seed: int,
     on_epoch_end: EpochHook | None = None,
-    attribute_count=None,
 ) -> dict:
     """Train `model` in place; resume from out_dir/last.pt when it belongs to the same run.
-    `attribute_count`: an "_attrs" model's yardstick (evaluation.counts.AttributePopularityModel), the count it
-    starts from under train.init_output counts (count_start.py).
 
     Writes out_dir/checkpoint.pt (best validation cross-entropy), last.pt (resume state, every epoch),
     curve.json (the training curve: one row per epoch) and metrics.json, which is also returned. A run that has
@@ -388,12 +384,10 @@ def fit(
     max_epochs (the decay's horizon) starts it afresh.
     """
     train_cfg, sparse_recipe = resolve_sparse(train_cfg, train_data.items)
-    count_start = None
     if train_cfg.init_output == "counts":  # before a resume: a resumed run loads its own weights
-        count_start = start_from_counts(model, train_data.items, attribute_count)
+        start_from_counts(model, train_data.items)
     run = start_run(model, train_data, val_data, train_cfg, Path(out_dir), seed)
     run.sparse_recipe = sparse_recipe
-    run.count_start = count_start
     train_probe = even_sample(run.train_data, min(len(run.val_data), train_cfg.probe_outfits))
     position, mid_epoch_random = None, None
     resumed = load_resume_state(run.last_path, run.key, model, run.optimizer, run.scheduler, run.generator, run.device)
@@ -458,7 +452,6 @@ def finish_run(run: Run, n_params: int) -> dict:
         ),
         **offset_metrics(run),
         **({"sparse_recipe": run.sparse_recipe} if run.sparse_recipe is not None else {}),
-        **({"count_start": run.count_start} if run.count_start is not None else {}),
     }
     write_json(run.out_dir / METRICS_FILE, metrics)
     return metrics
@@ -496,11 +489,8 @@ def train(
     model_cfg: ModelConfig,
     train_cfg: TrainConfig,
     on_epoch_end: EpochHook | None = None,
-    count_attribute: str | None = None,
 ) -> dict:
-    """Train one (variant, seed) run on the features stage's splits; see `fit`. `count_attribute`: the
-    attribute-aware popularity's (evaluate.popularity_attribute), which an "_attrs" model starts from under
-    train.init_output counts (count_start.py); None: the popularity of ids, as any model's.
+    """Train one (variant, seed) run on the features stage's splits; see `fit`.
 
     Resumes from out_dir/last.pt when it was written by the same run (same model and train settings, seed
     and data; patience, device and checkpoint_every_s may differ). A run that already finished is not
@@ -529,11 +519,4 @@ def train(
         model.set_catalogue(catalogue.tensors())
     if train_cfg.init_embeddings == "cooccurrence":  # before fit: a resumed run loads its own weights
         init_from_cooccurrence(model, train_data.items)
-    attribute_count = None
-    if catalogue is not None and count_attribute is not None and train_cfg.init_output != "random":
-        from contextual_bert.config import EvaluateConfig
-        from contextual_bert.evaluation.counts import attribute_popularity_model
-
-        count_cfg = EvaluateConfig(popularity_attribute=count_attribute)  # the yardstick's own builder reads only it
-        attribute_count = attribute_popularity_model(features_dir, count_cfg, model_cfg.max_set_size)[0]
-    return fit(model, train_data, val_data, train_cfg, out_dir, seed, on_epoch_end, attribute_count)
+    return fit(model, train_data, val_data, train_cfg, out_dir, seed, on_epoch_end)

@@ -58,10 +58,7 @@ def _catalogue_key(model) -> dict:
     if model.attributes is None:
         return {}
     catalogue = model.attributes.catalogue()
-    key = {"attributes": model.attributes.spec.to_json(), "catalogue": _tensors_fingerprint(sorted(catalogue.items()))}
-    if model.attributes.prior_rows is not None:  # the count the output starts from (training.count_start)
-        key["count_prior"] = _tensors_fingerprint([("rows", model.attributes.prior_rows)])
-    return key
+    return {"attributes": model.attributes.spec.to_json(), "catalogue": _tensors_fingerprint(sorted(catalogue.items()))}
 
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # src/contextual_bert
