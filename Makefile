@@ -13,12 +13,14 @@ help:
 
 # torch==2.13.0 first: its CPU wheel lies on this disk, while the range in pyproject alone
 # would make pip fetch a 5.5 GB CUDA build.
+# --no-compile: pip would byte-compile every installed module (most of the install's time); Python
+# compiles the ones a run imports when it first imports them (docs/decisions.md).
 # pip's own messages go to $(VENV)/install.log (its end is printed when an install fails).
 $(STAMP): pyproject.toml
 	@echo "installing into $(VENV) (log: $(VENV)/install.log)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@( $(BIN)/pip install --quiet --upgrade pip && $(BIN)/pip install --quiet torch==2.13.0 && \
-	   $(BIN)/pip install --quiet -e '.[test,postgres]' ) > $(VENV)/install.log 2>&1 || \
+	@( $(BIN)/pip install --quiet --upgrade pip && $(BIN)/pip install --quiet --no-compile torch==2.13.0 && \
+	   $(BIN)/pip install --quiet --no-compile -e '.[test,postgres]' ) > $(VENV)/install.log 2>&1 || \
 	   { tail -n 30 $(VENV)/install.log; exit 1; }
 	@touch $(STAMP)
 

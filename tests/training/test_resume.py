@@ -69,6 +69,7 @@ def child(out: Path, kill: str, checkpoint_every_s: float) -> None:
         device="cpu",
         num_threads=1,
         checkpoint_every_s=checkpoint_every_s,
+        probe_outfits=20,  # two passes an epoch (validation, the training probe): "validation:3" is epoch 2's
         **PLAIN_TRAIN,
     )
     if os.environ.get("WARMUP") == "1":  # the bag warm-up in epochs 1-2, its "before" kept in last.pt

@@ -218,7 +218,7 @@ DROPOUT = TINY.model_copy(update={"dropout": 0.2})  # dropout draws from the glo
 @pytest.mark.parametrize("variant", ["global_state_update", "global_state_two_way"])
 def test_a_resumed_run_ends_where_an_uninterrupted_run_ends(tmp_path, variant):
     train, val = planted(300, 0), planted(60, 1)
-    cfg = SHORT.model_copy(update={"bag_warmup_epochs": 2})  # killed inside the warm-up from the bag
+    cfg = SHORT.model_copy(update={"bag_warmup_epochs": 2, "probe_outfits": 20})  # killed inside the bag warm-up
     whole = new_model(variant, cfg=DROPOUT)
     whole_metrics = fit(whole, train, val, cfg, tmp_path / "whole", seed=7)
 
@@ -286,8 +286,7 @@ def test_a_finished_run_is_not_retrained_and_a_changed_one_restarts(tmp_path):
     files = {p.name for p in tmp_path.iterdir()}
     assert {"checkpoint.pt", "last.pt", "curve.json", "metrics.json"} <= files
     row = json.loads((tmp_path / "curve.json").read_text())[0]
-    assert set(row) == {"epoch", "train_loss", "train_cross_entropy", "val_cross_entropy", "learning_rate",
-                        "samples_per_s", "seconds"}  # fmt: skip
+    assert set(row) == {"epoch", "train_loss", "val_cross_entropy", "learning_rate", "samples_per_s", "seconds"}
     assert json.loads((tmp_path / "metrics.json").read_text()) == first
 
     calls = []
@@ -438,7 +437,13 @@ def test_a_warmup_that_does_not_lift_validation_gives_back_what_the_run_had_befo
     monkeypatch.setattr(ranking, "STUCK_BELOW", math.inf)  # stuck at the check after epoch 2: warm-up in 3-4
     train, val = planted(300, 0), planted(60, 1)
     cfg = SHORT.model_copy(
-        update={"max_epochs": 4, "patience": 9, "bag_warmup_epochs": 2, "bag_warmup_check_steps": 15}
+        update={
+            "max_epochs": 4,
+            "patience": 9,
+            "bag_warmup_epochs": 2,
+            "bag_warmup_check_steps": 15,
+            "probe_outfits": 60,
+        }
     )
     calls = itertools.count(1)
     real = training.loop.validation_cross_entropy
@@ -501,7 +506,7 @@ def test_early_stopping_keeps_the_best_epoch(tmp_path, monkeypatch):
     monkeypatch.setattr(training.loop, "validation_cross_entropy",
                         lambda *args: next(curve) if next(calls) % 2 == 0 else 9.0)  # fmt: skip
     train, val = planted(100, 0), planted(20, 1)
-    cfg = SHORT.model_copy(update={"max_epochs": 6, "patience": 2})
+    cfg = SHORT.model_copy(update={"max_epochs": 6, "patience": 2, "probe_outfits": 20})
     metrics = fit(new_model("none"), train, val, cfg, tmp_path, seed=0)
     assert (metrics["epochs"], metrics["best_epoch"], metrics["best_val_cross_entropy"]) == (4, 2, 2.5)
     assert metrics["stopped_early"] and metrics["converged"] == "early_stopping"
@@ -546,6 +551,23 @@ def test_an_epoch_validates_on_a_fixed_sample_and_probes_at_most_probe_outfits(t
         seed=0,
     )
     assert [n for n, _ in sizes] == [40, 40]  # 0: every validation outfit; the probe as many training outfits
+
+
+def test_the_training_probe_is_a_diagnostic_the_run_is_the_same_bits_without_it(tmp_path):
+    train, val = planted(200, 0), planted(40, 1)
+    runs = {}
+    for probe in (0, 25):
+        model = new_model("global_state", cfg=DROPOUT)
+        metrics = fit(
+            model, train, val, SHORT.model_copy(update={"probe_outfits": probe}), tmp_path / str(probe), seed=1
+        )
+        runs[probe] = (model.state_dict(), metrics, json.loads((tmp_path / str(probe) / "curve.json").read_text()))
+    (without, metrics_without, curve_without), (with_probe, metrics_with, curve_with) = runs[0], runs[25]
+    for name, value in without.items():
+        assert torch.equal(value, with_probe[name]), name
+    assert metrics_without["best_val_cross_entropy"] == metrics_with["best_val_cross_entropy"]
+    assert all("train_cross_entropy" not in row for row in curve_without)
+    assert all(math.isfinite(row["train_cross_entropy"]) for row in curve_with)
 
 
 def test_convergence_is_early_stopping_or_a_plateau_of_three_epochs():

@@ -290,8 +290,8 @@ def train_epoch(run: Run, epoch: int, position: Position | None, mid_epoch_rando
     }
 
 
-def validate_epoch(run: Run, row: dict, train_probe: EncodedOutfits) -> dict:
-    """The epoch's row completed: validation and training-probe cross-entropy, its seconds."""
+def validate_epoch(run: Run, row: dict, train_probe: EncodedOutfits | None) -> dict:
+    """The epoch's row completed: validation and (with a probe) training-probe cross-entropy, its seconds."""
     batch_size, epoch = 4 * run.cfg.batch_size, row["epoch"]
     val_ce = validation_cross_entropy(run.model, run.val_data, batch_size, run.device)
     if not math.isfinite(val_ce) and not math.isfinite(run.state.best_val):
@@ -302,8 +302,12 @@ def validate_epoch(run: Run, row: dict, train_probe: EncodedOutfits) -> dict:
             "or lower train.learning_rate if the training diverged"
         )
     started = row.pop("started")
-    row = {"epoch": epoch, "train_loss": row["train_loss"],
-           "train_cross_entropy": validation_cross_entropy(run.model, train_probe, batch_size, run.device),
+    probe = (
+        {}
+        if train_probe is None
+        else {"train_cross_entropy": validation_cross_entropy(run.model, train_probe, batch_size, run.device)}
+    )
+    row = {"epoch": epoch, "train_loss": row["train_loss"], **probe,
            "val_cross_entropy": val_ce, "learning_rate": row["learning_rate"],  # at the epoch's last step
            "samples_per_s": row["samples_per_s"], "seconds": time.perf_counter() - started}  # fmt: skip
     return row
@@ -388,7 +392,11 @@ def fit(
         start_from_counts(model, train_data.items)
     run = start_run(model, train_data, val_data, train_cfg, Path(out_dir), seed)
     run.sparse_recipe = sparse_recipe
-    train_probe = even_sample(run.train_data, min(len(run.val_data), train_cfg.probe_outfits))
+    train_probe = (  # a diagnostic: nothing a training decides reads it
+        even_sample(run.train_data, min(len(run.val_data), train_cfg.probe_outfits))
+        if train_cfg.probe_outfits
+        else None
+    )
     position, mid_epoch_random = None, None
     resumed = load_resume_state(run.last_path, run.key, model, run.optimizer, run.scheduler, run.generator, run.device)
     if resumed is not None:
