@@ -13,8 +13,8 @@ help:
 
 # torch==2.13.0 first: its CPU wheel lies on this disk, while the range in pyproject alone
 # would make pip fetch a 5.5 GB CUDA build.
-# --no-compile: pip would byte-compile every installed module (most of the install's time); Python
-# compiles the ones a run imports when it first imports them (docs/decisions.md).
+# pip byte-compiles what it installs one file at a time: --no-compile, then compileall on every core
+# (its status ignored, as pip ignores it: a few packages ship files of another Python's syntax).
 # pip's own messages go to $(VENV)/install.log (its end is printed when an install fails).
 $(STAMP): pyproject.toml
 	@echo "installing into $(VENV) (log: $(VENV)/install.log)"
@@ -22,6 +22,7 @@ $(STAMP): pyproject.toml
 	@( $(BIN)/pip install --quiet --upgrade pip && $(BIN)/pip install --quiet --no-compile torch==2.13.0 && \
 	   $(BIN)/pip install --quiet --no-compile -e '.[test,postgres]' ) > $(VENV)/install.log 2>&1 || \
 	   { tail -n 30 $(VENV)/install.log; exit 1; }
+	@$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >> $(VENV)/install.log 2>&1 || true
 	@touch $(STAMP)
 
 install: $(STAMP)
