@@ -174,7 +174,6 @@ def main() -> int:
     parser.add_argument("--student", required=True, help="one of settings' distill.students")
     parser.add_argument("--teachers-in", required=True, help="comma-separated folders holding the teachers' cells")
     parser.add_argument("--alpha", type=float, help="the soft targets' weight where settings say `chosen`")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=HERE / "results.json", help="the results file")
     args = parser.parse_args()
 
@@ -185,6 +184,7 @@ def main() -> int:
         raise SystemExit(f"{args.student}: alpha is the round's choice: pass --alpha in [0, 1]")
     folders = [Path(f) for f in args.teachers_in.split(",")]
     projects = [find(cell, folders) for cell in declared["teachers"]]
+    seed = declared.get("seed", 0)  # the student's; the teachers' are their cells'
     trained = [load_trained(p, MODEL, yaml.safe_load((p / "params.yaml").read_text())["train"]["seeds"][0])
                for p in projects]  # fmt: skip
     for t in trained[1:]:  # one data set: the same catalogue and splits
@@ -196,12 +196,12 @@ def main() -> int:
     out = args.work / args.student
     params_path = student_params(projects[0], settings["set"], out)
     features = Path(yaml.safe_load(params_path.read_text())["paths"]["features_dir"])
-    metrics = train_student(params_path, features, [t.model for t in trained], float(alpha), args.seed, out)
+    metrics = train_student(params_path, features, [t.model for t in trained], float(alpha), seed, out)
     commit = subprocess.run(
         ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     record(args.out, f"{args.student}/{MODEL}/distilled", {
-        "alpha": float(alpha), "teachers": [str(p) for p in projects], "seed": args.seed, "commit": commit,
+        "alpha": float(alpha), "teachers": [str(p) for p in projects], "seed": seed, "commit": commit,
         "set": settings["set"],
         "training": {k: metrics[k] for k in ("epochs", "best_epoch", "best_val_cross_entropy", "converged", "seconds",
                                              "id_dropout")},
