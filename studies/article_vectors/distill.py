@@ -194,7 +194,8 @@ def main() -> int:
         )
         assert torch.equal(t.test.items, trained[0].test.items)
     out = args.work / args.student
-    params_path = student_params(projects[0], settings["set"], out)
+    assignments = settings["set"] + declared.get("set", [])  # a student's own settings after the round's
+    params_path = student_params(projects[0], assignments, out)
     features = Path(yaml.safe_load(params_path.read_text())["paths"]["features_dir"])
     metrics = train_student(params_path, features, [t.model for t in trained], float(alpha), seed, out)
     commit = subprocess.run(
@@ -202,7 +203,7 @@ def main() -> int:
     ).stdout.strip()
     record(args.out, f"{args.student}/{MODEL}/distilled", {
         "alpha": float(alpha), "teachers": [str(p) for p in projects], "seed": seed, "commit": commit,
-        "set": settings["set"],
+        "set": assignments,
         "training": {k: metrics[k] for k in ("epochs", "best_epoch", "best_val_cross_entropy", "converged", "seconds",
                                              "id_dropout")},
         **measure(out, projects[0], trained),
