@@ -38,13 +38,11 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # `studies.`: a folder of scripts, not a package
 from contextual_bert.config import load_config  # noqa: E402
 from contextual_bert.data.feature_spec import N_SPECIAL  # noqa: E402
-from contextual_bert.data.feature_store import load_article_vocab, load_catalogue, load_spec, load_split  # noqa: E402
 from contextual_bert.evaluation.bootstrap import outfit_record, paired_difference  # noqa: E402
-from contextual_bert.model import build_model  # noqa: E402
 from contextual_bert.model.checkpoint import load_checkpoint  # noqa: E402
 from contextual_bert.training import loop  # noqa: E402
-from studies.article_vectors.count_mixture import cases_of, mixed, mixture_weight  # noqa: E402
-from studies.article_vectors.seed_ensemble import gap_ends, mean_of  # noqa: E402
+from studies.article_vectors.count_mixture import cases_of  # noqa: E402
+from studies.article_vectors.seed_ensemble import gap_ends, gap_record, mean_of, scores  # noqa: E402
 from studies.article_vectors.unseen_mass import load_trained  # noqa: E402
 from studies.project import override, record  # noqa: E402
 
@@ -104,17 +102,10 @@ def student_params(project: Path, assignments: list[str], out: Path) -> Path:
 
 
 def train_student(params_path: Path, features: Path, teachers: list, alpha: float, seed: int, out: Path) -> dict:
-    """training.loop.train's steps for MODEL, with the distillation loss."""
+    """training.loop.train for MODEL, with the distillation loss."""
     cfg = load_config(params_path)
-    model_cfg, train_cfg = cfg.model_for(MODEL), cfg.train_for(MODEL)
-    catalogue = load_catalogue(features)
-    train_data = load_split(features, "train", model_cfg.max_set_size, catalogue=True)
-    val_data = load_split(features, "val", model_cfg.max_set_size, catalogue=True)
-    torch.manual_seed(seed)
-    model = build_model(model_cfg, MODEL, len(load_article_vocab(features)), load_spec(features), catalogue.spec)
-    model.set_catalogue(catalogue.tensors())
     loop.masked_item_loss = distillation_loss(teachers, alpha)  # train_step's loss, for this process only
-    return loop.fit(model, train_data, val_data, train_cfg, out, seed)
+    return loop.train(features, out, MODEL, seed, cfg.model_for(MODEL), cfg.train_for(MODEL))
 
 
 def measure(student_dir: Path, project: Path, trained: list) -> dict:
@@ -123,16 +114,9 @@ def measure(student_dir: Path, project: Path, trained: list) -> dict:
     student, _ = load_checkpoint(student_dir / "checkpoint.pt")
     student.set_catalogue(first.catalogue.tensors())
     student.eval()
-    count_ce, optimum_ce = gap_ends(project)
+    ends = gap_ends(project)
     count = {split: cases_of(first.count, getattr(first, split)) for split in ("val", "test")}
-
-    def share(ce: float) -> float:
-        return (count_ce - ce) / (count_ce - optimum_ce)
-
-    def scores(val: np.ndarray, test: np.ndarray) -> dict:
-        w = mixture_weight(val, count["val"]["log_prob"])
-        ce, with_count = float(-test.mean()), float(-mixed(test, count["test"]["log_prob"], w).mean())
-        return {"test": ce, "share": share(ce), "weight": w, "mixed": with_count, "mixed_share": share(with_count)}
+    count_log_prob = {split: cases["log_prob"] for split, cases in count.items()}
 
     def log_probs(model) -> dict:
         cases = {split: cases_of(model, getattr(first, split)) for split in ("val", "test")}
@@ -159,11 +143,11 @@ def measure(student_dir: Path, project: Path, trained: list) -> dict:
         )
     }
     return {
-        "student": scores(mine["val"], mine["test"]),
-        "teachers": [scores(t["val"], t["test"]) for t in teachers],
-        "teachers' ensemble": scores(ensemble["val"], ensemble["test"]),
+        "student": scores(mine["val"], mine["test"], count_log_prob, ends),
+        "teachers": [scores(t["val"], t["test"], count_log_prob, ends) for t in teachers],
+        "teachers' ensemble": scores(ensemble["val"], ensemble["test"], count_log_prob, ends),
         "paired": paired,
-        "gap": {"count": count_ce, "optimum_no_context": optimum_ce, "half": (count_ce + optimum_ce) / 2},
+        "gap": gap_record(ends),
         "cases": {"test": int(len(outfit))},
     }
 

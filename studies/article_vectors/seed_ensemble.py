@@ -44,6 +44,26 @@ def gap_ends(project: Path) -> tuple[float, float]:
     return count, optimum
 
 
+def share(ce: float, ends: tuple[float, float]) -> float:
+    """How much of the gap between the count and the optimum (`ends`, gap_ends') a cross-entropy closes."""
+    count_ce, optimum_ce = ends
+    return (count_ce - ce) / (count_ce - optimum_ce)
+
+
+def scores(val: np.ndarray, test: np.ndarray, count: dict, ends: tuple[float, float]) -> dict:
+    """A model's test cross-entropy from its cases' log-probabilities, as trained and mixed with the count (`count`:
+    split -> the count's log-probabilities; the weight fitted on validation), each beside its share of the gap."""
+    w = mixture_weight(val, count["val"])
+    trained, with_count = float(-test.mean()), float(-mixed(test, count["test"], w).mean())
+    return {"test": trained, "share": share(trained, ends), "weight": w,
+            "mixed": with_count, "mixed_share": share(with_count, ends)}  # fmt: skip
+
+
+def gap_record(ends: tuple[float, float]) -> dict:
+    count_ce, optimum_ce = ends
+    return {"count": count_ce, "optimum_no_context": optimum_ce, "half": (count_ce + optimum_ce) / 2}
+
+
 def measure(runs: list[tuple[Path, int]], model_name: str) -> dict:
     scored = []
     for project, seed in runs:
@@ -57,21 +77,11 @@ def measure(runs: list[tuple[Path, int]], model_name: str) -> dict:
             assert np.array_equal(s[split][0]["target"], first[split][0]["target"])
             assert np.allclose(s[split][1]["log_prob"], first[split][1]["log_prob"])
     count = {split: first[split][1]["log_prob"] for split in ("val", "test")}
-    count_ce, optimum_ce = gap_ends(runs[0][0])
-
-    def share(ce: float) -> float:
-        return (count_ce - ce) / (count_ce - optimum_ce)
-
-    def scores(val: np.ndarray, test: np.ndarray) -> dict:
-        w = mixture_weight(val, count["val"])
-        trained, with_count = float(-test.mean()), float(-mixed(test, count["test"], w).mean())
-        return {"test": trained, "share": share(trained), "weight": w,
-                "mixed": with_count, "mixed_share": share(with_count)}  # fmt: skip
-
-    each = [scores(s["val"][0]["log_prob"], s["test"][0]["log_prob"]) for s in scored]
+    ends = gap_ends(runs[0][0])
+    each = [scores(s["val"][0]["log_prob"], s["test"][0]["log_prob"], count, ends) for s in scored]
     ensemble_val = mean_of([s["val"][0]["log_prob"] for s in scored])
     ensemble_test = mean_of([s["test"][0]["log_prob"] for s in scored])
-    ensemble = scores(ensemble_val, ensemble_test)
+    ensemble = scores(ensemble_val, ensemble_test, count, ends)
     outfit, ids = first["test"][0]["outfit"], list(range(n_outfits))
 
     def record(log_prob: np.ndarray) -> dict:
@@ -87,14 +97,14 @@ def measure(runs: list[tuple[Path, int]], model_name: str) -> dict:
     def spread(key: str) -> dict:
         values = np.array([e[key] for e in each])
         se = float(values.std(ddof=1) / np.sqrt(len(values))) if len(values) > 1 else None
-        return {"mean": float(values.mean()), "se": se, "mean_share": share(float(values.mean()))}
+        return {"mean": float(values.mean()), "se": se, "mean_share": share(float(values.mean()), ends)}
 
     return {
         "runs": [{"project": str(p), "seed": s, **e} for (p, s), e in zip(runs, each)],
         "seeds": {"test": spread("test"), "mixed": spread("mixed")},
         "ensemble": ensemble,
         "paired": paired,
-        "gap": {"count": count_ce, "optimum_no_context": optimum_ce, "half": (count_ce + optimum_ce) / 2},
+        "gap": gap_record(ends),
         "cases": {"test": int(len(outfit))},
     }
 
