@@ -555,3 +555,42 @@ def test_a_context_value_the_model_cannot_use_is_reported_not_cast(logged_pyfunc
     assert "country" in out.loc[4, "unknown_features"]
     assert out.loc[4, "article_ids"] != out.loc[0, "article_ids"] or "country" not in out.loc[0, "unknown_features"]
     assert mlflow.models.get_model_info(logged_pyfunc.model_uri).metadata["context_features"]["age"] == "numeric"
+
+
+@pytest.mark.parametrize("variant", ["none", "bag_of_items"])
+def test_a_model_of_data_without_context_is_traced_and_serves(tmp_path, variant):
+    """Outfits without customers give the models no context input at all: serving traces the outfit alone (the
+    tracer takes no empty dict) and answers as the model does."""
+    import yaml
+    from helpers import TINY_MODEL
+    from test_import_sets import write_polyvore
+
+    from contextual_bert.cli import main
+    from contextual_bert.config import load_config
+    from contextual_bert.data.feature_store import load_article_vocab
+    from contextual_bert.data.outfit_encoder import OutfitEncoder
+    from contextual_bert.model import build_model
+
+    source, _ = write_polyvore(tmp_path / "sets.json", n_sets=300)
+    params = tmp_path / "params.yaml"
+    dirs = ("raw_dir", "validated_dir", "quarantine_dir", "features_dir", "models_dir", "reports_dir")
+    params.write_text(yaml.safe_dump({"paths": {d: str(tmp_path / d) for d in dirs}, "model": TINY_MODEL,
+                                      "ingest": {"source": "sets"}, "import_sets": {"source": str(source)}}))  # fmt: skip
+    for stage in ("ingest", "validate", "features"):
+        assert main(["--params", str(params), stage]) == 0, stage
+    cfg = load_config(params)
+    features = cfg.paths.features_dir
+    torch.manual_seed(0)
+    model = build_model(cfg.model_for(variant), variant, len(load_article_vocab(features)), load_spec(features))
+    core = OutfitCompleterCore(model.eval(), OutfitEncoder.load(features, cfg.model.max_set_size), torch.device("cpu"))
+    vocab = core.article_vocab.ids[N_SPECIAL:]
+    rows = pd.DataFrame({"article_ids": [vocab[:1], vocab[1:4], vocab[4:6]]})
+    encoded = core.encode(rows)
+    assert encoded.outfits.context == {}
+    with torch.no_grad():
+        torch.testing.assert_close(
+            core.masked_logits(encoded.outfits.items, {}), model.masked_logits(encoded.outfits.items, {}), rtol=0, atol=0
+        )
+    answer = core.recommend(rows, top_k=5)
+    assert [len(ids) for ids in answer["article_ids"]] == [5, 5, 5]
+    assert not any(set(ids) & set(outfit) for ids, outfit in zip(answer["article_ids"], rows["article_ids"]))

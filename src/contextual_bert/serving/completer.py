@@ -54,6 +54,17 @@ PYFUNC_CODE = PACKAGE_DIR / "serving" / "pyfunc_model.py"
 CATALOGUE_ENV = "CONTEXTUAL_BERT_CATALOGUE"  # an articles table whose new articles the served model adds
 
 
+class _ItemsOnly(torch.nn.Module):
+    """masked_logits of a model that reads no context, with the outfit as its only input (traceable)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, items: torch.Tensor) -> torch.Tensor:
+        return self.model.masked_logits(items, {})
+
+
 class OutfitCompleterCore:
     """Model + vocabularies: request rows in, ranked articles out. No MLflow in here."""
 
@@ -83,10 +94,12 @@ class OutfitCompleterCore:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", torch.jit.TracerWarning)  # the Python check, left out (above)
             warnings.simplefilter("ignore", DeprecationWarning)  # said above
-            inputs = (
-                example.outfits.items.to(self.device),
-                {k: v.to(self.device) for k, v in example.outfits.context.items()},
-            )
+            items = example.outfits.items.to(self.device)
+            context = {k: v.to(self.device) for k, v in example.outfits.context.items()}
+            if not context:  # data without context columns: the tracer takes no empty dict, so trace items alone
+                traced = torch.jit.trace(_ItemsOnly(self.model), (items,), strict=False, check_trace=False)
+                return lambda items, context: traced(items)
+            inputs = (items, context)
             traced = torch.jit.trace_module(self.model, {"masked_logits": inputs}, strict=False, check_trace=False)
         return traced.masked_logits
 
