@@ -589,7 +589,10 @@ def test_a_model_of_data_without_context_is_traced_and_serves(tmp_path, variant)
     assert encoded.outfits.context == {}
     with torch.no_grad():
         torch.testing.assert_close(
-            core.masked_logits(encoded.outfits.items, {}), model.masked_logits(encoded.outfits.items, {}), rtol=0, atol=0
+            core.masked_logits(encoded.outfits.items, {}),
+            model.masked_logits(encoded.outfits.items, {}),
+            rtol=0,
+            atol=0,
         )
     answer = core.recommend(rows, top_k=5)
     assert [len(ids) for ids in answer["article_ids"]] == [5, 5, 5]
