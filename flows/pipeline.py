@@ -46,7 +46,7 @@ from prefect.futures import as_completed
 
 from contextual_bert.config import NOT_APPLICABLE, load_config
 from contextual_bert.data.sources import SOURCES
-from flows import one_line_errors
+from flows import one_line_errors, stage_failure
 from flows.infra import dvc_stages, remote
 from flows.infra.params_file import pipeline_overrides
 from flows.infra.work_pools import (
@@ -373,8 +373,11 @@ def fan_out_units(
                 brought += bring_back(key, checkout, workdir, unit)
             progress.info("training %d/%d %s: %s", done, len(todo), key, unit_summary(workdir, key))
         else:
-            failures.append(f"{key}: {fut.result(raise_on_failure=False)}")
-            progress.error("training %d/%d %s FAILED: %s", done, len(todo), key, failures[-1])
+            error = fut.result(raise_on_failure=False)
+            failures.append(f"{key}: {error}")
+            found = stage_failure(error) if isinstance(error, BaseException) else None
+            shown = found[1] if found else failures[-1].splitlines()[0]  # one line: the whole error is in the log
+            progress.error("training %d/%d %s FAILED: %s", done, len(todo), key, shown)
     if failures:
         raise RuntimeError(f"{len(failures)} of {len(todo)} trainings failed: " + "; ".join(failures))
     if mode != "remote":  # a remote unit's report is checked as it is applied

@@ -24,6 +24,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from pathlib import Path
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 from contextual_bert.config import load_config  # noqa: E402
-from flows import one_line_errors  # noqa: E402
+from flows import failure_block, one_line_errors  # noqa: E402
 from flows.infra.net import free_port, wait_healthy  # noqa: E402
 from flows.infra.stack import BIN  # noqa: E402
 from flows.pipeline import is_server, pipeline, progress, tracking_uri  # noqa: E402
@@ -142,8 +143,14 @@ def sync_readme(workdir: Path) -> None:
 
 
 class _NotProgress(logging.Filter):
+    """The console's handlers: not the progress lines (shown by their own handler), and no error of Prefect's or
+    ours with its traceback (a failed stage ends the run with flows.failure_block; the log keeps them all)."""
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.name.startswith(progress.name)
+        if record.name.startswith(progress.name):
+            return False
+        failure = record.levelno >= logging.ERROR and (record.exc_info or record.name.startswith(("prefect", "flows")))
+        return not failure
 
 
 def quiet_console(log: Path) -> None:
@@ -170,6 +177,11 @@ def quiet_console(log: Path) -> None:
     progress.setLevel(logging.INFO)
 
 
+def _shown(path: Path, workdir: Path) -> Path:
+    """`path` as the user reads it: relative to the project when inside it."""
+    return path.relative_to(workdir) if path.is_relative_to(workdir) else path
+
+
 @one_line_errors("python -m flows.repro")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.repro", description=__doc__.split("\n\n")[0])
@@ -184,9 +196,21 @@ def main(argv: list[str] | None = None) -> int:
     quiet_console(log)
     progress.info("make repro: the whole log goes to %s", log)
     server_log = workdir / ".dvc" / "tmp" / "repro-mlflow-server.log"
-    with mlflow_server_over(tracking_uri(workdir), cfg.mlflow.experiment, server_log) as uri:
-        os.environ["MLFLOW_TRACKING_URI"] = uri
-        result = pipeline(workdir=str(workdir), fan_out="local", max_parallel=args.max_parallel)
+    table1 = cfg.paths.reports_dir / "table1.md"
+    table1 = table1 if table1.is_absolute() else workdir / table1
+    started = time.time()
+    try:
+        with mlflow_server_over(tracking_uri(workdir), cfg.mlflow.experiment, server_log) as uri:
+            os.environ["MLFLOW_TRACKING_URI"] = uri
+            result = pipeline(workdir=str(workdir), fan_out="local", max_parallel=args.max_parallel)
+    except Exception as exc:  # noqa: BLE001 - a failed stage: a few lines here, the traceback in the log
+        written = table1.exists() and table1.stat().st_mtime >= started
+        block = failure_block("make repro", exc, _shown(log, workdir), _shown(table1, workdir) if written else None)
+        if block is None:
+            raise
+        logging.getLogger("flows.repro").error("the pipeline failed", exc_info=exc)  # the log file only
+        print(block, file=sys.stderr)
+        return 1
     sync_readme(workdir)
     progress.info(
         "done: %d stages ran; DVC finds %s stale",

@@ -227,6 +227,8 @@ from pathlib import Path
 import yaml
 
 kind, args = sys.argv[1], sys.argv[2:]
+if os.environ.get("TOY_FAIL") == kind:  # a stage that crashes, as a fault in real code does
+    raise RuntimeError(f"toy {kind} failed on purpose:\\n" + "\\n".join(f"  detail {i}" for i in range(40)))
 if kind == "prep":
     buckets = yaml.safe_load(Path("params.yaml").read_text())["features"]["numeric_buckets"]
     Path("data/features").mkdir(parents=True, exist_ok=True)
@@ -251,6 +253,7 @@ elif kind == "evaluate":
 elif kind == "report":
     names = sorted(p.name for p in Path("reports/eval").glob("*.json"))
     Path("reports/table.txt").write_text("\\n".join(names))
+    Path("reports/table1.md").write_text("| Model |\\n")
 elif kind in ("register", "promote"):
     Path(f"reports/{kind}.txt").write_text(Path("reports/table.txt").read_text())
 '''
@@ -285,6 +288,8 @@ TOY_DVC_YAML = textwrap.dedent("""\
         deps: [reports/eval]
         outs:
           - reports/table.txt:
+              cache: false
+          - reports/table1.md:
               cache: false
       register:
         cmd: python toy_stage.py register

@@ -76,3 +76,25 @@ def test_the_readme_table_is_the_compact_one():
     assert "(paper)" not in compact and "Outfit dependence" not in compact
     with pytest.raises(ValueError, match="no column 'Recall@5 %'"):
         compact_table1(table1.replace("Recall@5 %", "Recall at 5"))
+
+
+@pytest.mark.slow
+def test_a_failed_stage_ends_make_repro_with_a_few_lines_not_a_traceback(prefect_server, toy_repo):
+    """A stage that crashes after Table 1 was written: the console gets the stage, its error line, the log and
+    Table 1's path; the tracebacks (the stage's, Prefect's) go to the log only."""
+    log = prefect_server.home / "repro.log"  # make repro's log: $PREFECT_HOME/repro.log
+    env = prefect_server.env(TOY_FAIL="promote")
+    run = subprocess.run([sys.executable, "-m", "flows.repro", "--workdir", str(toy_repo), "--max-parallel", "1"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    console = (run.stdout + run.stderr).strip().splitlines()
+    assert run.returncode == 1, "\n".join(console[-40:])
+    start = next((i for i, line in enumerate(console) if "make repro: stage 'promote' failed" in line), None)
+    assert start is not None, "\n".join(console)
+    block = console[start:]
+    assert len(block) <= 6, block
+    assert block[1] == "  error: RuntimeError: toy promote failed on purpose:"
+    assert f"traceback included: {log}" in block[2]
+    assert block[3] == "  Table 1, written before the failure: reports/table1.md"
+    assert not [line for line in console if "Traceback" in line or "detail 3" in line], console
+    assert len(console) <= 20, console  # a line per stage and training before it
+    assert "Traceback" in log.read_text() and "detail 39" in log.read_text()
