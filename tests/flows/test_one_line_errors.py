@@ -46,3 +46,25 @@ def test_a_bad_override_is_an_argparse_error_before_any_flow_runs(capsys, value,
         pipeline_main(["--set", value])
     assert exit_.value.code == 2
     assert re.search(message, capsys.readouterr().err.splitlines()[-1])
+
+
+def test_a_stage_that_crashed_ends_in_a_short_block_naming_it(capsys):
+    """Not a user error (a traceback, exit 1): the stage and the exception's line, never the traceback."""
+    output = (
+        "Running stage 'promote':\n> contextual-bert promote\nTraceback (most recent call last):\n"
+        + "".join(f'  File "x.py", line {i}, in f\n' for i in range(30))
+        + "RuntimeError: Tracer cannot infer type of (tensor([[3, 1]]), {})\n:Dictionary inputs must have entries\n"
+        "ERROR: failed to reproduce 'promote': failed to run: contextual-bert promote, exited with 1\n"
+    )
+
+    @one_line_errors("python -m flows.x")
+    def main(argv=None):
+        raise RuntimeError("the flow failed") from StageFailed(["dvc", "repro", "promote"], 1, output)
+
+    assert main() == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[:2] == [
+        "python -m flows.x: stage 'promote' failed; the stages before it are done (dvc.lock)",
+        "  error: RuntimeError: Tracer cannot infer type of (tensor([[3, 1]]), {})",
+    ]
+    assert len(err) <= 5 and not any("File " in line for line in err)
