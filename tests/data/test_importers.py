@@ -174,10 +174,10 @@ def test_min_max_items_from_config(tmp_path):
 def test_missing_file_and_column_are_one_line_errors(tmp_path):
     source = hm_fixture(tmp_path / "hm")
     pristine = hm_fixture(tmp_path / "pristine")
-    (source / "customers.csv").unlink()
-    with pytest.raises(DataError, match=r"customers\.csv.*file not found"):
+    (source / "articles.csv").unlink()
+    with pytest.raises(DataError, match=r"articles\.csv.*file not found"):
         import_hm(source, tmp_path / "out", ImportHMConfig())
-    shutil.copy(pristine / "customers.csv", source)
+    shutil.copy(pristine / "articles.csv", source)
     text = (source / "articles.csv").read_text().replace("article_id", "articleid", 1)
     (source / "articles.csv").write_text(text)
     with pytest.raises(DataError, match=r"articles\.csv, column 'article_id': required column missing"):
@@ -186,6 +186,18 @@ def test_missing_file_and_column_are_one_line_errors(tmp_path):
     (source / "articles.csv").write_bytes(header + b"\n" + b"1,caf\xe9" + b"," * 24 + b"\n")
     with pytest.raises(DataError, match="not UTF-8"):
         import_hm(source, tmp_path / "out", ImportHMConfig())
+
+
+def test_without_a_customers_file_the_same_outfits_import_without_context(tmp_path, fixture_import):
+    out, report = fixture_import
+    source = hm_fixture(tmp_path / "hm")
+    (source / "customers.csv").unlink()
+    alone = import_hm(source, tmp_path / "out", ImportHMConfig())
+    assert DataSchema.load(tmp_path / "out").context_columns == ()
+    assert pq.read_table(tmp_path / "out" / "outfits.parquet").equals(pq.read_table(out / "outfits.parquet"))
+    assert pq.read_table(tmp_path / "out" / "customers.parquet").column_names == ["customer_id"]
+    assert CUSTOMERS not in alone["files"] and CUSTOMERS not in alone["columns_missing"]
+    assert alone["customers_rows"] == 0 and alone["rows"]["outfits"] == report["rows"]["outfits"]
 
 
 def test_lines_that_cannot_be_read_or_used_are_quarantined_with_their_line(tmp_path):

@@ -169,8 +169,12 @@ def _transactions(db: _Db, file: _SourceFile, date_format: str | None) -> dict:
     return {"transactions": int(total), "transactions_malformed_dropped": int(total - used)}
 
 
-def _customers(db: _Db, file: _SourceFile) -> dict:
-    """Table `customers` in the contract's columns, one row per id (the first one written)."""
+def _customers(db: _Db, file: _SourceFile | None) -> dict:
+    """Table `customers` in the contract's columns, one row per id (the first one written); without a customers
+    file, no rows and no context column (hm_schema)."""
+    if file is None:
+        db.run("CREATE TABLE customers (customer_id VARCHAR, source_row BIGINT)")
+        return {"customers_rows": 0, "customers_without_id_dropped": 0, "customers_duplicate_dropped": 0}
     flag = "regexp_replace(trim(src.{0}), '^(\\d+)[.,]0+$', '\\1')"  # 1.0 or 1,0 -> 1
     columns = {
         "customer_id": "trim(src.customer_id)",
@@ -380,7 +384,7 @@ def import_hm(
         clock = _Clock(timings)
         try:
             counts = clock("transactions", _transactions(db, files[TRANSACTIONS], cfg.date_format))
-            counts |= clock("customers", _customers(db, files[CUSTOMERS]))
+            counts |= clock("customers", _customers(db, files.get(CUSTOMERS)))
             counts |= clock("articles", _articles(db, files[ARTICLES]))
             quarantine, lines_rejected = _quarantine(db, files, counts, cfg.date_format)
             quarantined = write_import_quarantine(quarantine, out_dir)
@@ -403,12 +407,13 @@ def import_hm(
             clock("write_parquet", None)
         finally:
             db.con.close()
-    HM_SCHEMA.save(out_dir)
+    hm_schema(CUSTOMERS in files).save(out_dir)
     missing_columns = {
         TRANSACTIONS: [c for c in TRANSACTION_COLUMNS if c not in files[TRANSACTIONS].columns],
         ARTICLES: [c for c in (*ARTICLE_COLUMNS.values(), *EXTRA_ARTICLE_COLUMNS) if c not in files[ARTICLES].columns],
-        CUSTOMERS: [c for c in CUSTOMER_COLUMNS if c not in files[CUSTOMERS].columns],
     }
+    if CUSTOMERS in files:
+        missing_columns[CUSTOMERS] = [c for c in CUSTOMER_COLUMNS if c not in files[CUSTOMERS].columns]
     report = {
         "source": "hm",
         "source_dir": str(source),
@@ -442,9 +447,14 @@ def ingest(cfg, source: Path | None = None) -> dict:
     )
 
 
+def hm_schema(has_customers: bool) -> DataSchema:
+    """The customers' columns as context (HM_SCHEMA); without a customers file, no context."""
+    return HM_SCHEMA if has_customers else DataSchema(source=HM_SCHEMA.source, context_columns=())
+
+
 def schema(cfg) -> DataSchema:
     """The context columns of the `hm` source (sources.SOURCES)."""
-    return HM_SCHEMA
+    return hm_schema(CUSTOMERS in _source_files(Path(cfg.import_hm.source)))
 
 
 def inputs(cfg) -> list[Path]:

@@ -107,19 +107,26 @@ class _SourceFile:
         return (sql or f"src.{_ident(column)}") if column in self.columns else "CAST(NULL AS VARCHAR)"
 
 
+OPTIONAL_FILES = (CUSTOMERS,)  # without it the outfits have no context: the models that read none train
+
+
 def _source_files(source: Path) -> dict[str, _SourceFile]:
-    """The three H&M files in the folder `source`, by their Kaggle names (a missing folder -> DataError)."""
+    """The H&M files in the folder `source`, by their Kaggle names: transactions and articles, and customers
+    where there is one (a missing folder or required file -> DataError)."""
     if not source.is_dir():
         raise DataError("H&M source folder not found", path=source)
-    return {name: _source_file(source, name) for name in (TRANSACTIONS, CUSTOMERS, ARTICLES)}
+    files = {name: _source_file(source, name) for name in (TRANSACTIONS, CUSTOMERS, ARTICLES)}
+    return {name: file for name, file in files.items() if file is not None}
 
 
-def _source_file(source: Path, name: str) -> _SourceFile:
+def _source_file(source: Path, name: str) -> _SourceFile | None:
     """The H&M file `name` (a Kaggle file name) in `source`, stored as FILE_SUFFIXES allow, as its header row
-    or Parquet schema describes it (contract.read_header, column_names). None or two of them, or a bad header
-    -> DataError."""
+    or Parquet schema describes it (contract.read_header, column_names); None for an optional file that is not
+    there. A required file missing, two of them, or a bad header -> DataError."""
     stem = name.removesuffix(".csv")
     found = [source / f"{stem}{suffix}" for suffix in FILE_SUFFIXES if (source / f"{stem}{suffix}").is_file()]
+    if not found and name in OPTIONAL_FILES:
+        return None
     if not found:
         stored = " or ".join(f"{stem}{suffix}" for suffix in FILE_SUFFIXES[1:])
         raise DataError(f"file not found (expected the H&M Kaggle file of that name, or {stored})", path=source / name)

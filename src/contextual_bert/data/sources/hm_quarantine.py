@@ -68,6 +68,8 @@ def _quarantine(
     }
     parts, lines_rejected = {"rejected": rejects[["file", "line", "column", "reason", "text"]]}, {}
     for name, sql in unusable.items():
+        if name not in files:  # an optional file that is not there (hm_files.OPTIONAL_FILES)
+            continue
         rejected = rejects[rejects["file"] == files[name].path.name]
         lines_rejected[name] = len(rejected)
         if read[name] == 0 and len(rejected):
