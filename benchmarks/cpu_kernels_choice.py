@@ -2,7 +2,8 @@
 
 Runs `train_throughput.py --softmax sampled --no-reference` in fresh processes, round-robin: each round times
 every thread count under both settings (their order alternating from round to round), so that the machine's drift
-and load reach both alike. Writes reports/benchmarks/cpu_kernels_<vendor>.json: each run's rates and load
+and load reach both alike. Writes reports/benchmarks/cpu_kernels_<vendor>.json: each run's rates (wall clock, and
+per CPU second of the process: at one thread the measure other work on the machine disturbs least) and load
 averages, per thread count and variant the median rate of each setting and native / pinned, the commit and the
 CPU (vendor, family, model).
 
@@ -49,10 +50,12 @@ def main() -> None:
                     cmd += ["--steps", str(args.steps), "--variants", *args.variants, "--out", str(path)]
                     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
                     report = json.loads(path.read_text())
-                    rates = {v: row["train_samples_per_s"] for v, row in report["variants_sampled"].items()}
+                    rows = report["variants_sampled"]
                     machine = report["machine"]
                     runs.append({
-                        "round": round_, "threads": threads, "setting": setting, "train_samples_per_s": rates,
+                        "round": round_, "threads": threads, "setting": setting,
+                        "train_samples_per_s": {v: row["train_samples_per_s"] for v, row in rows.items()},
+                        "train_cpu_samples_per_s": {v: row["train_cpu_samples_per_s"] for v, row in rows.items()},
                         "in_effect": machine["cpu_kernels"],
                         "load_average_before": machine["load_average_before"],
                         "load_average_after": machine["load_average_after"],
@@ -61,15 +64,19 @@ def main() -> None:
     summary = {}
     for threads in args.threads:
         for variant in args.variants:
-            median = {
-                s: statistics.median(r["train_samples_per_s"][variant] for r in runs if (r["threads"], r["setting"]) == (threads, s))
-                for s in ("native", "avx2")
-            }  # fmt: skip
-            summary[f"{threads} threads, {variant}"] = {
-                "native_median": round(median["native"], 1),
-                "avx2_median": round(median["avx2"], 1),
-                "native_over_avx2": round(median["native"] / median["avx2"], 3),
-            }
+            row = {}
+            for measure in ("train_samples_per_s", "train_cpu_samples_per_s"):
+                median = {
+                    s: statistics.median(r[measure][variant] for r in runs if (r["threads"], r["setting"]) == (threads, s))
+                    for s in ("native", "avx2")
+                }  # fmt: skip
+                prefix = "" if measure == "train_samples_per_s" else "cpu_"
+                row |= {
+                    f"{prefix}native_median": round(median["native"], 1),
+                    f"{prefix}avx2_median": round(median["avx2"], 1),
+                    f"{prefix}native_over_avx2": round(median["native"] / median["avx2"], 3),
+                }
+            summary[f"{threads} threads, {variant}"] = row
     loads = [x for r in runs for x in (r["load_average_before"][0], r["load_average_after"][0])]
     report = {
         "benchmark": "cpu_kernels_choice",

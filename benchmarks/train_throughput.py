@@ -225,10 +225,12 @@ def bench_variant(variant: str, batches, warmup: int, negatives: int | None = No
     torch.manual_seed(0)
     model = ContextualBert(MODEL, variant, N_ITEMS, SPEC).to(device)
     optimizer, scheduler, generator, sampler = step_state(model, len(batches), negatives)
-    masked_per_batch = []
+    masked_per_batch, cpu_s = [], []
 
     def step(items, context):
+        started = time.process_time()
         _, predict = train_step(model, optimizer, scheduler, items, context, TRAIN, generator, sampler)
+        cpu_s.append(time.process_time() - started)
         masked_per_batch.append(int(predict.sum()))
 
     model.train()
@@ -240,7 +242,9 @@ def bench_variant(variant: str, batches, warmup: int, negatives: int | None = No
             step(items, context)
         compiled = {"compile": compile_mode, "compile_seconds": round(time.perf_counter() - started, 1)}
         masked_per_batch.clear()
+        cpu_s.clear()
     train_s = timed(step, batches, warmup)
+    cpu_s = cpu_s[warmup:]
     model.eval()
 
     def infer(items, context):
@@ -251,6 +255,9 @@ def bench_variant(variant: str, batches, warmup: int, negatives: int | None = No
     return {
         "parameters": count_paper_parameters(model),
         **rates("train", train_s),
+        # the process's CPU seconds per step: at one thread the step's own, which other work slows less than
+        # the wall clock (at two, it counts the threads' waits for each other too)
+        "train_cpu_samples_per_s": round(BATCH * len(cpu_s) / sum(cpu_s), 1),
         **rates("inference", infer_s),
         "masked_positions_per_batch": round(sum(masked_per_batch) / len(masked_per_batch), 1),
         **compiled,

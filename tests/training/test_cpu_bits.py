@@ -81,7 +81,7 @@ def test_a_short_training_gives_its_cpu_models_bits_and_elsewhere_its_loss_withi
     digest, ce, effect = short_training(setting)
     kernels = effect["kernels"]
     assert kernels == (effect["auto"] if setting == "auto" else setting), effect  # what was asked is what ran
-    assert (effect["aten"] == "AVX2") >= (kernels == "avx2"), effect  # and torch read it
+    assert kernels != "avx2" or effect["aten"] == "AVX2", effect  # and torch read it
     measured = MEASURED.get((effect["cpu_family_model"], kernels)) or MEASURED.get((effect["cpu"], kernels))
     if measured:
         assert (digest, ce) == measured, f"{effect['cpu_family_model']}, {kernels}: other bits than measured on it"
