@@ -24,8 +24,8 @@ torch.compile, static or dynamic shapes, the modes in turn on the same batches; 
 untimed step per batch width (its `compile_seconds`) and goes under "variants[_sampled]_compile_<mode>".
 
 `--cpu-kernels` (default native, as the libraries choose) sets `train.cpu_kernels`'s variables
-(`cpu_kernels.pin`): the libraries read them once, at start, so the script restarts itself under them where they
-differ from its environment. The JSON records the setting in effect, the CPU model and the commit.
+(`cpu_kernels.pin_or_restart`: the libraries read them once, at start, so the script restarts itself under them
+where they differ from its environment). The JSON records the setting in effect, the CPU model and the commit.
 
 `--device cuda` runs the same steps on the GPU as the pipeline runs them there (training under bf16 autocast,
 `devices.autocast`; inference as serving does, also under it) and writes reports/benchmarks/throughput_cuda.json;
@@ -41,7 +41,6 @@ import platform
 import resource
 import statistics
 import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -372,10 +371,7 @@ def main() -> None:
         "none go under variants[_sampled]_compile_<mode>",
     )
     args = parser.parse_args()
-    before = {name: os.environ.get(name) for name in cpu_kernels.VARIABLES}
-    cpu_kernels.pin(args.cpu_kernels)
-    if before != {name: os.environ.get(name) for name in cpu_kernels.VARIABLES}:
-        os.execv(sys.executable, [sys.executable, *sys.argv])  # torch is imported: start again under the variables
+    cpu_kernels.pin_or_restart(args.cpu_kernels)
 
     device = select_device(args.device)
     out = args.out or OUT_DIR / ("throughput.json" if device.type == "cpu" else f"throughput_{device.type}.json")

@@ -29,9 +29,11 @@ SAFE = "avx2"  # for a CPU no measurement names: the setting under which every x
 CPUINFO = Path("/proc/cpuinfo")
 
 # auto's table: the setting measured fastest on a CPU model, and the benchmark file behind it
-# (benchmarks/train_throughput.py --softmax sampled --no-reference, [GSU] and [None], 1 and 2 threads, native
-# against pinned). An entry names a CPU by /proc/cpuinfo's fields; it matches when each field it gives is
-# equal (flags: each present). The first match wins.
+# (benchmarks/cpu_kernels_choice.py: train_throughput.py --softmax sampled --no-reference, [GSU] and [None], 1 and 2
+# threads, native against pinned). `native` only where it was faster by MARGIN in every row measured: choosing it
+# changes that CPU's bits, and a rate moves by up to 10% run to run on the 2-core machine. An entry names a CPU
+# by /proc/cpuinfo's fields; it matches when each field it gives is equal (flags: each present). The first wins.
+MARGIN = 1.10
 FASTEST = (
     {
         # Measured at 65c9af0 (issue 91): native 1.32-1.55x the pinned rate, `make repro` 20:21 against 29:05.
@@ -113,6 +115,14 @@ def pin(setting: str) -> bool:
         os.environ.pop(name, None)
     os.environ.update(PINNED[resolve(setting)])
     return "torch" not in sys.modules
+
+
+def pin_or_restart(setting: str) -> None:
+    """`pin`, for a script that has imported torch: where that changed the environment, the process starts again
+    under it (the libraries read it once), with the same arguments."""
+    before = {name: os.environ.get(name) for name in VARIABLES}
+    if not pin(setting) and before != {name: os.environ.get(name) for name in VARIABLES}:
+        os.execv(sys.executable, [sys.executable, *sys.argv])
 
 
 def pinned_setting() -> str:
