@@ -19,7 +19,7 @@ HERE = Path(__file__).resolve().parent
 # CPU is /proc/cpuinfo's model name for the pinned kernels (the same bits on every model of one vendor: the
 # AMD EPYCs with AVX2 only and with AVX-512 agree) and "vendor family/model" for native ones, whose bits follow
 # the instruction sets. The Intel Xeon (with AVX-512, pinned to AVX2) measured at c426279, the AMD EPYC earlier:
-# 1.6e-9 nats apart; the AMD EPYC's native bits at 791c5d4 (family 25 model 17).
+# 1.6e-9 nats apart; the AMD EPYC's native bits at 7cff738 (family 25 model 17).
 MEASURED = {
     ("AMD EPYC", "avx2"): ("148daffacee006f9", 3.015693988883868),
     ("Intel(R) Xeon(R) Processor", "avx2"): ("46858ed8c0894fa8", 3.0156939872540534),
