@@ -90,3 +90,16 @@ def test_a_short_training_gives_its_cpu_models_bits_and_elsewhere_its_loss_withi
     assert abs(ce - REFERENCE) <= TOLERANCE, (
         f"{effect['cpu']}, {kernels}: {ce} is {ce - REFERENCE:+.2e} from {REFERENCE}"
     )
+
+
+def test_a_trainings_metrics_name_the_kernels_in_effect_and_what_auto_takes_here(tmp_path):
+    from test_training import SHORT, new_model, planted
+
+    from contextual_bert.training import fit
+
+    cfg = SHORT.model_copy(update={"max_epochs": 1})
+    effect = fit(new_model("none"), planted(64, 0), planted(32, 1), cfg, tmp_path, seed=0)["cpu_kernels"]
+    info = cpu_kernels.parse_cpuinfo(cpu_kernels.CPUINFO.read_text())
+    assert effect["kernels"] == cpu_kernels.pinned_setting()
+    assert (effect["auto"], effect["auto_measured"]) == cpu_kernels.choose(info)
+    assert effect["cpu_family_model"] == f"{info['vendor']} {info['family']}/{info['model_number']}"
