@@ -4,6 +4,7 @@ alike. Writes reports/benchmarks/cpu_bf16_autocast.json. The pipeline trains in 
 (`devices.autocast`); this says what bf16 would buy there.
 
     .venv/bin/python benchmarks/cpu_autocast.py [--variant global_state_update] [--steps 16] [--threads 2]
+        [--cpu-kernels native]
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_throughput as tt  # noqa: E402  (the paper-size batches, spec and model settings)
 
 import contextual_bert.training as training  # noqa: E402
+from contextual_bert import cpu_kernels  # noqa: E402
 from contextual_bert.devices import keep_freed_memory  # noqa: E402
 from contextual_bert.model import ContextualBert  # noqa: E402
 
@@ -34,7 +37,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--note", default="")
+    parser.add_argument(
+        "--cpu-kernels", choices=cpu_kernels.SETTINGS, default="native", help="as train.cpu_kernels (avx2: no AMX)"
+    )
     args = parser.parse_args()
+    cpu_kernels.pin_or_restart(args.cpu_kernels)
     torch.set_num_threads(args.threads)
     keep_freed_memory(large_blocks=True)
     batches = tt.make_batches(args.steps, warmup=args.warmup, device=torch.device("cpu"))
@@ -63,6 +70,12 @@ def main() -> None:
         "note": args.note,
         "threads": args.threads,
         "torch": torch.__version__,
+        # bf16's gain depends on the CPU (AMX on an Intel Xeon) and on the kernels allowed (avx2 shuts AMX out)
+        "commit": subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=OUT.parents[2], capture_output=True, text=True
+        ).stdout.strip(),
+        "cpu": cpu_kernels.cpu(),
+        "kernels": cpu_kernels.in_effect(),
         "load_average": [load_before, os.getloadavg()],
         "train_samples_per_s": {name: round(samples[name] / seconds[name], 1) for name in modes},
     }

@@ -23,6 +23,10 @@ rate moves by up to 10% on the 2-core machine).
 torch.compile, static or dynamic shapes, the modes in turn on the same batches; a compiled row first takes one
 untimed step per batch width (its `compile_seconds`) and goes under "variants[_sampled]_compile_<mode>".
 
+`--cpu-kernels` (default native, as the libraries choose) sets `train.cpu_kernels`'s variables
+(`cpu_kernels.pin_or_restart`: the libraries read them once, at start, so the script restarts itself under them
+where they differ from its environment). The JSON records the setting in effect, the CPU model and the commit.
+
 `--device cuda` runs the same steps on the GPU as the pipeline runs them there (training under bf16 autocast,
 `devices.autocast`; inference as serving does, also under it) and writes reports/benchmarks/throughput_cuda.json;
 each timed call ends with a CUDA synchronize, so the time is the kernels', not their launch.
@@ -36,6 +40,7 @@ import os
 import platform
 import resource
 import statistics
+import subprocess
 import time
 import warnings
 from pathlib import Path
@@ -44,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from contextual_bert import cpu_kernels
 from contextual_bert.config import VARIANTS, ModelConfig, TrainConfig
 from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, ContextSpec, FeatureSpec
 from contextual_bert.devices import autocast, keep_freed_memory, select_device
@@ -218,10 +224,12 @@ def bench_variant(variant: str, batches, warmup: int, negatives: int | None = No
     torch.manual_seed(0)
     model = ContextualBert(MODEL, variant, N_ITEMS, SPEC).to(device)
     optimizer, scheduler, generator, sampler = step_state(model, len(batches), negatives)
-    masked_per_batch = []
+    masked_per_batch, cpu_s = [], []
 
     def step(items, context):
+        started = time.process_time()
         _, predict = train_step(model, optimizer, scheduler, items, context, TRAIN, generator, sampler)
+        cpu_s.append(time.process_time() - started)
         masked_per_batch.append(int(predict.sum()))
 
     model.train()
@@ -233,7 +241,9 @@ def bench_variant(variant: str, batches, warmup: int, negatives: int | None = No
             step(items, context)
         compiled = {"compile": compile_mode, "compile_seconds": round(time.perf_counter() - started, 1)}
         masked_per_batch.clear()
+        cpu_s.clear()
     train_s = timed(step, batches, warmup)
+    cpu_s = cpu_s[warmup:]
     model.eval()
 
     def infer(items, context):
@@ -244,6 +254,9 @@ def bench_variant(variant: str, batches, warmup: int, negatives: int | None = No
     return {
         "parameters": count_paper_parameters(model),
         **rates("train", train_s),
+        # the process's CPU seconds per step: at one thread the step's own, which other work slows less than
+        # the wall clock (at two, it counts the threads' waits for each other too)
+        "train_cpu_samples_per_s": round(BATCH * len(cpu_s) / sum(cpu_s), 1),
         **rates("inference", infer_s),
         "masked_positions_per_batch": round(sum(masked_per_batch) / len(masked_per_batch), 1),
         **compiled,
@@ -345,6 +358,9 @@ def main() -> None:
         help="time each variant this many times (fresh models); "
         "the rows then give every run's train_samples_per_s and their mean",
     )
+    parser.add_argument(
+        "--cpu-kernels", choices=cpu_kernels.SETTINGS, default="native", help="as train.cpu_kernels (cpu_kernels.py)"
+    )
     parser.add_argument("--padded", action="store_true", help="batches padded to 8 (not as training forms them)")
     parser.add_argument(
         "--compile",
@@ -355,6 +371,7 @@ def main() -> None:
         "none go under variants[_sampled]_compile_<mode>",
     )
     args = parser.parse_args()
+    cpu_kernels.pin_or_restart(args.cpu_kernels)
 
     device = select_device(args.device)
     out = args.out or OUT_DIR / ("throughput.json" if device.type == "cpu" else f"throughput_{device.type}.json")
@@ -402,10 +419,18 @@ def main() -> None:
             "negatives": args.negatives if "sampled" in args.softmax else None,
             "compile": args.compile,
         },  # fmt: skip
+        "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip(),
+        "uncommitted_changes": bool(
+            subprocess.run(
+                ["git", "status", "--porcelain", "src", "benchmarks"], cwd=REPO, capture_output=True, text=True
+            ).stdout.strip()
+        ),
         "machine": {
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
             "cpu": cpu_name(),
+            "cpu_id": cpu_kernels.cpu(),
+            "cpu_kernels": {"setting": args.cpu_kernels, **cpu_kernels.in_effect()} if device.type == "cpu" else None,
             "cpu_count": os.cpu_count(),
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "peak_gpu_memory_mib": peak_memory(device).get("peak_gpu_memory_mib"),

@@ -244,8 +244,9 @@ class TrainConfig(Section):
     # machine's default, since the split of a reduction over threads changes its rounding (docs/reproducibility.md)
     num_threads: int = Field(1, ge=1)
     # the CPU kernels: "avx2" asks ATen, MKL (MKL_CBWR) and oneDNN for their AVX2 code path, so that x86 CPUs
-    # with and without AVX-512 give the same bits; "native": the widest the CPU has (cpu_kernels.py)
-    cpu_kernels: Literal["avx2", "native"] = "avx2"
+    # with and without AVX-512 give the same bits; "native": the widest the CPU has; "auto": the one measured
+    # fastest on this CPU model, avx2 where none was (cpu_kernels.FASTEST): the same bits per CPU model
+    cpu_kernels: Literal["auto", "avx2", "native"] = "auto"
     # within an epoch, last.pt is written at most this often (seconds; 0: at epochs' ends only), so that a run
     # killed mid-epoch resumes where it stopped; the results do not depend on it
     checkpoint_every_s: float = Field(60.0, ge=0)
