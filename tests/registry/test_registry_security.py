@@ -100,7 +100,7 @@ def champion(server, tmp_path_factory):
         experiment = client.get_experiment_by_name(EXPERIMENT)
         logged = client.create_logged_model(experiment.experiment_id, name="echo")
         mlflow.pyfunc.log_model(name="echo", python_model=str(code), model_id=logged.model_id)
-        digest = integrity.logged_model_digest(client, logged.model_id, {})
+        digest = integrity.stored_digest(integrity.files_uri(client, logged.model_id), {})
         version = client.create_model_version(
             MODEL,
             source=f"models:/{logged.model_id}",

@@ -46,6 +46,13 @@ def files_uri(mlflow_client, model_id: str) -> str:
     return mlflow_client.get_logged_model(model_id).artifact_location
 
 
+def version_files_uri(mlflow_client, name: str, version) -> str:
+    """Where a registered version's files are stored."""
+    if version.model_id:  # not every store returns it: then the registry's own answer
+        return files_uri(mlflow_client, version.model_id)
+    return mlflow_client.get_model_version_download_uri(name, version.version)
+
+
 def download(uri: str, into: Path) -> Path:
     import mlflow
 
@@ -61,9 +68,7 @@ def verified_copy(mlflow_client, name: str, version, into: Path) -> Path:
             f"{label} has no '{DIGEST_TAG}' tag, so what it holds cannot be checked; only a version registered "
             "by `contextual-bert register` as a user with MANAGE (the stack's promoter) is loaded"
         )
-    uri = files_uri(mlflow_client, version.model_id) if version.model_id else None
-    uri = uri or mlflow_client.get_model_version_download_uri(name, version.version)
-    local = download(uri, into)
+    local = download(version_files_uri(mlflow_client, name, version), into)
     found = manifest_sha256(local)
     if found != recorded:
         raise IntegrityError(
@@ -88,17 +93,17 @@ def load_verified_pyfunc(mlflow_client, name: str, version, into: Path):
     return mlflow.pyfunc.load_model(str(verified_copy(mlflow_client, name, version, into)))
 
 
-def logged_model_digest(mlflow_client, model_id: str, expected: dict[str, str]) -> str:
-    """The digest to record for a logged model's files as stored, once the files named in `expected`
+def stored_digest(uri: str, expected: dict[str, str]) -> str:
+    """The digest to record for a model's files as stored at `uri`, once the files named in `expected`
     (relative path -> SHA-256: the checkpoint, the code) are checked to be the ones the registering party
     logged: trainers may write the stored files, so they are compared before they are vouched for."""
     with tempfile.TemporaryDirectory() as tmp:
-        local = download(files_uri(mlflow_client, model_id), Path(tmp))
+        local = download(uri, Path(tmp))
         found = manifest(local)
         changed = sorted(path for path, sha in expected.items() if found.get(path) != sha)
         if changed:
             raise IntegrityError(
-                f"logged model {model_id}: {', '.join(changed[:3])}{' ...' if len(changed) > 3 else ''} differ "
+                f"{uri}: {', '.join(changed[:3])}{' ...' if len(changed) > 3 else ''} differ "
                 "from what was logged; not registered"
             )
         return manifest_sha256(local)
