@@ -25,6 +25,7 @@ from contextual_bert.registry.integrity import (
     stored_digest,
     version_files_uri,
 )
+from contextual_bert.registry.manage import require_manage
 from contextual_bert.registry.tracking import (
     client,
     directory_sha256,
@@ -213,8 +214,6 @@ def register_run(mlflow_client, cfg: Config, variant: str, seed: int, features_s
 
 def register_all(cfg: Config) -> dict:
     """Register every variant x seed of params' train section; writes reports/registry.json."""
-    from contextual_bert.registry.promotion import require_manage
-
     mlflow_client = client(cfg.mlflow)
     _ensure_registered_model(mlflow_client, cfg.mlflow.model_name)
     require_manage(mlflow_client, cfg.mlflow.model_name, "register", "to write the versions' record")

@@ -32,6 +32,7 @@ from contextual_bert.config import Config, recall_k
 from contextual_bert.data.feature_spec import HISTORY_COLUMN
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.registry.integrity import IntegrityError, load_verified_pyfunc, verified_copy
+from contextual_bert.registry.manage import require_manage
 from contextual_bert.registry.models import write_report
 from contextual_bert.registry.tracking import client, directory_sha256, metric_key
 
@@ -270,43 +271,6 @@ def aligned_hits(candidate: dict, champion: dict) -> tuple[np.ndarray, np.ndarra
 # --- promote and rollback -------------------------------------------------------------------------------
 
 
-def require_manage(mlflow_client, name: str, command: str, why: str = f"to move alias '{CHAMPION}'") -> None:
-    """On an MLflow server with authentication, moving 'champion' and writing the registry's tags take MANAGE on
-    the registered model (registry/auth_app.py): checked before anything is written, so a user without it
-    changes nothing.
-    No check against a file store or a server without the auth app (no user there)."""
-    from mlflow.utils.credentials import get_default_host_creds
-    from mlflow.utils.rest_utils import http_request
-
-    uri = mlflow_client.tracking_uri
-    if not uri.startswith(("http://", "https://")):
-        return
-    creds = get_default_host_creds(uri)
-    user = creds.username
-    if not user:
-        return  # an authenticating server refuses every request of ours with 401 anyway
-    resp = http_request(creds, "/api/2.0/mlflow/users/current", "GET", max_retries=2)
-    if resp.status_code == 404:
-        return  # a server without the auth app
-    if resp.status_code == 401:
-        raise ContextualBertError(f"MLflow server {uri} refused user '{user}' (HTTP 401: wrong password?)")
-    if resp.status_code == 200 and resp.json().get("user", {}).get("is_admin"):
-        return
-    resp = http_request(
-        creds,
-        "/api/3.0/mlflow/users/permissions/get",
-        "GET",
-        max_retries=2,
-        params={"username": user, "resource_type": "registered_model", "resource_id": name},
-    )
-    permission = resp.json().get("permission", "?") if resp.status_code == 200 else f"HTTP {resp.status_code}"
-    if permission != "MANAGE":
-        raise ContextualBertError(
-            f"MLflow user '{user}' lacks MANAGE on registered model '{name}' (has {permission}), which `{command}` "
-            f"needs {why}; run it as a user who may promote (the stack's 'promoter')"
-        )
-
-
 def _alias_version(mlflow_client, name: str, alias: str):
     from mlflow.exceptions import MlflowException
 
@@ -349,7 +313,7 @@ def _promote(cfg: Config, into: Path) -> dict:
     k = recall_k(cfg.promote.metric)
     name = cfg.mlflow.model_name
     mlflow_client = client(cfg.mlflow)
-    require_manage(mlflow_client, name, "promote")
+    require_manage(mlflow_client, name, "promote", f"to move alias '{CHAMPION}'")
     features_sha = directory_sha256(cfg.paths.features_dir)
     pool = candidates(mlflow_client, cfg, features_sha)
     if not pool:
@@ -432,7 +396,7 @@ def rollback(cfg: Config) -> dict:
     """Give 'champion' back to the 'previous' version; the demoted one is tagged rolled_back."""
     name = cfg.mlflow.model_name
     mlflow_client = client(cfg.mlflow)
-    require_manage(mlflow_client, name, "promote --rollback")
+    require_manage(mlflow_client, name, "promote --rollback", f"to move alias '{CHAMPION}'")
     champion = _alias_version(mlflow_client, name, CHAMPION)
     previous = _alias_version(mlflow_client, name, PREVIOUS)
     if previous is None:
