@@ -196,3 +196,26 @@ def test_a_user_without_grants_creates_no_experiment_or_registered_model(server)
         model = _status(server, user, "POST", "/api/2.0/mlflow/registered-models/create", json={"name": f"m-{user}"})
         assert (experiment, model) == (403, 403), user
     assert _status(server, "reader", "GET", "/api/2.0/mlflow/experiments/search", params={"max_results": 1}) == 200
+
+
+def attacks_module():
+    """benchmarks/security_attacks_registry.py, the attack set the stack's security benchmark runs."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "security_attacks_registry.py"
+    spec = importlib.util.spec_from_file_location("security_attacks_registry", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmarks_registry_attacks_are_all_refused_here(server, champion):
+    stack = {"mlflow_uri": server["uri"], "passwords": server["passwords"], "model_name": MODEL}
+    results = [attack(stack) for attack in attacks_module().REGISTRY_ATTACKS]
+    assert all(r["refused"] for r in results), [r for r in results if not r["refused"]]
+    overwrite = results[0]
+    assert "as trainer: 200; then refused" in overwrite["observed"], overwrite  # detected, not prevented
+    with as_user(server, "promoter") as client:  # and put back: the version loads
+        integrity.verified_copy(
+            client, MODEL, client.get_model_version(MODEL, champion["version"]), server["root"] / "ok"
+        )

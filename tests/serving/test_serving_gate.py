@@ -221,3 +221,12 @@ def test_the_gate_serves_registered_versions_or_local_files_only():
         with pytest.raises(ContextualBertError, match="nothing vouches for other URIs"):
             served_files(uri)
     assert served_files("/srv/model") == "/srv/model"
+
+
+def test_the_benchmarks_gate_attacks_are_all_refused_here(gate):
+    from test_registry_security import attacks_module
+
+    url, _ = gate
+    stack = {"gate_url": url.removesuffix("/invocations"), "serving_token": TOKEN, "gate_timeout_s": TIMEOUT_S}
+    results = [attack(stack) for attack in attacks_module().GATE_ATTACKS]
+    assert all(r["refused"] for r in results), [r for r in results if not r["refused"]]

@@ -170,12 +170,13 @@ def register_run(mlflow_client, cfg: Config, variant: str, seed: int, features_s
 
     versions = mlflow_client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
     created = not versions
-    expected = logged_files(checkpoint_sha)
     if versions:
         version = min(versions, key=lambda v: int(v.version))
         recorded = (version.tags or {}).get(DIGEST_TAG)
         try:  # a version registered before digests: vouched for only if its files are this checkout's
-            tags[DIGEST_TAG] = recorded or stored_digest(version_files_uri(mlflow_client, name, version), expected)
+            tags[DIGEST_TAG] = recorded or stored_digest(
+                version_files_uri(mlflow_client, name, version), logged_files(checkpoint_sha)
+            )
         except (IntegrityError, MlflowException):
             return {
                 "variant": variant,
@@ -187,7 +188,7 @@ def register_run(mlflow_client, cfg: Config, variant: str, seed: int, features_s
             }
     else:
         model_id = _logged_pyfunc(mlflow_client, cfg, run, model_dir)
-        tags[DIGEST_TAG] = stored_digest(files_uri(mlflow_client, model_id), expected)
+        tags[DIGEST_TAG] = stored_digest(files_uri(mlflow_client, model_id), logged_files(checkpoint_sha))
         version = mlflow_client.create_model_version(
             name,
             source=f"models:/{model_id}",
