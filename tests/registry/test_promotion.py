@@ -20,6 +20,7 @@ from contextual_bert.registry.promotion import (
     paired_test,
     promote,
     recall_k,
+    rollback,
     validation_cases,
 )
 from contextual_bert.registry.tracking import client
@@ -186,7 +187,8 @@ def test_a_forged_metric_tag_changes_no_promotion(tiny_trained_runs):
 
 
 def test_a_candidate_whose_files_changed_is_never_loaded(tiny_trained_runs, monkeypatch):
-    """The strong version's stored code changed after registration: promote skips it without loading it."""
+    """The strong version's stored code changed after registration: promote skips it without loading it, and
+    rollback refuses to give 'champion' to it."""
     from pathlib import Path
 
     import mlflow.pyfunc
@@ -206,3 +208,9 @@ def test_a_candidate_whose_files_changed_is_never_loaded(tiny_trained_runs, monk
     with pytest.raises(ContextualBertError, match=f"version {strong}: its files changed after registration"):
         promote(cfg)
     assert loaded == [] and _alias(mlflow_client, name, CHAMPION) is None
+    # nor is 'champion' given back to a 'previous' whose files changed
+    move_champion(mlflow_client, name, strong, None)
+    move_champion(mlflow_client, name, strong, mlflow_client.get_model_version(name, str(strong)))
+    with pytest.raises(ContextualBertError, match="its files changed after registration"):
+        rollback(cfg)
+    assert mlflow_client.get_model_version(name, str(strong)).tags.get("rolled_back") is None
