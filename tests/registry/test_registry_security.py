@@ -24,6 +24,8 @@ from helpers import free_port, stop_process_group, wait_for_http
 from contextual_bert.registry import integrity
 from flows.infra import auth
 
+pytestmark = pytest.mark.slow  # an MLflow server migrating its store: minutes on a loaded machine
+
 EXPERIMENT, MODEL = "security", "guarded-model"
 ECHO = """import mlflow.models, mlflow.pyfunc
 
