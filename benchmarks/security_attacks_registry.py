@@ -16,8 +16,13 @@ by benchmarks/security_attacks.py, which runs the whole set against a stack star
   SERVING_TOKEN) and, optionally, `gate_timeout_s`: the larger of its --header-timeout and --body-timeout
   (default 30, the gate's default body timeout; its header timeout is 10).
 
+`stack_from_dir(root, gate_url)` builds it from a stack directory. The attacks import `contextual_bert` (the
+digest check is the loader's own, registry/integrity.py): run them with the project's venv.
+
 The artifact attack changes a registered version's code file on the server and puts it back (as the promoter)
 before it returns: run it against a stack where nothing restarts the gate meanwhile.
+
+    python benchmarks/security_attacks_registry.py [.stack] [http://127.0.0.1:5001]   # prints the results
 """
 
 from __future__ import annotations
@@ -301,7 +306,31 @@ GATE_ATTACKS = [gate_csv_over_the_row_cap, gate_malformed_bodies, gate_header_dr
 ATTACKS = REGISTRY_ATTACKS + GATE_ATTACKS
 
 
-if __name__ == "__main__":  # a quick look: python benchmarks/security_attacks_registry.py <stack.json-like file>
+def stack_from_dir(root: Path, gate_url: str | None = None, gate_timeout_s: float = 30) -> dict:
+    """The `stack` of a stack directory made by `python -m flows.infra.stack up` (stack.json, credentials.env)."""
     import sys
 
-    print(json.dumps([attack(json.loads(Path(sys.argv[1]).read_text())) for attack in ATTACKS], indent=2))
+    repo = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(repo))  # `flows` is a top-level folder of the repository
+    from flows.infra import auth
+    from flows.infra.stack import mlflow_names
+
+    info = json.loads((root / "stack.json").read_text())
+    creds = auth.read_env_file(root / auth.CREDENTIALS)
+    return {
+        "mlflow_uri": info["MLFLOW_TRACKING_URI"],
+        "passwords": {u: creds[f"MLFLOW_{u.upper()}_PASSWORD"] for u in ("admin", "trainer", "promoter")},
+        "model_name": mlflow_names(repo)[1],
+        "gate_url": gate_url,
+        "serving_token": creds.get("SERVING_TOKEN"),
+        "gate_timeout_s": gate_timeout_s,
+    }
+
+
+if __name__ == "__main__":  # python benchmarks/security_attacks_registry.py [.stack] [http://127.0.0.1:5001]
+    import sys
+
+    args = sys.argv[1:]
+    target = stack_from_dir(Path(args[0] if args else ".stack").resolve(), args[1] if len(args) > 1 else None)
+    chosen = ATTACKS if target["gate_url"] else REGISTRY_ATTACKS
+    print(json.dumps([attack(target) for attack in chosen], indent=2))
