@@ -133,17 +133,18 @@ def test_the_trainers_overwrite_of_a_registered_models_code_is_refused_before_an
         stored = integrity.download(integrity.files_uri(client, champion["model_id"]), server["root"] / "before")
     assert (stored / "echo.py").exists(), sorted(p.name for p in stored.iterdir())
     evil = ECHO.replace("[len(model_input)]", "['replaced']")
-    # MLflow lets EDIT on the experiment write the logged model's files: the overwrite itself goes through.
-    put = _status(server, "trainer", "PUT", files, data=evil.encode())
-    assert put in (200, 403)
-    if put == 403:
-        return  # refused at the door: nothing to detect
+    # MLflow lets EDIT on the experiment write the logged model's files; the auth app refuses it for a
+    # registered version's files
+    assert _status(server, "trainer", "PUT", files, data=evil.encode()) == 403
+    assert _status(server, "trainer", "PUT", f"{files.rsplit('/', 1)[0]}/other.py", data=b"x") == 403
+    # and had they changed (by a MANAGE holder: the promoter), nothing of the version loads
+    assert _status(server, "promoter", "PUT", files, data=evil.encode()) == 200
     with as_user(server, "promoter") as client:
         with pytest.raises(integrity.IntegrityError, match="changed after registration"):
             integrity.verified_copy(client, MODEL, version, server["root"] / "check")
         with pytest.raises(integrity.IntegrityError, match="changed after registration"):
             gate.build_app(f"models:/{MODEL}@champion", None, 1 << 20, 10)
-    # put back as the promoter (not the trainer's doing): the version loads again
+    # put back: the version loads again
     assert _status(server, "promoter", "PUT", files, data=(stored / "echo.py").read_bytes()) == 200
     with as_user(server, "promoter") as client:
         model = integrity.load_verified_pyfunc(client, MODEL, version, server["root"] / "again")
@@ -216,7 +217,7 @@ def test_the_benchmarks_registry_attacks_are_all_refused_here(server, champion):
     results = [attack(stack) for attack in attacks_module().REGISTRY_ATTACKS]
     assert all(r["refused"] for r in results), [r for r in results if not r["refused"]]
     overwrite = results[0]
-    assert "as trainer: 200; then refused" in overwrite["observed"], overwrite  # detected, not prevented
+    assert "as trainer: 403" in overwrite["observed"], overwrite
     with as_user(server, "promoter") as client:  # and put back: the version loads
         integrity.verified_copy(
             client, MODEL, client.get_model_version(MODEL, champion["version"]), server["root"] / "ok"

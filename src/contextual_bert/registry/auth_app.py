@@ -14,6 +14,10 @@ This app keeps everything of basic-auth and adds, for every user but admin (answ
   rename the model.
 - Creating an experiment or a registered model is admin's (the stack's setup creates both): under
   basic-auth any authenticated user may, and becomes its MANAGE holder.
+- Writing the files of a logged model that a registered version serves (an artifact upload under
+  `<experiment>/models/<model_id>/`) takes MANAGE on that registered model: EDIT on the experiment, which a
+  trainer needs for its runs, would otherwise let it replace a registered model's code. (What is loaded is
+  checked against its digest anyway: registry/integrity.py.)
 
     mlflow server --app-name contextual-bert-auth ...    # entry point in pyproject.toml (mlflow.app)
 
@@ -23,12 +27,15 @@ start, MLFLOW_AUTH_ADMIN_PASSWORD (flows/infra/auth.py sets them for the stack).
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 from contextual_bert.registry.promotion import CHAMPION, PREVIOUS
 
 PROTECTED_ALIASES = frozenset({CHAMPION, PREVIOUS})
 MANAGE, ADMIN = "manage", "admin"
+# an artifact path under a logged model's files: <experiment id>/models/<model id>/...
+_LOGGED_MODEL_FILES = re.compile(r"^(?:workspaces/[^/]+/)?\d+/models/([^/]+)(?:/|$)")
 
 
 def alias_key(alias) -> str:
@@ -47,6 +54,74 @@ def _alias_rule(request) -> str | None:
 
 def _version_create_rule(request) -> str | None:
     return MANAGE if _args(request).get("tags") else None
+
+
+def registered_models_of_files(artifact_path: str | None) -> tuple[str, ...]:
+    """The registered models whose versions serve the logged model whose files `artifact_path` (relative to the
+    artifact root) lies under; () for any other path."""
+    from mlflow.server.auth import _canonical_artifact_proxy_path
+    from mlflow.server.handlers import _get_model_registry_store
+
+    canonical = _canonical_artifact_proxy_path(artifact_path) if artifact_path else None  # None: MLflow refuses
+    match = _LOGGED_MODEL_FILES.match(canonical.lstrip("/")) if canonical else None
+    if match is None:
+        return ()
+    versions = _get_model_registry_store().search_model_versions(f"source_path = 'models:/{match.group(1)}'")
+    return tuple(sorted({v.name for v in versions}))
+
+
+def can_manage(username: str, name: str) -> bool:
+    """MANAGE on registered model `name`, as basic-auth resolves it (grants, roles, default)."""
+    from mlflow.server.auth import _get_role_permission_or_default, _role_permission_for
+    from mlflow.server.handlers import _get_model_registry_store
+
+    return _get_role_permission_or_default(
+        _role_permission_for(
+            username=username,
+            resource_type="registered_model",
+            resource_key=name,
+            workspace_lookup_id=name,
+            workspace_fetcher=_get_model_registry_store().get_registered_model,
+            workspace_label="registered model",
+        )
+    ).can_manage
+
+
+def _registered_files_rule(request) -> tuple[str, ...] | None:
+    """An upload through Flask (multipart, or under --static-prefix) to a registered version's files."""
+    if request.method not in ("PUT", "POST"):  # deleting artifacts takes MANAGE on the experiment already
+        return None
+    path = (request.view_args or {}).get("artifact_path") or request.args.get("path")
+    return registered_models_of_files(path) or None
+
+
+def _guard_native_uploads(auth_module) -> None:
+    """MLflow serves artifact uploads (PUT) natively in FastAPI, past Flask's hooks: its permission middleware
+    asks `_find_fastapi_validator` for each request; the validator it gets also needs MANAGE on the registered
+    models whose files the upload would change. (Admins skip validators there, as in Flask.)"""
+    import asyncio
+
+    find = auth_module._find_fastapi_validator
+    if getattr(find, "guards_registered_files", False):
+        return
+    prefixes = ("/api/2.0/mlflow-artifacts/artifacts/", "/ajax-api/2.0/mlflow-artifacts/artifacts/")
+
+    def find_validator(path, method):
+        validator = find(path, method)
+        if validator is None or method != "PUT" or not path.startswith(prefixes):
+            return validator
+
+        async def guarded(username, request):
+            if not await validator(username, request):
+                return False
+            relative = next(path.removeprefix(p) for p in prefixes if path.startswith(p))
+            names = await asyncio.to_thread(registered_models_of_files, relative)
+            return all([await asyncio.to_thread(can_manage, username, name) for name in names])
+
+        return guarded
+
+    find_validator.guards_registered_files = True
+    auth_module._find_fastapi_validator = find_validator
 
 
 def _rules() -> dict:
@@ -96,24 +171,37 @@ def route_rules() -> dict[tuple[str, str], object]:
 def _guard(routes):
     def guard():
         from flask import request
-        from mlflow.server.auth import make_forbidden_response, sender_is_admin, validate_can_manage_registered_model
+        from mlflow.server.auth import (
+            _is_proxy_artifact_path,
+            authenticate_request,
+            make_forbidden_response,
+            sender_is_admin,
+            validate_can_manage_registered_model,
+        )
 
         # Runs after basic-auth's own hook: the request is authenticated and allowed by MLflow's rules by then.
         rule = routes.get((request.path, request.method))
+        if rule is None and _is_proxy_artifact_path(request.path):
+            rule = _registered_files_rule
         needed = rule(request) if rule is not None else None
         if needed is None or sender_is_admin():
             return None
-        if needed == ADMIN or not validate_can_manage_registered_model():
-            return make_forbidden_response()
-        return None
+        if needed == ADMIN:
+            allowed = False
+        elif needed == MANAGE:  # the registered model the request names
+            allowed = validate_can_manage_registered_model()
+        else:  # the registered models named by the rule
+            allowed = all(can_manage(authenticate_request().username, name) for name in needed)
+        return None if allowed else make_forbidden_response()
 
     return guard
 
 
 def create_app():
+    import mlflow.server.auth as auth_module
     from mlflow.server import app as flask_app
-    from mlflow.server.auth import create_app as basic_auth_app
 
-    served = basic_auth_app(flask_app)  # under uvicorn a FastAPI app around the Flask one
+    served = auth_module.create_app(flask_app)  # under uvicorn a FastAPI app around the Flask one
     flask_app.before_request(_guard(route_rules()))
+    _guard_native_uploads(auth_module)
     return served
