@@ -20,6 +20,7 @@ from contextual_bert.registry.promotion import (
     paired_test,
     promote,
     recall_k,
+    rollback,
     validation_cases,
 )
 from contextual_bert.registry.tracking import client
@@ -167,3 +168,49 @@ def test_validation_cases_reencoded_from_validated_data_equal_the_stored_ones(ti
     assert reencoded.context.keys() == stored.context.keys()
     for name in stored.context:
         assert torch.equal(reencoded.context[name], stored.context[name]), name
+
+
+def test_a_forged_metric_tag_changes_no_promotion(tiny_trained_runs):
+    """The weak version's recorded validation recall forged to 0.99 (what a trainer could do where the auth app
+    does not guard the tags): promote computes it, finds the record false, skips that version and promotes the
+    strong one, as it would have without the forgery."""
+    name = "registry-forged-metric"
+    cfg = _with(tiny_trained_runs.cfg, name, [STRONG[0], WEAK[0]], margin=0.0)
+    strong, weak = (e["version"] for e in register_all(cfg)["versions"])
+    mlflow_client = client(cfg.mlflow)
+    mlflow_client.set_model_version_tag(name, str(weak), "val/recall_at_5", "0.99")
+    result = promote(cfg)
+    assert result["promoted"] and result["candidate"]["version"] == strong, result["decision"]
+    assert [s["version"] for s in result["skipped"]] == [weak]
+    assert "is not what it computes now" in result["skipped"][0]["why"]
+    assert _alias(mlflow_client, name, CHAMPION) == strong
+
+
+def test_a_candidate_whose_files_changed_is_never_loaded(tiny_trained_runs, monkeypatch):
+    """The strong version's stored code changed after registration: promote skips it without loading it, and
+    rollback refuses to give 'champion' to it."""
+    from pathlib import Path
+
+    import mlflow.pyfunc
+
+    from contextual_bert.registry.integrity import version_files_uri
+
+    name = "registry-changed-files"
+    cfg = _with(tiny_trained_runs.cfg, name, [STRONG[0]], margin=0.0)
+    strong = register_all(cfg)["versions"][0]["version"]
+    mlflow_client = client(cfg.mlflow)
+    version = mlflow_client.get_model_version(name, str(strong))
+    code = Path(version_files_uri(mlflow_client, name, version).removeprefix("file://")) / "pyfunc_model.py"
+    code.write_text(code.read_text() + "\nraise SystemExit('the replaced code ran')\n")
+    loaded = []
+    load = mlflow.pyfunc.load_model
+    monkeypatch.setattr(mlflow.pyfunc, "load_model", lambda *a, **k: loaded.append(a) or load(*a, **k))
+    with pytest.raises(ContextualBertError, match=f"version {strong}: its files changed after registration"):
+        promote(cfg)
+    assert loaded == [] and _alias(mlflow_client, name, CHAMPION) is None
+    # nor is 'champion' given back to a 'previous' whose files changed
+    move_champion(mlflow_client, name, strong, None)
+    move_champion(mlflow_client, name, strong, mlflow_client.get_model_version(name, str(strong)))
+    with pytest.raises(ContextualBertError, match="its files changed after registration"):
+        rollback(cfg)
+    assert mlflow_client.get_model_version(name, str(strong)).tags.get("rolled_back") is None

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -108,3 +109,41 @@ def test_a_run_trained_on_other_features_is_not_registered(tiny_trained_runs, tm
     cfg = cfg.model_copy(update={"paths": cfg.paths.model_copy(update={"models_dir": models})})
     entry = register_all(cfg)["versions"][0]
     assert "trained on other features" in entry["skipped"] and "version" not in entry
+
+
+def test_register_records_a_digest_of_the_stored_files_and_a_changed_file_is_refused(tiny_trained_runs, tmp_path):
+    """The digest is of the files as stored; one byte changed in the store and nothing of the version loads;
+    a version registered before digests is vouched for again only while its files are this checkout's."""
+    from contextual_bert.registry.integrity import (
+        DIGEST_TAG,
+        IntegrityError,
+        download,
+        manifest_sha256,
+        verified_copy,
+        version_files_uri,
+    )
+
+    cfg = _with(tiny_trained_runs.cfg, "registry-digest", [STRONG[0]])
+    entry = register_all(cfg)["versions"][0]
+    mlflow_client = client(cfg.mlflow)
+    name = cfg.mlflow.model_name
+    version = mlflow_client.get_model_version(name, str(entry["version"]))
+    stored = download(version_files_uri(mlflow_client, name, version), tmp_path / "stored")
+    assert version.tags[DIGEST_TAG] == manifest_sha256(stored)
+    assert (stored / "pyfunc_model.py").exists() and (stored / "code/contextual_bert/serving/completer.py").exists()
+
+    mlflow_client.delete_model_version_tag(name, version.version, DIGEST_TAG)  # as registered before digests
+    assert register_all(cfg)["versions"][0]["version"] == entry["version"]
+    version = mlflow_client.get_model_version(name, version.version)
+    assert version.tags[DIGEST_TAG] == manifest_sha256(stored)
+
+    # the store is a local directory here: change the model's code where it lies
+    location = version_files_uri(mlflow_client, name, version).removeprefix("file://")
+    code = Path(location) / "code/contextual_bert/serving/completer.py"
+    code.write_text(code.read_text() + "\n# changed\n")
+    with pytest.raises(IntegrityError, match="changed after registration"):
+        verified_copy(mlflow_client, name, version, tmp_path / "check")
+    mlflow_client.delete_model_version_tag(name, version.version, DIGEST_TAG)
+    assert "cannot be vouched for" in register_all(cfg)["versions"][0]["skipped"]
+    with pytest.raises(IntegrityError, match="no 'artifacts_sha256' tag"):
+        verified_copy(mlflow_client, name, mlflow_client.get_model_version(name, version.version), tmp_path / "c2")

@@ -2,9 +2,13 @@
 
 register: each run under models/ that has been evaluated becomes a version of `mlflow.model_name`, from the
 pyfunc logged out of its MLflow training run (`serving.log_pyfunc_model`), tagged with variant, seed, the
-features it was trained on and its validation/test metrics. Re-running it finds the version by run id and
-only refreshes the tags, so a run is never registered twice. Which version serves (alias 'champion') is
-decided by `promotion.py`.
+features it was trained on, its validation/test metrics and the digest of its files (registry/integrity.py).
+Re-running it finds the version by run id and only refreshes the tags, so a run is never registered twice.
+Which version serves (alias 'champion') is decided by `promotion.py`.
+
+The tags are the promoter's record: on a server with the `contextual-bert-auth` app only a user with MANAGE
+(the stack's promoter, which runs register and promote) may write them, so `register` checks for MANAGE
+first, as `promote` does.
 """
 
 from __future__ import annotations
@@ -13,6 +17,15 @@ import json
 from pathlib import Path
 
 from contextual_bert.config import CURVE_FILE, Config
+from contextual_bert.registry.integrity import (
+    DIGEST_TAG,
+    IntegrityError,
+    files_uri,
+    manifest,
+    stored_digest,
+    version_files_uri,
+)
+from contextual_bert.registry.manage import require_manage
 from contextual_bert.registry.tracking import (
     client,
     directory_sha256,
@@ -86,21 +99,16 @@ def _training_run(mlflow_client, cfg: Config, variant: str, seed: int, model_dir
 
 
 def _logged_pyfunc(mlflow_client, cfg: Config, run, model_dir: Path):
-    """The run's pyfunc LoggedModel (READY), logging it when there is none."""
-    import mlflow
-    from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+    """A pyfunc LoggedModel of the run, logged now from model_dir's checkpoint and this checkout's code.
+
+    Never one found in the experiment: a trainer may log models there (EDIT), and what is registered must be
+    what the registering party logged. (A register that failed after logging leaves a spare logged model.)
+    """
+    from mlflow.entities import LoggedModelOutput
 
     from contextual_bert.serving.completer import example_request, log_pyfunc_model
 
     run_id, exp_id = run.info.run_id, run.info.experiment_id
-    existing = mlflow.search_logged_models(
-        experiment_ids=[exp_id],
-        filter_string=f"source_run_id = '{run_id}' AND name = '{cfg.mlflow.model_name}'",
-        output_format="list",
-    )
-    ready = [m for m in existing if m.status == LoggedModelStatus.READY]
-    if ready:
-        return ready[0].model_id
     logged = mlflow_client.create_logged_model(exp_id, name=cfg.mlflow.model_name, source_run_id=run_id)
     log_pyfunc_model(
         model_dir / "checkpoint.pt",
@@ -114,8 +122,24 @@ def _logged_pyfunc(mlflow_client, cfg: Config, run, model_dir: Path):
     return logged.model_id
 
 
+def logged_files(checkpoint_sha: str) -> dict[str, str]:
+    """SHA-256 of the files of a pyfunc logged here that must be ours, by their path in the stored model: the
+    checkpoint, the model's code file and the package it ships (the rest is MLflow's metadata)."""
+    import tempfile
+
+    from contextual_bert.data.feature_store import file_sha256
+    from contextual_bert.serving.completer import PYFUNC_CODE, _package_copy
+
+    with tempfile.TemporaryDirectory() as tmp:  # the package exactly as log_pyfunc_model ships it
+        package = _package_copy(Path(tmp))
+        code = {f"code/{package.name}/{path}": sha for path, sha in manifest(package).items()}
+    return {"artifacts/checkpoint.pt": checkpoint_sha, PYFUNC_CODE.name: file_sha256(PYFUNC_CODE), **code}
+
+
 def register_run(mlflow_client, cfg: Config, variant: str, seed: int, features_sha: str) -> dict:
     """Register one evaluated training as a version (or find its version); its summary."""
+    from mlflow.exceptions import MlflowException
+
     model_dir = cfg.run_dir(variant, seed)
     eval_file = cfg.eval_path(f"{variant}-s{seed}")
     if not (model_dir / "checkpoint.pt").exists():
@@ -148,8 +172,23 @@ def register_run(mlflow_client, cfg: Config, variant: str, seed: int, features_s
     created = not versions
     if versions:
         version = min(versions, key=lambda v: int(v.version))
+        recorded = (version.tags or {}).get(DIGEST_TAG)
+        try:  # a version registered before digests: vouched for only if its files are this checkout's
+            tags[DIGEST_TAG] = recorded or stored_digest(
+                version_files_uri(mlflow_client, name, version), logged_files(checkpoint_sha)
+            )
+        except (IntegrityError, MlflowException):
+            return {
+                "variant": variant,
+                "seed": seed,
+                "version": int(version.version),
+                "run_id": run_id,
+                "skipped": f"version {version.version} was registered without a digest and its files are not this "
+                "checkout's checkpoint and code; it cannot be vouched for (train it again)",
+            }
     else:
         model_id = _logged_pyfunc(mlflow_client, cfg, run, model_dir)
+        tags[DIGEST_TAG] = stored_digest(files_uri(mlflow_client, model_id), logged_files(checkpoint_sha))
         version = mlflow_client.create_model_version(
             name,
             source=f"models:/{model_id}",
@@ -178,6 +217,7 @@ def register_all(cfg: Config) -> dict:
     """Register every variant x seed of params' train section; writes reports/registry.json."""
     mlflow_client = client(cfg.mlflow)
     _ensure_registered_model(mlflow_client, cfg.mlflow.model_name)
+    require_manage(mlflow_client, cfg.mlflow.model_name, "register", "to write the versions' record")
     features_sha = directory_sha256(cfg.paths.features_dir)
     entries = [
         register_run(mlflow_client, cfg, variant, seed, features_sha)

@@ -8,6 +8,12 @@ The test and the decision are recorded as tags of the candidate version. The old
 'previous'; `rollback` gives 'champion' back to it and marks the demoted version so promote skips it.
 Aliases, not the deprecated stages.
 
+What it decides from is what it computes, on the promoter's record: a version is loaded only from a copy
+whose files match the digest `register` recorded (registry/integrity.py), and the candidate's validation
+recall@K computed here must equal its recorded tag (the tags are MANAGE-only under registry/auth_app.py; this
+is the second line). A version failing either is skipped, named in the report, and the next best is tried;
+a champion or 'previous' failing its digest stops promote and rollback with one line.
+
 Never a model that counts worse than a count: a candidate whose validation cross-entropy is above its
 yardstick's on the same cases (evaluation/yardstick.py: popularity, + own history, or the attribute-aware
 popularity) is refused, whatever it would do against the champion, and the champion stays.
@@ -16,13 +22,17 @@ popularity) is refused, whatever it would do against the champion, and the champ
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from contextual_bert.config import Config, recall_k
 from contextual_bert.data.feature_spec import HISTORY_COLUMN
 from contextual_bert.errors import ContextualBertError
+from contextual_bert.registry.integrity import IntegrityError, load_verified_pyfunc, verified_copy
+from contextual_bert.registry.manage import require_manage
 from contextual_bert.registry.models import write_report
 from contextual_bert.registry.tracking import client, directory_sha256, metric_key
 
@@ -165,25 +175,64 @@ def keyed_cases(model, data, batch_size: int, device) -> dict[tuple[str, int], t
     }
 
 
-def version_cases(cfg: Config, version, features_sha: str):
-    """A registered version's serving core (its own pyfunc), the validation outfits encoded for it, and its
-    keyed_cases on them."""
-    import mlflow
-
-    pyfunc = mlflow.pyfunc.load_model(f"models:/{cfg.mlflow.model_name}/{version.version}")
+def version_cases(cfg: Config, mlflow_client, version, features_sha: str, into: Path):
+    """A registered version's serving core (its own pyfunc, from its verified copy under `into`), the
+    validation outfits encoded for it, and its keyed_cases on them."""
+    pyfunc = load_verified_pyfunc(mlflow_client, cfg.mlflow.model_name, version, into / str(version.version))
     core = pyfunc.unwrap_python_model().core
     data = validation_cases(cfg, core, version.tags.get("features_sha256", ""), features_sha)
     return core, data, keyed_cases(core.model, data, cfg.evaluate.batch_size, core.device)
 
 
-def version_case_hits(cfg: Config, version, k: int, features_sha: str) -> dict[tuple[str, int], bool]:
+def version_case_hits(cfg: Config, mlflow_client, version, k: int, features_sha: str, into: Path) -> dict:
     """Hit@k of a registered version on every validation case (outfit id, position) it ranks."""
-    _, _, cases = version_cases(cfg, version, features_sha)
+    _, _, cases = version_cases(cfg, mlflow_client, version, features_sha, into)
     return hits_at(cases, k)
 
 
 def hits_at(cases: dict, k: int) -> dict[tuple[str, int], bool]:
     return {key: rank <= k for key, (rank, _) in cases.items()}
+
+
+def recorded_metric(version, key: str) -> float | None:
+    try:
+        return float(version.tags[key])
+    except (KeyError, ValueError):
+        return None
+
+
+def matches_record(recorded: float | None, hits: dict) -> bool:
+    """A recall computed now equals the one recorded at registration, up to one case (a tie ranked the other
+    way on another device): a record off by more was not computed from this model on these cases."""
+    if recorded is None or not hits:
+        return False
+    computed = float(np.mean(list(hits.values())))
+    return abs(computed - recorded) <= 1.0 / len(hits) + 1e-9
+
+
+def checked_best(cfg: Config, mlflow_client, pool: list, k: int, features_sha: str, into: Path):
+    """The best candidate by recorded validation metric whose files match their digest and whose metric,
+    computed now, matches the record: (version, core, data, cases), and the versions skipped, with why."""
+    key = metric_key(cfg.promote.metric, "val")
+    skipped = []
+    for version in sorted(pool, key=lambda v: (-(recorded_metric(v, key) or 0.0), int(v.version))):
+        try:
+            core, data, cases = version_cases(cfg, mlflow_client, version, features_sha, into)
+        except IntegrityError as exc:
+            skipped.append({"version": int(version.version), "why": str(exc)})
+            continue
+        if not matches_record(recorded_metric(version, key), hits_at(cases, k)):
+            computed = float(np.mean(list(hits_at(cases, k).values()))) if cases else float("nan")
+            skipped.append(
+                {
+                    "version": int(version.version),
+                    "why": f"recorded {key} {version.tags.get(key)!r} is not what it computes now ({computed:.4f})",
+                }
+            )
+            continue
+        return (version, core, data, cases), skipped
+    details = "; ".join(f"version {s['version']}: {s['why']}" for s in skipped)
+    raise ContextualBertError(f"no candidate of '{cfg.mlflow.model_name}' passes its checks: {details}")
 
 
 def yardstick_guard(cfg: Config, core, data, cases: dict) -> dict:
@@ -222,42 +271,6 @@ def aligned_hits(candidate: dict, champion: dict) -> tuple[np.ndarray, np.ndarra
 # --- promote and rollback -------------------------------------------------------------------------------
 
 
-def require_manage(mlflow_client, name: str, command: str) -> None:
-    """On an MLflow server with authentication, moving 'champion' takes MANAGE on the registered model
-    (registry/auth_app.py): checked before anything is written, so a user without it changes nothing.
-    No check against a file store or a server without the auth app (no user there)."""
-    from mlflow.utils.credentials import get_default_host_creds
-    from mlflow.utils.rest_utils import http_request
-
-    uri = mlflow_client.tracking_uri
-    if not uri.startswith(("http://", "https://")):
-        return
-    creds = get_default_host_creds(uri)
-    user = creds.username
-    if not user:
-        return  # an authenticating server refuses every request of ours with 401 anyway
-    resp = http_request(creds, "/api/2.0/mlflow/users/current", "GET", max_retries=2)
-    if resp.status_code == 404:
-        return  # a server without the auth app
-    if resp.status_code == 401:
-        raise ContextualBertError(f"MLflow server {uri} refused user '{user}' (HTTP 401: wrong password?)")
-    if resp.status_code == 200 and resp.json().get("user", {}).get("is_admin"):
-        return
-    resp = http_request(
-        creds,
-        "/api/3.0/mlflow/users/permissions/get",
-        "GET",
-        max_retries=2,
-        params={"username": user, "resource_type": "registered_model", "resource_id": name},
-    )
-    permission = resp.json().get("permission", "?") if resp.status_code == 200 else f"HTTP {resp.status_code}"
-    if permission != "MANAGE":
-        raise ContextualBertError(
-            f"MLflow user '{user}' lacks MANAGE on registered model '{name}' (has {permission}), which `{command}` "
-            f"needs to move alias '{CHAMPION}'; run it as a user who may promote (the stack's 'promoter')"
-        )
-
-
 def _alias_version(mlflow_client, name: str, alias: str):
     from mlflow.exceptions import MlflowException
 
@@ -292,10 +305,15 @@ def candidates(mlflow_client, cfg: Config, features_sha: str) -> list:
 
 def promote(cfg: Config) -> dict:
     """Point 'champion' at the best version when it beats the current one; writes reports/promotion.json."""
+    with tempfile.TemporaryDirectory(prefix="promote-") as tmp:  # the verified copies of the versions loaded
+        return _promote(cfg, Path(tmp))
+
+
+def _promote(cfg: Config, into: Path) -> dict:
     k = recall_k(cfg.promote.metric)
     name = cfg.mlflow.model_name
     mlflow_client = client(cfg.mlflow)
-    require_manage(mlflow_client, name, "promote")
+    require_manage(mlflow_client, name, "promote", f"to move alias '{CHAMPION}'")
     features_sha = directory_sha256(cfg.paths.features_dir)
     pool = candidates(mlflow_client, cfg, features_sha)
     if not pool:
@@ -304,16 +322,16 @@ def promote(cfg: Config) -> dict:
             "run `contextual-bert register` first"
         )
     key = metric_key(cfg.promote.metric, "val")
-    best = max(pool, key=lambda v: (float(v.tags[key]), -int(v.version)))
+    (best, core, data, best_cases), skipped = checked_best(cfg, mlflow_client, pool, k, features_sha, into)
     champion = _alias_version(mlflow_client, name, CHAMPION)
     result = {
         "model_name": name,
         "metric": cfg.promote.metric,
         "candidate": _describe(best, key),
         "champion_before": _describe(champion, key) if champion else None,
+        "skipped": skipped,
     }
 
-    core, data, best_cases = version_cases(cfg, best, features_sha)
     guard = yardstick_guard(cfg, core, data, best_cases)
     result["yardstick"] = guard
     if guard["worse"]:
@@ -329,7 +347,7 @@ def promote(cfg: Config) -> dict:
         decision, test = "kept: the best version is already the champion", None
     else:
         candidate_hits, champion_hits = aligned_hits(
-            hits_at(best_cases, k), version_case_hits(cfg, champion, k, features_sha)
+            hits_at(best_cases, k), version_case_hits(cfg, mlflow_client, champion, k, features_sha, into)
         )
         test = paired_test(candidate_hits, champion_hits, cfg.promote.margin, cfg.promote.alpha)
         decision = (
@@ -378,11 +396,13 @@ def rollback(cfg: Config) -> dict:
     """Give 'champion' back to the 'previous' version; the demoted one is tagged rolled_back."""
     name = cfg.mlflow.model_name
     mlflow_client = client(cfg.mlflow)
-    require_manage(mlflow_client, name, "promote --rollback")
+    require_manage(mlflow_client, name, "promote --rollback", f"to move alias '{CHAMPION}'")
     champion = _alias_version(mlflow_client, name, CHAMPION)
     previous = _alias_version(mlflow_client, name, PREVIOUS)
     if previous is None:
         raise ContextualBertError(f"model '{name}' has no '{PREVIOUS}' version to roll back to")
+    with tempfile.TemporaryDirectory(prefix="rollback-") as tmp:  # what it gives 'champion' back to is checked
+        verified_copy(mlflow_client, name, previous, Path(tmp))
     if champion is not None:
         mlflow_client.set_model_version_tag(name, champion.version, ROLLED_BACK_TAG, "true")
     mlflow_client.set_registered_model_alias(name, CHAMPION, previous.version)
@@ -414,5 +434,5 @@ def _describe(version, key: str) -> dict:
         "variant": version.tags.get("variant"),
         "seed": version.tags.get("seed"),
         "run_id": version.run_id,
-        key: float(version.tags[key]) if key in version.tags else None,
+        key: recorded_metric(version, key),
     }
