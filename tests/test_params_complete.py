@@ -152,3 +152,14 @@ def test_settings_added_with_their_defaults_change_nothing(tmp_path):
     without = tmp_path / "params.yaml"
     without.write_text(yaml.safe_dump(params))
     assert load_config(without) == load_config(REPO / "params.yaml")
+
+
+# Options off by default that only a study turned on, kept in the product (issue 92): each with its reason.
+GRADUATED = ["model.bag_path", "train.init_embeddings", "model.history_pooling"]
+
+
+def test_an_option_only_a_study_turned_on_has_its_reason_in_decisions_md():
+    decisions = (REPO / "docs" / "decisions.md").read_text().splitlines()
+    settings_lines = [line for line in decisions if line.startswith("- **Setting:**")]
+    for key in GRADUATED:
+        assert sum(f"`{key}`" in line for line in settings_lines) >= 2, f"docs/decisions.md: no reason for {key}"
