@@ -59,7 +59,8 @@ GPUS ?=
 CPU_TRAININGS ?= 2
 POOL ?= cpu
 QUEUE ?=
-PREFECT_ENV = PREFECT_HOME=$(PREFECT_HOME) PREFECT_API_URL=$(PREFECT_API_URL)
+# The server's analytics off too: `prefect server start` does not import the package (contextual_bert.analytics).
+PREFECT_ENV = PREFECT_HOME=$(PREFECT_HOME) PREFECT_API_URL=$(PREFECT_API_URL) PREFECT_SERVER_ANALYTICS_ENABLED=false
 
 .PHONY: prefect-help prefect-server prefect-pools prefect-deploy prefect-worker prefect-ui prefect-run
 

@@ -48,7 +48,7 @@ from contextual_bert.config import NOT_APPLICABLE, load_config
 from contextual_bert.data.sources import SOURCES
 from flows import one_line_errors, stage_failure
 from flows.infra import dvc_stages, remote
-from flows.infra.params_file import pipeline_overrides
+from flows.infra.params_file import one_off, pipeline_overrides
 from flows.infra.work_pools import (
     CLONE_COMMIT_ENV,
     CLONE_URL_ENV,
@@ -470,7 +470,8 @@ def pipeline(
 
     size / source: `generate.size` / `ingest.source` for this run (None: keep params.yaml's).
     params: more params.yaml overrides as dotted keys, e.g. {"train.seeds": [0], "train.max_epochs": 2}.
-    They are written into params.yaml (as `dvc exp run --set-param` does), so DVC records them.
+    They are written into params.yaml for this run only (so DVC records them in dvc.lock) and taken out again
+    when it ends, also when it fails: the next run runs what params.yaml says.
     workdir: the DVC workspace (a git repository); the worker's working directory by default.
     fan_out: "deployments" sends trainings to the train-run deployments, "local" runs them in this
     process, "auto" uses deployments when they exist, "remote" sends them to the train-run-remote
@@ -480,13 +481,14 @@ def pipeline(
     all with an MLflow server, one with a SQLite store).
     """
     wd = Path(workdir).resolve()
-    changed = apply_params(wd, pipeline_overrides(size, source, params))
-    p = plan_stages(wd)
-    ran = _run_series(p.before, wd)
-    trained = fan_out_units(list(p.units), wd, fan_out, train_timeout_s, max_parallel, git_remote, dvc_remote)
-    ran += _run_series(tuple(s for s in p.after if dvc_stages.kind(s) not in ("register", "promote")), wd)
-    ran += _register_and_promote(p, wd, promote)
-    stale_left = final_status(wd)
+    with one_off(wd / "params.yaml"):
+        changed = apply_params(wd, pipeline_overrides(size, source, params))
+        p = plan_stages(wd)
+        ran = _run_series(p.before, wd)
+        trained = fan_out_units(list(p.units), wd, fan_out, train_timeout_s, max_parallel, git_remote, dvc_remote)
+        ran += _run_series(tuple(s for s in p.after if dvc_stages.kind(s) not in ("register", "promote")), wd)
+        ran += _register_and_promote(p, wd, promote)
+        stale_left = final_status(wd)
     return {"params_changed": changed, "ran": ran, "trained": trained, "stale": sorted(stale_left)}
 
 
@@ -503,13 +505,14 @@ def training(
     """Training only: train and evaluate every stale variant and seed, nothing upstream or after.
 
     Fails when the features (or anything before them) are stale: run the pipeline first.
-    params: params.yaml overrides as dotted keys (e.g. {"train.max_epochs": 5}).
+    params: params.yaml overrides as dotted keys (e.g. {"train.max_epochs": 5}), for this run only.
     """
     wd = Path(workdir).resolve()
-    changed = apply_params(wd, params or {})
-    p = plan_stages(wd)
-    require_fresh(list(p.before), wd)
-    trained = fan_out_units(list(p.units), wd, fan_out, train_timeout_s, max_parallel, git_remote, dvc_remote)
+    with one_off(wd / "params.yaml"):
+        changed = apply_params(wd, params or {})
+        p = plan_stages(wd)
+        require_fresh(list(p.before), wd)
+        trained = fan_out_units(list(p.units), wd, fan_out, train_timeout_s, max_parallel, git_remote, dvc_remote)
     return {"params_changed": changed, "trained": trained}
 
 
@@ -550,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="KEY=YAML",
         type=_override,
-        help="a params.yaml override, e.g. --set train.seeds=[0] (repeatable)",
+        help="a params.yaml override for this run only, e.g. --set train.seeds=[0] (repeatable)",
     )
     parser.add_argument("--fan-out", default="auto", choices=["auto", "deployments", "local", "remote"])
     parser.add_argument("--workdir", default=".")

@@ -35,7 +35,8 @@ def log_output(output: str, lines: int = 40) -> None:
 
 @task(name="apply-params", **TASK_DEFAULTS)
 def apply_params(workdir: Path, overrides: dict) -> dict:
-    """Write the run's parameter overrides into params.yaml (DVC then sees what changed)."""
+    """Write the run's parameter overrides into params.yaml (DVC then sees what changed); the flow restores
+    params.yaml when the run ends (params_file.one_off)."""
     changed = apply_overrides(Path(workdir) / "params.yaml", overrides)
     get_run_logger().info("params.yaml: %s", changed or "unchanged")
     return changed

@@ -112,7 +112,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def dvc_project(project: Path, **env) -> tuple[Path, dict]:
-    """A DVC project in `project` made of this repo's dvc.yaml, params.yaml and src/ (`dvc init --no-scm`); the
+    """A DVC project in `project` made of this repo's dvc.yaml, params.yaml, .dvcignore and src/ (`dvc init --no-scm`); the
     dvc executable and an environment that runs that src/ (plus `env`)."""
     project.mkdir(parents=True)
     for name in ("dvc.yaml", "params.yaml"):
@@ -122,4 +122,6 @@ def dvc_project(project: Path, **env) -> tuple[Path, dict]:
     env = {**os.environ, "PYTHONPATH": str(project / "src"), "PATH": f"{bin_dir}:{os.environ['PATH']}", **env}
     env.pop("DVC_NO_ANALYTICS", None)
     subprocess.run([str(bin_dir / "dvc"), "init", "--no-scm", "-q"], cwd=project, check=True, env=env)
+    # the repo's: dvc.yaml's folder deps (src/contextual_bert) must not see the bytecode a stage writes there
+    shutil.copy(REPO / ".dvcignore", project / ".dvcignore")
     return bin_dir / "dvc", env

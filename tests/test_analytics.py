@@ -46,3 +46,15 @@ def test_a_users_own_setting_is_kept(monkeypatch):
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "false")
     analytics.off()
     assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "false"
+
+
+def test_every_prefect_command_of_the_makefile_runs_with_the_servers_analytics_off():
+    # `make prefect-server` starts `prefect server start`, a process that never imports this package: the Makefile
+    # passes the switch itself (a server left alone calls home, as its log showed)
+    from pathlib import Path
+
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    env = next(line for line in makefile.splitlines() if line.startswith("PREFECT_ENV ="))
+    assert f"PREFECT_SERVER_ANALYTICS_ENABLED={analytics.OFF['PREFECT_SERVER_ANALYTICS_ENABLED']}" in env
+    commands = [line for line in makefile.splitlines() if "$(BIN)/prefect " in line]
+    assert commands and all("$(PREFECT_ENV)" in line for line in commands), commands

@@ -1,4 +1,4 @@
-"""Flow parameters become params.yaml values, so DVC (not Prefect) sees and records them.
+"""Flow parameters become params.yaml values, so DVC (not Prefect) sees and records them, for that run only.
 
 A deployment parameter such as `size: tiny` is written into params.yaml before `dvc repro`, just as
 `dvc exp run --set-param generate.size=tiny` would: DVC then re-runs exactly the stages whose params
@@ -6,13 +6,20 @@ changed, and dvc.lock records what was run. A new value replaces the old one's t
 every other line stays as written (a ruamel dump would re-wrap flow mappings and drop aligned comments);
 a key that is not in the file yet joins its one-line flow mapping (`none: {learning_rate: 0.002}`), or else
 is added by a ruamel round trip, which keeps comments and key order.
+
+A run's overrides are its own (`one_off`): params.yaml is restored when the run ends, also when it fails, so
+the next run (the nightly deployment) runs what params.yaml says; dvc.lock keeps the record of what ran, and
+DVC re-runs those stages then.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -185,3 +192,37 @@ def pipeline_overrides(
         overrides["generate.size"] = size
     overrides.update(params or {})
     return overrides
+
+
+LEFT_OVER = ".before-one-off-run"  # params.yaml as it was, while a run's overrides stand in it
+log = logging.getLogger(__name__)
+
+
+def restore_left_over(params_path: Path) -> bool:
+    """Put back params.yaml as it was before a run that was killed before it could (its copy beside it)."""
+    params_path = Path(params_path)
+    kept = params_path.with_name(params_path.name + LEFT_OVER)
+    if not kept.exists():
+        return False
+    log.warning("%s: restoring it as it was before an interrupted run's overrides (%s)", params_path, kept.name)
+    params_path.write_bytes(kept.read_bytes())
+    kept.unlink()
+    return True
+
+
+@contextmanager
+def one_off(params_path: Path) -> Iterator[Path]:
+    """params.yaml for one run: what the run writes into it (`apply_overrides`) is undone when the block ends, also
+    on an error. A copy beside it (params.yaml.before-one-off-run) outlives a killed run; the next run restores it
+    first."""
+    params_path = Path(params_path)
+    restore_left_over(params_path)
+    original = params_path.read_bytes()
+    kept = params_path.with_name(params_path.name + LEFT_OVER)
+    kept.write_bytes(original)
+    try:
+        yield params_path
+    finally:
+        if params_path.read_bytes() != original:
+            params_path.write_bytes(original)
+        kept.unlink(missing_ok=True)

@@ -330,6 +330,33 @@ TINY_PARAMS = {
     "features.default_dim": 8,
     "features.embedding_dims": {},
 }
+# A nightly run's parameters in the end-to-end tests: `size: tiny` and TINY_PARAMS.
+TINY_RUN = {"generate.size": "tiny", **TINY_PARAMS}
+
+
+def params_as_run(workdir: Path, overrides: dict = TINY_RUN) -> str:
+    """params.yaml as a run with these overrides had it (the run restores the file when it ends)."""
+    from flows.infra.params_file import apply_overrides
+
+    scratch = Path(workdir) / ".dvc" / "tmp" / "params-as-run.yaml"
+    scratch.parent.mkdir(parents=True, exist_ok=True)
+    scratch.write_text((Path(workdir) / "params.yaml").read_text())
+    apply_overrides(scratch, overrides)
+    text = scratch.read_text()
+    scratch.unlink()
+    return text
+
+
+def check_one_off_run(workdir: Path, overrides: dict = TINY_RUN) -> None:
+    """The run's overrides were its own: params.yaml is as committed; and DVC recorded the run at them: with them
+    written in again, a `dvc repro` would redo nothing (the source stage always runs: not counted)."""
+    from flows.infra import dvc_stages
+    from flows.infra.params_file import apply_overrides, one_off
+
+    assert git(["status", "--porcelain", "--", "params.yaml"], workdir) == "", "the run left its overrides"
+    with one_off(Path(workdir) / "params.yaml"):
+        apply_overrides(Path(workdir) / "params.yaml", overrides)
+        assert dvc_stages.status_all(workdir) == {}
 
 
 def copy_working_tree(dest: Path) -> Path:

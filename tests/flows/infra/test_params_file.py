@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from flows_testkit import REPO
 
 from contextual_bert.config import load_config
 from contextual_bert.errors import ContextualBertError
-from flows.infra.params_file import apply_overrides, pipeline_overrides
+from flows.infra.params_file import LEFT_OVER, apply_overrides, one_off, pipeline_overrides
 
 
 @pytest.fixture
@@ -88,3 +90,67 @@ def test_named_parameters_become_dotted_keys():
         "generate.size": "tiny",
         "train.seeds": [0],
     }
+
+
+# --- a run's overrides are its own: params.yaml is restored when the run ends -------------------------------
+
+
+def test_one_off_restores_params_yaml_after_the_run_and_after_a_failure(params):
+    before = params.read_bytes()
+    with one_off(params):
+        apply_overrides(params, {"generate.size": "tiny"})
+        assert load_config(params).generate.size == "tiny"
+    assert params.read_bytes() == before
+    with pytest.raises(RuntimeError), one_off(params):
+        apply_overrides(params, {"train.max_epochs": 2})
+        raise RuntimeError("a stage failed")
+    assert params.read_bytes() == before
+    assert not list(params.parent.glob("*" + LEFT_OVER))
+
+
+def test_a_killed_runs_overrides_are_undone_by_the_next_run(params):
+    before = params.read_bytes()
+    kept = params.with_name(params.name + LEFT_OVER)
+    kept.write_bytes(before)  # as a run leaves it when killed between its overrides and its end
+    apply_overrides(params, {"generate.size": "tiny"})
+    with one_off(params):
+        assert params.read_bytes() == before
+    assert params.read_bytes() == before and not kept.exists()
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_the_pipeline_flow_leaves_params_yaml_as_it_found_it(params, monkeypatch, fail):
+    """`make prefect-run SIZE=tiny`, `python -m flows.pipeline --set ...`: the run sees its overrides, the next
+    run (the nightly deployment) what params.yaml says."""
+    from flows import pipeline as flows_pipeline
+
+    before = params.read_bytes()
+    seen = {}
+
+    def plan(workdir):
+        seen["cfg"] = load_config(workdir / "params.yaml")
+        return flows_pipeline.dvc_stages.Plan(before=("ingest",), units=(), after=())
+
+    def run_series(stages, workdir):
+        if fail:
+            raise RuntimeError("stage ingest failed")
+        return list(stages)
+
+    monkeypatch.setattr(flows_pipeline, "apply_params", flows_pipeline.apply_params.fn)
+    monkeypatch.setattr(flows_pipeline, "plan_stages", plan)
+    monkeypatch.setattr(flows_pipeline, "_run_series", run_series)
+    monkeypatch.setattr(flows_pipeline, "fan_out_units", lambda *a: [])
+    monkeypatch.setattr(flows_pipeline, "_register_and_promote", lambda *a: [])
+    monkeypatch.setattr(flows_pipeline, "final_status", lambda wd: {})
+    monkeypatch.setattr("flows.tasks.get_run_logger", lambda: logging.getLogger(__name__))
+
+    def run():
+        return flows_pipeline.pipeline.fn(size="tiny", params={"train.seeds": [0]}, workdir=str(params.parent))
+
+    if fail:
+        with pytest.raises(RuntimeError, match="stage ingest failed"):
+            run()
+    else:
+        assert run()["params_changed"] == {"generate.size": "tiny", "train.seeds": [0]}
+    assert (seen["cfg"].generate.size, seen["cfg"].train.seeds) == ("tiny", [0])  # the run saw its overrides
+    assert params.read_bytes() == before  # and left params.yaml as it was
