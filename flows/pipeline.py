@@ -89,7 +89,7 @@ progress = logging.getLogger("flows.progress")
 
 def unit_summary(workdir: Path, key: str) -> str:
     """A finished unit's line: its best validation CE, epochs, convergence and time (reports/train/), or why this
-    data cannot train the model (its metrics.json, training.loop.not_applicable)."""
+    data cannot train the model (its metrics.json, training.trainer.not_applicable)."""
     variant, seed = key.rsplit("-", 1)
     cfg = load_config(workdir / "params.yaml")
     path = workdir / cfg.paths.reports_dir / "train" / f"{variant}-s{seed}.json"

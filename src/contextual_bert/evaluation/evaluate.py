@@ -239,7 +239,7 @@ def evaluate_run(features_dir: Path, run_dir: Path, out_path: Path, cfg: Evaluat
 
     run_dir = Path(run_dir)
     trained = json.loads((run_dir / "metrics.json").read_text()) if (run_dir / "metrics.json").exists() else {}
-    if NOT_APPLICABLE in trained:  # a model this data cannot train (training.loop.not_applicable): said, not failed
+    if NOT_APPLICABLE in trained:  # a model this data cannot train (training.trainer.not_applicable): said, not failed
         result = {"known": False, "name": run_dir.name, "variant": trained["variant"], "why": trained[NOT_APPLICABLE]}
         Path(out_path).parent.mkdir(parents=True, exist_ok=True)
         Path(out_path).write_text(json.dumps(result, indent=2))
