@@ -49,11 +49,20 @@ def small_run(tmp_path: Path, cfg: TrainConfig | None = None, variant: str = "no
     model, train, val = new_model(variant), planted(64, 0), planted(32, 1)
     optimizer = make_optimizer(model, cfg, torch.device("cpu"))
     return Run(
-        setup=RunSetup(model=model, cfg=cfg, out_dir=tmp_path, seed=0, device=torch.device("cpu"),
-                       key=run_key(model, cfg, 0, train, val, "cpu")),  # fmt: skip
+        setup=RunSetup(
+            model=model,
+            cfg=cfg,
+            out_dir=tmp_path,
+            seed=0,
+            device=torch.device("cpu"),
+            key=run_key(model, cfg, 0, train, val, "cpu"),
+        ),
         data=RunData(train=train, val=val),
-        optim=Optimisation(optimizer=optimizer, scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0),
-                           generator=torch.Generator().manual_seed(0)),  # fmt: skip
+        optim=Optimisation(
+            optimizer=optimizer,
+            scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0),
+            generator=torch.Generator().manual_seed(0),
+        ),
         state=RunState(),
     )
 

@@ -265,7 +265,8 @@ def test_more_patience_resumes_a_run_that_stopped_early(tmp_path, monkeypatch):
     """Patience only decides when a run stops: a run stopped by a smaller patience goes on under a larger one
     and ends exactly where a run with the larger patience from the start ends."""
     calls = itertools.count()
-    monkeypatch.setattr(training.trainer, "validation_cross_entropy", lambda *a, **k: float(next(calls)))  # always worse
+    always_worse = lambda *a, **k: float(next(calls))
+    monkeypatch.setattr(training.trainer, "validation_cross_entropy", always_worse)
     train, val = planted(120, 0), planted(30, 1)
     cfg = SHORT.model_copy(update={"max_epochs": 4})
     stopped = fit(new_model("none"), train, val, cfg.model_copy(update={"patience": 1}), tmp_path / "run", seed=0)

@@ -60,7 +60,7 @@ class OutfitCompleterCore:
     def __init__(self, model, encoder: OutfitEncoder, device: torch.device):
         self.model = model.to(device).eval()
         # the output layer over the whole catalogue built once, not per request (for an "_attrs" model every
-        # article's vector from its attributes; model.ArticleScores.hold_catalogue): the weights never change here
+        # article's vector from its attributes; model.ArticleHead.hold): the weights never change here
         self.model.hold_catalogue()
         self.encoder = encoder
         self.article_vocab = encoder.article_vocab

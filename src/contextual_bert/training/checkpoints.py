@@ -8,9 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torch import nn
-
-from contextual_bert.model import save_checkpoint
+from contextual_bert.model import OutfitModel, save_checkpoint
 from contextual_bert.training.resume import (
     CHECKPOINT_FILE,
     CURVE_FILE,
@@ -67,7 +65,7 @@ class Checkpoints:
                           optim.generator, run.setup.device, run.state, position)  # fmt: skip
         self.saved_at = time.perf_counter()
 
-    def save_best(self, model: nn.Module, meta: dict[str, Any]) -> None:
+    def save_best(self, model: OutfitModel, meta: dict[str, Any]) -> None:
         save_checkpoint(self.best_path, model, meta)
 
     def write_curve(self, curve: list[dict]) -> None:

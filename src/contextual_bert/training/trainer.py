@@ -15,14 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from contextual_bert import cpu_kernels
 from contextual_bert.config import CONTEXT_FREE, NOT_APPLICABLE, ModelConfig, TrainConfig, base_model, uses_attributes
 from contextual_bert.data.feature_spec import HISTORY_FEATURE, PAD_INDEX, EncodedOutfits
 from contextual_bert.devices import keep_freed_memory, select_device
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.model import build_model, count_paper_parameters
+from contextual_bert.model import OutfitModel, build_model, count_paper_parameters
 from contextual_bert.training.batches import length_batches
 from contextual_bert.training.checkpoints import Checkpoints
 from contextual_bert.training.count_start import start_from_counts
@@ -62,7 +61,7 @@ class RunSetup:
     """What the run is: the model, its settings (`auto` decided: `sparse_recipe` says how), where it writes, its
     seed, its device and its key (what last.pt must match to be resumed)."""
 
-    model: nn.Module
+    model: OutfitModel
     cfg: TrainConfig
     out_dir: Path
     seed: int
@@ -267,7 +266,7 @@ class Trainer:
 
 
 def start(
-    model: nn.Module,
+    model: OutfitModel,
     train_data: EncodedOutfits,
     val_data: EncodedOutfits,
     cfg: TrainConfig,
@@ -324,7 +323,7 @@ def start(
 
 
 def fit(
-    model: nn.Module,
+    model: OutfitModel,
     train_data: EncodedOutfits,
     val_data: EncodedOutfits,
     train_cfg: TrainConfig,

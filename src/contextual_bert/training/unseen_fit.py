@@ -17,11 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 
-from contextual_bert.config import TrainConfig, uses_attributes
+from contextual_bert.config import TrainConfig
 from contextual_bert.data.feature_spec import EncodedOutfits
-from contextual_bert.model import save_checkpoint
+from contextual_bert.model import OutfitModel, save_checkpoint
 from contextual_bert.training.regularisers import id_dropout_rate, unseen_share
 
 MAX_NEWTON_STEPS = 50
@@ -87,16 +86,16 @@ class UnseenOffset:
         self.fit: dict | None = None
 
     @classmethod
-    def at_start(cls, cfg: TrainConfig, model: nn.Module, val_data: EncodedOutfits) -> UnseenOffset:
+    def at_start(cls, cfg: TrainConfig, model: OutfitModel, val_data: EncodedOutfits) -> UnseenOffset:
         """The rate set on the model and its offset calibrated (ArticleAttributes.calibrate_unseen), from the whole
         validation split; read by "_attrs" models only: the paper's models train as before."""
-        if not uses_attributes(model.variant):
+        if model.attributes is None:  # a model of ids (uses_attributes: no)
             return cls()
         id_dropout = id_dropout_rate(cfg.id_dropout, model, val_data)
         model.set_id_dropout(id_dropout, unseen_share(model, val_data))
         return cls(id_dropout, model.attributes.unseen_offset)
 
-    def fit_best(self, model: nn.Module, path: Path, val_data: EncodedOutfits, batch_size: int,
+    def fit_best(self, model: OutfitModel, path: Path, val_data: EncodedOutfits, batch_size: int,
                  device: torch.device) -> None:  # fmt: skip
         """The best checkpoint (`path`) loaded into `model`, its offset fitted on validation from the offset training
         started with (so that a finished run asked again fits the same), and saved with the fit."""

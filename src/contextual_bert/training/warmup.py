@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from torch import nn
 
 from contextual_bert.config import TrainConfig
 from contextual_bert.data.feature_spec import EncodedOutfits
 from contextual_bert.model.readers import OutfitBag
+from contextual_bert.model.scores import OutfitModel
 
 if TYPE_CHECKING:
     from contextual_bert.training.resume import RunState
@@ -172,7 +172,7 @@ class BagWarmupHook:
     the epoch is recorded; none of it for a model that does not read it (`reads_bag_warmup`). The warm-up's state
     is the run's (`RunState.bag_warmup`, in last.pt)."""
 
-    def __init__(self, cfg: TrainConfig, model: nn.Module, val_data: EncodedOutfits, device: torch.device):
+    def __init__(self, cfg: TrainConfig, model: OutfitModel, val_data: EncodedOutfits, device: torch.device):
         self.cfg, self.model, self.val_data, self.device = cfg, model, val_data, device
         self.applies = reads_bag_warmup(cfg, model)
 
