@@ -1,7 +1,7 @@
-"""Training: the objective and its losses (losses.py), the step (loop.py), the Trainer and a run's typed pieces
-(trainer.py) with its side concerns (checkpoints.py, tracking.py, unseen_fit.py, warmup.py), a run's identity and
-exact resume and its state (resume.py), the warm-up from the bag of items (warmup.py), what training hides from a model
-(regularisers.py) and the co-occurrence start of the article table (cooccurrence.py)."""
+"""Training: the objective and its losses (losses.py), the step (loop.py), the Trainer (trainer.py), a run's
+typed pieces (run.py) and the Trainer's side concerns (checkpoints.py, tracking.py, unseen_fit.py, warmup_hook.py),
+a run's identity and exact resume and its state (resume.py), the warm-up from the bag of items (warmup.py), what
+training hides from a model (regularisers.py) and the co-occurrence start of the article table (cooccurrence.py)."""
 
 from contextual_bert.training.batches import BUCKET_BATCHES, length_batches
 from contextual_bert.training.checkpoints import Checkpoints
@@ -41,24 +41,9 @@ from contextual_bert.training.resume import (
     save_resume_state,
     seeded_random_states,
 )
+from contextual_bert.training.run import Optimisation, Run, RunData, RunSetup
 from contextual_bert.training.tracking import EpochHook, Tracking
-from contextual_bert.training.trainer import (
-    Optimisation,
-    Run,
-    RunData,
-    RunSetup,
-    Trainer,
-    fit,
-    not_applicable,
-    start,
-    train,
-)
+from contextual_bert.training.trainer import Trainer, fit, not_applicable, start, train
 from contextual_bert.training.unseen_fit import UnseenOffset
-from contextual_bert.training.warmup import (
-    BagWarmup,
-    BagWarmupHook,
-    bag_warmup_weight,
-    reads_bag_warmup,
-    set_bag_weight,
-    stuck_check,
-)
+from contextual_bert.training.warmup import BagWarmup, bag_warmup_weight, reads_bag_warmup, set_bag_weight, stuck_check
+from contextual_bert.training.warmup_hook import BagWarmupHook

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from contextual_bert.model import OutfitModel, save_checkpoint
 from contextual_bert.training.resume import (
@@ -19,9 +19,7 @@ from contextual_bert.training.resume import (
     save_resume_state,
     write_json,
 )
-
-if TYPE_CHECKING:
-    from contextual_bert.training.trainer import Run
+from contextual_bert.training.run import Run
 
 
 class Checkpoints:

@@ -1,5 +1,5 @@
 """The Trainer: one loop over epochs and steps, validation and early stopping (`Trainer.fit`), with the side
-concerns as small objects it calls at fixed points: the bag warm-up (warmup.BagWarmupHook), the offset of the
+concerns as small objects it calls at fixed points: the bag warm-up (warmup_hook.BagWarmupHook), the offset of the
 articles without an id (unseen_fit.UnseenOffset), what the run reports as it goes (tracking.Tracking) and its
 files (checkpoints.Checkpoints). A run is a few typed pieces (`Run`): what it is, its data, its optimisation and
 its state so far (resume.RunState, what last.pt keeps).
@@ -33,7 +33,7 @@ from contextual_bert.training.loop import (
     train_step,
     validation_cross_entropy,
 )
-from contextual_bert.training.losses import NegativeSampler, negative_sampler
+from contextual_bert.training.losses import negative_sampler
 from contextual_bert.training.regularisers import RareIdDecay, drop_history
 from contextual_bert.training.resume import (
     CHECKPOINT_FILE,
@@ -48,62 +48,14 @@ from contextual_bert.training.resume import (
     seeded_random_states,
     write_json,
 )
+from contextual_bert.training.run import Optimisation, Run, RunData, RunSetup
 from contextual_bert.training.sparse import resolve as resolve_sparse
 from contextual_bert.training.tracking import EpochHook, Tracking
 from contextual_bert.training.unseen_fit import UnseenOffset
-from contextual_bert.training.warmup import BagWarmup, BagWarmupHook
+from contextual_bert.training.warmup import BagWarmup
+from contextual_bert.training.warmup_hook import BagWarmupHook
 
 FIT_MAX_LINES = 80  # Trainer.fit's length: the loop must stay readable in a minute (a test holds it to this)
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunSetup:
-    """What the run is: the model, its settings (`auto` decided: `sparse_recipe` says how), where it writes, its
-    seed, its device and its key (what last.pt must match to be resumed)."""
-
-    model: OutfitModel
-    cfg: TrainConfig
-    out_dir: Path
-    seed: int
-    device: torch.device
-    key: dict
-    sparse_recipe: dict | None = None  # what train.init_output / rare_id_decay "auto" decided (sparse.py)
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunData:
-    """The splits on the device: training, validation (early stopping reads it) and the training probe (a fixed
-    sample of training outfits measured as validation is; None: none)."""
-
-    train: EncodedOutfits
-    val: EncodedOutfits
-    probe: EncodedOutfits | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class Optimisation:
-    """What a step changes besides the weights: optimizer, schedule, the run's generator (shuffling, masking), the
-    sampled softmax's sampler (None: the full softmax) and the rare ids' decay (None: off)."""
-
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    generator: torch.Generator
-    sampler: NegativeSampler | None = None
-    rare_id_decay: RareIdDecay | None = None
-
-
-@dataclass(kw_only=True)
-class Run:
-    """One training while it runs."""
-
-    setup: RunSetup
-    data: RunData
-    optim: Optimisation
-    state: RunState
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return math.ceil(len(self.data.train) / self.setup.cfg.batch_size)
 
 
 @dataclass
