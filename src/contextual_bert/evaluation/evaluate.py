@@ -210,7 +210,7 @@ def _outfit_ids(data: EncodedOutfits) -> list:
 def result_json(result: dict) -> str:
     """An evaluation result as indented JSON, but the per-outfit records' lists on one line each: indented,
     they would be a line per test outfit and the bulk of the file."""
-    lists = {}
+    lists: dict[str, str] = {}
 
     def placeholder(values: list) -> str:
         key = f"\x00list{len(lists)}"  # a string no result holds: it is swapped for the list below

@@ -306,7 +306,7 @@ def promote(cfg: Config) -> dict:
     key = metric_key(cfg.promote.metric, "val")
     best = max(pool, key=lambda v: (float(v.tags[key]), -int(v.version)))
     champion = _alias_version(mlflow_client, name, CHAMPION)
-    result = {
+    result: dict[str, object] = {
         "model_name": name,
         "metric": cfg.promote.metric,
         "candidate": _describe(best, key),
