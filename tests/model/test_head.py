@@ -26,11 +26,10 @@ def test_the_encoders_head_is_tied_and_the_bags_is_its_own():
 def test_the_head_owns_no_weight_so_checkpoints_keep_their_keys_and_the_parameters_their_order():
     bert = build_model(TINY, "global_state", N_ITEMS, SPEC)
     keys = list(bert.state_dict())
-    assert keys[0] == "item_embeddings.weight"
-    assert keys[keys.index("head_transform.bias") + 1] == "output_bias"
+    # the model's own parameter first, then its submodules' in the order they were registered
+    assert keys[:2] == ["output_bias", "item_embeddings.weight"] and keys[-1] == "head_transform.bias"
     assert not any(k.startswith(("articles.", "output.")) for k in keys)
-    names = [name for name, _ in bert.named_parameters()]
-    assert names[0] == "item_embeddings.weight" and names[-1] == "output_bias"  # the paper's model: nothing after
+    assert [name for name, _ in bert.named_parameters()] == keys  # no buffer in it: the same order
 
 
 def test_a_held_layer_serves_the_input_side_only_when_tied_in_eval_mode_without_gradient():
