@@ -2,7 +2,7 @@
 
 The run is the CLI's (`track_training` around `training.train`, on the features in params.yaml's
 `paths.features_dir`), with its MLflow run in a temporary SQLite store and its outputs in a temporary folder.
-The loop's parts are wrapped with timers where `training/loop.py` calls them, so the numbers are the
+The loop's parts are wrapped with timers where the Trainer's modules (`training/`) call them, so the numbers are the
 real run's: masking, the forward pass with its loss, the rest of the step (backward, clipping, AdamW, the
 schedule), the per-epoch validation and training probe (the same ranking pass, told apart by their data),
 the warm-up's stuck check, the best checkpoint, `last.pt`, the curve's JSON, the MLflow epoch logging; and
@@ -31,14 +31,15 @@ STARTED = time.perf_counter()
 from contextual_bert import cpu_kernels  # noqa: E402
 from contextual_bert.config import load_config  # noqa: E402
 
-PARTS = {  # name in training/loop.py -> the part it is
-    "mask_items": "masking",
-    "masked_item_loss": "forward and loss",
-    "train_step": "step",  # minus the two above: backward, clipping, AdamW, schedule
-    "stuck_check": "stuck check",
-    "save_checkpoint": "best checkpoint",
-    "save_resume_state": "last.pt",
-    "write_json": "curve and metrics JSON",
+PARTS = {  # (module of training/, name the Trainer's code calls there) -> the part it is
+    ("loop", "mask_items"): "masking",
+    ("loop", "masked_item_loss"): "forward and loss",
+    ("trainer", "train_step"): "step",  # minus the two above: backward, clipping, AdamW, schedule
+    ("warmup_hook", "stuck_check"): "stuck check",
+    ("checkpoints", "save_checkpoint"): "best checkpoint",
+    ("unseen_fit", "save_checkpoint"): "best checkpoint",
+    ("checkpoints", "save_resume_state"): "last.pt",
+    ("checkpoints", "write_json"): "curve and metrics JSON",
 }
 
 
@@ -62,12 +63,20 @@ def main() -> None:
     import torch  # noqa: F401  (after pin)
 
     from contextual_bert.registry.tracking import track_training
-    from contextual_bert.training import loop
+    from contextual_bert.training import checkpoints, loop, trainer, unseen_fit, warmup_hook
+
+    modules = {
+        "loop": loop,
+        "trainer": trainer,
+        "warmup_hook": warmup_hook,
+        "checkpoints": checkpoints,
+        "unseen_fit": unseen_fit,
+    }
 
     seconds: dict[str, float] = collections.defaultdict(float)
     calls: dict[str, int] = collections.Counter()
 
-    def timed(name: str, part: str, fn):
+    def timed(module, name: str, part: str, fn):
         def wrapper(*a, **kw):
             t = time.perf_counter()
             try:
@@ -76,12 +85,13 @@ def main() -> None:
                 seconds[part] += time.perf_counter() - t
                 calls[part] += 1
 
-        setattr(loop, name, wrapper)
+        setattr(module, name, wrapper)
 
-    for name, part in PARTS.items():
-        timed(name, part, getattr(loop, name))
-    validation, validate_epoch = loop.validation_cross_entropy, loop.validate_epoch
-    passes = iter(())  # within validate_epoch: the validation, then the training probe
+    for (module_name, name), part in PARTS.items():
+        module = modules[module_name]
+        timed(module, name, part, getattr(module, name))
+    validation, validated_row = trainer.validation_cross_entropy, trainer.Trainer.validated_row
+    passes = iter(())  # within validated_row: the validation, then the training probe
 
     def ranking_pass(model, data, batch_size, device):
         part, t = next(passes, "warm-up start"), time.perf_counter()
@@ -94,10 +104,10 @@ def main() -> None:
     def validating(*a, **kw):
         nonlocal passes
         passes = iter(("validation", "training probe"))
-        return validate_epoch(*a, **kw)
+        return validated_row(*a, **kw)
 
-    loop.validate_epoch = validating
-    loop.validation_cross_entropy = ranking_pass
+    trainer.Trainer.validated_row = validating
+    trainer.validation_cross_entropy = ranking_pass
 
     features = cfg.paths.features_dir if cfg.paths.features_dir.is_absolute() else ROOT / cfg.paths.features_dir
     started_run = time.perf_counter()
@@ -111,7 +121,7 @@ def main() -> None:
             calls["MLflow epoch logging"] += 1
 
         t = time.perf_counter()
-        result = loop.train(
+        result = trainer.train(
             features,
             work / "run",
             args.variant,

@@ -14,7 +14,7 @@ What it does, in a project folder of its own (default /tmp/whole_run/<variant>; 
 3. Runs `dvc repro report` there (source, ingest, validate, features, train, baseline, evaluate, optimum, report),
    every stage's Python process instrumented from outside the library (a sitecustomize on PYTHONPATH that
    wraps functions after import and writes JSON lines): per process its command, wall seconds and peak
-   resident memory; per epoch the seconds of its parts, train (training.loop.train_epoch), validation and the
+   resident memory; per epoch the seconds of its parts, train (an epoch's steps in training.trainer.Trainer.fit), validation and the
    training probe (the two validation_cross_entropy calls of validate_epoch) and the stuck check
    (training.warmup.stuck_check); per ranking pass (ranking.case_ranks, fitb.answer) its seconds.
 
@@ -80,19 +80,22 @@ def _timed(record, fn, *args, **kwargs):
     return out
 
 
-def _patch_loop(loop):
+def _patch_trainer(trainer):
+    # "train": an epoch's steps, from drawing its batches to its validation row; then the row's ranking passes
     state = {"calls": None}
-    train_epoch, validate_epoch, validation = loop.train_epoch, loop.validate_epoch, loop.validation_cross_entropy
-    stuck_check = loop.stuck_check
+    draw_batches, validated_row = trainer.Trainer.draw_batches, trainer.Trainer.validated_row
+    validation = trainer.validation_cross_entropy
 
-    def timed_train_epoch(run, epoch, *args):
-        state["epoch"] = epoch
-        return _timed({"part": "train", "epoch": epoch, "outfits": len(run.train_data)}, train_epoch, run, epoch, *args)
+    def timed_draw_batches(self, epoch, *args):
+        state["epoch"], state["steps_from"] = epoch, time.perf_counter()
+        return draw_batches(self, epoch, *args)
 
-    def timed_validate_epoch(run, row, probe):
+    def timed_validated_row(self, *args):
+        _write({"part": "train", "epoch": state["epoch"], "outfits": len(self.run.data.train),
+                "seconds": round(time.perf_counter() - state["steps_from"], 3)})
         state["calls"] = 0
         try:
-            return validate_epoch(run, row, probe)
+            return validated_row(self, *args)
         finally:
             state["calls"] = None
 
@@ -103,12 +106,18 @@ def _patch_loop(loop):
             state["calls"] += 1
         return _timed({"part": part, "epoch": state.get("epoch"), "outfits": len(data)}, validation, model, data, *args)
 
+    trainer.Trainer.draw_batches, trainer.Trainer.validated_row = timed_draw_batches, timed_validated_row
+    trainer.validation_cross_entropy = timed_validation
+
+
+def _patch_warmup(warmup):  # warmup_hook: where the Trainer calls the stuck check
+    stuck_check = warmup.stuck_check
+
     def timed_stuck_check(model, data, batch_size, device, epoch):
         return _timed({"part": "stuck_check", "epoch": epoch, "outfits": len(data)}, stuck_check, model, data,
                       batch_size, device, epoch)
 
-    loop.train_epoch, loop.validate_epoch = timed_train_epoch, timed_validate_epoch
-    loop.validation_cross_entropy, loop.stuck_check = timed_validation, timed_stuck_check
+    warmup.stuck_check = timed_stuck_check
 
 
 def _patch_ranking(ranking):
@@ -133,7 +142,8 @@ def _patch_fitb(fitb):
     fitb.answer = timed
 
 
-_PATCHES = {"contextual_bert.training.loop": _patch_loop, "contextual_bert.evaluation.ranking": _patch_ranking,
+_PATCHES = {"contextual_bert.training.trainer": _patch_trainer, "contextual_bert.training.warmup_hook": _patch_warmup,
+            "contextual_bert.evaluation.ranking": _patch_ranking,
             "contextual_bert.evaluation.fitb": _patch_fitb}
 
 

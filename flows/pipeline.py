@@ -41,8 +41,9 @@ from typing import Any, Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
-from prefect.futures import as_completed
+from prefect.futures import PrefectFuture, as_completed
 
 from contextual_bert.config import NOT_APPLICABLE, load_config
 from contextual_bert.data.sources import SOURCES
@@ -89,7 +90,7 @@ progress = logging.getLogger("flows.progress")
 
 def unit_summary(workdir: Path, key: str) -> str:
     """A finished unit's line: its best validation CE, epochs, convergence and time (reports/train/), or why this
-    data cannot train the model (its metrics.json, training.loop.not_applicable)."""
+    data cannot train the model (its metrics.json, training.trainer.not_applicable)."""
     variant, seed = key.rsplit("-", 1)
     cfg = load_config(workdir / "params.yaml")
     path = workdir / cfg.paths.reports_dir / "train" / f"{variant}-s{seed}.json"
@@ -139,6 +140,7 @@ def _run_unit_deployment(
         timeout=timeout_s,
         poll_interval=3,
     )
+    assert isinstance(run, FlowRun)  # run_deployment called from sync code returns the run, not a coroutine
     state = run.state
     if state is None or not state.is_final():
         from prefect.states import Cancelling
@@ -214,6 +216,8 @@ def launch_remote_unit(
     if len(artifacts) != 1:
         raise UnitFailed(f"training {key}: flow run {run.name} completed with {len(artifacts)} reports, not 1")
     report = artifacts[0].data
+    if not isinstance(report, dict):
+        raise UnitFailed(f"training {key}: flow run {run.name}'s report is not a JSON object")
     get_run_logger().info("training %s ran at %s", key, report.get("where"))
     return report
 
@@ -339,7 +343,9 @@ def fan_out_units(
     def launch(unit: tuple[str, ...]) -> None:
         key = dvc_stages.unit_key(unit[0])
         checkout = workdir / CHECKOUTS / key
+        fut: PrefectFuture[Any]  # its task's result: the report (remote), else the checkout's path
         if mode == "remote":
+            assert state is not None  # handed over before a remote fan-out starts
             fut = launch_remote_unit.submit(key, unit, placements[unit], state, env, timeout_s)
         elif mode == "deployments":
             fut = launch_unit.submit(key, unit, placements[unit], workdir, checkout, env, timeout_s)
@@ -368,6 +374,7 @@ def fan_out_units(
         if fut.state.is_completed():
             # In series, in this thread: the only `dvc` commands in the parent's workspace.
             if mode == "remote":
+                assert state is not None  # handed over before a remote fan-out starts
                 brought += bring_back_remote(key, fut.result(), workdir, state.dvc_remote)
             else:
                 brought += bring_back(key, checkout, workdir, unit)

@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -19,7 +20,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.infra import checkouts, dvc_stages
 from flows.infra.params_file import apply_overrides
 
-TASK_DEFAULTS = dict(cache_policy=NO_CACHE, persist_result=False)
+TASK_DEFAULTS: dict[str, Any] = dict(cache_policy=NO_CACHE, persist_result=False)
 
 
 def not_user_error(task, task_run, state) -> bool:

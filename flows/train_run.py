@@ -154,7 +154,7 @@ def train_unit_remote(
     clone: where to clone; None: this process's working directory is the clone already (made by the
     deployment's git_clone pull step)."""
     make = clone is not None
-    here = Path(clone) if make else Path.cwd()
+    here = Path(clone) if clone is not None else Path.cwd()
     prepare_clone(state, here, make)
     with _slot(slot, slot_timeout_s):
         pull_inputs(here, stages, state.dvc_remote)

@@ -97,6 +97,7 @@ def run_dvc(
     """
     command = [dvc_executable(), *args]
     env = env if env is not None else stage_env(workdir)
+    proc: subprocess.CompletedProcess
     if log is None:
         proc = subprocess.run(
             command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout

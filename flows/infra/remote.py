@@ -27,6 +27,7 @@ import base64
 import os
 import socket
 import subprocess
+from collections.abc import Set as AbstractSet
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -119,7 +120,7 @@ def _under(path: str, outs) -> bool:
     return any(path == o or path.startswith(o.rstrip("/") + "/") for o in outs)
 
 
-def _outs(workdir: Path, but: set[str] = frozenset()) -> tuple[set[str], set[str]]:
+def _outs(workdir: Path, but: AbstractSet[str] = frozenset()) -> tuple[set[str], set[str]]:
     """The (cached, uncached) output paths of every stage except those in `but`."""
     from dvc.repo import Repo
 

@@ -42,6 +42,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from flows.infra import auth
 from flows.infra.net import free_port, wait_healthy
@@ -91,7 +92,7 @@ class Postgres:
         bindir = pg_bindir()
         if bindir is None:
             raise RuntimeError(postgres_missing())
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         if self.as_root:  # initdb and postgres refuse to run as root
             kwargs = dict(user=PG_USER, group=pwd.getpwnam(PG_USER).pw_gid)
         # The superuser's password through the environment (not the command line, which `ps` shows).
@@ -297,7 +298,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def up(root: Path, workers: int, host: str = "127.0.0.1") -> dict[str, str]:
+def up(root: Path, workers: int, host: str = "127.0.0.1") -> dict[str, Any]:
     root = root.resolve()
     if (root / "stack.json").exists():
         raise SystemExit(f"{root}/stack.json exists: `python -m flows.infra.stack down --dir {root}` first")

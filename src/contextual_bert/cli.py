@@ -194,6 +194,7 @@ def _cmd_describe_model(cfg: Config, args) -> None:
 
     # The width of c: the features stage's spec when there is one (default_dim included); before the
     # features stage has run, the sum of params' embedding_dims; the paper's when there are none.
+    d_context: int | None
     if (cfg.paths.features_dir / SPEC_FILE).exists():
         d_context = load_spec(cfg.paths.features_dir).d_context
     else:

@@ -284,16 +284,16 @@ def test_fitb_answers_are_the_plain_computations(attributes):
 def test_a_pass_builds_the_output_layer_once_and_training_mode_builds_it_every_time(monkeypatch):
     model = attribute_model("global_state", SINGLE)
     built = []
-    output_layer = model.output_layer
-    monkeypatch.setattr(model, "output_layer", lambda *a: built.append(a) or output_layer(*a))
+    layer = model.output.layer
+    monkeypatch.setattr(model.output, "layer", lambda *a: built.append(a) or layer(*a))
     data = outfits(60)
     case_ranks(model, data, 16, "cpu", dependence=True)  # 16 batches, twice the encoder each
-    assert built == [()] and model._held_output is None  # once, and let go after the pass
+    assert built == [()] and model.output.held is None  # once, and let go after the pass
     with model.catalogue_pass():
         with model.catalogue_pass():  # nested: the enclosing pass's
             case_ranks(model, data, 16, "cpu", with_ranks=False)
-        assert model._held_output is not None
-    assert len(built) == 2 and model._held_output is None
+        assert model.output.held is not None
+    assert len(built) == 2 and model.output.held is None
     model.train()
     assert not model.hold_catalogue()  # training mode: the id dropout draws anew every step
     model.set_id_dropout(0.5)
@@ -314,7 +314,7 @@ def test_a_new_catalogue_releases_the_held_output_layer_and_the_overlap_reads_it
         before = model.masked_logits(items, data.context)
         changed = catalogue(SINGLE, seed=1)
         model.set_catalogue(changed)
-        assert model._held_output is None
+        assert model.output.held is None
         after = model.masked_logits(items, data.context)
         assert torch.equal(after, plain_logits(model, items, data.context))
         changed["colour"][N_SPECIAL:] = N_SPECIAL  # changed in place: the overlap's value table follows

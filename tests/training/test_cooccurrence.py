@@ -94,7 +94,7 @@ def test_train_starts_from_cooccurrence_only_when_asked(tmp_path, monkeypatch):
     features_dir, _, _ = build_paper_features(tmp_path)
     started = []
     monkeypatch.setattr(
-        training.loop,
+        training.trainer,
         "fit",
         lambda model, *args, **kwargs: started.append(model.item_embeddings.weight.detach().clone()) or {},
     )

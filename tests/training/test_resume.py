@@ -86,8 +86,8 @@ def child(out: Path, kill: str, checkpoint_every_s: float) -> None:
 
         return wrapped
 
-    training.loop.train_step = die_at("step", training.loop.train_step)
-    training.loop.validation_cross_entropy = die_at("validation", training.loop.validation_cross_entropy)
+    training.trainer.train_step = die_at("step", training.trainer.train_step)
+    training.trainer.validation_cross_entropy = die_at("validation", training.trainer.validation_cross_entropy)
     on_epoch_end = None
     if what == "epoch_end":
 

@@ -265,7 +265,8 @@ def test_more_patience_resumes_a_run_that_stopped_early(tmp_path, monkeypatch):
     """Patience only decides when a run stops: a run stopped by a smaller patience goes on under a larger one
     and ends exactly where a run with the larger patience from the start ends."""
     calls = itertools.count()
-    monkeypatch.setattr(training.loop, "validation_cross_entropy", lambda *a, **k: float(next(calls)))  # always worse
+    always_worse = lambda *a, **k: float(next(calls))
+    monkeypatch.setattr(training.trainer, "validation_cross_entropy", always_worse)
     train, val = planted(120, 0), planted(30, 1)
     cfg = SHORT.model_copy(update={"max_epochs": 4})
     stopped = fit(new_model("none"), train, val, cfg.model_copy(update={"patience": 1}), tmp_path / "run", seed=0)
@@ -446,14 +447,14 @@ def test_a_warmup_that_does_not_lift_validation_gives_back_what_the_run_had_befo
         }
     )
     calls = itertools.count(1)
-    real = training.loop.validation_cross_entropy
+    real = training.trainer.validation_cross_entropy
 
     def validation(model, data, *args):  # two passes an epoch: validation (odd), the training probe (even)
         value, call = real(model, data, *args), next(calls)
         worse = call in ((1, 3) if lifts else (5, 7))  # before the warm-up, or in it
         return value + 10.0 if worse else value
 
-    monkeypatch.setattr(training.loop, "validation_cross_entropy", validation)
+    monkeypatch.setattr(training.trainer, "validation_cross_entropy", validation)
     before = {}
 
     def keep(epoch, row):
@@ -503,7 +504,7 @@ def test_early_stopping_keeps_the_best_epoch(tmp_path, monkeypatch):
     curve = iter([3.0, 2.5, 2.6, 2.7, 2.4, 2.3])
     calls = itertools.count()
     # Each epoch measures the validation split, then the training sample: the first follows the curve.
-    monkeypatch.setattr(training.loop, "validation_cross_entropy",
+    monkeypatch.setattr(training.trainer, "validation_cross_entropy",
                         lambda *args: next(curve) if next(calls) % 2 == 0 else 9.0)  # fmt: skip
     train, val = planted(100, 0), planted(20, 1)
     cfg = SHORT.model_copy(update={"max_epochs": 6, "patience": 2, "probe_outfits": 20})
@@ -522,13 +523,13 @@ def test_an_epoch_validates_on_a_fixed_sample_and_probes_at_most_probe_outfits(t
     """On a large split both passes rank every article: each epoch reads the same evenly spaced validation
     sample, and a training probe no larger than probe_outfits (nor than that sample)."""
     sizes = []
-    real = training.loop.validation_cross_entropy
+    real = training.trainer.validation_cross_entropy
 
     def measured(model, data, *args):
         sizes.append((len(data), data.items.sum().item()))
         return real(model, data, *args)
 
-    monkeypatch.setattr(training.loop, "validation_cross_entropy", measured)
+    monkeypatch.setattr(training.trainer, "validation_cross_entropy", measured)
     train, val = planted(100, 0), planted(40, 1)
     fit(
         new_model("none"),
@@ -631,7 +632,7 @@ def test_a_non_finite_validation_loss_is_an_error_never_a_result(tmp_path, monke
     """The issue's case: every validation target unknown gave best_val_cross_entropy Infinity and exit 0."""
     from contextual_bert.errors import ContextualBertError
 
-    monkeypatch.setattr(training.loop, "validation_cross_entropy", lambda *args: loss)
+    monkeypatch.setattr(training.trainer, "validation_cross_entropy", lambda *args: loss)
     train, val = planted(100, 0), planted(20, 1)
     with pytest.raises(ContextualBertError, match=rf"validation cross-entropy is {loss} at epoch 1.*min_known_targets"):
         fit(new_model("none"), train, val, SHORT, tmp_path, seed=0)
@@ -641,7 +642,7 @@ def test_a_non_finite_validation_loss_is_an_error_never_a_result(tmp_path, monke
 def test_a_later_non_finite_epoch_keeps_the_finite_best(tmp_path, monkeypatch):
     curve, calls = iter([3.0, float("nan"), float("nan")]), itertools.count()
     # Each epoch measures the validation split, then the training sample: the first follows the curve.
-    monkeypatch.setattr(training.loop, "validation_cross_entropy",
+    monkeypatch.setattr(training.trainer, "validation_cross_entropy",
                         lambda *args: next(curve) if next(calls) % 2 == 0 else 9.0)  # fmt: skip
     train, val = planted(100, 0), planted(20, 1)
     metrics = fit(new_model("none"), train, val, SHORT.model_copy(update={"patience": 2}), tmp_path, seed=0)

@@ -5,6 +5,7 @@ its files in data/features (`write_catalogue`; read back by feature_store.load_c
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from contextual_bert.data.feature_spec import (
     UNKNOWN_INDEX,
     VECTOR_KIND,
     ContextSpec,
+    FeatureKind,
     FeatureSpec,
 )
 from contextual_bert.data.feature_store import ATTRIBUTES_FILE, CATALOGUE_FILE, DERIVED_VECTORS_FILE, stored_columns
@@ -29,7 +31,7 @@ from contextual_bert.data.vocabularies import ArticleVocab, Catalogue, ContextIn
 from contextual_bert.errors import DataError
 
 
-def _check_columns(articles: pd.DataFrame, attributes: dict[str, str], derived: set[str], path: Path) -> None:
+def _check_columns(articles: pd.DataFrame, attributes: Mapping[str, str], derived: set[str], path: Path) -> None:
     """Every declared attribute is a column of the articles table, or a vector derived from its text."""
     for name in attributes:
         if name in derived and name in articles.columns:
@@ -69,7 +71,7 @@ def build_catalogue(
     articles: pd.DataFrame,
     article_vocab: ArticleVocab,
     train_counts: pd.Series,
-    attributes: dict[str, str],
+    attributes: Mapping[str, FeatureKind],
     cfg: FeaturesConfig,
     path: Path,
 ) -> Catalogue:

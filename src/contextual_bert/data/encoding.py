@@ -92,7 +92,8 @@ def explode_values(values) -> tuple[np.ndarray, np.ndarray]:
     """(row of each value, the value as a string) for list-valued cells, missing and empty values dropped.
 
     A cell that is not list-like (a plain string) counts as a one-value list."""
-    rows, flat = [], []
+    rows: list[int] = []
+    flat: list = []
     for row, cell in enumerate(as_object_array(values)):
         if isinstance(cell, LIST_LIKE):
             flat.extend(cell)

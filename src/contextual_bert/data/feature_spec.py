@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 import torch
 
@@ -24,7 +24,7 @@ N_SPECIAL = 3  # first index of a real article / value
 # text and vector: article attributes only. A vector is a fixed-length float row per article (data/vectors.py), not
 # indices: its FeatureSpec's max_values is its length, its cardinality 0 (no table of values)
 FeatureKind = Literal["categorical", "multi_categorical", "numeric", "text", "vector", "history"]
-VECTOR_KIND = "vector"
+VECTOR_KIND: Final = "vector"
 # kinds stored as a PAD-padded row of indices per row (max_values wide): a list of values, a text's words, or
 # the article indices of a customer's history
 LIST_KINDS = ("multi_categorical", "text", "history")

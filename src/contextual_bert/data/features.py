@@ -35,6 +35,7 @@ from contextual_bert.data.feature_spec import (
     PAD_INDEX,
     UNKNOWN_INDEX,
     ContextSpec,
+    FeatureSource,
     FeatureSpec,
 )
 from contextual_bert.data.feature_store import (
@@ -59,7 +60,7 @@ from contextual_bert.errors import DataError
 
 # Columns of the encoded outfits table that a context feature must not be named after.
 OUTFIT_COLUMNS = ("outfit_id", "customer_id", "split", "items", HISTORY_FEATURE)
-SOURCE_OF_TABLE = {"customers": "customer", "outfits": "outfit"}
+SOURCE_OF_TABLE: dict[str, FeatureSource] = {"customers": "customer", "outfits": "outfit"}
 
 
 # --- splits ---------------------------------------------------------------------------------------------
@@ -174,6 +175,15 @@ def _fit_context(
         )
         features.append(feature)
     return ContextSpec(tuple(features)), vocab
+
+
+def _split_dates(dates: pd.Series | None, split: np.ndarray) -> dict[str, list[str]]:
+    """A time split's first and last outfit date in each split."""
+    assert dates is not None, "a time split reads the outfits' dates"
+    return {
+        f"{name}_dates": [str(d) for d in (dates[split == name].min().date(), dates[split == name].max().date())]
+        for name in SPLITS
+    }
 
 
 def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig, max_set_size: int) -> dict:
@@ -305,15 +315,7 @@ def build_features(validated_dir: Path, features_dir: Path, cfg: FeaturesConfig,
         "split": (
             {"method": "blake2b-64 of outfit_id keyed by split_seed", "seed": cfg.split_seed}
             if cfg.split == "hash"
-            else {
-                "method": "by date",
-                **{
-                    f"{name}_dates": [
-                        str(d) for d in (dates[split == name].min().date(), dates[split == name].max().date())
-                    ]
-                    for name in SPLITS
-                },
-            }
+            else {"method": "by date", **_split_dates(dates, split)}
         )
         | {"val_fraction": cfg.val_fraction, "test_fraction": cfg.test_fraction},
         "n_items": len(article_vocab),

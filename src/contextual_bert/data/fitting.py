@@ -9,7 +9,7 @@ import pandas as pd
 
 from contextual_bert.config import FeaturesConfig
 from contextual_bert.data.encoding import as_object_array, explode_values, text_lists, text_of, to_float
-from contextual_bert.data.feature_spec import N_SPECIAL, FeatureSpec
+from contextual_bert.data.feature_spec import N_SPECIAL, FeatureKind, FeatureSource, FeatureSpec
 
 
 def fit_categorical(values, min_count: int) -> list[str]:
@@ -37,7 +37,7 @@ def fit_numeric(values, n_buckets: int) -> list[float]:
 
 
 def fit_feature(
-    name: str, kind: str, source: str, values, cfg: FeaturesConfig, dim: int, min_count: int
+    name: str, kind: FeatureKind, source: FeatureSource, values, cfg: FeaturesConfig, dim: int, min_count: int
 ) -> tuple[FeatureSpec, dict]:
     """One feature's spec and vocabulary entry (values or bucket edges), fitted on `values`: the one fitting
     code of context features and article attributes."""
@@ -45,7 +45,7 @@ def fit_feature(
     if kind == "text":  # its words, as a list of values (encoding.text_words)
         values_seen, longest = fit_multi(text_lists(values), cfg.min_text_count)
         max_values = min(cfg.max_text_words, longest)
-        entry = {"kind": kind, "source": source, "values": values_seen, "max_values": max_values}
+        entry: dict[str, object] = {"kind": kind, "source": source, "values": values_seen, "max_values": max_values}
         return FeatureSpec(name, kind, source, N_SPECIAL + len(values_seen), dim, max_values), entry
     if kind == "numeric":
         edges = fit_numeric(values, cfg.numeric_buckets)

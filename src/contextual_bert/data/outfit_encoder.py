@@ -122,7 +122,7 @@ class OutfitEncoder:
         items[rows_of, slots] = indices
         if with_mask:
             items[np.arange(len(outfits)), lengths] = MASK_INDEX
-        unknown_ids = [[] for _ in outfits]
+        unknown_ids: list[list[str]] = [[] for _ in outfits]
         for position in np.flatnonzero(indices == UNKNOWN_INDEX).tolist():
             unknown_ids[rows_of[position]].append(flat[position])
         context, missing, unknown = self.context.encode_columns(columns, n_rows)

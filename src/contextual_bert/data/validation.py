@@ -306,6 +306,7 @@ class _GreatExpectations:
         failing = {}
         for run in result.run_results.values():
             for res in run.results:
+                assert res.expectation_config is not None, "each result is of an expectation"
                 name_ = res.expectation_config.meta["name"]
                 if res.exception_info.get("raised_exception"):
                     raise RuntimeError(f"{name}: {name_} raised {res.exception_info.get('exception_message')}")
@@ -406,7 +407,7 @@ def validate(
     for name in TABLES:  # never leave validated tables behind that this run did not pass
         (validated_dir / f"{name}.parquet").unlink(missing_ok=True)
     if over:
-        worst = max(over, key=over.get)
+        worst = max(over, key=over.__getitem__)
         raise ContextualBertError(
             f"{over[worst]:.1%} of {worst} quarantined, above validate.max_quarantine_share "
             f"{cfg.max_quarantine_share:.1%}; see {quarantine_dir / (worst + '.parquet')} "

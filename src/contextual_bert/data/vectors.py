@@ -91,7 +91,7 @@ def _flatten(values) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     if isinstance(values, np.ndarray) and values.ndim == 2 and values.dtype.kind in "fiu":
         n, length = values.shape
         flat = values.astype(np.float64).ravel()
-        absent = np.isnan(values).all(axis=1) if length else np.ones(n, dtype=bool)
+        absent = np.asarray(np.isnan(values).all(axis=1)) if length else np.ones(n, dtype=bool)
         return np.full(n, length, dtype=np.int64), flat, absent, np.zeros(n, dtype=bool)
     if isinstance(values, pa.Array) and _numeric_list(values.type):
         array = values.cast(pa.list_(pa.float64()))
@@ -132,7 +132,7 @@ def read_vectors(values, length: int | None = None) -> Vectors:
     return Vectors(matrix, reasons, length)
 
 
-def check_vectors(values, article_ids, path: Path, column: str, length: int | None = None) -> Vectors:
+def check_vectors(values, article_ids, path: Path | None, column: str, length: int | None = None) -> Vectors:
     """read_vectors, where a bad vector is a one-line DataError naming the file, its row and column."""
     vectors = read_vectors(values, length)
     bad = vectors.bad

@@ -95,7 +95,7 @@ class ContextIndexer:
 def _names_per_row(flags: dict[str, np.ndarray], n: int) -> list[list[str]]:
     """Per row, the names whose flag is set, in the dict's order: a Python step per set flag only (most
     rows have none), not per row and name."""
-    out = [[] for _ in range(n)]
+    out: list[list[str]] = [[] for _ in range(n)]
     if flags:
         rows, columns = np.nonzero(np.stack(list(flags.values()), axis=1))
         names = list(flags)
@@ -117,8 +117,10 @@ class ArticleVocab:
     ids: list[str]
     counts: np.ndarray
 
-    def __post_init__(self):
-        object.__setattr__(self, "_index", index_of(self.ids[N_SPECIAL:]))
+    @cached_property
+    def _index(self) -> dict[str, int]:
+        """Index of each real article id (the specials have none)."""
+        return index_of(self.ids[N_SPECIAL:])
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -39,7 +39,7 @@ def _resampled_means(
     """metric -> the case mean of each of n_resamples draws of len(cases) outfits with replacement."""
     n_outfits = len(cases)
     rng = np.random.default_rng(seed)
-    draws = {m: [] for m in sums}
+    draws: dict[str, list[np.ndarray]] = {m: [] for m in sums}
     for start in range(0, n_resamples, 100):  # 100 resamples at a time bounds the memory
         counts = rng.multinomial(n_outfits, np.full(n_outfits, 1.0 / n_outfits), size=min(100, n_resamples - start))
         drawn = counts @ cases
@@ -86,10 +86,10 @@ def case_values(ranks: np.ndarray, log_probs: np.ndarray) -> dict[str, np.ndarra
 def pooled_interval(intervals: list[list[float] | None]) -> list[float] | None:
     """One interval for a mean over seeds: the mean of the seeds' bounds (each seed's test split is the same
     outfits, so their intervals overlap heavily; averaging the bounds keeps the split's sampling width)."""
-    intervals = [i for i in intervals if i is not None]
-    if not intervals:
+    bounds = [i for i in intervals if i is not None]
+    if not bounds:
         return None
-    return [float(np.mean([i[0] for i in intervals])), float(np.mean([i[1] for i in intervals]))]
+    return [float(np.mean([i[0] for i in bounds])), float(np.mean([i[1] for i in bounds]))]
 
 
 # --- pairing two models on the same test outfits ----------------------------------------------------------
@@ -109,16 +109,17 @@ def outfit_record(outfit: np.ndarray, values: dict[str, np.ndarray], outfit_ids:
 def mean_record(records: list[dict | None]) -> dict | None:
     """The record of a mean over seeds (their sums averaged); None unless every seed has a record of the
     same outfits and cases (the same test split)."""
-    if not records or any(r is None for r in records):
+    seeds = [r for r in records if r is not None]
+    if not records or len(seeds) < len(records):
         return None
-    first = records[0]
-    if any(r["outfit_id"] != first["outfit_id"] or r["cases"] != first["cases"] for r in records[1:]):
+    first = seeds[0]
+    if any(r["outfit_id"] != first["outfit_id"] or r["cases"] != first["cases"] for r in seeds[1:]):
         return None
-    metrics = [m for m in first["sums"] if all(m in r["sums"] for r in records)]
+    metrics = [m for m in first["sums"] if all(m in r["sums"] for r in seeds)]
     return {
         "outfit_id": first["outfit_id"],
         "cases": first["cases"],
-        "sums": {m: np.mean([r["sums"][m] for r in records], axis=0).tolist() for m in metrics},
+        "sums": {m: np.mean([r["sums"][m] for r in seeds], axis=0).tolist() for m in metrics},
     }
 
 

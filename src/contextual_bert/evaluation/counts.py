@@ -46,6 +46,9 @@ def _once(model: nn.Module, name, build):
 class PopularityModel(nn.Module):
     """Scores every article by its training count, whatever the outfit and the customer."""
 
+    # buffers (register_buffer), typed for mypy
+    scores: torch.Tensor
+
     def __init__(self, counts):
         super().__init__()
         counts = torch.tensor(np.array(counts, dtype=np.float64))
@@ -80,6 +83,11 @@ class AttributePopularityModel(nn.Module):
     item occurrences of such articles (below features.min_article_count) plus, Good-Turing, of articles with
     an id seen exactly once. A value without articles of one kind gives the other kind all its mass.
     """
+
+    # buffers (register_buffer), typed for mypy
+    values: torch.Tensor
+    log_within: torch.Tensor
+    value_mass: torch.Tensor
 
     def __init__(self, values: np.ndarray, counts: np.ndarray, n_ids: int, in_outfit_share: float):
         super().__init__()
@@ -215,6 +223,9 @@ class HistoryPopularityModel(nn.Module):
     held it, so by how often the customer wore it). Without history, popularity alone. The
     yardstick of the models with history: what counting the customer's own articles gives, nothing learned."""
 
+    # buffers (register_buffer), typed for mypy
+    probs: torch.Tensor
+
     def __init__(self, counts, weight: float, feature: str = HISTORY_FEATURE):
         super().__init__()
         probs = torch.tensor(np.array(counts, dtype=np.float64) + 1.0)
@@ -285,6 +296,9 @@ class AttributeHistoryPopularityModel(nn.Module):
     output bias), so the attribute models with history are held to it: what the type rule and counting the
     customer's own articles give together, nothing learned. Scored over the catalogue, no closed form."""
 
+    # buffers (register_buffer), typed for mypy
+    probs: torch.Tensor
+
     def __init__(self, attribute: AttributePopularityModel, counts, weight: float, feature: str = HISTORY_FEATURE):
         super().__init__()
         self.attribute = attribute
@@ -317,7 +331,7 @@ def attribute_history_weight(
     `val` (its catalogue items), every weight from one pass (`attribute_history_log_probs`)."""
     log_probs = attribute_history_log_probs(attribute, counts, val, HISTORY_WEIGHTS, cfg.batch_size)
     by_weight = {w: float(-log_probs[:, i].mean()) for i, w in enumerate(HISTORY_WEIGHTS)}
-    return min(by_weight, key=by_weight.get), by_weight
+    return min(by_weight, key=by_weight.__getitem__), by_weight
 
 
 def attribute_history_log_probs(
@@ -364,8 +378,7 @@ def attribute_history_log_probs(
 
 def in_outfit_share(items: torch.Tensor, values: np.ndarray) -> float:
     """The share of cases (every item of every outfit) whose value is also another item's value."""
-    values = torch.from_numpy(np.asarray(values, dtype=np.int64))
-    v = values[items]
+    v = torch.from_numpy(np.asarray(values, dtype=np.int64))[items]
     real = items >= N_SPECIAL
     same = (v.unsqueeze(2) == v.unsqueeze(1)) & real.unsqueeze(2) & real.unsqueeze(1)
     same &= ~torch.eye(items.shape[1], dtype=torch.bool)
@@ -377,7 +390,7 @@ def history_weight(counts, val: EncodedOutfits, cfg: EvaluateConfig) -> tuple[fl
     of them from one pass over its cases (`history_log_probs`) instead of a ranking pass each."""
     log_probs = history_log_probs(counts, val, HISTORY_WEIGHTS)
     by_weight = {w: float(-log_probs[:, i].mean()) for i, w in enumerate(HISTORY_WEIGHTS)}
-    return min(by_weight, key=by_weight.get), by_weight
+    return min(by_weight, key=by_weight.__getitem__), by_weight
 
 
 def history_log_probs(counts, data: EncodedOutfits, weights, feature: str = HISTORY_FEATURE) -> np.ndarray:

@@ -210,7 +210,7 @@ def _outfit_ids(data: EncodedOutfits) -> list:
 def result_json(result: dict) -> str:
     """An evaluation result as indented JSON, but the per-outfit records' lists on one line each: indented,
     they would be a line per test outfit and the bulk of the file."""
-    lists = {}
+    lists: dict[str, str] = {}
 
     def placeholder(values: list) -> str:
         key = f"\x00list{len(lists)}"  # a string no result holds: it is swapped for the list below
@@ -239,7 +239,7 @@ def evaluate_run(features_dir: Path, run_dir: Path, out_path: Path, cfg: Evaluat
 
     run_dir = Path(run_dir)
     trained = json.loads((run_dir / "metrics.json").read_text()) if (run_dir / "metrics.json").exists() else {}
-    if NOT_APPLICABLE in trained:  # a model this data cannot train (training.loop.not_applicable): said, not failed
+    if NOT_APPLICABLE in trained:  # a model this data cannot train (training.trainer.not_applicable): said, not failed
         result = {"known": False, "name": run_dir.name, "variant": trained["variant"], "why": trained[NOT_APPLICABLE]}
         Path(out_path).parent.mkdir(parents=True, exist_ok=True)
         Path(out_path).write_text(json.dumps(result, indent=2))

@@ -142,6 +142,7 @@ def make_questions(
     size = {"easy": np.full(len(blank), n_articles - N_SPECIAL, dtype=np.int64)}
     inside = {"easy": (real_in >= N_SPECIAL).sum(axis=1)}
     if hard_attribute:
+        assert attributes is not None, "the hard protocol reads the articles' attributes"
         values = np.asarray(attributes[hard_attribute], dtype=np.int64)[:n_articles]
         by_value = np.argsort(values, kind="stable")
         order["hard"] = by_value[by_value >= N_SPECIAL]

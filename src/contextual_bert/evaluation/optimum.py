@@ -94,7 +94,7 @@ def evaluate_optimum(raw_dir: Path, features_dir: Path, out_paths: dict[str, Pat
     for name, with_context in RESULTS.items():
         out_path = Path(out_paths[name])
         if not truth_exists(raw_dir):
-            result = {
+            result: dict = {
                 "name": name,
                 "known": False,
                 "why": f"{raw_dir} holds no planted truth: the optimum of this data is unknown",
@@ -168,7 +168,9 @@ def history_optimum_data(raw_dir: Path, features_dir: Path, split_rule: str = "h
         log_prior = np.zeros((len(split), truth.n_tastes))
         log_prior[wanted] = history_log_prior(truth, customer_rows, article_rows, history, wanted)
         base = build_optimum(truth, vocab.ids, with_context=False)
-        model = HistoryOptimum(base.item_type, base.item_log_share, base.oov_share, log_prior)
+        model: HistoryOptimum | ClosetHistoryOptimum = HistoryOptimum(
+            base.item_type, base.item_log_share, base.oov_share, log_prior
+        )
     else:  # planted closets: P(c | H, x), kept for the outfits that are scored (row_index: -1 for the others)
         digits, _, radix = _customer_context(raw_dir, features_dir, truth.customer_ids)
         log_prior = closet_history_log_prior(
@@ -176,15 +178,15 @@ def history_optimum_data(raw_dir: Path, features_dir: Path, split_rule: str = "h
         )
         row_index = np.full(len(split), -1)
         row_index[wanted] = np.arange(len(wanted))
-        base = build_closet_optimum(truth, vocab.ids, with_context=False)
+        closets = build_closet_optimum(truth, vocab.ids, with_context=False)
         model = ClosetHistoryOptimum(
-            base.item_type,
-            base.fresh.log(),
-            base.rewear,
-            base.entry_customer,
-            base.entry_item,
-            base.entry_kappa,
-            base.oov_share,
+            closets.item_type,
+            closets.fresh.log(),
+            closets.rewear,
+            closets.entry_customer,
+            closets.entry_item,
+            closets.entry_kappa,
+            closets.oov_share,
             log_prior,
             row_index=row_index,
         )
@@ -212,7 +214,7 @@ def evaluate_history_optimum(
     out_path.parent.mkdir(parents=True, exist_ok=True)
     why = _history_unknown(raw_dir, load_truth(raw_dir) if truth_exists(raw_dir) else None)
     if why:
-        result = {"name": HISTORY_RESULT, "known": False, "why": why}
+        result: dict = {"name": HISTORY_RESULT, "known": False, "why": why}
         out_path.write_text(json.dumps(result, indent=2))
         return result
     model, rows, about = history_optimum_data(raw_dir, features_dir, split_rule)

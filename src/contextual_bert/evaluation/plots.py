@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -41,9 +42,12 @@ def write_plots(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
 
     plots_dir.mkdir(parents=True, exist_ok=True)
-    colors = dict(zip(list(labels)[1:], plt.get_cmap("tab10").colors))
+    tab10 = plt.get_cmap("tab10")
+    assert isinstance(tab10, ListedColormap)  # a listed map: its ten colours, RGB tuples
+    colors = dict(zip(list(labels)[1:], cast(list, tab10.colors)))
     written = []
 
     curves = _recall_curves(evals, popularity)

@@ -6,7 +6,7 @@ Nothing here reads files or computes intervals, so training's deps stop at the m
 
 A pass over a split scores the whole catalogue once per batch of cases. What does not change from batch to
 batch is built once per pass (`scoring_pass`: the output layer, which for the "_attrs" models is every
-catalogue article's vector; model.ArticleScores.catalogue_pass), and the outfit dependence's shuffled pass
+catalogue article's vector; model.ArticleHead.catalogue_pass), and the outfit dependence's shuffled pass
 shares the real pass's outfit offsets and takes only the target's log-probability (`_shuffled_log_probs`; for
 the "_attrs" models a block of articles at a time, as the real pass of the stuck check, which needs no ranks).
 A count model with a closed form (`ranked_cases`) is not scored per case at all: its ranks come from the order
@@ -114,7 +114,7 @@ def _shuffled_log_probs(
 
 def scoring_pass(model):
     """A context for a pass of `model` over many batches: the model's `catalogue_pass` (its output layer built
-    once, model.ArticleScores), or nothing for a scorer without one (the counts)."""
+    once, model.ArticleHead), or nothing for a scorer without one (the counts)."""
     catalogue_pass = getattr(model, "catalogue_pass", None)
     return catalogue_pass() if catalogue_pass is not None else nullcontext()
 
@@ -144,7 +144,7 @@ def outfit_dependence(log_prob, log_prob_shuffled) -> float | None:
 
 
 def measures_dependence(model) -> bool:
-    """Trained models (an encoder and the output side of model.ArticleScores) get the outfit dependence."""
+    """Trained models (an encoder and the article head of model.ArticleHead) get the outfit dependence."""
     return hasattr(model, "outfit_offsets") and hasattr(model, "head")
 
 

@@ -74,9 +74,10 @@ def compare(
     if variant["se"] is not None and baseline["se"] is not None:
         se = math.sqrt(variant["se"] ** 2 + baseline["se"] ** 2)
         return out | {"se": se, "yardstick": "se", "beats_by_more_than_se": bool(improvement > se)}
-    if metric is None or None in outfits:
+    mine, theirs = outfits
+    if metric is None or mine is None or theirs is None:
         return out | {"why": "n=1, no per-outfit cases"}
-    paired = paired_difference(*outfits, metric)
+    paired = paired_difference(mine, theirs, metric)
     if paired["interval"] is None:
         return out | {"why": f"n=1, {paired['why']}"}
     sign = 1.0 if higher_is_better else -1.0
@@ -140,7 +141,7 @@ def yardstick_verdicts(evals: dict[str, list[dict]], summary: dict, references: 
         names = {(r.get(VERDICT_KEY) or {}).get("name") for r in runs}
         reads_history = "popularity_history" in references and base_model(v) not in ("none", "bag_of_items")
         name = names.pop() if len(names) == 1 and None not in names else yardstick_of(v, reads_history)
-        if name not in references:
+        if name is None or name not in references:
             out[v] = {"name": name, "verdict": None, "why": f"no {name} result (run `contextual-bert baseline`)"}
         else:
             out[v] = summary_verdict(summary[v]["test"], summary[v].get(OUTFITS_KEY), name, references[name])

@@ -223,7 +223,7 @@ def seed_se_lines(summary: dict, metric: str = "cross_entropy") -> list[str]:
     }
     if not ses:
         return []
-    largest = max(ses, key=ses.get)
+    largest = max(ses, key=ses.__getitem__)
     each = ", ".join(f"{LABELS.get(v, v)} {se:.3f}" for v, se in ses.items())
     lines = [
         "",

@@ -34,6 +34,7 @@ def verdict_of(difference: float, margin: float | None = None, interval: list[fl
     if interval is not None:
         low, high = interval
         return "worse" if low > 0 else "better" if high < 0 else "level"
+    assert margin is not None, "a verdict needs a margin or an interval"
     return "worse" if difference > margin else "better" if -difference > margin else "level"
 
 

@@ -40,6 +40,7 @@ from contextual_bert.model.encoder import (
     MultiHeadSelfAttention,
     StateAttention,
 )
+from contextual_bert.model.head import ArticleHead, ArticleVectors
 from contextual_bert.model.readers import (
     AttributeOverlap,
     HistoryBag,
@@ -50,4 +51,4 @@ from contextual_bert.model.readers import (
     other_articles_mean,
     overlap_spec,
 )
-from contextual_bert.model.scores import ArticleScores
+from contextual_bert.model.scores import OutfitModel

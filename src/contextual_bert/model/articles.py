@@ -84,6 +84,8 @@ class ArticleAttributes(nn.Module):
     at the output as at the input.
     """
 
+    id_rows: torch.Tensor  # a buffer (set_catalogue): each catalogue article's id row, [UNK] for one without an id
+
     def __init__(self, spec: ContextSpec, n_ids: int, d_model: int, combine: str = "sum"):
         super().__init__()
         if combine not in ATTRIBUTE_COMBINES:
@@ -97,8 +99,8 @@ class ArticleAttributes(nn.Module):
         widths = [d_model if combine == "sum" else f.dim for f in spec.features]
         self.embeddings = nn.ModuleList(attribute_embedding(f, w, d_model) for f, w in zip(spec.features, widths))
         for table in self.embeddings:
-            if isinstance(table, VectorProjection):
-                continue  # initialised as its own class says
+            if not isinstance(table, nn.Embedding | nn.EmbeddingBag):
+                continue  # a VectorProjection: initialised as its own class says
             nn.init.normal_(table.weight, std=d_model**-0.5)
             with torch.no_grad():
                 table.weight[PAD_INDEX].zero_()
@@ -140,7 +142,7 @@ class ArticleAttributes(nn.Module):
         self.register_buffer("id_rows", rows.masked_fill(rows >= self.n_ids, UNKNOWN_INDEX), persistent=False)
 
     def catalogue(self) -> dict[str, torch.Tensor]:
-        return {f.name: getattr(self, f"catalogue_{f.name}") for f in self.spec.features}
+        return {f.name: self.get_buffer(f"catalogue_{f.name}") for f in self.spec.features}
 
     def calibrate_unseen(self, share: float) -> float:
         """Set and return `unseen_offset` for the catalogue held now, the id dropout set and `share`, the validation
@@ -182,7 +184,7 @@ class ArticleAttributes(nn.Module):
         ids = self.ids(flat) if ids is None else ids
         parts = [id_embeddings(ids)]
         for f, table in zip(self.spec.features, self.embeddings):
-            values = getattr(self, f"catalogue_{f.name}")
+            values = self.get_buffer(f"catalogue_{f.name}")
             rows = values if flat is None else values[flat]
             if f.kind == VECTOR_KIND:  # the specials by their catalogue index, whatever id dropout read
                 index = torch.arange(len(values), device=values.device) if flat is None else flat

@@ -11,11 +11,12 @@ from contextual_bert.errors import ContextualBertError
 from contextual_bert.model.articles import ArticleAttributes
 from contextual_bert.model.context import ContextEmbedding
 from contextual_bert.model.dropout import Dropout
+from contextual_bert.model.head import ArticleHead, ArticleVectors
 from contextual_bert.model.readers import other_articles_mean
-from contextual_bert.model.scores import ArticleScores
+from contextual_bert.model.scores import OutfitModel
 
 
-class BagOfItems(ArticleScores, nn.Module):
+class BagOfItems(OutfitModel):
     """A learned baseline beside popularity (item2vec / CBOW): the article at a position is scored from the
     mean of the other articles' embeddings (plus W_c c in the context version), dotted with output
     embeddings of its own. No attention and no interaction between articles: what co-occurrence alone (and
@@ -48,27 +49,22 @@ class BagOfItems(ArticleScores, nn.Module):
         self.dropout = Dropout(model_cfg.dropout)
         for table in (self.item_embeddings, self.output_embeddings):
             nn.init.normal_(table.weight, std=d**-0.5)  # small first logits, as in ContextualBert
-        self._init_articles(variant, n_items, attributes, combine)
+        self._init_attributes(variant, n_items, attributes, combine)
         # the untied output side has attribute embeddings of its own, reading the same catalogue
-        self.output_attributes = (ArticleAttributes(attributes, n_items, d, combine) if self.attributes is not None
-                                  else None)  # fmt: skip
-
-    def set_catalogue(self, attributes: dict[str, torch.Tensor]) -> None:
-        super().set_catalogue(attributes)
-        self.output_attributes.set_catalogue(attributes)
+        self.output_attributes = (ArticleAttributes(self.attributes.spec, n_items, d, combine)
+                                  if self.attributes is not None else None)  # fmt: skip
+        self.articles = ArticleVectors(self.item_embeddings, self.attributes)
+        self.output = ArticleHead(ArticleVectors(self.output_embeddings, self.output_attributes), self.output_bias)
 
     def forward(self, items: torch.Tensor, context: dict | None = None, select: torch.Tensor | None = None):
         """(B, L, d): at every position, the mean embedding of the outfit's other articles ([MASK] and
         padding left out), plus W_c c; (M, d) at the `select` positions only."""
-        h = other_articles_mean(self.article_vectors(self.item_embeddings, items), items)
-        if self.context_projection is not None:
-            c = self.context_embedding(context, lambda a: self.article_vectors(self.item_embeddings, a))
+        h = other_articles_mean(self.article_vectors(items), items)
+        if self.context_embedding is not None and self.context_projection is not None:  # the context version
+            c = self.context_embedding(context, self.article_vectors)
             h = h + self.context_projection(c).unsqueeze(1)
         h = self.dropout(h)
         return h if select is None else h[select]
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden
-
-    def output_layer(self, articles: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.output_articles(self.output_embeddings, self.output_attributes, articles)

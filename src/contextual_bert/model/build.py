@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from torch import nn
-
 from contextual_bert.config import BASELINE_MODELS, VARIANTS, ModelConfig, base_model
 from contextual_bert.data.feature_spec import N_SPECIAL, ContextSpec, FeatureSpec
 from contextual_bert.model.bag_of_items import BagOfItems
 from contextual_bert.model.encoder import PAPER_PARAMETERS, PAPER_SIZES, ContextualBert
 from contextual_bert.model.readers import AttributeOverlap
+from contextual_bert.model.scores import OutfitModel
 
 NOT_IN_THE_PAPER = "not in the paper"  # describe_variants' paper count of a variant of ours
 
@@ -20,22 +19,21 @@ def build_model(
     spec: ContextSpec,
     attributes: ContextSpec | None = None,
     combine: str = "sum",
-) -> ContextualBert | BagOfItems:
+) -> OutfitModel:
     """A paper variant (ContextualBert) or a learned baseline (BagOfItems), by name; a "<model>_attrs" name
     with the article attributes' spec (n_items: the article ids; the catalogue comes by `set_catalogue`)."""
     model_class = BagOfItems if base_model(variant) in BASELINE_MODELS else ContextualBert
     return model_class(model_cfg, variant, n_items, spec, attributes, combine)
 
 
-def count_paper_parameters(model: nn.Module) -> int:
+def count_paper_parameters(model: OutfitModel) -> int:
     """Parameters as the paper counts them: without the article embeddings, the output layer and the
     customer-feature embeddings."""
-    excluded = {id(model.item_embeddings.weight), id(model.output_bias)}
-    if getattr(model, "output_embeddings", None) is not None:  # the bag of items' untied output layer
-        excluded.add(id(model.output_embeddings.weight))
+    # the id tables (the bag of items' untied output one too) and the output bias
+    excluded = {id(model.articles.ids.weight), id(model.output.vectors.ids.weight), id(model.output.bias)}
     if model.context_embedding is not None:
         excluded |= {id(p) for p in model.context_embedding.parameters()}
-    for article_side in (model.attributes, getattr(model, "output_attributes", None), model.reader(AttributeOverlap)):
+    for article_side in (*model.article_sides(), model.reader(AttributeOverlap)):
         if article_side is not None:  # attribute embeddings (and projection) belong to the article embeddings
             excluded |= {id(p) for p in article_side.parameters()}
     return sum(p.numel() for p in model.parameters() if id(p) not in excluded)

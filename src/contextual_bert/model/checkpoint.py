@@ -8,12 +8,12 @@ import tempfile
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from contextual_bert.config import ModelConfig
 from contextual_bert.data.feature_spec import ContextSpec
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.model.build import build_model
+from contextual_bert.model.scores import OutfitModel
 
 # The layout's version of checkpoint.pt and last.pt (training.resume), in each: one of another version (or of
 # none, written before it) is refused, never read as this code's.
@@ -35,7 +35,7 @@ def atomic_save(obj, path: Path, write=torch.save) -> None:
         raise
 
 
-def model_payload(model: nn.Module) -> dict:
+def model_payload(model: OutfitModel) -> dict:
     """What rebuilds the model with no other file: config, variant, n_items, spec and weights."""
     payload = {
         "version": CHECKPOINT_VERSION,
@@ -53,7 +53,7 @@ def model_payload(model: nn.Module) -> dict:
     return payload
 
 
-def model_from_payload(payload: dict) -> nn.Module:
+def model_from_payload(payload: dict) -> OutfitModel:
     """The model a payload (`model_payload`) describes, its weights loaded; one of another CHECKPOINT_VERSION is
     refused."""
     version = payload.get("version")
@@ -78,11 +78,11 @@ def model_from_payload(payload: dict) -> nn.Module:
     return model
 
 
-def save_checkpoint(path: Path, model: nn.Module, meta: dict) -> None:
+def save_checkpoint(path: Path, model: OutfitModel, meta: dict) -> None:
     atomic_save({**model_payload(model), "meta": meta}, path)
 
 
-def load_checkpoint(path: Path, map_location="cpu") -> tuple[nn.Module, dict]:
+def load_checkpoint(path: Path, map_location="cpu") -> tuple[OutfitModel, dict]:
     """The model (in eval mode, on map_location) and the meta dict saved with it."""
     path = Path(path)
     if not path.exists():

@@ -18,7 +18,7 @@ V^V the per-block value projection of the global state, A^ the normalised self-a
                                and shifts and a gate on each sublayer's output, the gate from 0 (not in the paper)
 
 The output layer is tied to the article embeddings (as in BERT), with a per-article bias, and is evaluated
-only at the positions to predict (scores.ArticleScores). What the paper does not have plugs in from outside
+only at the positions to predict (head.ArticleHead, scores.OutfitModel). What the paper does not have plugs in from outside
 this module: article vectors from attributes (articles.py), and the readers (readers.py) at two seams, terms
 added to the head state and offsets added to the logits.
 """
@@ -34,8 +34,9 @@ from contextual_bert.data.feature_spec import N_SPECIAL, PAD_INDEX, ContextSpec
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.model.context import ContextEmbedding
 from contextual_bert.model.dropout import Dropout
+from contextual_bert.model.head import ArticleHead, ArticleVectors
 from contextual_bert.model.readers import other_articles_mean
-from contextual_bert.model.scores import ArticleScores
+from contextual_bert.model.scores import OutfitModel
 
 # The paper's sizes (Table 1 setting) and the parameter counts it reports for them, counted without the
 # article embeddings, the output layer and the customer-feature embeddings.
@@ -278,7 +279,7 @@ class ConcatInput(nn.Module):
         return self.projection(torch.cat([e, projected], dim=-1))
 
 
-class ContextualBert(ArticleScores, nn.Module):
+class ContextualBert(OutfitModel):
     """The encoder over a set of article indices (PAD_INDEX-padded), one of the variants (VARIANTS)."""
 
     def __init__(
@@ -335,7 +336,9 @@ class ContextualBert(ArticleScores, nn.Module):
         with torch.no_grad():
             self.item_embeddings.weight[PAD_INDEX].zero_()
         self.input_scale = d**0.5
-        self._init_articles(variant, n_items, attributes, combine)  # last: the paper's models draw as before
+        self._init_attributes(variant, n_items, attributes, combine)  # last: the paper's models draw as before
+        self.articles = ArticleVectors(self.item_embeddings, self.attributes)
+        self.output = ArticleHead(self.articles, self.output_bias)  # tied: it scores the input's article vectors
 
     # --- the encoder ---------------------------------------------------------------------------------
 
@@ -352,7 +355,7 @@ class ContextualBert(ArticleScores, nn.Module):
         a prediction, and the last block then computes just them after its attention. `states`, a list, gets
         the global state each block reads (global_states)."""
         c = self.context(context)
-        x = self.article_vectors(self.item_embeddings, items) * self.input_scale
+        x = self.article_vectors(items) * self.input_scale
         if self.model_cfg.bag_path == "input":  # the bag of items inside the encoder, no parameter
             x = x + other_articles_mean(x, items)
         is_padding = items == PAD_INDEX
@@ -392,17 +395,10 @@ class ContextualBert(ArticleScores, nn.Module):
         """c, or None for [None]; a history is read through the article vectors at the input's scale."""
         if self.context_embedding is None:
             return None
-        return self.context_embedding(
-            context, lambda a: self.article_vectors(self.item_embeddings, a) * self.input_scale
-        )
+        return self.context_embedding(context, lambda a: self.article_vectors(a) * self.input_scale)
 
     # --- the output layer, only where needed ---------------------------------------------------------
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """The head transform before the output layer: GELU(W h)."""
         return F.gelu(self.head_transform(hidden))
-
-    def output_layer(self, articles: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weight (n_items, d), bias (n_items,)) of the output layer: tied to the article vectors; only the
-        rows of the catalogue indices `articles` when given (ArticleScores.output_articles)."""
-        return self.output_articles(self.item_embeddings, self.attributes, articles)

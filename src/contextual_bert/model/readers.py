@@ -101,7 +101,7 @@ class OutfitBag(nn.Module):
         weight = 1.0 if self.always else (self.warmup_weight if self.training else 0.0)
         if weight <= 0:
             return states
-        bag = other_articles_mean(model.article_vectors(model.item_embeddings, items), items)[select]
+        bag = other_articles_mean(model.article_vectors(items), items)[select]
         return states + weight * (bag * model.input_scale).to(states.dtype)
 
 
@@ -119,7 +119,7 @@ class HistoryBag(nn.Module):
     ) -> torch.Tensor:
         assert context is not None, "HistoryBag is built only for a model that reads a history"
         rows = select.nonzero(as_tuple=True)[0]
-        mean = history_mean(context[HISTORY_FEATURE][rows], lambda a: model.article_vectors(model.item_embeddings, a))
+        mean = history_mean(context[HISTORY_FEATURE][rows], model.article_vectors)
         return states + self.gate * (mean * model.input_scale).to(states.dtype)
 
 
@@ -199,6 +199,11 @@ class CatalogueOffsets:
 
     def __add__(self, other: torch.Tensor) -> torch.Tensor:  # a later offset that has no `add_to`
         return self.dense() + other
+
+
+def dense(offsets: torch.Tensor | CatalogueOffsets) -> torch.Tensor:
+    """The offsets as a tensor (CatalogueOffsets.dense), whichever form they come in."""
+    return offsets.dense() if isinstance(offsets, CatalogueOffsets) else offsets
 
 
 def overlap_spec(spec: ContextSpec) -> ContextSpec:

@@ -1,38 +1,61 @@
-"""The output side every model shares: article vectors (ids, or ids and attributes), the head state with its
-terms, logits over the real articles with their offsets, and the logits at the one [MASK] of every row."""
+"""The scoring every model shares, around its article head (head.py): the head state with its terms, logits over
+the real articles with their offsets, and the logits at the one [MASK] of every row."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from contextual_bert.config import uses_attributes
+from contextual_bert.config import ModelConfig, uses_attributes
 from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, ContextSpec
 from contextual_bert.errors import ContextualBertError
 from contextual_bert.model.articles import ArticleAttributes
-from contextual_bert.model.readers import CatalogueOffsets, LogitOffset, add_offsets, head_terms, logit_offsets
+from contextual_bert.model.context import ContextEmbedding
+from contextual_bert.model.head import ArticleHead, ArticleVectors, OutputLayer
+from contextual_bert.model.readers import CatalogueOffsets, LogitOffset, add_offsets, dense, head_terms, logit_offsets
+
+Reader = TypeVar("Reader", bound=nn.Module)
 
 
-class ArticleScores:
-    """The output side shared by the models: logits over the real articles from head states, and the
-    logits at the one [MASK] of every row. Needs `forward`, `head` and `output_layer`.
+class OutfitModel(nn.Module):
+    """A model of outfits: an encoder of the articles at the positions to predict (`forward`, then `head`), its
+    input's article vectors (`articles`) and its article head (`output`), and the readers at the two seams
+    (readers.py): terms added to the head state, offsets added to the logits. ContextualBert and BagOfItems are
+    two; what they share is here, and what each has it declares.
 
-    With article attributes (`attributes` not None) the articles are those of the catalogue, n_items of
-    them, of which the first n_ids have an id embedding: `article_vectors` and the per-id bias come from
-    `ArticleAttributes`, and `set_catalogue` changes which articles are scored without touching a weight.
+    With article attributes (`attributes` not None) the articles are those of the catalogue, n_items of them, of
+    which the first n_ids have an id embedding; `set_catalogue` changes which articles are scored without touching a
+    weight."""
 
-    A pass that scores the whole catalogue many times (validation, evaluation, FITB, serving) holds the
-    output layer built once (`catalogue_pass`, `hold_catalogue`): for the "_attrs" models, the article
-    vectors of every catalogue article and their bias, which each call would otherwise build again. Eval
-    mode and no gradient only: in training the output layer is built every step (its id dropout draws)."""
+    model_cfg: ModelConfig
+    variant: str
+    spec: ContextSpec
+    context_embedding: ContextEmbedding | None
+    attributes: ArticleAttributes | None
+    head_terms: nn.ModuleList
+    logit_offsets: nn.ModuleList
+    articles: ArticleVectors  # the input's
+    output: ArticleHead
 
-    def _init_articles(self, variant: str, n_items: int, attributes: ContextSpec | None, combine: str) -> None:
-        """n_ids (article id rows), for a "<model>_attrs" variant the attribute embeddings, and the readers at the
-        two seams (readers.py): the terms added to the head state and the offsets added to the logits."""
-        self.n_ids = n_items
+    def forward(
+        self, items: torch.Tensor, context: dict[str, torch.Tensor] | None = None, select: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Hidden states (B, L, d) at the positions of `items` (B, L), or (M, d) at the `select` ones."""
+        raise NotImplementedError
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The head state from the encoder's hidden states at the positions to predict."""
+        raise NotImplementedError
+
+    def _init_attributes(self, variant: str, n_items: int, attributes: ContextSpec | None, combine: str) -> None:
+        """For a "<model>_attrs" variant the attribute embeddings of the input's articles (else None), and the
+        readers at the two seams (readers.py): the terms added to the head state and the offsets added to the
+        logits. Called where the paper's models draw them (their initial weights stay as they were)."""
         self.attributes = None  # (no class attributes: they would hide the submodules)
         if uses_attributes(variant) != (attributes is not None and len(attributes.features) > 0):
             raise ContextualBertError(
@@ -47,9 +70,8 @@ class ArticleScores:
             self.attributes = ArticleAttributes(attributes, n_items, self.model_cfg.d_model, combine)
         self.head_terms = head_terms(self.model_cfg, encoder=hasattr(self, "blocks"), reads_history=self.reads_history)
         self.logit_offsets = logit_offsets(self.model_cfg, attributes, self.reads_history)
-        self._held_output = None  # hold_catalogue's (weight, bias): not a weight, not in the state_dict
 
-    def reader(self, kind: type) -> nn.Module | None:
+    def reader(self, kind: type[Reader]) -> Reader | None:
         """The model's reader of class `kind` at either seam, or None."""
         return next((m for m in (*self.head_terms, *self.logit_offsets) if isinstance(m, kind)), None)
 
@@ -59,72 +81,27 @@ class ArticleScores:
         return self.context_embedding is not None and self.context_embedding.reads_history
 
     @property
+    def n_ids(self) -> int:
+        """Article id rows (specials included)."""
+        return self.articles.n_ids
+
+    @property
     def n_items(self) -> int:
         """Articles scored: the catalogue's with attributes, else the id vocabulary's (specials included)."""
-        return self.n_ids if self.attributes is None else self.attributes.n_items
+        return self.articles.n_items
+
+    def article_sides(self) -> list[ArticleAttributes]:
+        """The model's article attributes: the input's, and the output layer's where it has its own (the bag of
+        items)."""
+        sides = [self.attributes, self.output.vectors.attributes]
+        return [side for i, side in enumerate(sides) if side is not None and side not in sides[:i]]
 
     def set_catalogue(self, attributes: dict[str, torch.Tensor]) -> None:
         if self.attributes is None:
             raise ContextualBertError(f"model '{self.variant}' reads article ids only; it has no catalogue")
-        self.release_catalogue()
-        self.attributes.set_catalogue(attributes)
-
-    # --- the output layer held for a pass over many batches ---------------------------------------------
-
-    def hold_catalogue(self) -> bool:
-        """Build the output layer over the whole catalogue now (`output_layer()`: for the "_attrs" models every
-        article's vector from its id and attributes, and its bias) and score every later call without gradient
-        in eval mode with it, until `release_catalogue`. Nothing in training mode (the output layer's id
-        dropout draws anew every step). Returns whether it built one (False: one was held already, or
-        training mode). The weights must not change while it is held (a pass, a served model)."""
-        if self.training or self._held_output is not None:
-            return False
-        with torch.no_grad():
-            weight, bias = self.output_layer()
-        self._held_output = (weight.detach(), bias.detach())
-        return True
-
-    def release_catalogue(self) -> None:
-        self._held_output = None
-
-    @contextmanager
-    def catalogue_pass(self):
-        """The body as one pass over the catalogue: the output layer built once (`hold_catalogue`), released
-        after; within an enclosing pass, that one's."""
-        built = self.hold_catalogue()
-        try:
-            yield self
-        finally:
-            if built:
-                self.release_catalogue()
-
-    def catalogue_output(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weight (n_items, d), bias (n_items,)) of the output layer over every article: the held one when a
-        pass holds it (eval mode, no gradient), else `output_layer()`. The same tensors either way."""
-        if self._held_output is not None and not self.training and not torch.is_grad_enabled():
-            return self._held_output
-        return self.output_layer()
-
-    def article_vectors(self, table: nn.Embedding, articles: torch.Tensor | None = None) -> torch.Tensor:
-        """The vectors of `articles` (any shape) or of every article, from the id table `table` and, with
-        attributes, the articles' attribute embeddings. Within a pass that holds the output layer, read from it
-        where it holds these very vectors (the output tied to the input's articles, as ContextualBert's; the
-        attributes summed, each row on its own: the same numbers), not built again for every outfit and
-        history article."""
-        held = self._held_output
-        if (
-            held is not None
-            and articles is not None
-            and table is self.item_embeddings
-            and not self.training
-            and not torch.is_grad_enabled()
-            and not hasattr(self, "output_embeddings")
-            and (self.attributes is None or self.attributes.combine == "sum")
-        ):
-            return held[0][articles]
-        if self.attributes is not None:
-            return self.attributes(table, articles)
-        return table.weight if articles is None else table(articles)
+        self.output.release()
+        for side in self.article_sides():
+            side.set_catalogue(attributes)
 
     def set_id_dropout(self, rate: float, unseen_share: float | None = None) -> None:
         """Id dropout for training (variants.<model>_attrs.id_dropout; ArticleAttributes.ids), on both article sides;
@@ -136,31 +113,34 @@ class ArticleScores:
             side.id_dropout = float(rate)
             side.calibrate_unseen(float(rate) if unseen_share is None else unseen_share)
 
-    def article_sides(self) -> list[ArticleAttributes]:
-        """The model's article attributes: the input's, and the output layer's where it has its own (the bag of items)."""
-        return [side for side in (self.attributes, getattr(self, "output_attributes", None)) if side is not None]
-
     def set_unseen_offset(self, offset: float) -> None:
         """The calibration offset of the articles without an id on every article side (ArticleAttributes.calibrate_unseen
         sets it in training; a checkpoint restores it)."""
         for side in self.article_sides():
             side.unseen_offset = float(offset)
 
-    def output_articles(
-        self, table: nn.Embedding, attributes: ArticleAttributes | None, articles: torch.Tensor | None = None
-    ):
-        """(weight (n_items, d), bias (n_items,)) of the output layer over every article, from the id table
-        `table` and, with attributes, the attribute embeddings `attributes`; or (C, d), (C,) for the catalogue
-        indices `articles` (C,) only: the sampled softmax's candidates, whose attribute vectors are then the
-        only ones built. An article without an id (or whose id is dropped in this step) shares the [UNK] row's
-        bias: one draw of `ids()` serves both; outside training an article without an id gets the calibration
-        offset too (ArticleAttributes.calibrate_unseen)."""
-        if attributes is None:
-            if articles is None:
-                return table.weight, self.output_bias
-            return table.weight.index_select(0, articles), self.output_bias.index_select(0, articles)
-        ids = attributes.ids(articles)
-        return attributes(table, articles, ids=ids), attributes.bias(self.output_bias, ids, articles)
+    def article_vectors(self, articles: torch.Tensor) -> torch.Tensor:
+        """The input's vectors of `articles` (any shape); within a pass holding a tied output layer, read from it."""
+        held = self.output.held_vectors(self.articles, articles)
+        return self.articles(articles) if held is None else held
+
+    def output_layer(self, articles: torch.Tensor | None = None) -> OutputLayer:
+        """(weight, bias) of the output layer over every article, or the catalogue indices `articles` only
+        (ArticleHead.layer)."""
+        return self.output.layer(articles)
+
+    def hold_catalogue(self) -> bool:
+        """The output layer built once for the passes that follow (ArticleHead.hold), until `release_catalogue`."""
+        return self.output.hold()
+
+    def release_catalogue(self) -> None:
+        self.output.release()
+
+    @contextmanager
+    def catalogue_pass(self) -> Iterator[OutfitModel]:
+        """The body as one pass over the catalogue (ArticleHead.catalogue_pass)."""
+        with self.output.catalogue_pass():
+            yield self
 
     def outfit_offsets(
         self,
@@ -176,19 +156,19 @@ class ArticleScores:
         sum of those before it (`LogitOffset.add_to`: in place where it can, the same numbers: each element the
         same additions), and with `blocks` the attribute overlap's may come as a readers.CatalogueOffsets, for
         `masked_logits` to add block by block (never made whole)."""
-        total = None
+        total: torch.Tensor | CatalogueOffsets | None = None
         offsets: list[LogitOffset] = list(self.logit_offsets)  # type: ignore[arg-type]  # an nn.ModuleList of them
         for offset in offsets:
             if total is not None and articles is None and not torch.is_grad_enabled():
                 total = offset.add_to(self, total, items, select, context)
             elif (part := offset(self, items, select, context, articles)) is not None:
-                total = part if total is None else total + part
+                total = part if total is None else dense(total) + dense(part)
         return total.dense() if isinstance(total, CatalogueOffsets) and not blocks else total
 
     def article_logits(self, head_states: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
         """(M, n_items - N_SPECIAL) logits over the real articles (specials are never predicted); `offsets`
         from `outfit_offsets` at the same positions."""
-        weight, bias = self.catalogue_output()
+        weight, bias = self.output.catalogue()
         logits = F.linear(head_states, weight[N_SPECIAL:].to(head_states.dtype), bias[N_SPECIAL:].to(head_states.dtype))
         return logits if offsets is None else logits + offsets[:, N_SPECIAL:].to(logits.dtype)
 
@@ -216,7 +196,7 @@ class ArticleScores:
         shuffled pass; at 105k articles and 256 rows 275 ms against 415 ms for the whole logits)."""
         is_mask = items == MASK_INDEX
         head_states = self.head_states(items, context, is_mask)
-        weight, bias = self.catalogue_output()
+        weight, bias = self.output.catalogue()
         weight, bias = weight.to(head_states.dtype), bias.to(head_states.dtype)
         rows = torch.arange(len(targets), device=targets.device)
         peak = torch.full((len(targets),), float("-inf"), device=targets.device)
@@ -253,7 +233,7 @@ class ArticleScores:
         if not bool((is_mask.sum(dim=1) == 1).all()):
             raise ContextualBertError("masked_logits needs exactly one [MASK] item in every row")
         head_states = self.head_states(items, context, is_mask)
-        weight, bias = self.catalogue_output()
+        weight, bias = self.output.catalogue()
         logits = F.linear(head_states, weight.to(head_states.dtype), bias.to(head_states.dtype))
         if offsets is None:
             offsets = self.outfit_offsets(items, is_mask, context=context, blocks=True)

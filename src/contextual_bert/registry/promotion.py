@@ -324,7 +324,7 @@ def _promote(cfg: Config, into: Path) -> dict:
     key = metric_key(cfg.promote.metric, "val")
     (best, core, data, best_cases), skipped = checked_best(cfg, mlflow_client, pool, k, features_sha, into)
     champion = _alias_version(mlflow_client, name, CHAMPION)
-    result = {
+    result: dict[str, object] = {
         "model_name": name,
         "metric": cfg.promote.metric,
         "candidate": _describe(best, key),

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -277,7 +278,7 @@ def find_run(mlflow_client, run_dir: Path):
 class TrainingTracker:
     """Logs one training to its MLflow run: call `log_epoch` from train's `on_epoch_end`, then `log_result`."""
 
-    mlflow_client: object
+    mlflow_client: Any  # an mlflow.MlflowClient (mlflow is imported where it is used: its import is slow)
     run_id: str
     run_dir: Path
     features_dir: Path

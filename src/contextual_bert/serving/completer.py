@@ -37,6 +37,7 @@ import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 import torch
+from mlflow.pyfunc.model import PythonModel  # mlflow.pyfunc.PythonModel, as mypy can see it
 
 from contextual_bert.data.contract import read_table_file
 from contextual_bert.data.feature_spec import N_SPECIAL, PAD_INDEX
@@ -71,7 +72,7 @@ class OutfitCompleterCore:
     def __init__(self, model, encoder: OutfitEncoder, device: torch.device):
         self.model = model.to(device).eval()
         # the output layer over the whole catalogue built once, not per request (for an "_attrs" model every
-        # article's vector from its attributes; model.ArticleScores.hold_catalogue): the weights never change here
+        # article's vector from its attributes; model.ArticleHead.hold): the weights never change here
         self.model.hold_catalogue()
         self.encoder = encoder
         self.article_vocab = encoder.article_vocab
@@ -120,9 +121,9 @@ class OutfitCompleterCore:
             )
         if model.attributes is not None:
             articles = load_catalogue(features_dir)
-            catalogue = catalogue or os.environ.get(CATALOGUE_ENV) or None
-            if catalogue is not None:
-                path = Path(catalogue)  # .csv, .parquet, ...: its new articles' attributes, vectors included
+            named = catalogue or os.environ.get(CATALOGUE_ENV) or None
+            if named is not None:
+                path = Path(named)  # .csv, .parquet, ...: its new articles' attributes, vectors included
                 articles = articles.extend(read_table_file(path, ("article_id",)), path)
             model.set_catalogue(articles.tensors())
             encoder = OutfitEncoder(articles.vocab, encoder.context, encoder.max_set_size)
@@ -205,7 +206,7 @@ class OutfitCompleterCore:
 # --- the MLflow pyfunc -----------------------------------------------------------------------------------
 
 
-class OutfitCompleter(mlflow.pyfunc.PythonModel):
+class OutfitCompleter(PythonModel):
     """The pyfunc: loads the core from the model's artifacts; turns bad input into MLflow's HTTP 400."""
 
     def load_context(self, context):
@@ -268,7 +269,7 @@ def signature(spec, top_k: int):
     article_ids); output: OUTPUT_COLUMNS; param top_k."""
     from mlflow.models import ModelSignature
     from mlflow.types import DataType
-    from mlflow.types.schema import AnyType, Array, ColSpec, ParamSchema, ParamSpec, Schema
+    from mlflow.types.schema import AnyType, Array, ColSpec, ParamSchema, ParamSpec, Schema, TensorSpec
 
     # Every input is declared Any and checked where it is read, by one rule in and out of the scoring server:
     # the outfit by outfit_encoder.outfit_ids_of (not a list, empty, a repeated or odd id: a one-line error
@@ -282,10 +283,10 @@ def signature(spec, top_k: int):
     # kept in the model's metadata (log_pyfunc_model). Nor does MLflow require article_ids: its refusal of a
     # request without the column (or of a list or an empty body, which it reads as a frame without it) dumps
     # the frame and the whole schema; the encoder's is one line naming the column.
-    inputs = [
+    inputs: list[ColSpec | TensorSpec] = [
         ColSpec(AnyType(), name, required=False) for name in ("article_ids", *(f.request_column for f in spec.features))
     ]
-    outputs = [
+    outputs: list[ColSpec | TensorSpec] = [
         ColSpec(Array(DataType.string), "article_ids"),
         ColSpec(Array(DataType.double), "scores"),
         ColSpec(Array(DataType.string), "unknown_article_ids"),
@@ -335,8 +336,8 @@ def log_pyfunc_model(
     from contextual_bert.data.feature_store import load_spec
 
     spec = load_spec(features_dir)
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
         settings = tmp / "settings.json"
         settings.write_text(json.dumps({"top_k": int(top_k)}))
         artifacts = {"checkpoint": str(checkpoint), "settings": str(settings)}

@@ -118,7 +118,7 @@ class Gate:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        if self.token is not None and scope["path"] not in UNGUARDED and not self._authorized(scope):
+        if self.token is not None and scope["path"] not in UNGUARDED and not self._authorized(scope, self.token):
             log.warning("refused %s %s: 401 (no valid credential)", scope["method"], scope["path"])
             return await _answer(
                 send, 401, "a credential is required: Authorization: Bearer <token>", [(b"www-authenticate", b"Bearer")]
@@ -162,10 +162,10 @@ class Gate:
 
         return await self.app(scope, replay, send)
 
-    def _authorized(self, scope) -> bool:
+    def _authorized(self, scope, token: str) -> bool:
         value = _header(scope, b"authorization") or ""
         scheme, _, given = value.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.token.encode())
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
 
     async def _refuse(self, send, scope, status: int, what: str):
         log.warning("refused %s %s: %d (%s)", scope["method"], scope["path"], status, what)

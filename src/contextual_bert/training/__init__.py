@@ -1,20 +1,17 @@
-"""Training: the objective and its losses (losses.py), the loop (loop.py), a run's identity and exact resume
-and its state (resume.py), the warm-up from the bag of items (warmup.py), what training hides from a model
-(regularisers.py) and the co-occurrence start of the article table (cooccurrence.py)."""
+"""Training: the objective and its losses (losses.py), the step (loop.py), the Trainer (trainer.py), a run's
+typed pieces (run.py) and the Trainer's side concerns (checkpoints.py, tracking.py, unseen_fit.py, warmup_hook.py),
+a run's identity and exact resume and its state (resume.py), the warm-up from the bag of items (warmup.py), what
+training hides from a model (regularisers.py) and the co-occurrence start of the article table (cooccurrence.py)."""
 
+from contextual_bert.training.batches import BUCKET_BATCHES, length_batches
+from contextual_bert.training.checkpoints import Checkpoints
 from contextual_bert.training.loop import (
-    BUCKET_BATCHES,
     CONVERGENCE_EPOCHS,
     CONVERGENCE_NATS,
-    EpochHook,
-    Run,
     convergence,
     even_sample,
-    fit,
-    length_batches,
     lr_factor,
     make_optimizer,
-    train,
     train_step,
     validation_cross_entropy,
 )
@@ -44,4 +41,9 @@ from contextual_bert.training.resume import (
     save_resume_state,
     seeded_random_states,
 )
+from contextual_bert.training.run import Optimisation, Run, RunData, RunSetup
+from contextual_bert.training.tracking import EpochHook, Tracking
+from contextual_bert.training.trainer import Trainer, fit, not_applicable, start, train
+from contextual_bert.training.unseen_fit import UnseenOffset
 from contextual_bert.training.warmup import BagWarmup, bag_warmup_weight, reads_bag_warmup, set_bag_weight, stuck_check
+from contextual_bert.training.warmup_hook import BagWarmupHook

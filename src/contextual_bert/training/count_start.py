@@ -13,7 +13,7 @@ import torch
 from contextual_bert.data.feature_spec import N_SPECIAL, UNKNOWN_INDEX
 
 if TYPE_CHECKING:
-    from contextual_bert.model import BagOfItems, ContextualBert
+    from contextual_bert.model import OutfitModel
 
 
 def log_popularity(items: torch.Tensor, n_ids: int) -> torch.Tensor:
@@ -30,8 +30,9 @@ def log_popularity(items: torch.Tensor, n_ids: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def start_from_counts(model: ContextualBert | BagOfItems, items: torch.Tensor) -> None:
+def start_from_counts(model: OutfitModel, items: torch.Tensor) -> None:
     """Set `model`'s output bias to `log_popularity` of the training outfits `items`. Only the bias: with the
     learned scores started at zero too (the head transform zeroed) the encoder of the default data stayed at
     popularity (outfit dependence 0.001 after 6 epochs against 0.97; docs/decisions.md)."""
-    model.output_bias.copy_(log_popularity(items, model.output_bias.shape[0]).to(model.output_bias.dtype))
+    bias = model.output.bias
+    bias.copy_(log_popularity(items, bias.shape[0]).to(bias.dtype))

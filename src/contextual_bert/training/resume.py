@@ -88,6 +88,21 @@ class RunState:
     seconds: float = 0.0
     bag_warmup: BagWarmup = field(default_factory=BagWarmup)
 
+    def record(self, row: dict) -> bool:
+        """The epoch's row (validated) added to the curve and early stopping; whether it is the best so far."""
+        self.curve.append(row)
+        self.epoch, self.seconds = row["epoch"], self.seconds + row["seconds"]
+        if row["val_cross_entropy"] < self.best_val:
+            self.best_val, self.best_epoch, self.bad_epochs = row["val_cross_entropy"], row["epoch"], 0
+            return True
+        self.bad_epochs += 1
+        return False
+
+    def stops(self, patience: int) -> bool:
+        """Early stopping: `patience` epochs without a better validation cross-entropy; never within a warm-up
+        (it is judged at its end)."""
+        return self.bad_epochs >= patience and self.bag_warmup.phase != "running"
+
     def to_dict(self) -> dict:
         return {
             "epoch": self.epoch,

@@ -13,8 +13,15 @@ for a model without such articles or without such targets in validation.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
+import torch
+
+from contextual_bert.config import TrainConfig
+from contextual_bert.data.feature_spec import EncodedOutfits
+from contextual_bert.model import OutfitModel, save_checkpoint
+from contextual_bert.training.regularisers import id_dropout_rate, unseen_share
 
 MAX_NEWTON_STEPS = 50
 TOLERANCE = 1e-10  # on the derivative: mean mass minus the share of targets without an id
@@ -67,3 +74,43 @@ def fit_unseen_offset(model, val_data, batch_size: int, device, start: float | N
         "val_unseen_target_share": float(unseen.mean()),
         "val_mean_unseen_mass_before": float(np.mean(cases["mass"])),
     }
+
+
+class UnseenOffset:
+    """An "_attrs" model's id dropout and offset of the articles without an id, at the trainer's fixed points: set
+    at the run's start (`at_start`), fitted on validation in its best checkpoint at the end (`fit_best`); and what
+    metrics.json says of them. `id_dropout` None: a model of ids only, for which it does nothing."""
+
+    def __init__(self, id_dropout: float | None = None, start: float | None = None):
+        self.id_dropout, self.start = id_dropout, start
+        self.fit: dict | None = None
+
+    @classmethod
+    def at_start(cls, cfg: TrainConfig, model: OutfitModel, val_data: EncodedOutfits) -> UnseenOffset:
+        """The rate set on the model and its offset calibrated (ArticleAttributes.calibrate_unseen), from the whole
+        validation split; read by "_attrs" models only: the paper's models train as before."""
+        if model.attributes is None:  # a model of ids (uses_attributes: no)
+            return cls()
+        id_dropout = id_dropout_rate(cfg.id_dropout, model, val_data)
+        model.set_id_dropout(id_dropout, unseen_share(model, val_data))
+        return cls(id_dropout, model.attributes.unseen_offset)
+
+    def fit_best(self, model: OutfitModel, path: Path, val_data: EncodedOutfits, batch_size: int,
+                 device: torch.device) -> None:  # fmt: skip
+        """The best checkpoint (`path`) loaded into `model`, its offset fitted on validation from the offset training
+        started with (so that a finished run asked again fits the same), and saved with the fit."""
+        if self.id_dropout is None:
+            return
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+        model.load_state_dict(payload["state_dict"])
+        self.fit = fit_unseen_offset(model, val_data, batch_size, device, start=self.start)
+        if self.fit is not None:
+            save_checkpoint(path, model, {**payload.get("meta", {}), "unseen_offset_fit": self.fit})
+
+    def metrics(self) -> dict:
+        """The id dropout and the offset (fitted, where it was); nothing for a model of ids only."""
+        if self.id_dropout is None:
+            return {}
+        if self.fit is None:
+            return {"id_dropout": self.id_dropout, "unseen_offset": self.start}
+        return {"id_dropout": self.id_dropout, "unseen_offset": self.fit["offset"], "unseen_offset_fit": self.fit}

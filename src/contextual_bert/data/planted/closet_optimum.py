@@ -31,6 +31,21 @@ class ClosetOptimum(ContextPrior):
     oov_share:      (C, T) Q_c[t], e_c's mass on type t's articles outside the vocabulary
     Memory is bounded by scoring at most about `chunk_cells` float64 numbers per step (rows at a time)."""
 
+    # buffers (register_buffer), typed for mypy
+    item_type: torch.Tensor
+    real_index: torch.Tensor
+    fresh: torch.Tensor
+    rewear: torch.Tensor
+    log_keep: torch.Tensor
+    owner_start: torch.Tensor
+    owner_customer: torch.Tensor
+    owner_gain: torch.Tensor
+    entry_customer: torch.Tensor
+    entry_item: torch.Tensor
+    entry_type: torch.Tensor
+    entry_kappa: torch.Tensor
+    oov_share: torch.Tensor
+
     def __init__(
         self,
         item_type,
@@ -140,6 +155,9 @@ class ClosetHistoryOptimum(ClosetOptimum):
     """ClosetOptimum whose prior is each outfit's own P(c | H, x): `log_prior` (W, C) for the W outfits that have
     one, `row_index` (N,) an outfit row's row of it, read at the row the cases' context gives under OUTFIT_ROW."""
 
+    # buffers (register_buffer), typed for mypy
+    row_index: torch.Tensor
+
     def __init__(self, *args, row_index, **kwargs):
         super().__init__(*args, **kwargs)
         self.register_buffer("row_index", torch.as_tensor(row_index, dtype=torch.int64))
@@ -207,9 +225,9 @@ def closet_history_log_prior(
     n_c, n_t = truth.n_customers, truth.n_types
     members = [history[o] for o in wanted]
     owner = np.repeat(np.arange(len(wanted)), [len(m) for m in members])
-    members = np.concatenate(members + [np.zeros(0, np.int64)]).astype(np.int64)
-    lengths = np.array([len(article_rows[h]) for h in members], dtype=np.int64)
-    article = np.concatenate([article_rows[h] for h in members] + [np.zeros(0, np.int64)]).astype(np.int64)
+    outfits = np.concatenate(members + [np.zeros(0, np.int64)]).astype(np.int64)  # the history's, in order
+    lengths = np.array([len(article_rows[h]) for h in outfits], dtype=np.int64)
+    article = np.concatenate([article_rows[h] for h in outfits] + [np.zeros(0, np.int64)]).astype(np.int64)
     owner = np.repeat(owner, lengths)
     # the (1 - rho_ct) factors, by the history's items per type
     per_type = np.bincount(owner * n_t + truth.article_type[article], minlength=len(wanted) * n_t)

@@ -105,10 +105,12 @@ class ClosetTruth:
         return out
 
     def save(self, out_dir: Path, about: dict) -> None:
+        # allow_pickle: numpy's default, named so that the arrays passed by name cannot be taken for it
         np.savez_compressed(Path(out_dir) / tastes.TRUTH_FILE, article_ids=self.article_ids.astype(str),
                             article_type=self.article_type, log_popularity=self.log_popularity,
                             customer_ids=self.customer_ids.astype(str), **{CLOSET_KEY: self.closet},
-                            rewear=np.float64(self.rewear), n_types=np.int64(self.n_types))  # fmt: skip
+                            rewear=np.float64(self.rewear), n_types=np.int64(self.n_types),
+                            allow_pickle=True)  # fmt: skip
         (Path(out_dir) / tastes.TRUTH_JSON).write_text(json.dumps(about, indent=2))
 
     @classmethod

@@ -103,6 +103,11 @@ class ContextPrior(nn.Module):
     cardinality of each digit, `keys` (P,) the sorted mixed-radix key of each combination); P = 1 and
     context_digits None: one prior for every case (without context)."""
 
+    # buffers (register_buffer), typed for mypy
+    log_prior: torch.Tensor
+    multiplier: torch.Tensor
+    keys: torch.Tensor
+
     def _init_prior(self, log_prior, context_digits=None, radix=None, keys=None) -> None:
         self.register_buffer("log_prior", torch.as_tensor(log_prior, dtype=torch.float64))
         self.context_digits = list(context_digits or [])
@@ -139,6 +144,13 @@ class BayesOptimum(ContextPrior):
     context_digits: [(feature name, width)] in key order, with `radix` (D,) the cardinality of each digit and
                     `keys` (P,) the sorted mixed-radix key of each combination
     """
+
+    # buffers (register_buffer), typed for mypy
+    sorted_index: torch.Tensor
+    sorted_share: torch.Tensor
+    item_type: torch.Tensor
+    item_log_share: torch.Tensor
+    oov_share: torch.Tensor
 
     def __init__(self, item_type, item_log_share, oov_share, log_prior, context_digits=None, radix=None,
                  keys=None):  # fmt: skip

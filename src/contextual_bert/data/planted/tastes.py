@@ -85,6 +85,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -165,6 +166,7 @@ class PlantedTruth:
 
     def log_taste_given_u(self) -> np.ndarray:
         """(C, U, K) log P(z | x_c, u)."""
+        assert self.taste_logit is not None and self.customer_taste_table is not None, "a customer taste's truth"
         logits = self.taste_logit[:, None, :] + self.customer_taste_table[None, :, :]
         return logits - _logsumexp(logits, axis=-1)[..., None]
 
@@ -183,16 +185,19 @@ class PlantedTruth:
         return self.taste_prob.mean(axis=0)
 
     def save(self, out_dir: Path, about: dict) -> None:
+        arrays: dict[str, np.ndarray | np.int64] = {}
+        if self.taste_logit is not None and self.customer_taste_table is not None:  # has_customer_taste
+            arrays |= {"taste_logit": self.taste_logit, "customer_taste_table": self.customer_taste_table}
+        if self.lifestyle is not None:
+            arrays |= {"n_lifestyles": np.int64(self.n_lifestyles), "lifestyle": self.lifestyle}
+        if self.ignored_context:
+            arrays["ignored_context"] = np.array(self.ignored_context, dtype=str)
         np.savez_compressed(
             Path(out_dir) / TRUTH_FILE,
+            allow_pickle=True,  # numpy's default, named so that the arrays passed by name cannot be taken for it
             article_ids=self.article_ids.astype(str), article_type=self.article_type,
             log_weight=self.log_weight, customer_ids=self.customer_ids.astype(str), taste_prob=self.taste_prob,
-            n_types=np.int64(self.n_types),
-            **({} if not self.has_customer_taste else {
-                "taste_logit": self.taste_logit, "customer_taste_table": self.customer_taste_table}),
-            **({} if self.lifestyle is None else {
-                "n_lifestyles": np.int64(self.n_lifestyles), "lifestyle": self.lifestyle}),
-            **({} if not self.ignored_context else {"ignored_context": np.array(self.ignored_context, dtype=str)}),
+            n_types=np.int64(self.n_types), **arrays,
         )  # fmt: skip
         (Path(out_dir) / TRUTH_JSON).write_text(json.dumps(about, indent=2))
 
@@ -259,8 +264,8 @@ def _customers(rng: np.random.Generator, cfg: PlantedConfig) -> dict:
         if informative:
             tables[name] = rng.normal(0, cfg.context_strength, (n_values, cfg.n_tastes))
             taste_logit += tables[name][values[name]]
-    cus = dict(values=values, tables=tables, taste_prob=_softmax(taste_logit), taste_logit=taste_logit,
-               hidden=None, customer_taste_table=None)  # fmt: skip
+    cus: dict[str, Any] = dict(values=values, tables=tables, taste_prob=_softmax(taste_logit),
+                               taste_logit=taste_logit, hidden=None, customer_taste_table=None)  # fmt: skip
     if cfg.customer_taste_strength > 0:  # its own generator: the story's draws stay those without it
         taste_rng = np.random.default_rng([cfg.seed, CUSTOMER_TASTE_STREAM])
         cus["hidden"] = taste_rng.integers(0, cfg.n_customer_tastes, cfg.n_customers)

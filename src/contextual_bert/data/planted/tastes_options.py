@@ -97,7 +97,7 @@ def latent_arrays(cat: dict, cus: dict, switch: dict | None) -> dict:
 
 def about(cfg, switch: dict | None, paper: tuple) -> dict:
     """The options' entries of the truth's JSON (none when every option is off)."""
-    out = {}
+    out: dict[str, object] = {}
     if switch is not None:
         out["lifestyles"] = {
             "column": LIFESTYLE, "odds": switch["odds"].round(6).tolist(),
@@ -144,7 +144,8 @@ def joint_taste(
     rows = np.arange(c)
     joint = np.zeros((c, n_lifestyles, k))
     joint[rows, lifestyle] = taste_prob
-    logit = table = None
+    logit: np.ndarray | None = None
+    table: np.ndarray | None = None
     if customer_taste_table is not None:
         logit = np.full((c, n_lifestyles, k), -np.inf)
         logit[rows, lifestyle] = taste_logit

@@ -239,7 +239,7 @@ def _articles_table(items: pa.Array, cfg: ImportSetsConfig) -> tuple[pa.Table, p
     the contract's columns (null where the products table lacks them) and the products table's columns. Also the
     products lines that cannot be used (quarantine) and counts."""
     columns = {"article_id": items}
-    unusable, counts = pd.DataFrame(columns=UNREAD_COLUMNS), {}
+    unusable, counts = pd.DataFrame(columns=UNREAD_COLUMNS), dict[str, int]()
     if cfg.articles is not None:
         products, unusable, counts = read_products(cfg)
         item_ids = items.to_pylist()
@@ -293,7 +293,11 @@ def import_sets(
     })  # fmt: skip
     quarantine = pd.concat(
         [unread.assign(file=source.name), quarantine]
-        + ([customers_unread.assign(file=Path(cfg.customers).name)] if len(customers_unread) else []),
+        + (
+            [customers_unread.assign(file=Path(cfg.customers).name)]
+            if cfg.customers is not None and len(customers_unread)
+            else []
+        ),
         ignore_index=True,
     )
     pairs = pairs[~malformed]
@@ -341,7 +345,7 @@ def import_sets(
         outfits = outfits.append_column(DATE_COLUMN, pa.array(SEQUENCE_START + day.astype("timedelta64[D]"), DATE_TYPE))
     items = pc.unique(outfits.column("article_ids").combine_chunks().flatten())  # in the order first listed
     articles, products_unusable, products_counts = _articles_table(items, cfg)
-    if len(products_unusable):
+    if cfg.articles is not None and len(products_unusable):  # only a products table has lines it cannot use
         quarantine = pd.concat([quarantine, products_unusable.assign(file=Path(cfg.articles).name)], ignore_index=True)
     known_customers = set(customers.column("customer_id").to_pylist())
 

@@ -83,6 +83,7 @@ def read_products(cfg: ImportSetsConfig) -> tuple[pd.DataFrame, pd.DataFrame, di
     """The products table (`import_sets.articles`): (its usable rows, one per id in the file's order, as
     article_id + the columns by their article names (article_name, or import_sets.article_columns); the lines
     that cannot be used: line, column, reason, text; counts)."""
+    assert cfg.articles is not None, "read_products reads import_sets.articles"
     path = Path(cfg.articles)
     id_column = cfg.article_id_column or cfg.item_column
     if text_suffix(path) == POLYVORE_SUFFIX:

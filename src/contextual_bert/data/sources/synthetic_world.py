@@ -282,9 +282,9 @@ def _make_customers(rng: np.random.Generator, n_customers: int, art: dict) -> di
     nogo_slots = _mask_rows(rng, slot_w, rng.choice([0, 1, 2, 3], n, p=[0.35, 0.35, 0.2, 0.1]))
     type_w = _cut_for(gender).astype(float) * nogo_slots[:, type_slot]
     nogo = np.zeros((n, len(type_names)), dtype=bool)
-    for s in range(len(SLOTS)):  # one draw per slot, over that slot's few types
-        cols = np.flatnonzero(type_slot == s)
-        rows = np.flatnonzero(nogo_slots[:, s])
+    for slot in range(len(SLOTS)):  # one draw per slot, over that slot's few types
+        cols = np.flatnonzero(type_slot == slot)
+        rows = np.flatnonzero(nogo_slots[:, slot])
         nogo[rows, cols[_categorical(rng, type_w[np.ix_(rows, cols)])]] = True
 
     top_size = np.clip(np.round(rng.normal(np.where(gender == 1, 2.8, 1.8), 1.0)), 0, len(TOP_SIZES) - 1)
