@@ -25,7 +25,8 @@ MAX_ERROR_CHARS = 200
 def stage_failure(exc: BaseException) -> tuple[str, str] | None:
     """(the stage, its last error line) when `exc`, or an exception it wraps, is a DVC stage that failed (a
     `dvc repro` of the pipeline, or of a training unit); None for any other failure."""
-    texts, seen = [], exc
+    texts: list[str] = []
+    seen: BaseException | None = exc
     while seen is not None and len(texts) < 10:
         texts.append(getattr(seen, "output", None) or str(seen))  # a StageFailed's whole output, not its tail
         seen = seen.__cause__ or seen.__context__

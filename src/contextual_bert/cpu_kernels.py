@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 PINNED = {
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"},
@@ -34,7 +35,7 @@ CPUINFO = Path("/proc/cpuinfo")
 # changes that CPU's bits, and a rate moves by up to 10% run to run on the 2-core machine. An entry names a CPU
 # by /proc/cpuinfo's fields; it matches when each field it gives is equal (flags: each present). The first wins.
 MARGIN = 1.10
-FASTEST = (
+FASTEST: tuple[dict[str, Any], ...] = (
     {
         # Measured at 65c9af0 (issue 91): native 1.32-1.55x the pinned rate, `make repro` 20:21 against 29:05.
         # Its family and model numbers were not recorded then: matched by name and AVX-512.

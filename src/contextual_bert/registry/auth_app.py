@@ -120,7 +120,7 @@ def _guard_native_uploads(auth_module) -> None:
 
         return guarded
 
-    find_validator.guards_registered_files = True
+    find_validator.guards_registered_files = True  # type: ignore[attr-defined]
     auth_module._find_fastapi_validator = find_validator
 
 
