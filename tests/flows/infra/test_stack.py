@@ -164,7 +164,8 @@ def stack_up(postgres, creds, tmp_path_factory):
         # The flows that drive the trainings on a worker of their own (queue `pipeline`), as `flows.infra.stack
         # up` starts them: the training workers (queue `default`) can die without taking a parent along.
         (root / "worker-pipeline").mkdir()
-        # As the stack does: the pipeline worker (register, promote) is the promoter, the trainers trainer.
+        # Unlike `stack up` (whose workers are all trainer, docs/security.md): here the pipeline worker is the
+        # promoter, so that one nightly run registers and promotes; test_stack_up.py tests the stack's split.
         pipeline_worker = server.start_worker(
             processes,
             CPU_POOL,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import stat
 import sys
 import tempfile
@@ -62,6 +63,9 @@ def target():
         yield attacks.Target(root)
     finally:
         attacks.stack_cli("down", "--dir", str(root))
+        postmaster = root / "postgres" / "postmaster.pid"
+        if postmaster.exists():  # `down` failed to stop it: not left running without its directory
+            os.kill(int(postmaster.read_text().split()[0]), signal.SIGKILL)
         shutil.rmtree(parent, ignore_errors=True)
 
 
