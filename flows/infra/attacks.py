@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -304,6 +305,7 @@ def job_variable_override(t: Target, model: str, timeout: float = 300) -> list[O
             client.update_work_pool(CPU_POOL, WorkPoolUpdate(base_job_template=locked or locked_job_template()))
             client.delete_deployment(deployment_id)
     ran = json.loads(report.read_text()) if report.exists() else {}
+    shutil.rmtree(work, ignore_errors=True)
     out.append(
         Outcome(
             "job-variable override",
