@@ -76,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     target = attacks.Target(root)
     outcomes: list[attacks.Outcome] = []
     seconds: dict[str, float] = {}
+    dirs = Path(tempfile.mkdtemp(prefix="cb-dirs-"))
     try:
-        outcomes += attacks.foreign_directories(Path(tempfile.mkdtemp(prefix="cb-dirs-")))
+        outcomes += attacks.foreign_directories(dirs)
         timed("up", seconds, "up", "--dir", str(root), "--workers", str(args.workers))
         creds = target.creds
         outcomes += attacks.credential_attacks(target, {}, "no credentials")
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         attacks.stack_cli("down", "--dir", str(root))
         shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(dirs, ignore_errors=True)
 
     missed = [o for o in outcomes if not o.refused]
     report = {
