@@ -228,7 +228,7 @@ def ensure_pools(client, gpus: list[int], cpu_trainings: int, zombie_after_s: fl
                     description=f"trainings on {pool.upper()} workers (contextual-bert)",
                 )
             )
-            done.append(f"pool {pool}: created (job template locked)")
+            done.append(f"pool {pool}: created")
             continue
         if existing.base_job_template != template:  # made before the lock, or changed since
             client.update_work_pool(pool, WorkPoolUpdate(base_job_template=template))
