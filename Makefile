@@ -65,7 +65,7 @@ PREFECT_ENV = PREFECT_HOME=$(PREFECT_HOME) PREFECT_API_URL=$(PREFECT_API_URL) PR
 .PHONY: prefect-help prefect-server prefect-pools prefect-deploy prefect-worker prefect-ui prefect-run
 
 prefect-help:
-	@echo "make prefect-server                 Prefect server on 127.0.0.1:$(PREFECT_PORT) (SQLite in $(PREFECT_HOME))"
+	@echo "make prefect-server                 Prefect server on 127.0.0.1:$(PREFECT_PORT) (SQLite in $(PREFECT_HOME)), auth string required"
 	@echo "make prefect-pools [GPUS='0 1']     work pools cpu and gpu, slots train-cpu and gpu-<i>"
 	@echo "make prefect-deploy                 pools, then prefect deploy --all (prefect.yaml)"
 	@echo "make prefect-worker [POOL=gpu] [QUEUE=default|pipeline]  a process worker on the cpu (or gpu) pool"
@@ -73,10 +73,13 @@ prefect-help:
 	@echo "make prefect-run [SIZE=tiny] [FAN_OUT=remote]  run the nightly pipeline deployment now"
 	@echo "make stack-up [WORKERS=2]           PostgreSQL, Prefect + MLflow servers on it, workers (.stack/)"
 	@echo "make stack-status | stack-down      what runs / stop it all"
+	@echo "make stack-rotate                   new secrets for every role, everything restarted"
 	@echo "eval \"\$$(make -s stack-env AS=promoter)\"  URLs and credentials of a stack client (trainer|promoter|admin)"
 
+# With the auth string of $(STACK_DIR)/credentials.env (made if missing), telemetry off; the profile it writes
+# in $(PREFECT_HOME) (0600) gives the string to the targets below, which share that PREFECT_HOME.
 prefect-server: $(STAMP)
-	$(PREFECT_ENV) $(BIN)/prefect server start --host 127.0.0.1 --port $(PREFECT_PORT)
+	$(BIN)/python -m flows.infra.stack prefect-server --prefect-home $(PREFECT_HOME) --dir $(STACK_DIR) --port $(PREFECT_PORT)
 
 prefect-pools: $(STAMP)
 	$(PREFECT_ENV) $(BIN)/python -m flows.infra.work_pools --gpus "$(GPUS)" --cpu-trainings $(CPU_TRAININGS)
@@ -105,7 +108,7 @@ WORKERS ?= 2
 STACK_HOST ?= 127.0.0.1
 AS ?= trainer
 
-.PHONY: stack-up stack-down stack-status stack-env
+.PHONY: stack-up stack-down stack-status stack-env stack-rotate
 
 stack-up: $(STAMP)
 	$(BIN)/python -m flows.infra.stack up --dir $(STACK_DIR) --workers $(WORKERS) --host $(STACK_HOST)
@@ -118,3 +121,6 @@ stack-down:
 
 stack-status:
 	$(BIN)/python -m flows.infra.stack status --dir $(STACK_DIR)
+
+stack-rotate:
+	$(BIN)/python -m flows.infra.stack rotate --dir $(STACK_DIR)

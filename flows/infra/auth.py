@@ -12,17 +12,24 @@ contextual_bert.registry.auth_app):
 - promoter: the same, and MANAGE on the registered model: the only user (besides admin) that may move
   the aliases 'champion' and 'previous'.
 Every authenticated user reads everything (default_permission READ); an unauthenticated request gets 401.
+
+Files (docs/security.md): the stack trusts a directory or secret file only when it is no symbolic link, is
+owned by the user who runs it and is writable by no one else; files are read with O_NOFOLLOW and written
+as a new file (O_EXCL, 0600) renamed over the old, so nothing is written through a link someone planted.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
+import stat
 from pathlib import Path
 
 CREDENTIALS = "credentials.env"
 PGPASS = "pgpass"
 AUTH_INI = "basic_auth.ini"
+MLFLOW_AUTH_DB = "mlflow-auth.db"
 MLFLOW_APP = "contextual-bert-auth"  # the entry point in pyproject.toml
 PREFECT_USER = "prefect"  # the user part of the Prefect auth string (the server checks the whole string)
 MLFLOW_USERS = ("trainer", "promoter")
@@ -45,17 +52,81 @@ def _new(key: str) -> str:
     return f"{PREFECT_USER}:{value}" if key == "PREFECT_AUTH_STRING" else value
 
 
+def refuse(path: Path, why: str) -> SystemExit:
+    """The one-line error for a path the stack will not trust."""
+    return SystemExit(f"{path}: {why}; refused (docs/security.md)")
+
+
+def _check_owned(path: Path, st: os.stat_result, what: str) -> None:
+    if stat.S_ISLNK(st.st_mode):
+        raise refuse(path, "a symbolic link")
+    if st.st_uid != os.geteuid():
+        raise refuse(path, f"{what} owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})")
+
+
+def private_dir(path: Path, mode: int = 0o700) -> Path:
+    """`path` as a directory of this user's that no one else may write: created with `mode`, or an
+    existing one checked (no symbolic link, owned by this user, writable by no one else, so nobody can
+    have planted a file in it) and set to `mode`."""
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        st = os.lstat(path)
+        _check_owned(path, st, "a directory")
+        if not stat.S_ISDIR(st.st_mode):
+            raise refuse(path, "not a directory") from None
+        if st.st_mode & 0o022:
+            raise refuse(path, f"writable by others (mode {st.st_mode & 0o777:o})") from None
+    os.chmod(path, mode, follow_symlinks=False)
+    return path
+
+
+def read_private(path: Path) -> str:
+    """The text of a secret file: refused when it is a symbolic link, not this user's or readable by others."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise refuse(path, "a symbolic link") from None
+        raise SystemExit(f"{path}: {exc.strerror}") from None
+    with os.fdopen(fd) as f:
+        st = os.fstat(f.fileno())
+        _check_owned(path, st, "a file")
+        if not stat.S_ISREG(st.st_mode):
+            raise refuse(path, "not a regular file")
+        if st.st_mode & 0o077:
+            raise SystemExit(f"{path}: readable by others (mode {st.st_mode & 0o777:o}); chmod 600 it")
+        return f.read()
+
+
 def write_private(path: Path, text: str) -> None:
-    """Write `text` to `path` readable by its owner only, never briefly by others."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    path.chmod(0o600)  # an existing file keeps its mode on open
+    """Write `text` to `path` readable by its owner only: a new file (O_EXCL, never through a link or a
+    file someone else made, never briefly readable by others) renamed over whatever was there."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def open_log(path: Path):
+    """A log file to append to (0600, never through a link)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid():
+        os.close(fd)
+        raise refuse(path, f"a log owned by uid {st.st_uid}, not by this user")
+    os.fchmod(fd, 0o600)  # a log of an older stack may be 0644
+    return os.fdopen(fd, "ab")
 
 
 def read_env_file(path: Path) -> dict[str, str]:
     values = {}
-    for line in path.read_text().splitlines():
+    for line in read_private(path).splitlines():
         line = line.strip()
         if line and not line.startswith("#") and "=" in line:
             key, value = line.split("=", 1)
@@ -70,22 +141,27 @@ class Secrets(dict):
         return f"Secrets({sorted(self)})"
 
 
-def credentials(root: Path) -> dict[str, str]:
+def new_secrets() -> dict[str, str]:
+    """A fresh value for every key (the first `up`, and `stack rotate`)."""
+    return Secrets({k: _new(k) for k in KEYS})
+
+
+def write_credentials(root: Path, values: dict[str, str]) -> None:
+    lines = ["# contextual-bert stack secrets: never commit, never paste (docs/security.md, rotation)"]
+    lines += [f"# {KEYS.get(k, '')}\n{k}={values[k]}" for k in values]
+    write_private(root / CREDENTIALS, "\n".join(lines) + "\n")
+
+
+def credentials(root: Path, dir_mode: int = 0o700) -> dict[str, str]:
     """The stack's secrets from <root>/credentials.env; created at the first call, keys missing from an
-    older file added. Refuses a file others may read."""
+    older file added. Refuses a directory or file that is a symbolic link, another user's, or open to others."""
     path = root / CREDENTIALS
-    root.mkdir(parents=True, exist_ok=True)
-    values = {}
-    if path.exists():
-        if path.stat().st_mode & 0o077:
-            raise SystemExit(f"{path}: readable by others (mode {path.stat().st_mode & 0o777:o}); chmod 600 it")
-        values = read_env_file(path)
+    private_dir(root, dir_mode)
+    values = read_env_file(path) if os.path.lexists(path) else {}
     missing = [k for k in KEYS if not values.get(k)]
     if missing:
         values.update({k: _new(k) for k in missing})
-        lines = ["# contextual-bert stack secrets: never commit, never paste (docs/scaling.md, rotation)"]
-        lines += [f"# {KEYS.get(k, '')}\n{k}={values[k]}" for k in values]
-        write_private(path, "\n".join(lines) + "\n")
+        write_credentials(root, values)
     return Secrets(values)
 
 
@@ -102,12 +178,13 @@ def write_pgpass(root: Path, port: int, creds: dict[str, str]) -> Path:
 def write_auth_ini(root: Path) -> Path:
     """The MLflow auth app's config: its user database in the stack directory."""
     path = root / AUTH_INI
-    path.write_text(
+    write_private(
+        path,
         "\n".join(
             [
                 "[mlflow]",
                 "default_permission = READ",
-                f"database_uri = sqlite:///{(root / 'mlflow-auth.db').resolve()}",
+                f"database_uri = sqlite:///{(root / MLFLOW_AUTH_DB).resolve()}",
                 "admin_username = admin",
                 "authorization_function = mlflow.server.auth:authenticate_request_basic_auth",
                 "grant_default_workspace_access = false",
@@ -116,9 +193,23 @@ def write_auth_ini(root: Path) -> Path:
                 "auth_cache_ttl_seconds = 60",
             ]
         )
-        + "\n"
+        + "\n",
     )
     return path
+
+
+def set_mlflow_admin(root: Path, creds: dict[str, str]) -> None:
+    """User admin in the auth app's database, with the file's password, written before the server starts:
+    so the password never has to be in the server's environment (MLFLOW_AUTH_ADMIN_PASSWORD)."""
+    from mlflow.server.auth.sqlalchemy_store import SqlAlchemyStore
+
+    store = SqlAlchemyStore()
+    store.init_db(f"sqlite:///{(root / MLFLOW_AUTH_DB).resolve()}")
+    if store.has_user("admin", use_primary=True):
+        store.update_user("admin", password=creds["MLFLOW_ADMIN_PASSWORD"])
+    else:
+        store.create_user("admin", creds["MLFLOW_ADMIN_PASSWORD"], is_admin=True)
+    store.engine.dispose()
 
 
 def prefect_server_env(creds: dict[str, str]) -> dict[str, str]:
@@ -131,11 +222,11 @@ def prefect_client_env(creds: dict[str, str]) -> dict[str, str]:
 
 
 def mlflow_server_env(root: Path, creds: dict[str, str]) -> dict[str, str]:
+    """No admin password (set_mlflow_admin writes the user first). The Flask key stays: MLflow 3.17 reads
+    it only from the environment (docs/security.md)."""
     return {
         "MLFLOW_AUTH_CONFIG_PATH": str(write_auth_ini(root)),
         "MLFLOW_FLASK_SERVER_SECRET_KEY": creds["MLFLOW_FLASK_SERVER_SECRET_KEY"],
-        # read only while the auth database has no admin yet (the first start)
-        "MLFLOW_AUTH_ADMIN_PASSWORD": creds["MLFLOW_ADMIN_PASSWORD"],
     }
 
 
@@ -194,10 +285,12 @@ def setup_mlflow(uri: str, creds: dict[str, str], experiment: str, model_name: s
         ("promoter", "registered_model", model_name, "MANAGE"),
     ]
     for user, kind, resource, permission in grants:
-        _call(
-            uri,
-            admin,
-            "POST",
-            "/api/3.0/mlflow/users/permissions/grant",
-            json={"username": user, "resource_type": kind, "resource_id": resource, "permission": permission},
-        )
+        grant = {"username": user, "resource_type": kind, "resource_id": resource, "permission": permission}
+        path = "/api/3.0/mlflow/users/permissions/grant"
+        got = _call(uri, admin, "POST", path, ok=(200, 400), json=grant)
+        if got.get("error_code") == "RESOURCE_ALREADY_EXISTS":  # a restart: the grant set anew, as listed here
+            revoke = {k: v for k, v in grant.items() if k != "permission"}
+            _call(uri, admin, "POST", "/api/3.0/mlflow/users/permissions/revoke", json=revoke)
+            _call(uri, admin, "POST", path, json=grant)
+        elif "error_code" in got:
+            raise RuntimeError(f"MLflow POST {path}: {got['error_code']} {got.get('message', '')[:300]}")

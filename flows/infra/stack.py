@@ -5,25 +5,37 @@ remote directory, and workers in directories of their own (which see nothing of 
     eval "$(python -m flows.infra.stack env --as trainer)"    # a client's environment (trainer|promoter|admin)
     python -m flows.infra.stack status
     python -m flows.infra.stack down
+    python -m flows.infra.stack rotate    # new secrets for every role; what holds them restarted
 
 - PostgreSQL: a private cluster (`initdb` + `pg_ctl`, Debian's `postgresql` package: binaries under
   /usr/lib/postgresql/<version>/bin) in <dir>/postgres on a free port of 127.0.0.1, scram-sha-256
   authentication for every connection; as root it runs as the `postgres` user (PostgreSQL refuses
   root). Databases `prefect` and `mlflow`, each owned by a role of its name with its own password.
 - Secrets: <dir>/credentials.env (0600), made at the first `up` (flows/infra/auth.py); the database
-  passwords reach the servers through <dir>/pgpass (PGPASSFILE), never in a URL.
-- Prefect server: PREFECT_API_DATABASE_CONNECTION_URL=postgresql+asyncpg://prefect@... (driver asyncpg),
-  PREFECT_SERVER_API_AUTH_STRING; every worker and flow run has PREFECT_API_AUTH_STRING.
+  passwords reach the servers through <dir>/pgpass (PGPASSFILE), never in a URL. <dir> must be this
+  user's, no symbolic link, writable by no one else; everything in it is 0600 / 0700 (umask 077), and
+  <dir> itself 0700 (0711 as root: the `postgres` user must reach its data directory).
+- No server holds a secret in its environment: the Prefect server reads its auth string from a profile
+  (<dir>/prefect-home/profiles.toml), MLflow's admin is written into its user database before it starts,
+  PostgreSQL's superuser password goes to psql only (the MLflow auth app's Flask key stays, see
+  docs/security.md). Telemetry off (PREFECT_SERVER_ANALYTICS_ENABLED=false, DO_NOT_TRACK=1).
+- Prefect server: PREFECT_API_DATABASE_CONNECTION_URL=postgresql+asyncpg://prefect@... (driver asyncpg);
+  every worker and flow run has PREFECT_API_AUTH_STRING.
 - MLflow server: --app-name contextual-bert-auth (basic-auth; only MANAGE moves 'champion'),
   --backend-store-uri postgresql://mlflow@... (tracking and registry; driver psycopg2) and
   --artifacts-destination <dir>/mlartifacts: the artifact root (s3://bucket/prefix with
   MLFLOW_S3_ENDPOINT_URL and AWS_* credentials for S3-compatible stores, docs/scaling.md). Users
-  trainer (the training workers) and promoter (the pipeline worker, which runs register and promote).
+  trainer (every worker: the trainings and the pipeline worker, which registers) and promoter, which
+  no worker holds: promotion runs outside Prefect (`eval "$(... env --as promoter)"; contextual-bert
+  promote`), since the auth string every worker holds can run any code on any worker (docs/security.md).
 - Both servers listen on 127.0.0.1 unless `--host` names another address.
 - Pools, slots and the zombie automation: `python -m flows.infra.work_pools`; workers: `prefect worker start
   --pool cpu --work-queue default` in <dir>/worker-<i> for the trainings, their temporary files in
   <dir>/worker-<i>/tmp, and `--work-queue pipeline` in <dir>/worker-pipeline for the flows that drive
   them (the pipeline, training, promotion), so killing a training worker never kills a parent flow.
+- `down` then `up` restarts on the same cluster and databases; `rotate` sets new passwords in PostgreSQL
+  (with the old superuser password), writes the new file, and restarts everything (`down`, `up`), which
+  sets MLflow's users and the Prefect auth string from it: the old secrets are refused afterwards.
 
 The pieces (`Postgres`, the server commands) are the ones the integration tests start.
 """
@@ -50,6 +62,17 @@ from flows.infra.work_pools import CPU_POOL, PIPELINE_QUEUE, RESILIENT_ENV, TRAI
 
 BIN = Path(sys.executable).parent  # the venv's bin/: prefect, mlflow, dvc
 PG_USER = "postgres"  # the database superuser, and the system user that runs the cluster as root
+DB_ROLES = ("prefect", "mlflow")  # a database each, owned by a login role of its name
+# As root the cluster runs as PG_USER, which must pass through <dir> to its data directory (no listing).
+STACK_DIR_MODE = 0o711 if os.geteuid() == 0 else 0o700
+# Telemetry off for every process the stack starts (Prefect's server analytics; the common opt-out).
+NO_TELEMETRY = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
+PREFECT_PROFILE = "contextual-bert"
+
+
+def stack_path(root: Path) -> Path:
+    """`root` made absolute without following a symbolic link in it: the checks must see the link."""
+    return Path(os.path.abspath(root))
 
 
 def pg_bindir() -> Path | None:
@@ -95,8 +118,11 @@ class Postgres:
         kwargs: dict[str, Any] = {}
         if self.as_root:  # initdb and postgres refuse to run as root
             kwargs = dict(user=PG_USER, group=pwd.getpwnam(PG_USER).pw_gid)
-        # The superuser's password through the environment (not the command line, which `ps` shows).
-        env = {**os.environ, "PGPASSWORD": self.password}
+        # The superuser's password through psql's environment (not the command line, which `ps` shows);
+        # never pg_ctl's, whose server would keep it in its own.
+        env = {k: v for k, v in os.environ.items() if k != "PGPASSWORD"}
+        if tool == "psql":
+            env["PGPASSWORD"] = self.password
         proc = subprocess.run(
             [str(bindir / tool), *args],
             stdout=subprocess.PIPE,
@@ -116,13 +142,19 @@ class Postgres:
     def log(self) -> Path:
         return self.datadir.parent / f"{self.datadir.name}.log"
 
+    @property
+    def initialized(self) -> bool:
+        """initdb has run here (a `down` keeps the cluster: `up` starts it again)."""
+        return (self.datadir / "PG_VERSION").exists()
+
     def init(self) -> None:
         self.datadir.mkdir(parents=True, exist_ok=True)
         self.datadir.chmod(0o700)
+        if not self.log.exists():
+            auth.write_private(self.log, "")
         if self.as_root:
             user = pwd.getpwnam(PG_USER)
             os.chown(self.datadir, user.pw_uid, user.pw_gid)
-            self.log.touch()
             os.chown(self.log, user.pw_uid, user.pw_gid)
         # initdb reads the password from a file; it lives only while initdb runs.
         pwfile = self.datadir.parent / f".{self.datadir.name}.pw"
@@ -173,8 +205,18 @@ class Postgres:
             return False
 
     def create_database(self, name: str, owner_password: str) -> None:
-        """Database `name` owned by a login role `name` (what `url` connects as). The SQL goes through
-        stdin: a password on psql's command line would show in `ps`."""
+        """Database `name` owned by a login role `name` (what `url` connects as)."""
+        self.sql(f"CREATE ROLE {name} LOGIN PASSWORD '{owner_password}';\nCREATE DATABASE {name} OWNER {name};\n")
+
+    def set_passwords(self, creds: dict[str, str]) -> None:
+        """The superuser's and the database roles' passwords from `creds`, in one transaction (connecting
+        with `self.password`, the current superuser password)."""
+        roles = {PG_USER: creds["POSTGRES_PASSWORD"], **{r: creds[f"{r.upper()}_DB_PASSWORD"] for r in DB_ROLES}}
+        self.sql("BEGIN;\n" + "".join(f"ALTER ROLE {r} PASSWORD '{p}';\n" for r, p in roles.items()) + "COMMIT;\n")
+
+    def sql(self, script: str) -> None:
+        """Run `script` as the superuser. The SQL goes through stdin: a password on psql's command line
+        would show in `ps`."""
         self._run(
             "psql",
             "-h",
@@ -190,7 +232,7 @@ class Postgres:
             "ON_ERROR_STOP=1",
             "-f",
             "-",
-            input=f"CREATE ROLE {name} LOGIN PASSWORD '{owner_password}';\nCREATE DATABASE {name} OWNER {name};\n",
+            input=script,
         )
 
     def url(self, database: str, driver: str | None = None) -> str:
@@ -204,13 +246,25 @@ def prefect_server_command(port: int, scheduler: bool = True, host: str = "127.0
     return cmd if scheduler else cmd + ["--no-scheduler"]
 
 
+def write_prefect_profile(home: Path, creds: dict[str, str], **settings: str) -> Path:
+    """<home>/profiles.toml (0600, in a private <home>): the auth string, server and client side, and
+    `settings`, as the active profile: a Prefect process with PREFECT_HOME=<home> reads them from there,
+    so its environment holds no secret."""
+    auth.private_dir(home)
+    values = {**auth.prefect_server_env(creds), **auth.prefect_client_env(creds), **settings}
+    path = home / "profiles.toml"
+    body = "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items())
+    auth.write_private(path, f'active = "{PREFECT_PROFILE}"\n\n[profiles.{PREFECT_PROFILE}]\n{body}')
+    return path
+
+
 def prefect_server_env(pg: Postgres, home: Path, creds: dict[str, str], pgpass: Path) -> dict[str, str]:
+    write_prefect_profile(home, creds)
     return {
         "PREFECT_HOME": str(home),
         "PREFECT_API_DATABASE_CONNECTION_URL": pg.url("prefect", "asyncpg"),
         "PGPASSFILE": str(pgpass),
-        **auth.prefect_server_env(creds),
-        **auth.prefect_client_env(creds),
+        **NO_TELEMETRY,
     }
 
 
@@ -236,7 +290,8 @@ def mlflow_server_command(pg: Postgres, port: int, artifact_root: str, host: str
 
 
 def mlflow_server_env(root: Path, creds: dict[str, str], pgpass: Path) -> dict[str, str]:
-    return {"PGPASSFILE": str(pgpass), **auth.mlflow_server_env(root, creds)}
+    auth.set_mlflow_admin(root, creds)
+    return {"PGPASSFILE": str(pgpass), **NO_TELEMETRY, **auth.mlflow_server_env(root, creds)}
 
 
 def client_env(creds: dict[str, str], user: str) -> dict[str, str]:
@@ -273,20 +328,19 @@ def worker_command(pool: str, name: str, queue: str | None = None) -> list[str]:
 
 
 def _spawn(root: Path, name: str, cmd: list[str], cwd: Path, env: dict[str, str]) -> int:
-    (root / "logs").mkdir(parents=True, exist_ok=True)
-    (root / "pids").mkdir(parents=True, exist_ok=True)
-    cwd.mkdir(parents=True, exist_ok=True)
-    with open(root / "logs" / f"{name}.log", "ab") as out:
+    auth.private_dir(root / "logs")
+    auth.private_dir(root / "pids")
+    with auth.open_log(root / "logs" / f"{name}.log") as out:
         proc = subprocess.Popen(
             cmd,
             cwd=cwd,
-            env={**os.environ, **env},
+            env={**os.environ, **NO_TELEMETRY, **env},
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    (root / "pids" / f"{name}.pid").write_text(str(proc.pid))
+    auth.write_private(root / "pids" / f"{name}.pid", str(proc.pid))
     return proc.pid
 
 
@@ -299,19 +353,24 @@ def _alive(pid: int) -> bool:
 
 
 def up(root: Path, workers: int, host: str = "127.0.0.1") -> dict[str, Any]:
-    root = root.resolve()
+    root = stack_path(root)
+    os.umask(0o077)  # every file and directory this process and the servers it starts make: private
+    creds = auth.credentials(root, STACK_DIR_MODE)  # refuses a link, another user's or a shared directory
     if (root / "stack.json").exists():
         raise SystemExit(f"{root}/stack.json exists: `python -m flows.infra.stack down --dir {root}` first")
     reason = postgres_missing()
     if reason:
         raise SystemExit(reason)
     started = time.monotonic()
-    creds = auth.credentials(root)
     pg = Postgres(root / "postgres", free_port(), creds["POSTGRES_PASSWORD"])
-    pg.init()
-    pg.start()
-    for db in ("prefect", "mlflow"):
-        pg.create_database(db, creds[f"{db.upper()}_DB_PASSWORD"])
+    if pg.initialized:  # after `down`: the same cluster, its databases; the roles' passwords from the file
+        pg.start()
+        pg.set_passwords(creds)
+    else:
+        pg.init()
+        pg.start()
+        for db in DB_ROLES:
+            pg.create_database(db, creds[f"{db.upper()}_DB_PASSWORD"])
     pgpass = auth.write_pgpass(root, pg.port, creds)
     prefect_port, mlflow_port = free_port(), free_port()
     # Clients on this machine use loopback; elsewhere the address the servers were bound to.
@@ -324,8 +383,10 @@ def up(root: Path, workers: int, host: str = "127.0.0.1") -> dict[str, Any]:
         "MLFLOW_TRACKING_URI": mlflow_uri,
         "dvc_remote": str(root / "dvc-remote"),
         "credentials": str(root / auth.CREDENTIALS),
+        "workers": workers,
+        "host": host,
     }
-    (root / "stack.json").write_text(json.dumps(state, indent=2))
+    auth.write_private(root / "stack.json", json.dumps(state, indent=2))
     pid = _spawn(
         root,
         "prefect-server",
@@ -334,6 +395,7 @@ def up(root: Path, workers: int, host: str = "127.0.0.1") -> dict[str, Any]:
         prefect_server_env(pg, root / "prefect-home", creds, pgpass),
     )
     wait_healthy(f"{api}/health", 180, "prefect server", lambda: _alive(pid))
+    auth.private_dir(root / "mlartifacts")
     pid = _spawn(
         root,
         "mlflow-server",
@@ -351,42 +413,75 @@ def up(root: Path, workers: int, host: str = "127.0.0.1") -> dict[str, Any]:
         env={**os.environ, **urls, **client_env(creds, "promoter")},
         cwd=repo,
     )
-    # The training workers log as trainer; the pipeline worker runs register and promote: promoter.
-    worker_env = {**urls, **RESILIENT_ENV}
+    # Every worker is MLflow user trainer, the pipeline worker too: any holder of the auth string can run
+    # code on any worker (a deployment's pull steps, a pool's template), so none holds the promoter's.
+    worker_env = {**urls, **RESILIENT_ENV, **client_env(creds, "trainer")}
     # The flows that drive the trainings on a worker of their own, the trainings on the others: a
     # worker lost under a training never takes its parent flow with it (flows/infra/work_pools.py).
     _spawn(
         root,
         "worker-pipeline",
         worker_command(CPU_POOL, "worker-pipeline", PIPELINE_QUEUE),
-        root / "worker-pipeline",
-        {**worker_env, **client_env(creds, "promoter")},
+        auth.private_dir(root / "worker-pipeline"),
+        worker_env,
     )
     for i in range(1, workers + 1):
-        wdir = root / f"worker-{i}"
-        (wdir / "tmp").mkdir(parents=True, exist_ok=True)
+        wdir = auth.private_dir(root / f"worker-{i}")
+        auth.private_dir(wdir / "tmp")
         _spawn(
             root,
             f"worker-{i}",
             worker_command(CPU_POOL, f"worker-{i}", TRAIN_QUEUE),
             wdir,
-            {**worker_env, **client_env(creds, "trainer"), "TMPDIR": str(wdir / "tmp")},
+            {**worker_env, "TMPDIR": str(wdir / "tmp")},
         )
-    (root / "dvc-remote").mkdir(exist_ok=True)
+    auth.private_dir(root / "dvc-remote")
     print(f"stack up in {time.monotonic() - started:.0f} s; secrets in {root / auth.CREDENTIALS} (0600); use it with:")
     print(f'  eval "$(python -m flows.infra.stack env --dir {root} --as promoter)"   # URLs and credentials')
     print(f"  dvc remote add -d stack {root / 'dvc-remote'}   # then commit .dvc/config and git push")
     print("  make prefect-deploy && make prefect-run SIZE=tiny   # or a run with fan_out=remote")
+    print("  promotion outside the workers, as promoter: contextual-bert promote   (docs/security.md)")
     return state
+
+
+def rotate(root: Path) -> None:
+    """New secrets for every role: PostgreSQL's passwords changed first (with the old superuser
+    password), then the file, then everything restarted from it (`down`, `up`): the MLflow users and the
+    Prefect auth string are set at `up`. A serving gate started elsewhere must be restarted by hand."""
+    root = stack_path(root)
+    os.umask(0o077)
+    if not (root / "stack.json").exists():
+        raise SystemExit(f"no stack running in {root}: `python -m flows.infra.stack up --dir {root}` first")
+    info = json.loads(auth.read_private(root / "stack.json"))
+    old = auth.read_env_file(root / auth.CREDENTIALS)
+    new = auth.new_secrets()
+    pg = Postgres(Path(info["postgres"]), int(info["postgres_port"]), old["POSTGRES_PASSWORD"])
+    pg.set_passwords(new)
+    auth.write_credentials(root, new)
+    print(f"new secrets in {root / auth.CREDENTIALS}; restarting what holds them")
+    down(root)
+    up(root, int(info.get("workers", 2)), info.get("host", "127.0.0.1"))
+    print("rotated: the old secrets are refused; restart any serving gate (SERVING_TOKEN changed)")
+
+
+def prefect_server(home: Path, secrets_dir: Path, port: int) -> None:
+    """`make prefect-server`: a Prefect server on 127.0.0.1:`port` (SQLite in `home`) that needs the auth
+    string of <secrets_dir>/credentials.env; the profile in `home` gives it to the clients that share
+    that PREFECT_HOME (`make prefect-worker`, `prefect-deploy`, `prefect-run`). Replaces this process."""
+    os.umask(0o077)
+    creds = auth.credentials(stack_path(secrets_dir), STACK_DIR_MODE)
+    write_prefect_profile(stack_path(home), creds, PREFECT_API_URL=f"http://127.0.0.1:{port}/api")
+    cmd = prefect_server_command(port)[:-1]  # with the UI (`make prefect-ui`)
+    os.execve(cmd[0], cmd, {**os.environ, "PREFECT_HOME": str(stack_path(home)), **NO_TELEMETRY})
 
 
 def env(root: Path, user: str) -> str:
     """`export` lines for a client of the stack as MLflow user `user`, for eval (they hold secrets:
     never paste them into a file that is committed or a log)."""
-    root = root.resolve()
+    root = stack_path(root)
     if not (root / "stack.json").exists():
         raise SystemExit(f"no stack in {root}")
-    info = json.loads((root / "stack.json").read_text())
+    info = json.loads(auth.read_private(root / "stack.json"))
     creds = auth.read_env_file(root / auth.CREDENTIALS)
     values = {
         "PREFECT_API_URL": info["PREFECT_API_URL"],
@@ -397,7 +492,7 @@ def env(root: Path, user: str) -> str:
 
 
 def down(root: Path) -> None:
-    root = root.resolve()
+    root = stack_path(root)
     pids = sorted((root / "pids").glob("*.pid")) if (root / "pids").exists() else []
     # Workers first, then the servers: what talks to a server goes before it.
     for pidfile in sorted(pids, key=lambda p: not p.stem.startswith("worker")):
@@ -425,7 +520,7 @@ def down(root: Path) -> None:
 
 
 def status(root: Path) -> None:
-    root = root.resolve()
+    root = stack_path(root)
     if not (root / "stack.json").exists():
         print(f"no stack in {root}")
         return
@@ -438,8 +533,10 @@ def status(root: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.infra.stack", description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=["up", "down", "status", "env"])
+    parser.add_argument("action", choices=["up", "down", "status", "env", "rotate", "prefect-server"])
     parser.add_argument("--dir", type=Path, default=Path(".stack"))
+    parser.add_argument("--prefect-home", type=Path, default=Path(".prefect"), help="prefect-server: its PREFECT_HOME")
+    parser.add_argument("--port", type=int, default=4200, help="prefect-server: its port")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument(
         "--host",
@@ -456,6 +553,10 @@ def main(argv: list[str] | None = None) -> int:
         print(env(args.dir, args.user))
     elif args.action == "down":
         down(args.dir)
+    elif args.action == "rotate":
+        rotate(args.dir)
+    elif args.action == "prefect-server":
+        prefect_server(args.prefect_home, args.dir, args.port)
     else:
         status(args.dir)
     return 0

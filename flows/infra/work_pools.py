@@ -27,12 +27,16 @@ its trainings never takes the parent flow with it: the parent sees the trainings
 them elsewhere. No pool concurrency limit on `cpu`: the pipeline flow itself runs there while it waits
 for its trainings, and a pool limit would let it starve them.
 
+Both pools' base job template is locked (`locked_job_template`): a flow run or deployment may set `env`
+(placement, heartbeats), never `command` or `working_dir` (issue 90, finding 1; docs/security.md).
+
 `python -m flows.infra.work_pools --gpus 0,1 --cpu-trainings 2` creates (or updates) all of it.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import re
 from dataclasses import dataclass, field
 
@@ -60,6 +64,8 @@ RESILIENT_ENV = {"PREFECT_CLIENT_RETRY_EXTRA_CODES": "500"}
 ZOMBIE_AFTER_S = 90  # no heartbeat for this long: the training's worker is gone
 ZOMBIE_AUTOMATION = "crash-silent-trainings"
 TRAIN_TAG = "train-run"  # every training flow run carries it; the zombie automation watches only those
+# Job variables of Prefect's process template that would change what a run executes: not settable here.
+LOCKED_VARIABLES = ("command", "working_dir")
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,20 @@ def place(n_units: int, gpu_pool_ready: bool, devices: list[int], pin_devices: b
         )
         for d in (devices[i % len(devices)] for i in range(n_units))
     ]
+
+
+def locked_job_template() -> dict:
+    """Prefect's process-worker template without the variables in LOCKED_VARIABLES: the worker runs its
+    own command (the flow's engine) in a directory of its choosing, and the server answers 422 to a flow
+    run or deployment that sets one of them, or any variable the template does not know."""
+    from prefect.workers.process import ProcessWorker
+
+    template = copy.deepcopy(ProcessWorker.get_default_base_job_template())
+    for name in LOCKED_VARIABLES:
+        del template["variables"]["properties"][name]
+        template["job_configuration"][name] = None
+    template["variables"]["additionalProperties"] = False
+    return template
 
 
 # --- what the Prefect API says (needs a server) ---------------------------------------------------
@@ -191,25 +211,30 @@ def ensure_zombie_automation(client, after_s: float = ZOMBIE_AFTER_S) -> str:
 
 def ensure_pools(client, gpus: list[int], cpu_trainings: int, zombie_after_s: float = ZOMBIE_AFTER_S) -> list[str]:
     """Create the `cpu` and `gpu` process pools and the slots; idempotent. Returns what it did."""
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate, WorkPoolCreate
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate, WorkPoolCreate, WorkPoolUpdate
     from prefect.exceptions import ObjectNotFound
-    from prefect.workers.process import ProcessWorker
 
     done = []
+    template = locked_job_template()
     for pool in (CPU_POOL, GPU_POOL):
         try:
-            client.read_work_pool(pool)
-            done.append(f"pool {pool}: exists")
+            existing = client.read_work_pool(pool)
         except ObjectNotFound:
             client.create_work_pool(
                 WorkPoolCreate(
                     name=pool,
                     type="process",
-                    base_job_template=ProcessWorker.get_default_base_job_template(),
+                    base_job_template=template,
                     description=f"trainings on {pool.upper()} workers (contextual-bert)",
                 )
             )
             done.append(f"pool {pool}: created")
+            continue
+        if existing.base_job_template != template:  # made before the lock, or changed since
+            client.update_work_pool(pool, WorkPoolUpdate(base_job_template=template))
+            done.append(f"pool {pool}: job template locked")
+        else:
+            done.append(f"pool {pool}: exists")
     try:
         client.read_work_queue_by_name(PIPELINE_QUEUE, work_pool_name=CPU_POOL)
     except ObjectNotFound:
