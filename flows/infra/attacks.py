@@ -78,11 +78,12 @@ def websocket(api: str, token: str | None, subprotocol: bool) -> str:
     after the handshake) or 'accepted'."""
     from websockets.exceptions import ConnectionClosed, InvalidStatus
     from websockets.sync.client import connect
+    from websockets.typing import Subprotocol
 
     try:
         with connect(
             api.replace("http://", "ws://") + "/events/in",
-            subprotocols=["prefect"] if subprotocol else None,
+            subprotocols=[Subprotocol("prefect")] if subprotocol else None,
             open_timeout=30,
         ) as ws:
             ws.send(json.dumps({"type": "auth", "token": token}))
