@@ -295,10 +295,112 @@ def run_supplement(settings: dict, grid: dict[str, list[str]], choice: dict, wor
         record(OUT, f"{cell}/supplement/summary", summarize(kept + runs, results[f"{cell}/optimum"]))
 
 
+# --- the scale axis (issue 89) -------------------------------------------------------------------------------
+
+
+def scale_cells(settings: dict, variants: list[str]) -> dict[str, list[str]]:
+    """scale cell name ("<context>-<columns>-<size>") -> its --set overrides: the base's, the context and columns
+    axes' values, the size's, and each of `variants`' declared batch and rate."""
+    axes, scale = settings["axes"], settings["scale"]
+    out = {}
+    for name in scale["cells"]:
+        context, columns, size = name.split("-")
+        declared = scale["sizes"][size]
+        rates = [f"variants.{m}.{k}={v}" for m in variants for k, v in declared["rates"].items()]
+        out[name] = (
+            list(settings["base"]) + axes["context"][context] + axes["columns"][columns] + declared["set"] + rates
+        )
+    return out
+
+
+def scale_params(overrides: list[str], root: Path, variants: list[str]) -> dict:
+    """cell_params for the scale axis's `variants` (the declared ones the library knows)."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    for assignment in overrides:
+        override(params, assignment)
+    params["train"] |= {"num_threads": 1, "variants": variants, "seeds": [0]}
+    for model in variants:
+        params["variants"][model]["max_epochs"] = params["train"]["max_epochs"]
+    return relocated(params, root)
+
+
+def paired_rows(project: Project, runs: list[dict]) -> dict:
+    """Each model's test cross-entropy (mean ± SE over its seeds) and per-outfit record, and the yardsticks'."""
+    from contextual_bert.evaluation.bootstrap import OUTFITS_KEY, mean_record
+    from contextual_bert.evaluation.report_stats import mean_se
+
+    evals = project.path("reports_dir") / "eval"
+    rows = {}
+    for model in dict.fromkeys(r["model"] for r in runs):
+        mine = [json.loads((evals / f"{model}-s{r['seed']}.json").read_text()) for r in runs if r["model"] == model]
+        rows[model] = (
+            mean_se([e["test"]["cross_entropy"] for e in mine]),
+            mean_record([e.get(OUTFITS_KEY) for e in mine]),
+        )
+    for name in YARDSTICKS:
+        result = json.loads((evals / f"{name}.json").read_text())
+        if result.get("known", True):
+            rows[name] = (mean_se([result["test"]["cross_entropy"]]), result.get(OUTFITS_KEY))
+    return rows
+
+
+def scale_summary(project: Project, runs: list[dict], yards: dict) -> dict:
+    """summarize() of the runs so far, and each model against popularity, the optimum and [C], and the
+    global-state models and adaLN against the others: by the seed SE where both sides have seeds, else the paired
+    bootstrap on the same test outfits (report_stats.compare)."""
+    from contextual_bert.evaluation.report_stats import compare
+
+    out = summarize(runs, yards)
+    rows = paired_rows(project, runs)
+    models = [m for m in rows if m not in YARDSTICKS]
+    pairs = [(m, y) for m in models for y in ("popularity", "optimum_context") if y in rows]
+    pairs += [(m, "concat") for m in models if m != "concat"]
+    pairs += [(a, b) for a in ("adaptive_norm", "global_state_two_way") for b in ("global_state_update", "global_state")
+              if a != b]  # fmt: skip
+    out["paired"] = {
+        f"{a} vs {b}": compare(rows[a][0], rows[b][0], False, "cross_entropy", (rows[a][1], rows[b][1]))
+        for a, b in pairs
+        if a in rows and b in rows
+    }
+    return out
+
+
+def run_scale(settings: dict, work: Path, pool, groups: list | None = None) -> None:
+    """The scale axis's runs in the declared order (`scale.order`: [cells, seeds] groups, every variant), one
+    recorded as it lands; a run already in the results file is skipped, one begun before resumes from its last.pt
+    (training.train). A model the library does not know yet is named and skipped. After each run its cell's
+    summary is recomputed over the cell's runs so far."""
+    from contextual_bert.config import VARIANTS
+
+    variants = [m for m in settings["scale"]["variants"] if m in VARIANTS]
+    grid = scale_cells(settings, variants)
+    unknown = [m for m in settings["scale"]["variants"] if m not in VARIANTS]
+    for cell_names, seeds in groups or settings["scale"]["order"]:
+        for cell in cell_names:
+            if unknown:
+                print(f"{cell}: {', '.join(unknown)} not in this library; skipped", flush=True)
+            project = Project(work / cell, scale_params(grid[cell], work / cell, variants))
+            if not (project.path("reports_dir") / "eval" / "optimum_context.json").exists():
+                for stage in DATA_STAGES:
+                    project.stage(stage)
+                record(OUT, f"{cell}/settings", {"set": grid[cell], "seconds": project.timings})
+            yards = yardsticks(project)
+            record(OUT, f"{cell}/optimum", yards)
+            done = json.loads(OUT.read_text())
+            tasks = [(str(project.params_path), m, s, True) for s in seeds for m in variants
+                     if f"{cell}/runs/{m}-s{s}" not in done]  # fmt: skip
+            for result in pool.map(train_one, tasks):
+                record(OUT, f"{cell}/runs/{result['model']}-s{result['seed']}", result)
+                runs = [v for k, v in json.loads(OUT.read_text()).items() if k.startswith(f"{cell}/runs/")]
+                record(OUT, f"{cell}/summary", scale_summary(project, runs, yards))
+                print(f"{cell} {result['model']}-s{result['seed']}: test CE {result['test_cross_entropy']:.4f} "
+                      f"({result['epochs']} epochs, {result['seconds']:.0f} s)", flush=True)  # fmt: skip
+
+
 # --- the findings' tables, from the results file -------------------------------------------------------------
 
 LABELS = {"none": "[None]", "concat": "[C]", "new_position": "[NP]", "global_state": "[GS]",
-          "global_state_update": "[GSU]", "global_state_two_way": "[GS2]"}  # fmt: skip
+          "global_state_update": "[GSU]", "global_state_two_way": "[GS2]", "adaptive_norm": "[AdaLN]"}  # fmt: skip
 
 
 def _mean_se(stat: dict, scale: float = 1.0, digits: int = 3) -> str:
@@ -372,7 +474,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--jobs", type=int, default=2, help="trainings at a time (one torch thread each)")
-    parser.add_argument("--only", choices=["sweep", "map", "supplement"], help="the sweep, the map or the supplement")
+    parser.add_argument(
+        "--only",
+        choices=["sweep", "map", "supplement", "scale"],
+        help="the sweep, the map, the supplement or the scale axis (issue 89)",
+    )
+    parser.add_argument(
+        "--group",
+        type=int,
+        action="append",
+        help="--only scale: the declared order's group(s) by index (default: all, in order)",
+    )
     parser.add_argument("--settings", type=Path, default=SETTINGS, help="the declared grid (a trial: another file)")
     parser.add_argument("--out", type=Path, default=OUT, help="the results file")
     parser.add_argument("--render", action="store_true", help="print the findings' tables from --out and stop")
@@ -386,13 +498,20 @@ def main() -> int:
     settings = yaml.safe_load(args.settings.read_text())
     grid = cells(settings)
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
-    record(OUT, "settings", {"commit": commit.strip(), "settings": settings, "cells": list(grid)})
+    if args.only == "scale":  # the map's own `settings` entry (its commit) stays as it is
+        record(OUT, "scale/settings", {"commit": commit.strip(), "settings": settings["scale"]})
+    else:
+        record(OUT, "settings", {"commit": commit.strip(), "settings": settings, "cells": list(grid)})
     os.environ["TQDM_DISABLE"] = "1"  # the workers' progress bars: thousands of lines in the log
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn"), initializer=_pin) as pool:
-        if args.only in ("map", "supplement"):
+        if args.only in ("map", "supplement"):  # the scale axis declares its rates
             choice = json.loads(OUT.read_text())["sweep/choice"]["rates"]
         if args.only == "supplement":
             run_supplement(settings, grid, choice, args.work, pool)
+            return 0
+        if args.only == "scale":
+            order = settings["scale"]["order"]
+            run_scale(settings, args.work, pool, [order[i] for i in args.group] if args.group else None)
             return 0
         if args.only is None or args.only == "sweep":
             choice = sweep(settings, grid, args.work, pool)
