@@ -24,7 +24,8 @@ PLAIN_TRAIN = {"weight_decay": 0.01, "softmax": "full", "bag_warmup_epochs": 0, 
 
 def wake_between_blocks(model) -> None:
     """[GSU]'s updates and [GS2]'s reads of the state between blocks, their norms' gains and biases drawn at random
-    as training moves them: at their zero start they are the identity and hide what they compute."""
+    as training moves them, and [AdaLN]'s regressions of each block's shifts, scales and gates: at their zero start
+    they are the identity and hide what they compute."""
     import torch
 
     with torch.no_grad():
@@ -32,6 +33,10 @@ def wake_between_blocks(model) -> None:
             for module in between or []:
                 module.norm.weight.normal_()
                 module.norm.bias.normal_(std=0.1)
+        for block in getattr(model, "blocks", None) or []:
+            if getattr(block, "modulation", None) is not None:
+                block.modulation.linear.weight.normal_(std=0.3)
+                block.modulation.linear.bias.normal_(std=0.3)
 
 
 def with_registry_settings(cfg, model_name, variants, **promote_settings):

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 PAPER_VARIANTS = ("none", "concat", "new_position", "global_state", "global_state_update")  # the paper's five
 # Conditioning variants of our own beside the paper's (model/encoder.py), trained only where train.variants lists
-# them (docs/decisions.md): [GS2], the global state that also reads the outfit (issue 70)
-OWN_VARIANTS = ("global_state_two_way",)
+# them (docs/decisions.md): [GS2], the global state that also reads the outfit (issue 70); [AdaLN], adaLN-Zero,
+# c scales, shifts and gates every block's sublayers (issue 89)
+OWN_VARIANTS = ("global_state_two_way", "adaptive_norm")
 VARIANTS = PAPER_VARIANTS + OWN_VARIANTS  # every conditioning variant of the encoder
 BASELINE_MODELS = ("bag_of_items", "bag_of_items_context")  # learned baselines, trained by the same code
 CONTEXT_FREE = ("none", "bag_of_items")  # the models that read no customer context (and their "_attrs" twins)

@@ -193,6 +193,7 @@ def test_the_catalogue_offsets_are_the_plain_ones(attributes, history):
         ("global_state", True, "sum"),
         ("global_state", True, "concat"),
         ("global_state_two_way", True, "sum"),
+        ("adaptive_norm", True, "sum"),
         ("bag_of_items_context", True, "sum"),
     ],
 )

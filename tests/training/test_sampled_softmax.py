@@ -59,7 +59,14 @@ def loss_and_grads(model, inputs, context, predict, items, sampler):
 
 @pytest.mark.parametrize(
     "variant",
-    ["global_state_update", "bag_of_items_context", "none_attrs", "global_state_two_way_attrs", "bag_of_items_attrs"],
+    [
+        "global_state_update",
+        "bag_of_items_context",
+        "none_attrs",
+        "global_state_two_way_attrs",
+        "adaptive_norm_attrs",
+        "bag_of_items_attrs",
+    ],
 )
 def test_the_sampled_loss_with_every_article_as_a_negative_equals_the_full_loss(variant):
     torch.manual_seed(0)

@@ -215,7 +215,7 @@ SHORT = TrainConfig(
 DROPOUT = TINY.model_copy(update={"dropout": 0.2})  # dropout draws from the global generator: resume restores it
 
 
-@pytest.mark.parametrize("variant", ["global_state_update", "global_state_two_way"])
+@pytest.mark.parametrize("variant", ["global_state_update", "global_state_two_way", "adaptive_norm"])
 def test_a_resumed_run_ends_where_an_uninterrupted_run_ends(tmp_path, variant):
     train, val = planted(300, 0), planted(60, 1)
     cfg = SHORT.model_copy(update={"bag_warmup_epochs": 2, "probe_outfits": 20})  # killed inside the bag warm-up

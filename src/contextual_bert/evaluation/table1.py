@@ -39,6 +39,7 @@ LABELS = {
     "global_state": "[GS]",
     "global_state_update": "[GSU]",
     "global_state_two_way": "[GS2]",
+    "adaptive_norm": "[AdaLN]",
     "popularity_attribute": "Popularity by attribute",
     "popularity_history": "Popularity + own history",
     "popularity_attribute_history": "Popularity by attribute + own history",

@@ -22,10 +22,13 @@ from contextual_bert.model.checkpoint import (
 from contextual_bert.model.context import ContextEmbedding, HistoryAttentionPooling, HistoryPooling, history_mean
 from contextual_bert.model.dropout import DRAW_BITS, Dropout, keep_mask, scaled_keep_mask
 from contextual_bert.model.encoder import (
+    ADAPTIVE_NORM,
     GLOBAL_STATE_VARIANTS,
+    N_MODULATIONS,
     PAPER_PARAMETERS,
     PAPER_SIZES,
     STATE_UPDATE_VARIANTS,
+    AdaptiveModulation,
     Block,
     ConcatInput,
     ContextualBert,

@@ -1,5 +1,5 @@
 """Contextual BERT (Denk & Peleteiro Ramallo, 2020): a BERT encoder over a *set* of articles, conditioned on
-a customer context vector c in one of the paper's five ways, or in a sixth of ours.
+a customer context vector c in one of the paper's five ways, or in two of ours.
 
 An outfit is a set, so there is no positional encoding; padding is hidden from attention by a key mask.
 Inside the blocks the hidden states are laid out position-first, (L, B, d): a head's (L, d_head) slices are
@@ -14,6 +14,8 @@ V^V the per-block value projection of the global state, A^ the normalised self-a
     global_state_update  [GSU] [GS], and c~ is updated by its own FFN between blocks
     global_state_two_way [GS2] [GSU], and before its FFN the update also attends over the previous block's
                                outputs: the outfit writes to the state as well as reading it (not in the paper)
+    adaptive_norm        [AdaLN] adaLN-Zero (DiT, Peebles & Xie 2023): c regresses each block's LayerNorm scales
+                               and shifts and a gate on each sublayer's output, the gate from 0 (not in the paper)
 
 The output layer is tied to the article embeddings (as in BERT), with a per-article bias, and is evaluated
 only at the positions to predict (scores.ArticleScores). What the paper does not have plugs in from outside
@@ -51,6 +53,8 @@ PAPER_PARAMETERS = {
 
 GLOBAL_STATE_VARIANTS = ("global_state", "global_state_update", "global_state_two_way")  # every block reads c~
 STATE_UPDATE_VARIANTS = ("global_state_update", "global_state_two_way")  # c~ is updated between blocks
+ADAPTIVE_NORM = "adaptive_norm"  # [AdaLN]: c modulates every block's norms and gates its sublayers
+N_MODULATIONS = 6  # per block: shift, scale and gate of the attention sublayer, then of the FFN sublayer
 
 
 class MultiHeadSelfAttention(nn.Module):
@@ -101,6 +105,12 @@ class FeedForward(nn.Module):
         return self.output(F.gelu(self.intermediate(x)))
 
 
+def per_position(x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """One vector per outfit (B, d) at every position: (1, B, d) against (L, B, d), or (M, d) at the positions
+    of outfits `rows`."""
+    return x.unsqueeze(0) if rows is None else x[rows]
+
+
 class GlobalStateAttention(nn.Module):
     """[GS] B = V^V c~, then LayerNorm(Dropout(B) + A^) without affine parameters.
 
@@ -116,29 +126,64 @@ class GlobalStateAttention(nn.Module):
 
     def forward(self, a_hat: torch.Tensor, global_state: torch.Tensor, rows: torch.Tensor | None = None):
         """a_hat: (L, B, d), or (M, d) for positions in outfits `rows`; global_state: (B, d)."""
-        b = self.value(global_state)  # one per outfit, the same for all its positions
-        b = b.unsqueeze(0) if rows is None else b[rows]
+        b = per_position(self.value(global_state), rows)  # one per outfit, the same for all its positions
         # Dropout after broadcasting: each position gets its own mask, as dropout on any other sublayer
         # output does (one mask per outfit would silence the same units of c~ at all its positions).
         return self.norm(self.dropout(b, a_hat))
 
 
-class Block(nn.Module):
-    """One post-norm Transformer block (as in BERT), with the [GS] sublayer between attention and FFN."""
+class AdaptiveModulation(nn.Module):
+    """[AdaLN] a block's shifts, scales and gates from the condition z = W_c c (B, d), as DiT's adaLN-Zero:
+    Linear(SiLU(z)) -> 6 x (B, d), weights and bias at zero, so every shift, scale and gate starts at 0 whatever c
+    is. The bias is the unconditioned part (the norms have no affine parameters of their own, as in DiT)."""
 
-    def __init__(self, cfg: ModelConfig, global_state: bool):
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.linear = nn.Linear(d_model, N_MODULATIONS * d_model)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, condition: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.linear(F.silu(condition)).chunk(N_MODULATIONS, dim=-1)
+
+
+class Block(nn.Module):
+    """One post-norm Transformer block (as in BERT), with the [GS] sublayer between attention and FFN, or
+    [AdaLN]'s modulation of its norms and gates on its sublayers.
+
+    [AdaLN] on a post-norm block. DiT's pre-norm block is x + a * F((1 + s) * LN(x) + b): the norm's gain and bias
+    regressed from c, a gate a on the sublayer's output before the residual sum. Here each sublayer's LayerNorm
+    comes after its residual sum, so the same three act there: LN(x + a * Dropout(F(x))) * (1 + s) + b, the norm
+    without its own affine parameters (the regression's bias is its gain and bias), once for attention and once
+    for the FFN. With a = s = b = 0 (the zero start) a block is LN(LN(x)): the post-norm identity (the input of
+    blocks 2..n is already normalised; block 1 normalises the scaled embeddings), and nothing reads c. Unlike
+    pre-norm, the scaled and shifted output is also the next sublayer's residual: in post-norm the norm's output
+    is the residual stream.
+    """
+
+    def __init__(self, cfg: ModelConfig, global_state: bool, adaptive: bool = False):
         super().__init__()
         self.attention = MultiHeadSelfAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
-        self.attention_norm = nn.LayerNorm(cfg.d_model)
+        self.attention_norm = nn.LayerNorm(cfg.d_model, elementwise_affine=not adaptive)
         self.global_state_attention = GlobalStateAttention(cfg.d_model, cfg.dropout) if global_state else None
         self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff)
-        self.feed_forward_norm = nn.LayerNorm(cfg.d_model)
+        self.feed_forward_norm = nn.LayerNorm(cfg.d_model, elementwise_affine=not adaptive)
         self.dropout = Dropout(cfg.dropout)
+        self.modulation = AdaptiveModulation(cfg.d_model) if adaptive else None
 
-    def forward(self, h, key_bias, global_state=None, select=None):
+    def forward(self, h, key_bias, global_state=None, select=None, condition=None):
         """(L, B, d) -> (L, B, d); with `select` (bool, (B, L)) only those positions come out, (M, d) in
-        row-major (B, L) order, and everything after attention is computed for them alone."""
+        row-major (B, L) order, and everything after attention is computed for them alone. `condition`:
+        [AdaLN]'s z (B, d)."""
         residual, rows = (h, None) if select is None else (h.transpose(0, 1)[select], select.nonzero()[:, 0])
+        if self.modulation is not None:
+            shift_1, scale_1, gate_1, shift_2, scale_2, gate_2 = (
+                per_position(m, rows) for m in self.modulation(condition)
+            )
+            a_hat = self.attention_norm(self.dropout(gate_1 * self.attention(h, key_bias, select), residual))
+            a_hat = torch.addcmul(shift_1, a_hat, 1 + scale_1)
+            out = self.feed_forward_norm(self.dropout(gate_2 * self.feed_forward(a_hat), a_hat))
+            return torch.addcmul(shift_2, out, 1 + scale_2)
         a_hat = self.attention_norm(self.dropout(self.attention(h, key_bias, select), residual))
         if self.global_state_attention is not None:
             a_hat = self.global_state_attention(a_hat, global_state, rows)
@@ -265,8 +310,10 @@ class ContextualBert(ArticleScores, nn.Module):
         self.context_position = nn.Linear(d_context, d) if conditioning == "new_position" else None
         global_state = conditioning in GLOBAL_STATE_VARIANTS
         self.global_state = GlobalState(d_context, d) if global_state else None
+        adaptive = conditioning == ADAPTIVE_NORM
+        self.adaptive_condition = nn.Linear(d_context, d) if adaptive else None  # [AdaLN]'s z = W_c c, shared
         self.embedding_dropout = Dropout(model_cfg.dropout)
-        self.blocks = nn.ModuleList(Block(model_cfg, global_state) for _ in range(model_cfg.n_blocks))
+        self.blocks = nn.ModuleList(Block(model_cfg, global_state, adaptive) for _ in range(model_cfg.n_blocks))
         # between two blocks: [GS2]'s read of the outfit, then the update of [GSU] and [GS2]; weights not shared
         self.global_state_reads = (
             nn.ModuleList(GlobalStateRead(model_cfg) for _ in range(model_cfg.n_blocks - 1))
@@ -319,6 +366,7 @@ class ContextualBert(ArticleScores, nn.Module):
         key_bias = torch.zeros(is_padding.shape, dtype=x.dtype, device=x.device)
         key_bias = key_bias.masked_fill_(is_padding, float("-inf"))[:, None, None, :]
         global_state = self.global_state(c) if self.global_state is not None else None
+        condition = self.adaptive_condition(c) if self.adaptive_condition is not None else None
 
         h = self.embedding_dropout(x)
         last = len(self.blocks) - 1
@@ -329,7 +377,7 @@ class ContextualBert(ArticleScores, nn.Module):
                 global_state = self.global_state_updates[i - 1](global_state)
             if states is not None and global_state is not None:
                 states.append(global_state)
-            h = block(h, key_bias, global_state, select if i == last else None)
+            h = block(h, key_bias, global_state, select if i == last else None, condition)
         if select is not None:
             return h
         return (h[1:] if self.context_position is not None else h).transpose(0, 1)
