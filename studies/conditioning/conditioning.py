@@ -413,7 +413,9 @@ def _mean_se(stat: dict, scale: float = 1.0, digits: int = 3) -> str:
 def render(results: dict) -> str:
     """Markdown: per cell, each model's test cross-entropy, recall@1, convergence, outfit dependence and the
     context's influence on the target's log-probability; then the comparisons the findings answer."""
+    scale = set(results.get("scale/settings", {}).get("settings", {}).get("cells", []))
     cells = [k.removesuffix("/summary") for k in results if k.endswith("/summary") and "/supplement/" not in k]
+    cells = [c for c in cells if c not in scale]  # the scale axis: render_scale
     lines = ["| cell | optimum with / without c | popularity | " + " | ".join(LABELS.values()) + " | order |",
              "| --- | --- | --- | " + " | ".join("---" for _ in LABELS) + " | --- |"]  # fmt: skip
     for cell in cells:
@@ -456,7 +458,8 @@ def render(results: dict) -> str:
                        f"{rows[model]['runs']} / {rows[model]['outfit_dependence']['mean']:.2f} / {influence:.2f}")  # fmt: skip
         lines.append(f"| {cell} | " + " | ".join(out) + " |")
     # where the context enters: each block's relative change under a donor's context, over every cell's runs
-    runs = [v for k, v in results.items() if "/runs/" in k and "/supplement/" not in k and "context_influence" in v]
+    runs = [v for k, v in results.items() if "/runs/" in k and "/supplement/" not in k and "context_influence" in v
+            and k.split("/")[0] not in scale]  # fmt: skip
     lines += ["", "| model | block 1 | block 2 | block 3 | block 4 (masked position) | target log-prob |",
               "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for model in list(LABELS)[1:]:
@@ -466,6 +469,65 @@ def render(results: dict) -> str:
         blocks = [sum(m["block_change"][b] for m in mine) / len(mine) for b in range(len(mine[0]["block_change"]))]
         change = sum(m["log_prob_change"] for m in mine) / len(mine)
         lines.append(f"| {LABELS[model]} | " + " | ".join(f"{b:.2f}" for b in blocks) + f" | {change:.2f} |")
+    return "\n".join(lines)
+
+
+def _paired_text(c: dict) -> str:
+    """An improvement (positive: the first is better) with its SE or paired-bootstrap interval."""
+    if c["yardstick"] == "se":
+        return f"{c['improvement']:+.3f} ± {c['se']:.3f}" + (" **beats**" if c["beats_by_more_than_se"] else "")
+    if c["yardstick"] == "paired bootstrap":
+        low, high = c["ci"]
+        return f"{c['improvement']:+.3f} [{low:+.3f}, {high:+.3f}]" + (
+            " **beats**" if c["beats_by_more_than_se"] else ""
+        )
+    return f"{c['improvement']:+.3f}"
+
+
+def render_scale(results: dict) -> str:
+    """Markdown: per scale cell and model, test cross-entropy (± seed SE), and against popularity, the optimum
+    with the context and [C] (improvement, positive = better, ± SE with seeds or [95% paired bootstrap] with one),
+    outfit dependence, convergence."""
+    cells = [
+        c for c in results.get("scale/settings", {}).get("settings", {}).get("cells", []) if f"{c}/summary" in results
+    ]
+    lines = ["| cell | model | runs | test CE | vs popularity | vs optimum with c | vs [C] | dep. | conv. | s a run |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for cell in cells:
+        summary = results[f"{cell}/summary"]
+        runs = [v for k, v in results.items() if k.startswith(f"{cell}/runs/")]
+        for model in LABELS:
+            row = summary["rows"].get(model)
+            if row is None:
+                continue
+            paired = summary["paired"]
+            vs = [paired.get(f"{model} vs {b}") for b in ("popularity", "optimum_context", "concat")]
+            seconds = [r["seconds"] for r in runs if r["model"] == model]
+            lines.append(f"| {cell} | {LABELS[model]} | {row['runs']} | {_mean_se(row['test_cross_entropy'])} | "
+                         + " | ".join("–" if c is None else _paired_text(c) for c in vs)
+                         + f" | {row['outfit_dependence']['mean']:.2f} | {row['converged']}/{row['runs']} | "
+                         f"{sum(seconds) / len(seconds):.0f} |")  # fmt: skip
+    lines += ["", "| cell | comparison | improvement |", "| --- | --- | --- |"]
+    for cell in cells:
+        for name, c in results[f"{cell}/summary"]["paired"].items():
+            first, second = name.split(" vs ")
+            if first in ("adaptive_norm", "global_state_two_way") and second in ("global_state_update", "global_state"):
+                lines.append(f"| {cell} | {LABELS[first]} vs {LABELS[second]} | {_paired_text(c)} |")
+    # where the context enters, per cell: each block's relative change under a donor's context (mean over seeds)
+    lines += ["", "| cell | model | block 1 | block 2 | block 3 | block 4 | target log-prob |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for cell in cells:
+        runs = [v for k, v in results.items() if k.startswith(f"{cell}/runs/") and v.get("context_influence")]
+        for model in list(LABELS)[1:]:
+            mine = [r["context_influence"] for r in runs if r["model"] == model]
+            if mine:
+                blocks = [
+                    sum(m["block_change"][b] for m in mine) / len(mine) for b in range(len(mine[0]["block_change"]))
+                ]
+                change = sum(m["log_prob_change"] for m in mine) / len(mine)
+                lines.append(
+                    f"| {cell} | {LABELS[model]} | " + " | ".join(f"{b:.2f}" for b in blocks) + f" | {change:.2f} |"
+                )
     return "\n".join(lines)
 
 
@@ -493,7 +555,8 @@ def main() -> int:
 
     OUT = args.out
     if args.render:
-        print(render(json.loads(OUT.read_text())))
+        results = json.loads(OUT.read_text())
+        print(render_scale(results) if args.only == "scale" else render(results))
         return 0
     settings = yaml.safe_load(args.settings.read_text())
     grid = cells(settings)
