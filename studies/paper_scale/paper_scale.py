@@ -193,6 +193,50 @@ def report(project: Project, settings: dict, done: list[str], out: Path) -> None
     record(out, "metrics", json.loads((reports / "metrics.json").read_text()))
 
 
+def benchmark(results: dict, path: Path) -> None:
+    """reports/benchmarks/<path>: the paper size's time per epoch and peak memory, per measured prefix and per
+    run, with the machine's load (a shared CPU slows every number)."""
+    import os
+    import platform
+
+    runs = {k.removeprefix("runs/"): v for k, v in results.items() if k.startswith("runs/")}
+    out = {
+        "benchmark": "Table 1 at the paper's size: time per epoch and peak memory (studies/paper_scale)",
+        "data": results.get("data"),
+        "settings": results["settings"]["settings"]["set"],
+        "cpu": next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            platform.machine(),
+        )
+        if Path("/proc/cpuinfo").exists()
+        else platform.machine(),
+        "cores": os.cpu_count(),
+        "load_average_now": os.getloadavg(),
+        "measured_prefixes": {k.removeprefix("measure/"): v for k, v in results.items() if k.startswith("measure/")},
+        "runs": {
+            name: {
+                k: r[k]
+                for k in (
+                    "epoch_seconds",
+                    "samples_per_s",
+                    "train_seconds",
+                    "evaluate_seconds",
+                    "peak_rss_mib",
+                    "threads",
+                    "device",
+                    "batch_size",
+                )
+            }  # fmt: skip
+            for name, r in runs.items()
+        },
+    }
+    path.write_text(json.dumps(out, indent=1) + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, help="the project's folder (data, models, reports)")
@@ -202,6 +246,7 @@ def main() -> int:
     parser.add_argument("--measure", type=float, metavar="S", help="train each run S seconds, project its epoch")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a trial's override")
     parser.add_argument("--features", type=Path, help="a trial: read this features folder (the study's data)")
+    parser.add_argument("--benchmark", type=Path, help="write the time and memory of --out's runs to this file")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the child: one run
     parser.add_argument("--params", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--queue-after", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -211,6 +256,9 @@ def main() -> int:
         model, seed = parse_run(args.one)
         entry = one(args.params, model, seed, args.queue_after)
         (args.params.parent / "runs" / f"{args.one}.json").write_text(json.dumps(entry, indent=1))
+        return 0
+    if args.benchmark:
+        benchmark(json.loads(args.out.read_text()), args.benchmark)
         return 0
     if args.work is None:
         parser.error("--work is required")
