@@ -354,7 +354,7 @@ def scale_summary(project: Project, runs: list[dict], yards: dict) -> dict:
     rows = paired_rows(project, runs)
     models = [m for m in rows if m not in YARDSTICKS]
     pairs = [(m, y) for m in models for y in ("popularity", "optimum_context") if y in rows]
-    pairs += [(m, "concat") for m in models if m != "concat"]
+    pairs += [(m, "concat") for m in models if m != "concat"] + [(m, "none") for m in models if m != "none"]
     pairs += [(a, b) for a in ("adaptive_norm", "global_state_two_way") for b in ("global_state_update", "global_state")
               if a != b]  # fmt: skip
     out["paired"] = {
@@ -491,8 +491,8 @@ def render_scale(results: dict) -> str:
     cells = [
         c for c in results.get("scale/settings", {}).get("settings", {}).get("cells", []) if f"{c}/summary" in results
     ]
-    lines = ["| cell | model | runs | test CE | vs popularity | vs optimum with c | vs [C] | dep. | conv. | s a run |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = ["| cell | model | runs | test CE | vs popularity | vs optimum with c | vs [None] | vs [C] | dep. | conv. | s a run |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for cell in cells:
         summary = results[f"{cell}/summary"]
         runs = [v for k, v in results.items() if k.startswith(f"{cell}/runs/")]
@@ -501,7 +501,7 @@ def render_scale(results: dict) -> str:
             if row is None:
                 continue
             paired = summary["paired"]
-            vs = [paired.get(f"{model} vs {b}") for b in ("popularity", "optimum_context", "concat")]
+            vs = [paired.get(f"{model} vs {b}") for b in ("popularity", "optimum_context", "none", "concat")]
             seconds = [r["seconds"] for r in runs if r["model"] == model]
             lines.append(f"| {cell} | {LABELS[model]} | {row['runs']} | {_mean_se(row['test_cross_entropy'])} | "
                          + " | ".join("–" if c is None else _paired_text(c) for c in vs)
