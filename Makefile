@@ -10,6 +10,8 @@ help:
 	@echo "make repro   set up .venv and run the whole DVC pipeline (params.yaml)"
 	@echo "make test    set up .venv and run the test suite"
 	@echo "make lint    ruff's lint and format checks (CI runs them before the tests)"
+	@echo "make paper-table1 [PAPER_WORK=build/paper_scale]  Table 1 at the paper's size (380k outfits, 30k articles;"
+	@echo "             studies/paper_scale/: its recipe, one training at a time, resumable, an ETA as it goes)"
 
 # torch==2.13.0 first: its CPU wheel lies on this disk, while the range in pyproject alone
 # would make pip fetch a 5.5 GB CUDA build.
@@ -47,6 +49,14 @@ test-fast: $(STAMP)
 
 benchmarks: $(STAMP)
 	$(BIN)/python benchmarks/train_throughput.py
+
+# Table 1 at the paper's size: studies/paper_scale/settings.yaml's recipe and runs; a run killed goes on from its
+# last.pt when this is run again, a run done is skipped. On a CUDA machine it trains there (train.device: auto);
+# GPU workers behind Prefect: docs/scaling.md (make prefect-pools GPUS="0 1").
+PAPER_WORK ?= build/paper_scale
+.PHONY: paper-table1
+paper-table1: $(STAMP)
+	@PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python studies/paper_scale/paper_scale.py --work $(PAPER_WORK)
 
 # --- Prefect: server, pools, deployments, workers (flows/, prefect.yaml, docs/scaling.md) -----------
 # The server keeps its SQLite database under PREFECT_HOME (.prefect/ here, ignored by git); for

@@ -295,10 +295,112 @@ def run_supplement(settings: dict, grid: dict[str, list[str]], choice: dict, wor
         record(OUT, f"{cell}/supplement/summary", summarize(kept + runs, results[f"{cell}/optimum"]))
 
 
+# --- the scale axis (issue 89) -------------------------------------------------------------------------------
+
+
+def scale_cells(settings: dict, variants: list[str]) -> dict[str, list[str]]:
+    """scale cell name ("<context>-<columns>-<size>") -> its --set overrides: the base's, the context and columns
+    axes' values, the size's, and each of `variants`' declared batch and rate."""
+    axes, scale = settings["axes"], settings["scale"]
+    out = {}
+    for name in scale["cells"]:
+        context, columns, size = name.split("-")
+        declared = scale["sizes"][size]
+        rates = [f"variants.{m}.{k}={v}" for m in variants for k, v in declared["rates"].items()]
+        out[name] = (
+            list(settings["base"]) + axes["context"][context] + axes["columns"][columns] + declared["set"] + rates
+        )
+    return out
+
+
+def scale_params(overrides: list[str], root: Path, variants: list[str]) -> dict:
+    """cell_params for the scale axis's `variants` (the declared ones the library knows)."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    for assignment in overrides:
+        override(params, assignment)
+    params["train"] |= {"num_threads": 1, "variants": variants, "seeds": [0]}
+    for model in variants:
+        params["variants"][model]["max_epochs"] = params["train"]["max_epochs"]
+    return relocated(params, root)
+
+
+def paired_rows(project: Project, runs: list[dict]) -> dict:
+    """Each model's test cross-entropy (mean ± SE over its seeds) and per-outfit record, and the yardsticks'."""
+    from contextual_bert.evaluation.bootstrap import OUTFITS_KEY, mean_record
+    from contextual_bert.evaluation.report_stats import mean_se
+
+    evals = project.path("reports_dir") / "eval"
+    rows = {}
+    for model in dict.fromkeys(r["model"] for r in runs):
+        mine = [json.loads((evals / f"{model}-s{r['seed']}.json").read_text()) for r in runs if r["model"] == model]
+        rows[model] = (
+            mean_se([e["test"]["cross_entropy"] for e in mine]),
+            mean_record([e.get(OUTFITS_KEY) for e in mine]),
+        )
+    for name in YARDSTICKS:
+        result = json.loads((evals / f"{name}.json").read_text())
+        if result.get("known", True):
+            rows[name] = (mean_se([result["test"]["cross_entropy"]]), result.get(OUTFITS_KEY))
+    return rows
+
+
+def scale_summary(project: Project, runs: list[dict], yards: dict) -> dict:
+    """summarize() of the runs so far, and each model against popularity, the optimum and [C], and the
+    global-state models and adaLN against the others: by the seed SE where both sides have seeds, else the paired
+    bootstrap on the same test outfits (report_stats.compare)."""
+    from contextual_bert.evaluation.report_stats import compare
+
+    out = summarize(runs, yards)
+    rows = paired_rows(project, runs)
+    models = [m for m in rows if m not in YARDSTICKS]
+    pairs = [(m, y) for m in models for y in ("popularity", "optimum_context") if y in rows]
+    pairs += [(m, "concat") for m in models if m != "concat"] + [(m, "none") for m in models if m != "none"]
+    pairs += [(a, b) for a in ("adaptive_norm", "global_state_two_way") for b in ("global_state_update", "global_state")
+              if a != b]  # fmt: skip
+    out["paired"] = {
+        f"{a} vs {b}": compare(rows[a][0], rows[b][0], False, "cross_entropy", (rows[a][1], rows[b][1]))
+        for a, b in pairs
+        if a in rows and b in rows
+    }
+    return out
+
+
+def run_scale(settings: dict, work: Path, pool, groups: list | None = None) -> None:
+    """The scale axis's runs in the declared order (`scale.order`: [cells, seeds] groups, every variant), one
+    recorded as it lands; a run already in the results file is skipped, one begun before resumes from its last.pt
+    (training.train). A model the library does not know yet is named and skipped. After each run its cell's
+    summary is recomputed over the cell's runs so far."""
+    from contextual_bert.config import VARIANTS
+
+    variants = [m for m in settings["scale"]["variants"] if m in VARIANTS]
+    grid = scale_cells(settings, variants)
+    unknown = [m for m in settings["scale"]["variants"] if m not in VARIANTS]
+    for cell_names, seeds in groups or settings["scale"]["order"]:
+        for cell in cell_names:
+            if unknown:
+                print(f"{cell}: {', '.join(unknown)} not in this library; skipped", flush=True)
+            project = Project(work / cell, scale_params(grid[cell], work / cell, variants))
+            if not (project.path("reports_dir") / "eval" / "optimum_context.json").exists():
+                for stage in DATA_STAGES:
+                    project.stage(stage)
+                record(OUT, f"{cell}/settings", {"set": grid[cell], "seconds": project.timings})
+            yards = yardsticks(project)
+            record(OUT, f"{cell}/optimum", yards)
+            done = json.loads(OUT.read_text())
+            tasks = [(str(project.params_path), m, s, True) for s in seeds for m in variants
+                     if f"{cell}/runs/{m}-s{s}" not in done]  # fmt: skip
+            for result in pool.map(train_one, tasks):
+                record(OUT, f"{cell}/runs/{result['model']}-s{result['seed']}", result)
+                runs = [v for k, v in json.loads(OUT.read_text()).items() if k.startswith(f"{cell}/runs/")]
+                record(OUT, f"{cell}/summary", scale_summary(project, runs, yards))
+                print(f"{cell} {result['model']}-s{result['seed']}: test CE {result['test_cross_entropy']:.4f} "
+                      f"({result['epochs']} epochs, {result['seconds']:.0f} s)", flush=True)  # fmt: skip
+
+
 # --- the findings' tables, from the results file -------------------------------------------------------------
 
 LABELS = {"none": "[None]", "concat": "[C]", "new_position": "[NP]", "global_state": "[GS]",
-          "global_state_update": "[GSU]", "global_state_two_way": "[GS2]"}  # fmt: skip
+          "global_state_update": "[GSU]", "global_state_two_way": "[GS2]", "adaptive_norm": "[AdaLN]"}  # fmt: skip
 
 
 def _mean_se(stat: dict, scale: float = 1.0, digits: int = 3) -> str:
@@ -311,7 +413,9 @@ def _mean_se(stat: dict, scale: float = 1.0, digits: int = 3) -> str:
 def render(results: dict) -> str:
     """Markdown: per cell, each model's test cross-entropy, recall@1, convergence, outfit dependence and the
     context's influence on the target's log-probability; then the comparisons the findings answer."""
+    scale = set(results.get("scale/settings", {}).get("settings", {}).get("cells", []))
     cells = [k.removesuffix("/summary") for k in results if k.endswith("/summary") and "/supplement/" not in k]
+    cells = [c for c in cells if c not in scale]  # the scale axis: render_scale
     lines = ["| cell | optimum with / without c | popularity | " + " | ".join(LABELS.values()) + " | order |",
              "| --- | --- | --- | " + " | ".join("---" for _ in LABELS) + " | --- |"]  # fmt: skip
     for cell in cells:
@@ -354,7 +458,8 @@ def render(results: dict) -> str:
                        f"{rows[model]['runs']} / {rows[model]['outfit_dependence']['mean']:.2f} / {influence:.2f}")  # fmt: skip
         lines.append(f"| {cell} | " + " | ".join(out) + " |")
     # where the context enters: each block's relative change under a donor's context, over every cell's runs
-    runs = [v for k, v in results.items() if "/runs/" in k and "/supplement/" not in k and "context_influence" in v]
+    runs = [v for k, v in results.items() if "/runs/" in k and "/supplement/" not in k and "context_influence" in v
+            and k.split("/")[0] not in scale]  # fmt: skip
     lines += ["", "| model | block 1 | block 2 | block 3 | block 4 (masked position) | target log-prob |",
               "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for model in list(LABELS)[1:]:
@@ -367,12 +472,81 @@ def render(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _paired_text(c: dict) -> str:
+    """An improvement (positive: the first is better) with its SE or paired-bootstrap interval."""
+    if c["yardstick"] == "se":
+        return f"{c['improvement']:+.3f} ± {c['se']:.3f}" + (" **beats**" if c["beats_by_more_than_se"] else "")
+    if c["yardstick"] == "paired bootstrap":
+        low, high = c["ci"]
+        return f"{c['improvement']:+.3f} [{low:+.3f}, {high:+.3f}]" + (
+            " **beats**" if c["beats_by_more_than_se"] else ""
+        )
+    return f"{c['improvement']:+.3f}"
+
+
+def render_scale(results: dict) -> str:
+    """Markdown: per scale cell and model, test cross-entropy (± seed SE), and against popularity, the optimum
+    with the context and [C] (improvement, positive = better, ± SE with seeds or [95% paired bootstrap] with one),
+    outfit dependence, convergence."""
+    cells = [
+        c for c in results.get("scale/settings", {}).get("settings", {}).get("cells", []) if f"{c}/summary" in results
+    ]
+    lines = ["| cell | model | runs | test CE | vs popularity | vs optimum with c | vs [None] | vs [C] | dep. | conv. | s a run |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for cell in cells:
+        summary = results[f"{cell}/summary"]
+        runs = [v for k, v in results.items() if k.startswith(f"{cell}/runs/")]
+        for model in LABELS:
+            row = summary["rows"].get(model)
+            if row is None:
+                continue
+            paired = summary["paired"]
+            vs = [paired.get(f"{model} vs {b}") for b in ("popularity", "optimum_context", "none", "concat")]
+            seconds = [r["seconds"] for r in runs if r["model"] == model]
+            lines.append(f"| {cell} | {LABELS[model]} | {row['runs']} | {_mean_se(row['test_cross_entropy'])} | "
+                         + " | ".join("–" if c is None else _paired_text(c) for c in vs)
+                         + f" | {row['outfit_dependence']['mean']:.2f} | {row['converged']}/{row['runs']} | "
+                         f"{sum(seconds) / len(seconds):.0f} |")  # fmt: skip
+    lines += ["", "| cell | comparison | improvement |", "| --- | --- | --- |"]
+    for cell in cells:
+        for name, c in results[f"{cell}/summary"]["paired"].items():
+            first, second = name.split(" vs ")
+            if first in ("adaptive_norm", "global_state_two_way") and second in ("global_state_update", "global_state"):
+                lines.append(f"| {cell} | {LABELS[first]} vs {LABELS[second]} | {_paired_text(c)} |")
+    # where the context enters, per cell: each block's relative change under a donor's context (mean over seeds)
+    lines += ["", "| cell | model | block 1 | block 2 | block 3 | block 4 | target log-prob |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for cell in cells:
+        runs = [v for k, v in results.items() if k.startswith(f"{cell}/runs/") and v.get("context_influence")]
+        for model in list(LABELS)[1:]:
+            mine = [r["context_influence"] for r in runs if r["model"] == model]
+            if mine:
+                blocks = [
+                    sum(m["block_change"][b] for m in mine) / len(mine) for b in range(len(mine[0]["block_change"]))
+                ]
+                change = sum(m["log_prob_change"] for m in mine) / len(mine)
+                lines.append(
+                    f"| {cell} | {LABELS[model]} | " + " | ".join(f"{b:.2f}" for b in blocks) + f" | {change:.2f} |"
+                )
+    return "\n".join(lines)
+
+
 def main() -> int:
     global OUT
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--jobs", type=int, default=2, help="trainings at a time (one torch thread each)")
-    parser.add_argument("--only", choices=["sweep", "map", "supplement"], help="the sweep, the map or the supplement")
+    parser.add_argument(
+        "--only",
+        choices=["sweep", "map", "supplement", "scale"],
+        help="the sweep, the map, the supplement or the scale axis (issue 89)",
+    )
+    parser.add_argument(
+        "--group",
+        type=int,
+        action="append",
+        help="--only scale: the declared order's group(s) by index (default: all, in order)",
+    )
     parser.add_argument("--settings", type=Path, default=SETTINGS, help="the declared grid (a trial: another file)")
     parser.add_argument("--out", type=Path, default=OUT, help="the results file")
     parser.add_argument("--render", action="store_true", help="print the findings' tables from --out and stop")
@@ -381,18 +555,26 @@ def main() -> int:
 
     OUT = args.out
     if args.render:
-        print(render(json.loads(OUT.read_text())))
+        results = json.loads(OUT.read_text())
+        print(render_scale(results) if args.only == "scale" else render(results))
         return 0
     settings = yaml.safe_load(args.settings.read_text())
     grid = cells(settings)
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
-    record(OUT, "settings", {"commit": commit.strip(), "settings": settings, "cells": list(grid)})
+    if args.only == "scale":  # the map's own `settings` entry (its commit) stays as it is
+        record(OUT, "scale/settings", {"commit": commit.strip(), "settings": settings["scale"]})
+    else:
+        record(OUT, "settings", {"commit": commit.strip(), "settings": settings, "cells": list(grid)})
     os.environ["TQDM_DISABLE"] = "1"  # the workers' progress bars: thousands of lines in the log
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn"), initializer=_pin) as pool:
-        if args.only in ("map", "supplement"):
+        if args.only in ("map", "supplement"):  # the scale axis declares its rates
             choice = json.loads(OUT.read_text())["sweep/choice"]["rates"]
         if args.only == "supplement":
             run_supplement(settings, grid, choice, args.work, pool)
+            return 0
+        if args.only == "scale":
+            order = settings["scale"]["order"]
+            run_scale(settings, args.work, pool, [order[i] for i in args.group] if args.group else None)
             return 0
         if args.only is None or args.only == "sweep":
             choice = sweep(settings, grid, args.work, pool)

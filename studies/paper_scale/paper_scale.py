@@ -1,0 +1,306 @@
+"""Table 1 at the paper's size (issue 89): 380,000 outfits, 30,000 articles, 100,000 customers
+(`generate.size: paper`), every conditioning, with the recipe declared for that size in `settings.yaml`.
+
+A project of its own under --work (studies/project.py) runs the pipeline's data stages through the CLI
+(ingest, validate, features, baseline; skipped when their outputs are there). Then each declared (model, seed),
+in the declared order, trains in a child process of its own that calls the library (`training.train`: it resumes
+from the run's last.pt, written every `train.checkpoint_every_s` within an epoch too, so a killed run goes on
+where it stopped) and evaluates it (`evaluate_run`), printing each epoch's validation cross-entropy, seconds and
+the run's and the queue's ETA. A run whose entry is in the results file is skipped. After each run the report
+stage writes the project's Table 1 over the runs done so far; results.json gets `runs/<model>-s<seed>` (with the
+run's time per epoch and peak memory), `table1` and `data`.
+
+    python studies/paper_scale/paper_scale.py --work /tmp/paper_scale            # the declared queue (make paper-table1)
+    python studies/paper_scale/paper_scale.py --work /tmp/paper_scale --runs none-s0,global_state_update-s0
+    python studies/paper_scale/paper_scale.py --work /tmp/paper_scale --measure 240 --runs none-s0
+
+--measure S: each named run trains for S seconds, then stops; its last.pt says how many steps it made, and the
+epoch's projected seconds go to `measure/<model>-s<seed>` (the run goes on from there when it is run).
+On a GPU: the same script on a CUDA machine (train.device: auto), or the Prefect gpu pool (docs/scaling.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scripts, not an installed package
+from studies.project import Project, override, record, relocated  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+SETTINGS = HERE / "settings.yaml"
+DATA_STAGES = ("ingest", "validate", "features", "baseline", "optimum")  # optimum: "not known" here
+
+
+def study_params(settings: dict, root: Path, extra: list[str], features: Path | None) -> dict:
+    """params.yaml with the declared overrides (then `extra`, a trial's), under `root`; every model on the
+    declared horizon."""
+    from contextual_bert.names import MODELS
+
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    for assignment in settings["set"] + extra:
+        override(params, assignment)
+    for model in dict.fromkeys(parse_run(name)[0] for name in settings["runs"] if parse_run(name)[0] in MODELS):
+        params["variants"][model] = settings["variants"][model] | {"max_epochs": params["train"]["max_epochs"]}
+    params = relocated(params, root)
+    if features:  # a trial on the study's data
+        params["paths"]["features_dir"] = str(features)
+    return params
+
+
+def run_name(model: str, seed: int) -> str:
+    return f"{model}-s{seed}"
+
+
+def parse_run(name: str) -> tuple[str, int]:
+    model, seed = name.rsplit("-s", 1)
+    return model, int(seed)
+
+
+# --- one run, in a child process -----------------------------------------------------------------------------
+
+
+def one(params_path: Path, model: str, seed: int, queue_after_s: float) -> dict:
+    """Train (resuming) and evaluate one run; print its progress; its entry (with peak memory)."""
+    from contextual_bert import cpu_kernels
+    from contextual_bert.config import load_config
+
+    cfg = load_config(params_path)
+    cpu_kernels.pin(cfg.train_for(model).cpu_kernels)  # before torch is imported
+    from contextual_bert.evaluation.evaluate import evaluate_run
+    from contextual_bert.training import train
+
+    train_cfg = cfg.train_for(model)
+    horizon = train_cfg.max_epochs
+    run_dir = cfg.run_dir(model, seed)
+    started = time.perf_counter()
+
+    def progress(epoch: int, row: dict) -> None:
+        left = (horizon - epoch) * row["seconds"]
+        print(f"[{model} s{seed}] epoch {epoch}/{horizon}: val CE {row['val_cross_entropy']:.4f}, "
+              f"{row['seconds']:.0f} s ({row['samples_per_s']:.0f} outfits/s); ETA this run {left / 60:.0f} min, "
+              f"the queue {(left + queue_after_s) / 60:.0f} min", flush=True)  # fmt: skip
+
+    metrics = train(cfg.paths.features_dir, run_dir, model, seed, cfg.model_for(model), train_cfg, progress)
+    trained_s = time.perf_counter() - started
+    report = evaluate_run(cfg.paths.features_dir, run_dir, cfg.eval_path(run_name(model, seed)), cfg.evaluate)
+    curve = json.loads((run_dir / "curve.json").read_text())
+    test = report["test"]
+    return {
+        "model": model,
+        "seed": seed,
+        "learning_rate": train_cfg.learning_rate,
+        "batch_size": train_cfg.batch_size,
+        "best_val_cross_entropy": metrics["best_val_cross_entropy"],
+        "epochs": metrics["epochs"],
+        "best_epoch": metrics["best_epoch"],
+        "converged": metrics["converged"],
+        "parameters": metrics["parameters"],
+        **{f"test_{k}": test.get(k) for k in ("cross_entropy", "recall@1", "recall@5", "recall@10")},
+        "test_fitb": (report.get("fitb") or {}).get("accuracy"),
+        "outfit_dependence": test.get("outfit_dependence"),
+        "epoch_seconds": [round(row["seconds"], 1) for row in curve],
+        "samples_per_s": [round(row["samples_per_s"], 1) for row in curve],
+        "train_seconds": round(metrics["seconds"], 1),
+        "evaluate_seconds": round(time.perf_counter() - started - trained_s, 1),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "threads": metrics["threads"],
+        "device": metrics["device"],
+    }
+
+
+def measure(params_path: Path, model: str, seed: int, seconds: float) -> dict:
+    """Train one run for `seconds`, stop it, and project an epoch's seconds from its last.pt."""
+    import torch
+
+    from contextual_bert.config import load_config
+    from contextual_bert.data.feature_store import load_split
+
+    cfg = load_config(params_path)
+    run_dir = cfg.run_dir(model, seed)
+    command = [sys.executable, __file__, "--one", run_name(model, seed), "--params", str(params_path)]
+    child = subprocess.Popen(command)
+    time.sleep(seconds)
+    child.send_signal(signal.SIGKILL)  # as a killed run: last.pt is its resume state
+    child.wait()
+    saved = torch.load(run_dir / "last.pt", map_location="cpu", weights_only=True)
+    position = saved["position"]
+    train_cfg = cfg.train_for(model)
+    n_train = len(load_split(cfg.paths.features_dir, "train", cfg.model.max_set_size))
+    steps_per_epoch = -(-n_train // train_cfg.batch_size)
+    if position is None:  # an epoch ended: its row has its seconds
+        epoch_s = saved["state"]["curve"][-1]["seconds"]
+        return {"epoch_seconds": round(epoch_s, 1), "steps_per_epoch": steps_per_epoch,
+                "batch_size": train_cfg.batch_size, "measured": "an epoch"}  # fmt: skip
+    return {
+        "steps": int(position["step"]),
+        "seconds": round(float(position["seconds"]), 1),
+        "steps_per_epoch": steps_per_epoch,
+        "epoch_seconds": round(steps_per_epoch * float(position["seconds"]) / int(position["step"]), 1),
+        "batch_size": train_cfg.batch_size,
+        "peak_rss_mib_child": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1),
+        "measured": f"{int(position['step'])} steps of the first epoch",
+    }
+
+
+# --- the queue -------------------------------------------------------------------------------------------------
+
+
+def prepare(work: Path, settings: dict, out: Path, extra: list[str], features: Path | None) -> Project:
+    project = Project(work, study_params(settings, work, extra, features))
+    if features is None and not (project.path("reports_dir") / "eval" / "optimum_context.json").exists():
+        for stage in DATA_STAGES:
+            started = time.perf_counter()
+            project.stage(stage)
+            print(f"data: {stage} {time.perf_counter() - started:.0f} s", flush=True)
+        record(out, "data", {"seconds": project.timings, "set": settings["set"]})
+    return project
+
+
+def estimate_s(settings: dict, results: dict, model: str) -> float:
+    """A run's seconds: its measured epoch x the horizon, or the declared estimate."""
+    horizon = next(int(s.split("=")[1]) for s in settings["set"] if s.startswith("train.max_epochs="))
+    batch = next(s.split("=")[1] for s in settings["set"] if s.startswith("train.batch_size="))
+    measured = [
+        v["epoch_seconds"]
+        for k, v in results.items()
+        if k.startswith(f"measure/{model}-") and k.endswith(f"/batch{batch}")
+    ]
+    return horizon * (measured[0] if measured else settings["estimate_epoch_seconds"])
+
+
+def report(project: Project, settings: dict, done: list[str], out: Path) -> None:
+    """The report stage over the runs done (each model with the seeds it has), its Table 1 recorded."""
+    models = list(dict.fromkeys(parse_run(r)[0] for r in done))
+    seeds = sorted({parse_run(r)[1] for r in done})
+    if any(run_name(m, s) not in done for m in models for s in seeds):  # the report reads every model x seed
+        seeds = [s for s in seeds if all(run_name(m, s) in done for m in models)]
+    params = json.loads(json.dumps(project.params))
+    params["train"] |= {"variants": models, "seeds": seeds}
+    project.write_params(params)
+    project.stage("report")
+    reports = project.path("reports_dir")
+    record(out, "table1", (reports / "table1.md").read_text().splitlines())
+    record(out, "metrics", json.loads((reports / "metrics.json").read_text()))
+
+
+def benchmark(results: dict, path: Path) -> None:
+    """reports/benchmarks/<path>: the paper size's time per epoch and peak memory, per measured prefix and per
+    run, with the machine's load (a shared CPU slows every number)."""
+    import os
+    import platform
+
+    runs = {k.removeprefix("runs/"): v for k, v in results.items() if k.startswith("runs/")}
+    out = {
+        "benchmark": "Table 1 at the paper's size: time per epoch and peak memory (studies/paper_scale)",
+        "data": results.get("data"),
+        "settings": results["settings"]["settings"]["set"],
+        "cpu": next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            platform.machine(),
+        )
+        if Path("/proc/cpuinfo").exists()
+        else platform.machine(),
+        "cores": os.cpu_count(),
+        "load_average_now": os.getloadavg(),
+        "measured_prefixes": {k.removeprefix("measure/"): v for k, v in results.items() if k.startswith("measure/")},
+        "runs": {
+            name: {
+                k: r[k]
+                for k in (
+                    "epoch_seconds",
+                    "samples_per_s",
+                    "train_seconds",
+                    "evaluate_seconds",
+                    "peak_rss_mib",
+                    "threads",
+                    "device",
+                    "batch_size",
+                )
+            }  # fmt: skip
+            for name, r in runs.items()
+        },
+    }
+    path.write_text(json.dumps(out, indent=1) + "\n")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, help="the project's folder (data, models, reports)")
+    parser.add_argument("--settings", type=Path, default=SETTINGS)
+    parser.add_argument("--out", type=Path, default=HERE / "results.json", help="the results file")
+    parser.add_argument("--runs", help="comma-separated <model>-s<seed> (default: the declared `runs`, in order)")
+    parser.add_argument("--measure", type=float, metavar="S", help="train each run S seconds, project its epoch")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a trial's override")
+    parser.add_argument("--features", type=Path, help="a trial: read this features folder (the study's data)")
+    parser.add_argument("--benchmark", type=Path, help="write the time and memory of --out's runs to this file")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # the child: one run
+    parser.add_argument("--params", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--queue-after", type=float, default=0.0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.one:
+        model, seed = parse_run(args.one)
+        entry = one(args.params, model, seed, args.queue_after)
+        (args.params.parent / "runs" / f"{args.one}.json").write_text(json.dumps(entry, indent=1))
+        return 0
+    if args.benchmark:
+        benchmark(json.loads(args.out.read_text()), args.benchmark)
+        return 0
+    if args.work is None:
+        parser.error("--work is required")
+    settings = yaml.safe_load(args.settings.read_text())
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    record(args.out, "settings", {"commit": commit.strip(), "settings": settings})
+    project = prepare(args.work, settings, args.out, args.set, args.features)
+    from contextual_bert.names import MODELS
+
+    names = args.runs.split(",") if args.runs else list(settings["runs"])
+    unknown = [n for n in names if parse_run(n)[0] not in MODELS]
+    if unknown:
+        print(f"not in this library, skipped: {', '.join(unknown)}", flush=True)
+        names = [n for n in names if n not in unknown]
+    (project.root / "runs").mkdir(exist_ok=True)
+    if args.measure:
+        for name in names:
+            entry = measure(project.params_path, *parse_run(name), args.measure)
+            record(args.out, f"measure/{name}/batch{entry['batch_size']}", entry)
+            print(f"measure {name}: {entry}", flush=True)
+        return 0
+    results = json.loads(args.out.read_text())
+    todo = [n for n in names if f"runs/{n}" not in results]
+    print(f"{len(names) - len(todo)} of {len(names)} runs done; to run: {', '.join(todo) or 'none'}", flush=True)
+    for i, name in enumerate(todo):
+        after = sum(estimate_s(settings, results, parse_run(n)[0]) for n in todo[i + 1 :])
+        command = [sys.executable, __file__, "--one", name, "--params", str(project.params_path),
+                   "--queue-after", str(after)]  # fmt: skip
+        print(f"{name}: run {i + 1} of {len(todo)}; the queue after it: about {after / 60:.0f} min", flush=True)
+        if subprocess.run(command).returncode != 0:
+            raise SystemExit(f"{name} failed")
+        entry = json.loads((project.root / "runs" / f"{name}.json").read_text())
+        record(args.out, f"runs/{name}", entry)
+        print(f"{name}: test CE {entry['test_cross_entropy']:.4f}, {entry['epochs']} epochs "
+              f"({entry['converged'] or 'not converged'}), peak {entry['peak_rss_mib']:.0f} MiB", flush=True)  # fmt: skip
+        results = json.loads(args.out.read_text())
+        try:
+            report(project, settings, [k.removeprefix("runs/") for k in results if k.startswith("runs/")], args.out)
+        except SystemExit as failed:  # the run is recorded; its Table 1 waits for the next run's report
+            print(f"the report stage failed, the queue goes on: {failed}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
