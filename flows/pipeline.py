@@ -471,7 +471,7 @@ def pipeline(
     max_parallel: int | None = None,
     git_remote: str = "origin",
     dvc_remote: str | None = None,
-    register: bool = True,
+    registry: bool = True,
 ) -> dict:
     """The whole pipeline: validate, build features, train every variant and seed, evaluate, report,
     register and promote. DVC runs only what is stale.
@@ -485,7 +485,7 @@ def pipeline(
     process, "auto" uses deployments when they exist, "remote" sends them to the train-run-remote
     deployments: fresh clones of git remote `git_remote` at this commit, inputs and outputs through DVC
     remote `dvc_remote` (default: the committed default remote). promote: also promote (else register only).
-    register: False stops after the report: register and promote need MANAGE, which on the stack only the
+    registry: False stops after the report: register and promote need MANAGE, which on the stack only the
     promoter holds, outside the workers (docs/security.md).
     train_timeout_s: bound on each training run. max_parallel: trainings in flight at once (default:
     all with an MLflow server, one with a SQLite store).
@@ -497,7 +497,7 @@ def pipeline(
         ran = _run_series(p.before, wd)
         trained = fan_out_units(list(p.units), wd, fan_out, train_timeout_s, max_parallel, git_remote, dvc_remote)
         ran += _run_series(tuple(s for s in p.after if dvc_stages.kind(s) not in ("register", "promote")), wd)
-        if register:
+        if registry:
             ran += _register_and_promote(p, wd, promote)
         stale_left = final_status(wd)
     return {"params_changed": changed, "ran": ran, "trained": trained, "stale": sorted(stale_left)}
