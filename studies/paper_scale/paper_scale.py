@@ -106,7 +106,7 @@ def one(params_path: Path, model: str, seed: int, queue_after_s: float) -> dict:
         "converged": metrics["converged"],
         "parameters": metrics["parameters"],
         **{f"test_{k}": test.get(k) for k in ("cross_entropy", "recall@1", "recall@5", "recall@10")},
-        "test_fitb": (report.get("fitb") or {}).get("accuracy"),
+        **{f"test_{k}": test.get(k) for k in ("fitb_easy", "fitb_hard")},
         "outfit_dependence": test.get("outfit_dependence"),
         "epoch_seconds": [round(row["seconds"], 1) for row in curve],
         "samples_per_s": [round(row["samples_per_s"], 1) for row in curve],
