@@ -106,7 +106,7 @@ def one(params_path: Path, model: str, seed: int, queue_after_s: float) -> dict:
         "converged": metrics["converged"],
         "parameters": metrics["parameters"],
         **{f"test_{k}": test.get(k) for k in ("cross_entropy", "recall@1", "recall@5", "recall@10")},
-        "test_fitb": (report.get("fitb") or {}).get("accuracy"),
+        **{f"test_{k}": test.get(k) for k in ("fitb_easy", "fitb_hard")},
         "outfit_dependence": test.get("outfit_dependence"),
         "epoch_seconds": [round(row["seconds"], 1) for row in curve],
         "samples_per_s": [round(row["samples_per_s"], 1) for row in curve],
@@ -178,6 +178,32 @@ def estimate_s(settings: dict, results: dict, model: str) -> float:
     return horizon * (measured[0] if measured else settings["estimate_epoch_seconds"])
 
 
+PAIRS = [("global_state_update", "concat"), ("global_state", "concat"), ("new_position", "concat"),
+         ("global_state_two_way", "concat"), ("adaptive_norm", "concat"), ("global_state_update", "global_state"),
+         ("adaptive_norm", "global_state_update"), ("global_state_two_way", "global_state_update"),
+         ("concat", "none"), ("concat", "bag_of_items")]  # fmt: skip
+
+
+def comparisons(evals: Path, done: list[str]) -> dict:
+    """The paper's comparisons among the rows done, on test cross-entropy: improvement of the first (positive:
+    better) by the seed SE where both have seeds, else the paired bootstrap on the same test outfits."""
+    from contextual_bert.evaluation.bootstrap import OUTFITS_KEY, mean_record
+    from contextual_bert.evaluation.report_stats import compare, mean_se
+
+    rows = {}
+    for model in dict.fromkeys(parse_run(r)[0] for r in done):
+        mine = [json.loads((evals / f"{r}.json").read_text()) for r in done if parse_run(r)[0] == model]
+        rows[model] = (
+            mean_se([e["test"]["cross_entropy"] for e in mine]),
+            mean_record([e.get(OUTFITS_KEY) for e in mine]),
+        )
+    return {
+        f"{a} vs {b}": compare(rows[a][0], rows[b][0], False, "cross_entropy", (rows[a][1], rows[b][1]))
+        for a, b in PAIRS
+        if a in rows and b in rows
+    }
+
+
 def report(project: Project, settings: dict, done: list[str], out: Path) -> None:
     """The report stage over the runs done (each model with the seeds it has), its Table 1 recorded."""
     models = list(dict.fromkeys(parse_run(r)[0] for r in done))
@@ -191,6 +217,7 @@ def report(project: Project, settings: dict, done: list[str], out: Path) -> None
     reports = project.path("reports_dir")
     record(out, "table1", (reports / "table1.md").read_text().splitlines())
     record(out, "metrics", json.loads((reports / "metrics.json").read_text()))
+    record(out, "comparisons", comparisons(reports / "eval", done))
 
 
 def benchmark(results: dict, path: Path) -> None:
@@ -237,6 +264,38 @@ def benchmark(results: dict, path: Path) -> None:
     path.write_text(json.dumps(out, indent=1) + "\n")
 
 
+def render(results: dict) -> str:
+    """Markdown for the findings: the report stage's Table 1 rows and its verdicts, then each run's time per
+    epoch, evaluation time and peak memory."""
+    table1 = results.get("table1", [])
+    keep = [line for line in table1 if line.startswith("|")]
+    verdicts = [line for line in table1 if line.startswith(("- **", "  - ", "- Every", "- No ", "- Not"))]
+    lines = [
+        *keep,
+        "",
+        *verdicts,
+        "",
+        "| run | epoch s | outfits/s | evaluation s | peak MiB |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for key, run in results.items():
+        if key.startswith("runs/"):
+            lines.append(f"| {key.removeprefix('runs/')} | {', '.join(f'{x:.0f}' for x in run['epoch_seconds'])} | "
+                         f"{', '.join(f'{x:.0f}' for x in run['samples_per_s'])} | {run['evaluate_seconds']:.0f} | "
+                         f"{run['peak_rss_mib']:,.0f} |")  # fmt: skip
+    lines += ["", "| comparison (test CE) | improvement [95% paired bootstrap] or ± SE |", "| --- | --- |"]
+    for name, c in results.get("comparisons", {}).items():
+        interval = (
+            f" [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}]" if c.get("ci") else (f" ± {c['se']:.3f}" if c["se"] else "")
+        )
+        lines.append(
+            f"| {name} | {c['improvement']:+.3f}{interval}"
+            + (" **beats**" if c["beats_by_more_than_se"] else "")
+            + " |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, help="the project's folder (data, models, reports)")
@@ -246,6 +305,8 @@ def main() -> int:
     parser.add_argument("--measure", type=float, metavar="S", help="train each run S seconds, project its epoch")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a trial's override")
     parser.add_argument("--features", type=Path, help="a trial: read this features folder (the study's data)")
+    parser.add_argument("--report", action="store_true", help="the report stage and comparisons over the runs done")
+    parser.add_argument("--render", action="store_true", help="print the findings' tables from --out and stop")
     parser.add_argument("--benchmark", type=Path, help="write the time and memory of --out's runs to this file")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the child: one run
     parser.add_argument("--params", type=Path, help=argparse.SUPPRESS)
@@ -257,6 +318,9 @@ def main() -> int:
         entry = one(args.params, model, seed, args.queue_after)
         (args.params.parent / "runs" / f"{args.one}.json").write_text(json.dumps(entry, indent=1))
         return 0
+    if args.render:
+        print(render(json.loads(args.out.read_text())))
+        return 0
     if args.benchmark:
         benchmark(json.loads(args.out.read_text()), args.benchmark)
         return 0
@@ -264,7 +328,6 @@ def main() -> int:
         parser.error("--work is required")
     settings = yaml.safe_load(args.settings.read_text())
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
-    record(args.out, "settings", {"commit": commit.strip(), "settings": settings})
     project = prepare(args.work, settings, args.out, args.set, args.features)
     from contextual_bert.names import MODELS
 
@@ -281,6 +344,10 @@ def main() -> int:
             print(f"measure {name}: {entry}", flush=True)
         return 0
     results = json.loads(args.out.read_text())
+    if args.report:
+        report(project, settings, [k.removeprefix("runs/") for k in results if k.startswith("runs/")], args.out)
+        return 0
+    record(args.out, "settings", {"commit": commit.strip(), "settings": settings})  # the commit the runs ran at
     todo = [n for n in names if f"runs/{n}" not in results]
     print(f"{len(names) - len(todo)} of {len(names)} runs done; to run: {', '.join(todo) or 'none'}", flush=True)
     for i, name in enumerate(todo):
