@@ -80,7 +80,7 @@ prefect-help:
 	@echo "make prefect-deploy                 pools, then prefect deploy --all (prefect.yaml)"
 	@echo "make prefect-worker [POOL=gpu] [QUEUE=default|pipeline]  a process worker on the cpu (or gpu) pool"
 	@echo "make prefect-ui                     open the Prefect UI"
-	@echo "make prefect-run [SIZE=tiny] [FAN_OUT=remote]  run the nightly pipeline deployment now"
+	@echo "make prefect-run [SIZE=tiny] [FAN_OUT=remote] [REGISTRY=false]  run the nightly pipeline deployment now"
 	@echo "make stack-up [WORKERS=2]           PostgreSQL, Prefect + MLflow servers on it, workers (.stack/)"
 	@echo "make stack-status | stack-down      what runs / stop it all"
 	@echo "make stack-rotate                   new secrets for every role, everything restarted"
@@ -105,12 +105,13 @@ prefect-ui:
 	@-xdg-open "http://127.0.0.1:$(PREFECT_PORT)" >/dev/null 2>&1 || true
 
 prefect-run: $(STAMP)
-	$(PREFECT_ENV) $(BIN)/prefect deployment run pipeline/nightly $(if $(SIZE),--param size=$(SIZE)) $(if $(FAN_OUT),--param fan_out=$(FAN_OUT))
+	$(PREFECT_ENV) $(BIN)/prefect deployment run pipeline/nightly $(if $(SIZE),--param size=$(SIZE)) $(if $(FAN_OUT),--param fan_out=$(FAN_OUT)) $(if $(REGISTRY),--param registry=$(REGISTRY))
 
 # --- the whole stack on one machine, no compose (flows/infra/stack.py, docs/scaling.md) -------------------
 # PostgreSQL (Debian's postgresql package), Prefect and MLflow servers on it, a DVC remote directory,
 # WORKERS process workers in $(STACK_DIR)/worker-<i>. After `make stack-up`, `eval "$$(make -s stack-env)"`
-# exports the URLs and credentials; then `make prefect-deploy` and `make prefect-run SIZE=tiny FAN_OUT=remote`.
+# exports the URLs and credentials; then `make prefect-deploy` and `make prefect-run SIZE=tiny FAN_OUT=remote
+# REGISTRY=false` (the workers are `trainer`: register and promote run as the promoter, docs/security.md).
 # Secure by default: secrets in $(STACK_DIR)/credentials.env (0600), every server authenticates, both
 # bound to STACK_HOST (loopback unless named). A client's environment: eval "$$(make -s stack-env AS=promoter)".
 STACK_DIR ?= $(CURDIR)/.stack

@@ -439,8 +439,8 @@ def up(root: Path, workers: int, host: str = "127.0.0.1") -> dict[str, Any]:
     print(f"stack up in {time.monotonic() - started:.0f} s; secrets in {root / auth.CREDENTIALS} (0600); use it with:")
     print(f'  eval "$(python -m flows.infra.stack env --dir {root} --as promoter)"   # URLs and credentials')
     print(f"  dvc remote add -d stack {root / 'dvc-remote'}   # then commit .dvc/config and git push")
-    print("  make prefect-deploy && make prefect-run SIZE=tiny   # or a run with fan_out=remote")
-    print("  promotion outside the workers, as promoter: contextual-bert promote   (docs/security.md)")
+    print("  make prefect-deploy && make prefect-run SIZE=tiny REGISTRY=false   # or a run with FAN_OUT=remote")
+    print("  registry outside the workers, as promoter: dvc repro register promote   (docs/security.md)")
     return state
 
 
