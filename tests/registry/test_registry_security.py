@@ -64,6 +64,7 @@ def server(tmp_path_factory):
     cmd += ["--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "art")]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING")}
+    auth.set_mlflow_admin(root, creds)  # the admin user before the server starts: no password in its environment
     with open(root / "server.log", "w") as log:
         proc = subprocess.Popen(
             cmd, env={**env, **auth.mlflow_server_env(root, creds)}, stdout=log, stderr=subprocess.STDOUT,
