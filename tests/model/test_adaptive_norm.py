@@ -69,7 +69,7 @@ def test_at_initialisation_every_block_is_the_post_norm_identity():
     bert = ContextualBert(SMALL, ADALN, N_ITEMS, SPEC).eval()
     items, ctx = outfits_with_one_mask(6, size=6, length=6), context(6)
     outputs = block_outputs(bert, items, ctx)
-    x = bert.article_vectors(bert.item_embeddings, items).transpose(0, 1) * bert.input_scale
+    x = bert.article_vectors(items).transpose(0, 1) * bert.input_scale
     with torch.no_grad():
         torch.testing.assert_close(outputs[0], F.layer_norm(F.layer_norm(x, (SMALL.d_model,)), (SMALL.d_model,)))
     for before, after in zip(outputs, outputs[1:]):
