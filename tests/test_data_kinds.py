@@ -253,12 +253,22 @@ def test_each_kind_of_data_is_promoted_and_served(kind, pipelines, monkeypatch):
     promotion = json.loads((project / "reports" / "promotion.json").read_text())
     assert promotion["promoted"] is True, promotion["decision"]
 
+    import mlflow
+
     from contextual_bert.data.feature_spec import N_SPECIAL
     from contextual_bert.data.feature_store import load_article_vocab
     from contextual_bert.serving.gate import build_app
 
+    # the project's registry, also where an earlier test set another URI in this process (it wins over the env)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
-    app = build_app(f"models:/{params['mlflow']['model_name']}@champion", TOKEN, 1 << 20, 100)
+    before = (mlflow.get_tracking_uri(), mlflow.get_registry_uri())
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_registry_uri(tracking_uri)
+    try:
+        app = build_app(f"models:/{params['mlflow']['model_name']}@champion", TOKEN, 1 << 20, 100)
+    finally:
+        mlflow.set_tracking_uri(before[0])
+        mlflow.set_registry_uri(before[1])
     known = load_article_vocab(project / "data" / "features").ids[N_SPECIAL:]
     outfit = [str(known[0]), str(known[1])]
     status, body = answer(app, {"dataframe_records": [{"article_ids": outfit}]})
