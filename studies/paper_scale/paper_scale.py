@@ -10,10 +10,15 @@ the run's and the queue's ETA. A run whose entry is in the results file is skipp
 stage writes the project's Table 1 over the runs done so far; results.json gets `runs/<model>-s<seed>` (with the
 run's time per epoch and peak memory), `table1` and `data`.
 
-    python studies/paper_scale/paper_scale.py --work /tmp/paper_scale            # the declared queue (make paper-table1)
+    python studies/paper_scale/paper_scale.py --work /tmp/paper_scale            # the last plan's queue (make paper-table1)
+    python studies/paper_scale/paper_scale.py --work /tmp/paper_scale --jobs 2   # two runs at a time
     python studies/paper_scale/paper_scale.py --work /tmp/paper_scale --runs none-s0,global_state_update-s0
     python studies/paper_scale/paper_scale.py --work /tmp/paper_scale --measure 240 --runs none-s0
 
+--plan NAME: one of settings.yaml's `plans` (default: the last); its entries are keyed `<plan>/...` in results.json,
+the data stages' and the measured prefixes' shared. Each plan needs a --work of its own (a run resumes from the
+last.pt in its folder). --jobs N: N runs at a time, each a child process of one thread; their records and the
+report stage one at a time.
 --measure S: each named run trains for S seconds, then stops; its last.pt says how many steps it made, and the
 epoch's projected seconds go to `measure/<model>-s<seed>` (the run goes on from there when it is run).
 On a GPU: the same script on a CUDA machine (train.device: auto), or the Prefect gpu pool (docs/scaling.md).
@@ -27,7 +32,9 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -55,6 +62,19 @@ def study_params(settings: dict, root: Path, extra: list[str], features: Path | 
     if features:  # a trial on the study's data
         params["paths"]["features_dir"] = str(features)
     return params
+
+
+def plan_settings(settings: dict, plan: str) -> dict:
+    """The settings of one plan: its `set` and `runs`, with the models' settings every plan shares."""
+    if plan not in settings["plans"]:
+        raise SystemExit(f"--plan {plan!r}: settings.yaml declares {', '.join(settings['plans'])}")
+    return {k: v for k, v in settings.items() if k != "plans"} | settings["plans"][plan] | {"plan": plan}
+
+
+def plan_view(results: dict, plan: str, plans: list[str]) -> dict:
+    """The results one plan reads: the shared entries (data, measured prefixes) and its own, unprefixed."""
+    shared = {k: v for k, v in results.items() if k.split("/", 1)[0] not in plans}
+    return shared | {k.removeprefix(f"{plan}/"): v for k, v in results.items() if k.startswith(f"{plan}/")}
 
 
 def run_name(model: str, seed: int) -> str:
@@ -215,9 +235,10 @@ def report(project: Project, settings: dict, done: list[str], out: Path) -> None
     project.write_params(params)
     project.stage("report")
     reports = project.path("reports_dir")
-    record(out, "table1", (reports / "table1.md").read_text().splitlines())
-    record(out, "metrics", json.loads((reports / "metrics.json").read_text()))
-    record(out, "comparisons", comparisons(reports / "eval", done))
+    plan = settings["plan"]
+    record(out, f"{plan}/table1", (reports / "table1.md").read_text().splitlines())
+    record(out, f"{plan}/metrics", json.loads((reports / "metrics.json").read_text()))
+    record(out, f"{plan}/comparisons", comparisons(reports / "eval", done))
 
 
 def benchmark(results: dict, path: Path) -> None:
@@ -301,6 +322,8 @@ def main() -> int:
     parser.add_argument("--work", type=Path, help="the project's folder (data, models, reports)")
     parser.add_argument("--settings", type=Path, default=SETTINGS)
     parser.add_argument("--out", type=Path, default=HERE / "results.json", help="the results file")
+    parser.add_argument("--plan", help="one of settings.yaml's plans (default: the last declared)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (each one thread)")
     parser.add_argument("--runs", help="comma-separated <model>-s<seed> (default: the declared `runs`, in order)")
     parser.add_argument("--measure", type=float, metavar="S", help="train each run S seconds, project its epoch")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a trial's override")
@@ -318,15 +341,21 @@ def main() -> int:
         entry = one(args.params, model, seed, args.queue_after)
         (args.params.parent / "runs" / f"{args.one}.json").write_text(json.dumps(entry, indent=1))
         return 0
+    declared = yaml.safe_load(args.settings.read_text())
+    plan = args.plan or list(declared["plans"])[-1]
+    settings = plan_settings(declared, plan)
+
+    def view() -> dict:
+        return plan_view(json.loads(args.out.read_text()), plan, list(declared["plans"]))
+
     if args.render:
-        print(render(json.loads(args.out.read_text())))
+        print(render(view()))
         return 0
     if args.benchmark:
-        benchmark(json.loads(args.out.read_text()), args.benchmark)
+        benchmark(view(), args.benchmark)
         return 0
     if args.work is None:
         parser.error("--work is required")
-    settings = yaml.safe_load(args.settings.read_text())
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
     project = prepare(args.work, settings, args.out, args.set, args.features)
     from contextual_bert.names import MODELS
@@ -343,29 +372,37 @@ def main() -> int:
             record(args.out, f"measure/{name}/batch{entry['batch_size']}", entry)
             print(f"measure {name}: {entry}", flush=True)
         return 0
-    results = json.loads(args.out.read_text())
+    results = view()
     if args.report:
         report(project, settings, [k.removeprefix("runs/") for k in results if k.startswith("runs/")], args.out)
         return 0
-    record(args.out, "settings", {"commit": commit.strip(), "settings": settings})  # the commit the runs ran at
+    record(args.out, f"{plan}/settings", {"commit": commit.strip(), "settings": settings})  # the runs' commit
     todo = [n for n in names if f"runs/{n}" not in results]
-    print(f"{len(names) - len(todo)} of {len(names)} runs done; to run: {', '.join(todo) or 'none'}", flush=True)
-    for i, name in enumerate(todo):
-        after = sum(estimate_s(settings, results, parse_run(n)[0]) for n in todo[i + 1 :])
+    print(f"{plan}: {len(names) - len(todo)} of {len(names)} runs done; to run: {', '.join(todo) or 'none'}",
+          flush=True)  # fmt: skip
+    one_at_a_time = threading.Lock()  # the results file and the report stage
+
+    def run(i: int, name: str) -> None:
+        after = sum(estimate_s(settings, results, parse_run(n)[0]) for n in todo[i + 1 :]) / args.jobs
         command = [sys.executable, __file__, "--one", name, "--params", str(project.params_path),
                    "--queue-after", str(after)]  # fmt: skip
         print(f"{name}: run {i + 1} of {len(todo)}; the queue after it: about {after / 60:.0f} min", flush=True)
         if subprocess.run(command).returncode != 0:
             raise SystemExit(f"{name} failed")
         entry = json.loads((project.root / "runs" / f"{name}.json").read_text())
-        record(args.out, f"runs/{name}", entry)
-        print(f"{name}: test CE {entry['test_cross_entropy']:.4f}, {entry['epochs']} epochs "
-              f"({entry['converged'] or 'not converged'}), peak {entry['peak_rss_mib']:.0f} MiB", flush=True)  # fmt: skip
-        results = json.loads(args.out.read_text())
-        try:
-            report(project, settings, [k.removeprefix("runs/") for k in results if k.startswith("runs/")], args.out)
-        except SystemExit as failed:  # the run is recorded; its Table 1 waits for the next run's report
-            print(f"the report stage failed, the queue goes on: {failed}", flush=True)
+        with one_at_a_time:
+            record(args.out, f"{plan}/runs/{name}", entry)
+            print(f"{name}: test CE {entry['test_cross_entropy']:.4f}, {entry['epochs']} epochs "
+                  f"({entry['converged'] or 'not converged'}), peak {entry['peak_rss_mib']:.0f} MiB", flush=True)  # fmt: skip
+            done = [k.removeprefix("runs/") for k in view() if k.startswith("runs/")]
+            try:
+                report(project, settings, done, args.out)
+            except SystemExit as failed:  # the run is recorded; its Table 1 waits for the next run's report
+                print(f"the report stage failed, the queue goes on: {failed}", flush=True)
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for future in [pool.submit(run, i, name) for i, name in enumerate(todo)]:
+            future.result()  # a failed run ends the queue with its error once the runs under way are done
     return 0
 
 
