@@ -271,27 +271,15 @@ def gate_header_dribble(stack) -> dict:
 
 
 def gate_body_dribble(stack) -> dict:
+    from flows.infra.attacks import dribble_body  # the repository on sys.path: stack_from_dir's
+
     bound = float(_get(stack, "gate_timeout_s", 30)) + 5
-    head = (
-        "POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        f"Authorization: Bearer {_get(stack, 'serving_token')}\r\nContent-Length: 1000\r\n\r\n"
-    )
-    answer, started = b"", time.monotonic()
-    with socket.create_connection(_gate_address(stack), timeout=5) as sock:
-        sock.sendall(head.encode())
-        sock.settimeout(0.5)
-        while time.monotonic() - started < bound and b"\r\n\r\n" not in answer:
-            try:
-                sock.sendall(b" ")
-                answer += sock.recv(4096)
-            except TimeoutError:
-                continue
-            except OSError:
-                break
-    status = answer.split(b"\r\n", 1)[0].decode("latin-1") or "no answer"
-    observed = f"{status} after {time.monotonic() - started:.0f} s"
+    status, seconds = dribble_body(_gate_address(stack), _get(stack, "serving_token"), bound)
     return _result(
-        "a client dribbling its body", f"408 within {bound:.0f} s", observed, status.startswith("HTTP/1.1 408")
+        "a client dribbling its body",
+        f"408 within {bound:.0f} s",
+        f"{status} after {seconds:.0f} s",
+        status.startswith("HTTP/1.1 408"),
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -99,6 +100,28 @@ def websocket_refused(observed: str) -> bool:
     """Refused by status: a handshake answered 401/403, or a close with 1008 (policy) or 1002 (protocol);
     a timeout or any other error counts as not refused."""
     return observed in ("HTTP 401", "HTTP 403", "closed 1008", "closed 1002")
+
+
+def dribble_body(address: tuple[str, int], token: str, bound_s: float) -> tuple[str, float]:
+    """A POST to the gate whose body never comes (a byte at a time, Content-Length 1000): the status line the
+    gate answers with (or "no answer") and the seconds it took; the gate must close it with 408."""
+    head = (
+        "POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {token}\r\nContent-Length: 1000\r\n\r\n"
+    )
+    answer, started = b"", time.monotonic()
+    with socket.create_connection(address, timeout=5) as sock:
+        sock.sendall(head.encode())
+        sock.settimeout(0.3)
+        while time.monotonic() - started < bound_s and b"\r\n\r\n" not in answer:
+            try:
+                sock.sendall(b" ")
+                answer += sock.recv(4096)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+    return answer.split(b"\r\n", 1)[0].decode("latin-1") or "no answer", time.monotonic() - started
 
 
 def postgres_login(port: int, user: str, password: str | None, nowhere: Path) -> str:
