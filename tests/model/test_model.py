@@ -215,6 +215,22 @@ def test_checkpoint_round_trip_needs_no_other_file(tmp_path):
         load_checkpoint(tmp_path / "broken.pt")
 
 
+def test_a_checkpoint_written_before_the_word_model_still_loads(tmp_path):
+    """Before issue 92 the payload named the model under "variant": such a checkpoint (models/, a registered
+    version's files) still loads, as the same model."""
+    from contextual_bert.model.checkpoint import model_from_payload, model_payload
+
+    bert = model("concat", seed=1)
+    payload = model_payload(bert)
+    assert payload["model"] == "concat" and "variant" not in payload
+    payload["variant"] = payload.pop("model")
+    loaded = model_from_payload(payload).eval()
+    assert loaded.name == "concat"
+    items, ctx = outfits_with_one_mask(4, size=6, length=8), context(4)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.masked_logits(items, ctx), bert.masked_logits(items, ctx))
+
+
 def test_unknown_variant_and_context_free_spec_are_clear_errors():
     with pytest.raises(ContextualBertError, match="unknown encoder model"):
         ContextualBert(SMALL, "gsu", N_ITEMS, SPEC)

@@ -19,6 +19,7 @@ from contextual_bert.registry.tracking import (
     dvc_locked_md5,
     flatten,
     metric_key,
+    model_tag,
     read_run_file,
     track_training,
     tracking_uri,
@@ -39,6 +40,15 @@ def test_metric_keys_are_names_mlflow_accepts():
 
 def test_flatten_nests_with_dots_and_keeps_lists():
     assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": "x"}) == {"a.b": 1, "a.c": [1, 2], "d": "x"}
+
+
+def test_the_model_tag_is_read_under_its_old_name_too():
+    """Runs and versions logged before issue 92 name their model in a "variant" tag: still read, the new tag
+    first."""
+    assert model_tag({"model": "concat", "seed": "0"}) == "concat"
+    assert model_tag({"variant": "none", "seed": "0"}) == "none"  # an existing registry's versions
+    assert model_tag({"model": "concat", "variant": "none"}) == "concat"
+    assert model_tag({}) is None and model_tag(None) is None
 
 
 def test_training_params_are_the_flattened_sections_with_per_model_overrides():
