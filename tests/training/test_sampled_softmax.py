@@ -255,7 +255,7 @@ def test_softmax_settings_per_model_and_in_the_run_key():
     cfg = Config.model_validate(
         {
             "train": {"softmax": "full", "negatives": 99},
-            "model_names": {"global_state": {"softmax": "sampled", "negatives": 64}},
+            "per_model": {"global_state": {"softmax": "sampled", "negatives": 64}},
         }
     )
     assert cfg.train_for("global_state").softmax == "sampled" and cfg.train_for("global_state").negatives == 64
