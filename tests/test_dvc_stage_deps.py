@@ -19,12 +19,12 @@ import pytest
 import yaml
 
 from contextual_bert.cli import build_parser
-from contextual_bert.config import VARIANTS
+from contextual_bert.config import MODELS
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
 # Values for a matrix stage's ${item.*}: the command's code does not depend on them.
-ITEM = {"${item.model}": VARIANTS[0], "${item.seed}": "0"}
+ITEM = {"${item.model}": MODELS[0], "${item.seed}": "0"}
 LOGGED_CODE = re.compile(r'PACKAGE_DIR((?: / "\w+")*) / "(\w+)\.py"')
 
 

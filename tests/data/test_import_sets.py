@@ -368,7 +368,7 @@ def test_a_context_variant_on_data_without_context_is_not_applicable_and_says_wh
 def test_dvc_repro_of_a_newcomers_outfit_pairs_with_the_defaults(tmp_path):
     """`dvc repro` through Table 1 on a newcomer's outfits CSV, (outfit, item) pairs only, with only
     ingest.source and import_sets' source set (and sizes made small for the test's time): the models that read no
-    context train, the context variants say why they cannot, the attribute rows that there are no attributes."""
+    context train, the models that read it say why they cannot, the attribute rows that there are no attributes."""
     project = tmp_path / "project"
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     dvc, env = dvc_project(project, MLFLOW_TRACKING_URI=tracking_uri)

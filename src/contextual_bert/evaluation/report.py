@@ -192,7 +192,7 @@ def build_report(cfg: Config) -> dict:
         v: [_read_json(cfg.eval_path(f"{v}-s{s}"), "evaluation result (run `contextual-bert evaluate`)") for s in seeds]
         for v in models
     }
-    # a model this data cannot train (e.g. a context variant on outfits without customers): said, not a row
+    # a model this data cannot train (e.g. one that reads the context, on outfits without customers): said, not a row
     unavailable = {v: runs[0].get("why") for v, runs in results.items() if all(r.get("known") is False for r in runs)}
     models = [v for v in models if v not in unavailable]
     if not models:
