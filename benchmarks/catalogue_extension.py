@@ -67,7 +67,7 @@ def main() -> int:
     known = list(trained.article_vocab.ids[N_SPECIAL : N_SPECIAL + 3])
     result = {
         "checkpoint": str(checkpoint),
-        "variant": trained.model.variant,
+        "variant": trained.model.name,
         "outfit_offsets": getattr(trained.model, "overlap", None) is not None,
         "articles": {
             "catalogue_at_training": trained.model.n_items - N_SPECIAL,

@@ -66,7 +66,7 @@ def analyse(clone: Path) -> dict:
     trained = {}
     for path in sorted((clone / "reports" / "train").glob("*.json")):
         record = json.loads(path.read_text())
-        trained[f"{record['variant']}-{record['seed']}"] = record["seconds"]
+        trained[f"{record['model']}-{record['seed']}"] = record["seconds"]
     slot = sum(units.values())
     learning = sum(trained.get(key, 0.0) for key in units)
     unit_starts = [s for n, s, _ in tasks if n.startswith("train ") and n.endswith("process")]

@@ -197,7 +197,7 @@ def main() -> None:
         model_uri = register_champion(work, features_dir)  # version 1
         first, _ = load_checkpoint(work / "checkpoint.pt")
         torch.manual_seed(1)  # version 2: other weights, so the two versions answer differently
-        second = ContextualBert(first.model_cfg, first.variant, first.n_ids, first.spec)
+        second = ContextualBert(first.model_cfg, first.name, first.n_ids, first.spec)
         save_checkpoint(work / "checkpoint_v2.pt", second, {"untrained": True, "seed": 1})
         v2 = register_version(work, work / "checkpoint_v2.pt", features_dir)
         records = request_rows(work / "validated", features_dir, n=4096)

@@ -8,7 +8,7 @@ What it does, in a project folder of its own (default /tmp/whole_run/<variant>; 
    purchases on one day) give about `--outfits` outfits of 4-8 distinct articles over 734 days, customers with
    several outfits each (a history). Reused when the folder already holds them.
 2. Writes the project: a copy of this tree's dvc.yaml and src/ (the code under test, frozen for the run), and
-   params.yaml = this tree's with ingest.source hm, the time split, the history on, train.variants [--variant]
+   params.yaml = this tree's with ingest.source hm, the time split, the history on, train.models [--variant]
    (default global_state_attrs: [GS] + attributes with history), one seed, train.max_epochs --epochs (8),
    train.num_threads --threads (1), MLflow in the folder; `--set key=value` for anything else (as the studies).
 3. Runs `dvc repro report` there (source, ingest, validate, features, train, baseline, evaluate, optimum, report),
@@ -124,7 +124,7 @@ def _patch_ranking(ranking):
     case_ranks = ranking.case_ranks
 
     def timed(model, data, batch_size, device, with_ranks=True, dependence=False):
-        name = getattr(model, "variant", None) or type(model).__name__
+        name = getattr(model, "name", None) or type(model).__name__
         return _timed({"pass": "case_ranks", "model": name, "outfits": len(data), "with_ranks": with_ranks,
                        "dependence": dependence}, case_ranks, model, data, batch_size, device, with_ranks, dependence)
 
@@ -135,7 +135,7 @@ def _patch_fitb(fitb):
     answer = fitb.answer
 
     def timed(model, data, questions, batch_size, device):
-        name = getattr(model, "variant", None) or type(model).__name__
+        name = getattr(model, "name", None) or type(model).__name__
         return _timed({"pass": "fitb", "model": name, "questions": len(questions.outfit)}, answer, model, data,
                       questions, batch_size, device)
 
@@ -204,7 +204,7 @@ def project_params(data: Path, root: Path, args) -> dict:
     params["features"]["split"] = "time"
     params["features"]["history"]["enabled"] = True
     params["features"]["article_features"] = True
-    params["train"].update(variants=[args.variant], seeds=[0], max_epochs=args.epochs, num_threads=args.threads)
+    params["train"].update(models=[args.variant], seeds=[0], max_epochs=args.epochs, num_threads=args.threads)
     params["mlflow"]["tracking_uri"] = f"sqlite:///{root / 'mlflow.db'}"
     for assignment in args.set:
         override(params, assignment)

@@ -5,7 +5,7 @@ command, run as `dvc repro --single-item <stage>` so that DVC alone decides what
 never a Prefect one). The parent's workspace takes one `dvc` command at a time (DVC's lock), so:
 
 1. source, ingest, validate, features (every ancestor of a training) run in series in the parent's workspace;
-2. the train and evaluate stages fan out, one flow run per variant and seed (`flows/train_run.py`),
+2. the train and evaluate stages fan out, one flow run per model and seed (`flows/train_run.py`),
    each in its own git worktree sharing the DVC cache, to the `gpu` pool when a GPU worker is up and
    to the `cpu` pool otherwise (`flows/infra/work_pools.py`); only units DVC finds stale are sent;
 3. as each training run completes, the parent copies its outputs back and `dvc commit`s them, in
@@ -91,11 +91,11 @@ progress = logging.getLogger("flows.progress")
 def unit_summary(workdir: Path, key: str) -> str:
     """A finished unit's line: its best validation CE, epochs, convergence and time (reports/train/), or why this
     data cannot train the model (its metrics.json, training.trainer.not_applicable)."""
-    variant, seed = key.rsplit("-", 1)
+    model, seed = key.rsplit("-", 1)
     cfg = load_config(workdir / "params.yaml")
-    path = workdir / cfg.paths.reports_dir / "train" / f"{variant}-s{seed}.json"
+    path = workdir / cfg.paths.reports_dir / "train" / f"{model}-s{seed}.json"
     try:
-        why = json.loads((workdir / cfg.run_dir(variant, int(seed)) / "metrics.json").read_text())[NOT_APPLICABLE]
+        why = json.loads((workdir / cfg.run_dir(model, int(seed)) / "metrics.json").read_text())[NOT_APPLICABLE]
         return f"not trained: {why}"
     except (OSError, ValueError, KeyError, TypeError):
         pass
@@ -473,7 +473,7 @@ def pipeline(
     dvc_remote: str | None = None,
     registry: bool = True,
 ) -> dict:
-    """The whole pipeline: validate, build features, train every variant and seed, evaluate, report,
+    """The whole pipeline: validate, build features, train every model and seed, evaluate, report,
     register and promote. DVC runs only what is stale.
 
     size / source: `generate.size` / `ingest.source` for this run (None: keep params.yaml's).
@@ -513,7 +513,7 @@ def training(
     git_remote: str = "origin",
     dvc_remote: str | None = None,
 ) -> dict:
-    """Training only: train and evaluate every stale variant and seed, nothing upstream or after.
+    """Training only: train and evaluate every stale model and seed, nothing upstream or after.
 
     Fails when the features (or anything before them) are stale: run the pipeline first.
     params: params.yaml overrides as dotted keys (e.g. {"train.max_epochs": 5}), for this run only.

@@ -1,12 +1,12 @@
-"""The per-variant sweep through DVC experiments, as a DVC user runs it by hand:
+"""The per-model sweep through DVC experiments, as a DVC user runs it by hand:
 
-    dvc exp run --queue -n sweep-none-0 -S ++variants.none.learning_rate=0.001 train@none-0   (one per setting)
+    dvc exp run --queue -n sweep-none-0 -S ++per_model.none.learning_rate=0.001 train@none-0   (one per setting)
     dvc queue start -j <jobs>      # then wait until the queue is empty
     dvc exp show --json            # every experiment's params and reports/train/<run>.json
 
-then the setting with the lowest validation cross-entropy of each variant is written to `variants:` in
+then the setting with the lowest validation cross-entropy of each model is written to `per_model:` in
 params.yaml (contextual_bert.sweep chooses; nothing is chosen on test) and the table and plot go to
-reports/sweep/. `dvc repro` afterwards re-trains exactly the variants whose settings changed: DVC, not
+reports/sweep/. `dvc repro` afterwards re-trains exactly the models whose settings changed: DVC, not
 this flow, decides what is stale.
 
     python -m flows.sweep [--jobs 2 --threads 1] [--no-apply]      # or the Prefect deployment `sweep`
@@ -36,7 +36,7 @@ def _queued_or_running(workdir: Path) -> int:
 
 
 def queue_experiments(workdir: Path, threads: int = 0) -> list[str]:
-    """`dvc exp run --queue` once per (variant, setting) of params.yaml's sweep section. `threads` > 0 sets
+    """`dvc exp run --queue` once per (model, setting) of params.yaml's sweep section. `threads` > 0 sets
     train.num_threads in the experiments (a stage param: the thread count changes the rounding, so
     such an experiment is compared with others at the same threads)."""
     names = []
@@ -72,7 +72,7 @@ def choose_and_apply(workdir: Path, apply: bool) -> dict:
     choice = choose(rows)
     write_report(rows, choice, workdir / cfg.paths.reports_dir / "sweep")
     if apply:
-        overrides = {f"variants.{v}.{k}": value for v, setting in choice.items() for k, value in setting.items()}
+        overrides = {f"per_model.{v}.{k}": value for v, setting in choice.items() for k, value in setting.items()}
         apply_overrides(workdir / "params.yaml", overrides)
     return choice
 

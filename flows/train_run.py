@@ -1,4 +1,4 @@
-"""The training flow: one flow run per variant and seed, in its own checkout, on a cpu or gpu worker.
+"""The training flow: one flow run per model and seed, in its own checkout, on a cpu or gpu worker.
 
 Deployed twice (prefect.yaml): `train-run/train-run-cpu` on the `cpu` pool and `train-run/train-run-gpu`
 on the `gpu` pool. The pipeline flow picks the deployment (`flows.infra.work_pools.place`) and passes the
@@ -9,7 +9,7 @@ Why a checkout: DVC allows one `dvc` command per workspace at a time, so paralle
 the parent's workspace. This flow makes a `git worktree` of the parent's repository (with its
 uncommitted changes and the shared DVC cache, `flows/infra/checkouts.py`), cuts its dvc.lock down to the
 unit's part, links the upstream outputs in, and runs
-`dvc repro --single-item train@<variant>-<seed> evaluate@<variant>-<seed>` there. DVC decides whether
+`dvc repro --single-item train@<model>-<seed> evaluate@<model>-<seed>` there. DVC decides whether
 they are stale. The parent then brings the outputs and their dvc.lock records back, in series, so a later
 `dvc repro` in the parent finds them up to date.
 
@@ -82,7 +82,7 @@ def train_unit(
 def train_run(
     stages: list[str], workdir: str, checkout: str, slot: str | None = None, slot_timeout_s: float | None = None
 ) -> list[str]:
-    """Train (and evaluate) one variant and seed in its own checkout of `workdir`.
+    """Train (and evaluate) one model and seed in its own checkout of `workdir`.
 
     stages: the DVC stages of the unit, e.g. ["train@none-0", "evaluate@none-0"].
     workdir: the parent's DVC workspace (absolute); checkout: where this run's worktree goes.
@@ -176,7 +176,7 @@ def train_run_remote(
     slot_timeout_s: float | None = None,
     clone: str | None = None,
 ) -> dict:
-    """Train (and evaluate) one variant and seed in a fresh clone, sharing no disk with the parent.
+    """Train (and evaluate) one model and seed in a fresh clone, sharing no disk with the parent.
 
     git_url, commit: the repository and the parent's commit (the pull step clones them);
     params_yaml, dvc_lock: the parent's files as text; dvc_remote: the DVC remote to pull and push.

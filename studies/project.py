@@ -49,7 +49,7 @@ def override(params: dict, assignment: str) -> None:
 
 
 class Project:
-    """The stages of one project: `stage("train", "--variant", v, ...)` runs `contextual-bert train ...` with
+    """The stages of one project: `stage("train", "--model", v, ...)` runs `contextual-bert train ...` with
     the project's params, its log in root/logs, and fails loudly naming the log."""
 
     def __init__(self, root: Path, params: dict, threads: int = 1):
@@ -111,8 +111,8 @@ class Project:
         def one(run: tuple[str, int]) -> None:
             model, seed = run
             if not (reuse and (config.run_dir(model, seed) / "checkpoint.pt").exists()):
-                self.stage("train", "--variant", model, "--seed", str(seed))
-            self.stage("evaluate", "--variant", model, "--seed", str(seed))
+                self.stage("train", "--model", model, "--seed", str(seed))
+            self.stage("evaluate", "--model", model, "--seed", str(seed))
 
         with ThreadPoolExecutor(max_workers=jobs) as pool:  # threads that wait on processes
             list(pool.map(one, runs))
@@ -120,7 +120,7 @@ class Project:
 
 def _setting(params: dict) -> dict:
     """params without what says which runs and on how many threads, not how they are trained."""
-    train = {k: v for k, v in params["train"].items() if k not in ("variants", "seeds", "num_threads")}
+    train = {k: v for k, v in params["train"].items() if k not in ("models", "seeds", "num_threads")}
     model = params["model"]
     if not params["features"]["history"]["enabled"]:  # how a model would read a history it does not get
         model = {k: v for k, v in model.items() if not k.startswith("history_")}

@@ -72,7 +72,7 @@ def _params(root: Path) -> dict:
         "features": {"default_dim": 8, "embedding_dims": {}},
         "model": TINY_MODEL,
         "train": {
-            "variants": [STRONG[0], WEAK[0]],
+            "models": [STRONG[0], WEAK[0]],
             "seeds": [0],
             "batch_size": 128,
             "max_epochs": 3,
@@ -84,7 +84,7 @@ def _params(root: Path) -> dict:
         },
         # The weak model: a learning rate that leaves it near its random initialisation. The strong one: epochs
         # enough to count better than popularity on validation (at 3 it does not: promotion would refuse it).
-        "variants": {WEAK[0]: {"learning_rate": 1.0e-7, "max_epochs": 1}, STRONG[0]: {"max_epochs": 10}},
+        "per_model": {WEAK[0]: {"learning_rate": 1.0e-7, "max_epochs": 1}, STRONG[0]: {"max_epochs": 10}},
         "mlflow": {"experiment": "tests", "model_name": "outfit-completion", "top_k": 10},
     }
 
@@ -107,8 +107,8 @@ def tiny_trained_runs(tiny_project) -> TinyProject:
     """Both trainings of the tiny project, through the CLI: trained, evaluated and tracked in MLflow."""
     from contextual_bert.cli import main
 
-    for variant, seed in (STRONG, WEAK):
+    for model, seed in (STRONG, WEAK):
         for stage in ("train", "evaluate"):
-            code = main(["--params", str(tiny_project.params), stage, "--variant", variant, "--seed", str(seed)])
-            assert code == 0, f"{stage} {variant}-s{seed} failed"
+            code = main(["--params", str(tiny_project.params), stage, "--model", model, "--seed", str(seed)])
+            assert code == 0, f"{stage} {model}-s{seed} failed"
     return tiny_project

@@ -39,12 +39,12 @@ def wake_between_blocks(model) -> None:
                 block.modulation.linear.bias.normal_(std=0.3)
 
 
-def with_registry_settings(cfg, model_name, variants, **promote_settings):
-    """`cfg` with its own registered model name, the variants to register and promote settings."""
+def with_registry_settings(cfg, model_name, models, **promote_settings):
+    """`cfg` with its own registered model name, the models to register and promote settings."""
     return cfg.model_copy(
         update={
             "mlflow": cfg.mlflow.model_copy(update={"model_name": model_name}),
-            "train": cfg.train.model_copy(update={"variants": variants}),
+            "train": cfg.train.model_copy(update={"models": models}),
             "promote": cfg.promote.model_copy(update=promote_settings),
         }
     )

@@ -20,13 +20,13 @@ REPO = Path(__file__).resolve().parents[1]
 def test_shipped_params_validate_and_sum_to_paper_d_context():
     cfg = load_config(REPO / "params.yaml")
     # the paper's five and the learned baselines, of ids only (test_model: their parameter counts are the
-    # paper's); the "_attrs" twins are off by default but ready: each has its variants.<model> key (DVC reads
+    # paper's); the "_attrs" twins are off by default but ready: each has its per_model.<model> key (DVC reads
     # it as the twin's params) and the catalogue is encoded (the attribute-aware popularity reads it); our own
     # variants ([GS2]) likewise: not trained by default, not swept, but ready (docs/decisions.md)
-    assert set(cfg.train.variants) == set(PAPER_VARIANTS + BASELINE_MODELS)
-    assert set(ATTRIBUTE_MODELS + OWN_VARIANTS) <= set(cfg.variants)
-    assert not set(OWN_VARIANTS) & set(cfg.sweep.variants)
-    assert Config().train.variants == cfg.train.variants  # the default where params.yaml says none, too
+    assert set(cfg.train.models) == set(PAPER_VARIANTS + BASELINE_MODELS)
+    assert set(ATTRIBUTE_MODELS + OWN_VARIANTS) <= set(cfg.per_model)
+    assert not set(OWN_VARIANTS) & set(cfg.sweep.models)
+    assert Config().train.models == cfg.train.models  # the default where params.yaml says none, too
     assert sum(cfg.features.embedding_dims.values()) == 736
     assert cfg.features.article_features
     assert set(cfg.features.article_attributes) >= {"synthetic", "planted", "hm"}
@@ -82,16 +82,16 @@ def test_model_sizes_are_checked_at_load(tmp_path):
 
 
 def test_lists_the_stages_are_made_from_are_checked_at_load(tmp_path):
-    """No variant or seed (no training: an empty Table 1), one listed twice (two stages of one name), a recall@0
+    """No model or seed (no training: an empty Table 1), one listed twice (two stages of one name), a recall@0
     or a repeated K, a promotion metric no evaluation computes, an embedding of no width: each found at load,
     named in one line, not by the stage that meets it."""
     path = tmp_path / "params.yaml"
     at_least_one = "List should have at least 1 item"
     for setting, message in (
-        ("train:\n  variants: []", f"'train.variants': {at_least_one}"),
+        ("train:\n  models: []", f"'train.models': {at_least_one}"),
         ("train:\n  seeds: []", f"'train.seeds': {at_least_one}"),
         ("train:\n  seeds: [0, 1, 0]", "'train.seeds': 0 listed more than once$"),
-        ("train:\n  variants: [none, concat, none]", "'train.variants': none listed more than once$"),
+        ("train:\n  models: [none, concat, none]", "'train.models': none listed more than once$"),
         ("evaluate:\n  ks: [5, 0]", "'evaluate.ks.1': Input should be greater than or equal to 1"),
         ("evaluate:\n  ks: [5, 5, 10]", "'evaluate.ks': 5 listed more than once$"),
         (
@@ -111,7 +111,7 @@ def test_lists_the_stages_are_made_from_are_checked_at_load(tmp_path):
     assert load_config(path).promote.metric == "recall@10"
 
 
-def test_variant_overrides_are_held_to_the_sections_bounds(tmp_path):
+def test_per_model_overrides_are_held_to_the_sections_bounds(tmp_path):
     """An override is applied by copying (train_for, model_for), which checks nothing: a negative learning
     rate or a dropout of 1.5 would have trained."""
     path = tmp_path / "params.yaml"
@@ -122,16 +122,16 @@ def test_variant_overrides_are_held_to_the_sections_bounds(tmp_path):
         ("max_epochs: -1", "max_epochs: Input should be greater than or equal to 1"),
         ("weight_decay: -1", "weight_decay: Input should be greater than or equal to 0"),
     ):
-        path.write_text(f"variants:\n  global_state:\n    {override}\n")
-        with pytest.raises(ContextualBertError, match=rf"params\.yaml: variants\.global_state\.{message}$"):
+        path.write_text(f"per_model:\n  global_state:\n    {override}\n")
+        with pytest.raises(ContextualBertError, match=rf"params\.yaml: per_model\.global_state\.{message}$"):
             load_config(path)
-    path.write_text("variants:\n  global_state:\n    learning_rate: 0.002\n    dropout: 0.0\n")
+    path.write_text("per_model:\n  global_state:\n    learning_rate: 0.002\n    dropout: 0.0\n")
     cfg = load_config(path)
     assert cfg.train_for("global_state").learning_rate == 0.002 and cfg.model_for("global_state").dropout == 0.0
 
 
-def test_variant_overrides_apply_to_that_variant_only():
-    cfg = Config.model_validate({"variants": {"global_state": {"learning_rate": 0.005, "dropout": 0.2}}})
+def test_per_model_overrides_apply_to_that_model_only():
+    cfg = Config.model_validate({"per_model": {"global_state": {"learning_rate": 0.005, "dropout": 0.2}}})
     assert cfg.train_for("global_state").learning_rate == 0.005
     assert cfg.model_for("global_state").dropout == 0.2
     assert cfg.train_for("none").learning_rate == cfg.train.learning_rate
@@ -142,28 +142,28 @@ def test_attribute_models_are_named_after_their_base_model():
     assert [base_model(m) for m in ATTRIBUTE_MODELS] == list(VARIANTS + BASELINE_MODELS)
     assert base_model("none") == "none" and all(m.endswith("_attrs") for m in ATTRIBUTE_MODELS)
     cfg = Config.model_validate(
-        {"train": {"variants": ["none", "none_attrs"]}, "variants": {"none_attrs": {"learning_rate": 0.001}}}
+        {"train": {"models": ["none", "none_attrs"]}, "per_model": {"none_attrs": {"learning_rate": 0.001}}}
     )
     assert cfg.train_for("none_attrs").learning_rate == 0.001
 
 
 def test_id_dropout_is_set_per_attribute_model_only():
-    """DVC tracks a training's train keys and its own variants.<model>: a setting only "_attrs" models read
+    """DVC tracks a training's train keys and its own per_model.<model>: a setting only "_attrs" models read
     lives under their keys, so changing it never re-runs the paper's models."""
-    cfg = Config.model_validate({"variants": {"none_attrs": {"id_dropout": 0.5}}})
+    cfg = Config.model_validate({"per_model": {"none_attrs": {"id_dropout": 0.5}}})
     assert cfg.train_for("none_attrs").id_dropout == 0.5
     assert cfg.train_for("none").id_dropout == 0.0
-    with pytest.raises(ValueError, match="variants.<model>_attrs.id_dropout"):
+    with pytest.raises(ValueError, match="per_model.<model>_attrs.id_dropout"):
         Config.model_validate({"train": {"id_dropout": 0.5}})
-    with pytest.raises(ValueError, match="variants.none.id_dropout"):
-        Config.model_validate({"variants": {"none": {"id_dropout": 0.5}}})
+    with pytest.raises(ValueError, match="per_model.none.id_dropout"):
+        Config.model_validate({"per_model": {"none": {"id_dropout": 0.5}}})
     assert (
-        Config.model_validate({"variants": {"none_attrs": {"id_dropout": "auto"}}}).train_for("none_attrs").id_dropout
+        Config.model_validate({"per_model": {"none_attrs": {"id_dropout": "auto"}}}).train_for("none_attrs").id_dropout
         == "auto"
     )
     for bad in ("often", 1.0, -0.1):
         with pytest.raises(ValueError, match="id_dropout"):
-            Config.model_validate({"variants": {"none_attrs": {"id_dropout": bad}}})
+            Config.model_validate({"per_model": {"none_attrs": {"id_dropout": bad}}})
 
 
 # The project's tables in params.yaml, not defaults: the paper's feature dims, each source's attributes, the
@@ -173,8 +173,8 @@ PROJECT_TABLES = {
     "features.embedding_dims",
     "features.article_attributes",
     "features.article_features",
-    "variants",
-    "sweep.variants",
+    "per_model",
+    "sweep.models",
     "sweep.grids",
 }
 
@@ -206,4 +206,23 @@ def test_a_renamed_setting_is_refused_naming_its_new_key(tmp_path):
     path.write_text("train:\n  warmup_steps: 100\n")
     with pytest.raises(ContextualBertError, match=r"params\.yaml: train\.warmup_steps is now train\.lr_warmup_steps$"):
         load_config(path)
-    assert TrainConfig.RENAMED == {"warmup_steps": "lr_warmup_steps"} and "lr_warmup_steps" in TrainConfig.model_fields
+    assert TrainConfig.RENAMED == {"warmup_steps": "lr_warmup_steps", "variants": "models"}
+    assert "lr_warmup_steps" in TrainConfig.model_fields
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("train:\n  variants: [none]\n", "train.variants is now train.models"),
+        ("variants:\n  none: {learning_rate: 0.002}\n", "variants is now per_model"),
+        ("sweep:\n  variants: [none]\n", "sweep.variants is now sweep.models"),
+    ],
+)
+def test_a_params_file_with_the_old_word_variant_is_refused_naming_the_new_key(tmp_path, old, new):
+    """train.variants, the top-level variants: and sweep.variants were renamed (issue 92: a variant is a
+    conditioning, a model is what is trained): an old params file fails at load with one line naming both."""
+    path = tmp_path / "params.yaml"
+    path.write_text(old)
+    with pytest.raises(ContextualBertError) as raised:
+        load_config(path)
+    assert str(raised.value) == f"{path}: {new}"

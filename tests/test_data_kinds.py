@@ -146,7 +146,7 @@ def sets_with_customers_and_products(project: Path) -> dict:
         "features": {"article_features": True,
                      "article_attributes": {"sets": {"product_type": "categorical", "colour": "categorical",
                                                      "text": "text"}}},
-        "train": {"variants": ["none", "concat", "concat_attrs"]},
+        "train": {"models": ["none", "concat", "concat_attrs"]},
     }  # fmt: skip
 
 
@@ -167,7 +167,7 @@ CONTEXT_FREE = {"hm_without_customers", "pairs", "polyvore"}
 # Only to keep each run to seconds: a tiny model, one seed, an encoder that reads c and one that does not.
 FAST = {
     "model": TINY_MODEL,
-    "train": {"variants": ["none", "concat"], "seeds": [0], "max_epochs": 6, "batch_size": 32,
+    "train": {"models": ["none", "concat"], "seeds": [0], "max_epochs": 6, "batch_size": 32,
               "learning_rate": 0.005, "lr_warmup_steps": 10, "validation_outfits": 0, "device": "cpu"},
     "mlflow": {"top_k": TOP_K},
 }  # fmt: skip

@@ -3,7 +3,7 @@ git's, a test and its function) and every `make <target>`.
 
 A path is checked when its first part is one of the repository's own (src/, tests/, docs/, studies/, flows/,
 benchmarks/, reports/, a top-level file); the pipeline's outputs that DVC keeps out of git (data/, models/,
-reports/ under a dvc.yaml output) and placeholders (`<variant>`, `*`, `${...}`) are not.
+reports/ under a dvc.yaml output) and placeholders (`<model>`, `*`, `${...}`) are not.
 """
 
 from __future__ import annotations

@@ -48,10 +48,10 @@ def _set(workdir: Path, dotted: str, value) -> None:
     path.write_text(yaml.safe_dump(params))
 
 
-def test_one_variants_param_makes_only_that_variants_trainings_stale(pipeline_copy):
+def test_one_models_param_makes_only_that_models_trainings_stale(pipeline_copy):
     params = yaml.safe_load((pipeline_copy / "params.yaml").read_text())
-    current = (params["variants"]["global_state"] or {}).get("learning_rate", params["train"]["learning_rate"])
-    _set(pipeline_copy, "variants.global_state.learning_rate", current * 2)  # a value it does not have
+    current = (params["per_model"]["global_state"] or {}).get("learning_rate", params["train"]["learning_rate"])
+    _set(pipeline_copy, "per_model.global_state.learning_rate", current * 2)  # a value it does not have
     seeds = params["train"]["seeds"]
     assert set(_params_changes(pipeline_copy)) == {f"train@global_state-{s}" for s in seeds}
 
@@ -61,11 +61,11 @@ def test_adding_a_seed_does_not_retrain_the_others(pipeline_copy):
     params["train"]["seeds"] = params["train"]["seeds"] + [7]
     (pipeline_copy / "params.yaml").write_text(yaml.safe_dump(params))
     stale = {stage for stage in _params_changes(pipeline_copy) if stage.startswith("train@")}
-    assert stale == {f"train@{v}-7" for v in params["train"]["variants"]}  # the new seed's only
+    assert stale == {f"train@{v}-7" for v in params["train"]["models"]}  # the new seed's only
 
 
 def test_a_shared_train_setting_makes_every_training_stale(pipeline_copy):
     _set(pipeline_copy, "train.learning_rate", 0.01)
     params = yaml.safe_load((pipeline_copy / "params.yaml").read_text())
-    expected = {f"train@{v}-{s}" for v in params["train"]["variants"] for s in params["train"]["seeds"]}
+    expected = {f"train@{v}-{s}" for v in params["train"]["models"] for s in params["train"]["seeds"]}
     assert {s for s in _params_changes(pipeline_copy) if s.startswith("train@")} == expected

@@ -19,12 +19,12 @@ import pytest
 import yaml
 
 from contextual_bert.cli import build_parser
-from contextual_bert.config import VARIANTS
+from contextual_bert.config import MODELS
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
 # Values for a matrix stage's ${item.*}: the command's code does not depend on them.
-ITEM = {"${item.variant}": VARIANTS[0], "${item.seed}": "0"}
+ITEM = {"${item.model}": MODELS[0], "${item.seed}": "0"}
 LOGGED_CODE = re.compile(r'PACKAGE_DIR((?: / "\w+")*) / "(\w+)\.py"')
 
 
@@ -183,7 +183,7 @@ def test_stage_code_deps_exist(name):
 def test_the_derivation_follows_handlers_and_function_local_imports():
     # evaluate's handler imports evaluation and tracking inside the function; evaluation imports
     # feature_store inside functions and model at module level.
-    run = modules_run_by("contextual-bert evaluate --variant ${item.variant} --seed ${item.seed}")
+    run = modules_run_by("contextual-bert evaluate --model ${item.model} --seed ${item.seed}")
     assert {
         "cli",
         "config",

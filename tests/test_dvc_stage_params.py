@@ -14,13 +14,13 @@ import yaml
 from test_dvc_stage_deps import REPO, STAGES, cli_functions, command_args, modules_run_by
 
 from contextual_bert.cli import build_parser
-from contextual_bert.config import ATTRIBUTE_SETTINGS, Config, ModelConfig, TrainConfig, VariantOverrides
+from contextual_bert.config import ATTRIBUTE_SETTINGS, Config, ModelConfig, ModelOverrides, TrainConfig
 
 PARAMS = yaml.safe_load((REPO / "params.yaml").read_text())
-PER_MODEL = "variants.${item.variant}"
+PER_MODEL = "per_model.${item.model}"
 # Train settings that are no params of a training, and why: they never change its result.
 NOT_RESULTS = {
-    "variants": "shapes the matrix: which trainings exist, not what one computes",
+    "models": "shapes the matrix: which trainings exist, not what one computes",
     "seeds": "shapes the matrix (each training's seed is its own ${item.seed})",
     "checkpoint_every_s": "how often last.pt is written within an epoch; exact resume makes the result the same",
 }
@@ -61,7 +61,7 @@ def training_settings() -> dict[str, str]:
     for name in ATTRIBUTE_SETTINGS:  # set per model only (config.Config refuses them in train and model)
         keys.pop(f"train.{name}", None)
         keys.pop(f"model.{name}", None)
-    keys |= {f"variants.<model>.{f}": PER_MODEL for f in VariantOverrides.model_fields}
+    keys |= {f"per_model.<model>.{f}": PER_MODEL for f in ModelOverrides.model_fields}
     return keys
 
 
@@ -83,10 +83,10 @@ def test_every_training_setting_is_written_in_params_yaml():
         if key != PER_MODEL and key.split(".")[1] not in PARAMS[key.split(".")[0]]
     )
     assert not unwritten, f"params.yaml does not write {unwritten}"
-    for model, overrides in PARAMS["variants"].items():
+    for model, overrides in PARAMS["per_model"].items():
         if model.endswith("_attrs"):
             assert set(ATTRIBUTE_SETTINGS) <= set(overrides), (
-                f"params.yaml: variants.{model} lacks {ATTRIBUTE_SETTINGS}"
+                f"params.yaml: per_model.{model} lacks {ATTRIBUTE_SETTINGS}"
             )
 
 
@@ -104,7 +104,7 @@ def sections_read(cmd: str) -> set[str]:
                 and node.attr.rstrip("_") in SECTIONS
             ):
                 read.add(node.attr.rstrip("_"))
-    return read - set(NOT_RESULT_SECTIONS) - {"train", "model", "variants"}
+    return read - set(NOT_RESULT_SECTIONS) - {"train", "model", "per_model"}
 
 
 @pytest.mark.parametrize("name", sorted(set(STAGES) - {"train"}))

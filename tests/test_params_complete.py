@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from contextual_bert.config import ATTRIBUTE_SETTINGS, Config, ModelConfig, TrainConfig, VariantOverrides
+from contextual_bert.config import ATTRIBUTE_SETTINGS, Config, ModelConfig, ModelOverrides, TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = (REPO / "params.yaml").read_text().splitlines()
@@ -76,13 +76,13 @@ def settings(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[st
 
 # Settings of a section not written as keys, and where they are documented instead.
 ELSEWHERE = {
-    "variants": "per-variant overrides of train and model keys (each documented there)",
+    "per_model": "per-model overrides of train and model keys (each documented there)",
     **{
-        f"train.{s}": "set per model only, under variants: (config.Config refuses it in train)"
+        f"train.{s}": "set per model only, under per_model: (config.Config refuses it in train)"
         for s in ATTRIBUTE_SETTINGS
     },
     **{
-        f"model.{s}": "set per model only, under variants: (config.Config refuses it in model)"
+        f"model.{s}": "set per model only, under per_model: (config.Config refuses it in model)"
         for s in ATTRIBUTE_SETTINGS
     },
 }
@@ -121,11 +121,11 @@ def test_every_setting_is_in_params_yaml_with_a_comment():
     assert not uncommented, f"params.yaml writes {uncommented} without a one-line comment"
 
 
-def test_a_variants_override_is_a_train_or_model_setting_documented_there():
+def test_a_per_model_override_is_a_train_or_model_setting_documented_there():
     own = set(TrainConfig.model_fields) | set(ModelConfig.model_fields)
-    assert set(VariantOverrides.model_fields) - own <= set(ATTRIBUTE_SETTINGS)
-    variants_block = block(PARAMS, key_lines(PARAMS)["variants"][0])
-    assert all(s in variants_block for s in ATTRIBUTE_SETTINGS), "the variants' own settings are explained there"
+    assert set(ModelOverrides.model_fields) - own <= set(ATTRIBUTE_SETTINGS)
+    per_model_block = block(PARAMS, key_lines(PARAMS)["per_model"][0])
+    assert all(s in per_model_block for s in ATTRIBUTE_SETTINGS), "the models' own settings are explained there"
 
 
 def test_the_check_fails_on_a_dropped_setting_or_comment():

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-# Stage kinds that run once per (variant, seed) in their own flow run; everything else runs in series.
+# Stage kinds that run once per (model, seed) in their own flow run; everything else runs in series.
 FANOUT_KINDS = ("train", "evaluate")
 # Stages that talk to the MLflow server: their transient faults (server not up yet) are retried.
 MLFLOW_STAGES = frozenset({"register", "promote"})
@@ -49,7 +49,7 @@ class Plan:
     """The DVC stages in the order the flows run them.
 
     `before` and `after` run in series in the parent's workspace; each unit (the train and evaluate
-    stages of one variant and seed, e.g. `("train@none-0", "evaluate@none-0")`) runs in its own flow
+    stages of one model and seed, e.g. `("train@none-0", "evaluate@none-0")`) runs in its own flow
     run and checkout.
     """
 
@@ -138,7 +138,7 @@ def kind(stage: str) -> str:
 
 
 def unit_key(stage: str) -> str:
-    """`train@none-0` -> `none-0`: what groups a variant-seed's train and evaluate stages."""
+    """`train@none-0` -> `none-0`: what groups a model-seed's train and evaluate stages."""
     return stage.split("@", 1)[1] if "@" in stage else stage
 
 

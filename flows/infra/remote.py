@@ -1,7 +1,7 @@
 """Training units that share no disk with the parent: a fresh clone, a DVC remote, a report back.
 
 The `remote` fan-out (flows/pipeline.py, `fan_out="remote"`) runs each unit (the train and evaluate
-stages of one variant and seed) where the parent's workspace cannot be seen, e.g. on another GPU box:
+stages of one model and seed) where the parent's workspace cannot be seen, e.g. on another GPU box:
 
 1. `parent_state` (parent): what a unit needs to see exactly what the parent sees, as values, never as
    paths: the git URL and the parent's commit (pushed), its params.yaml and dvc.lock as text (they hold

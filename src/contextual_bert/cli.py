@@ -68,24 +68,24 @@ def _cmd_features(cfg: Config, args) -> None:
 def _cmd_train(cfg: Config, args) -> None:
     from contextual_bert import cpu_kernels
 
-    cpu_kernels.pin(cfg.train_for(args.variant).cpu_kernels)  # before torch is imported: the libraries read it once
+    cpu_kernels.pin(cfg.train_for(args.model).cpu_kernels)  # before torch is imported: the libraries read it once
     from contextual_bert.registry.tracking import track_training
     from contextual_bert.training import train
 
     # Every training is an MLflow run (tracking.py): per-epoch metrics as it goes, the rest at the end.
-    out_dir = cfg.run_dir(args.variant, args.seed)
-    with track_training(cfg, args.variant, args.seed, out_dir, params_file=Path(args.params)) as tracker:
+    out_dir = cfg.run_dir(args.model, args.seed)
+    with track_training(cfg, args.model, args.seed, out_dir, params_file=Path(args.params)) as tracker:
         result = train(
             features_dir=cfg.paths.features_dir,
             out_dir=out_dir,
-            variant=args.variant,
+            model_name=args.model,
             seed=args.seed,
-            model_cfg=cfg.model_for(args.variant),
-            train_cfg=cfg.train_for(args.variant),
+            model_cfg=cfg.model_for(args.model),
+            train_cfg=cfg.train_for(args.model),
             on_epoch_end=tracker.log_epoch,
         )
         tracker.log_result(result)
-    metrics_path = cfg.train_metrics_path(args.variant, args.seed)
+    metrics_path = cfg.train_metrics_path(args.model, args.seed)
     metrics_path.parent.mkdir(parents=True, exist_ok=True)
     metrics_path.write_text(json.dumps(result, indent=2))
     _print_json(result)
@@ -97,12 +97,12 @@ def _cmd_evaluate(cfg: Config, args) -> None:
 
     report = evaluate_run(
         features_dir=cfg.paths.features_dir,
-        run_dir=cfg.run_dir(args.variant, args.seed),
-        out_path=cfg.eval_path(f"{args.variant}-s{args.seed}"),
+        run_dir=cfg.run_dir(args.model, args.seed),
+        out_path=cfg.eval_path(f"{args.model}-s{args.seed}"),
         cfg=cfg.evaluate,
     )
     # The metrics also go to the training's MLflow run (found through models/<run>/mlflow_run.json).
-    log_evaluation(cfg, cfg.run_dir(args.variant, args.seed), report, cfg.eval_path(f"{args.variant}-s{args.seed}"))
+    log_evaluation(cfg, cfg.run_dir(args.model, args.seed), report, cfg.eval_path(f"{args.model}-s{args.seed}"))
     _print_json(_without_curve(report))
 
 
@@ -235,11 +235,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("validate", _cmd_validate, "validate data/raw with Great Expectations, quarantine failing rows")
     add("features", _cmd_features, "build context embedding tables, article vocabulary and splits")
     for name, handler, help_ in (
-        ("train", _cmd_train, "train one conditioning variant for one seed"),
+        ("train", _cmd_train, "train one model for one seed"),
         ("evaluate", _cmd_evaluate, "evaluate one trained run on the test split (full ranking)"),
     ):
         p = add(name, handler, help_)
-        p.add_argument("--variant", required=True, choices=MODELS)
+        p.add_argument("--model", required=True, choices=MODELS)
         p.add_argument("--seed", type=int, required=True)
     add("baseline", _cmd_baseline, "evaluate the popularity baseline on the test split")
     add("optimum", _cmd_optimum, "evaluate the Bayes-optimal predictor of planted data (with/without context)")
@@ -247,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("register", _cmd_register, "register every evaluated run in the MLflow model registry")
     p = add("promote", _cmd_promote, "point alias 'champion' at the best version, if it beats the current one")
     p.add_argument("--rollback", action="store_true", help="restore the previous champion")
-    p = add("describe-model", _cmd_describe_model, "counted parameters of every variant, as JSON")
+    p = add("describe-model", _cmd_describe_model, "counted parameters of every conditioning variant, as JSON")
     p.add_argument("--paper", action="store_true", help="at the paper's sizes instead of params.yaml's")
     return parser
 

@@ -53,6 +53,14 @@ def _distinct(values: list) -> list:
 Positive = Annotated[int, Field(ge=1)]
 
 
+def _refuse_renamed(prefix: str, renamed: dict[str, str], values: object) -> object:
+    """A section's raw values, refused when they set a key by its old name (`renamed`: old -> new): one line
+    naming both, not pydantic's "extra inputs are not permitted"."""
+    for old in sorted(renamed.keys() & (values.keys() if isinstance(values, dict) else set())):
+        raise ValueError(f"{prefix}{old} is now {prefix}{renamed[old]}")
+    return values
+
+
 def recall_k(metric: str) -> int:
     """K of a 'recall@K' metric name; the promotion test is defined on per-case hit@K."""
     match = re.fullmatch(r"recall@(\d+)", metric)
@@ -69,7 +77,7 @@ InitOutput = Literal["random", "counts", "auto"]
 # an "_attrs" model's id dropout: a rate, or "auto", the validation articles' share without an id (training.id_dropout_rate)
 IdDropout = Annotated[float, Field(ge=0, lt=1)] | Literal["auto"]
 Softmax = Literal["full", "sampled"]  # the training loss's output layer (training.NegativeSampler)
-Variant = Literal[MODELS]  # type: ignore[valid-type]  # a model name, as pydantic validates it (Literal[("a", "b")] is Literal["a", "b"])
+ModelName = Literal[MODELS]  # type: ignore[valid-type]  # a model name, as pydantic validates it (Literal[("a", "b")] is Literal["a", "b"])
 
 
 class PathsConfig(Section):
@@ -160,7 +168,7 @@ class ModelConfig(Section):
     history_pooling: Literal["mean", "attention"] = "mean"
     history_repeat: bool = True
     history_bag: bool = True
-    # "_attrs" models only, set per model (variants.<model>_attrs.attribute_overlap): a learned logit offset per
+    # "_attrs" models only, set per model (per_model.<model>_attrs.attribute_overlap): a learned logit offset per
     # attribute value for a candidate whose value another article of the outfit already has
     # (model.readers.AttributeOverlap)
     attribute_overlap: bool = True
@@ -173,10 +181,11 @@ class ModelConfig(Section):
 
 
 class TrainConfig(Section):
-    RENAMED: ClassVar[dict[str, str]] = {"warmup_steps": "lr_warmup_steps"}  # an old name -> its new one: refused
-    # each at least once, never twice (a stage per variant and seed); OWN_VARIANTS and the "_attrs" models only
+    # an old name -> its new one: refused
+    RENAMED: ClassVar[dict[str, str]] = {"warmup_steps": "lr_warmup_steps", "variants": "models"}
+    # each at least once, never twice (a stage per model and seed); OWN_VARIANTS and the "_attrs" models only
     # when listed
-    variants: Annotated[list[Variant], Field(min_length=1), AfterValidator(_distinct)] = [
+    models: Annotated[list[ModelName], Field(min_length=1), AfterValidator(_distinct)] = [
         *PAPER_VARIANTS,
         *BASELINE_MODELS,
     ]
@@ -201,7 +210,7 @@ class TrainConfig(Section):
     random_token_prob: float = Field(0.1, ge=0, le=1)  # ... by a random article (rest kept as is)
     # "_attrs" models only: the share of real articles whose id embedding a training step replaces by the
     # [UNK] row, at the input positions and the output rows (model.ArticleAttributes.ids). Set per model in
-    # params.yaml (variants.<model>_attrs.id_dropout), never here: DVC then tracks it for those models alone.
+    # params.yaml (per_model.<model>_attrs.id_dropout), never here: DVC then tracks it for those models alone.
     # "auto": the share of the validation outfits' articles that have no id (unseen in training), so training
     # meets [UNK] as often as evaluation does (docs/encoder_recipe.md).
     id_dropout: IdDropout = 0.0
@@ -254,9 +263,7 @@ class TrainConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _no_old_names(cls, values: object) -> object:
-        for old in cls.RENAMED.keys() & (values.keys() if isinstance(values, dict) else set()):
-            raise ValueError(f"train.{old} is now train.{cls.RENAMED[old]}")
-        return values
+        return _refuse_renamed("train.", cls.RENAMED, values)
 
     def read_by(self, model: str, exclude: frozenset[str] | set[str] = frozenset()) -> dict:
         """The settings `model` trains with, as a dict: without ATTRIBUTE_SETTINGS for a model without
@@ -269,8 +276,9 @@ class TrainConfig(Section):
         return self.model_dump(mode="json", exclude=skip)
 
 
-class VariantOverrides(Section):
-    """Per-variant overrides of train settings; its own params key so DVC re-runs only that variant."""
+class ModelOverrides(Section):
+    """Per-model overrides of train settings (`per_model.<model>`); its own params key so DVC re-runs only that
+    model."""
 
     learning_rate: float | None = None
     batch_size: int | None = None
@@ -291,15 +299,21 @@ SweepValue = float | InitEmbeddings  # init_embeddings takes its names (random |
 
 
 class SweepConfig(Section):
-    """The per-variant sweep (flows/sweep.py through DVC experiments): every combination of `grid` for every
-    variant, one seed, chosen on validation cross-entropy; the choice is written to `variants:`."""
+    """The per-model sweep (flows/sweep.py through DVC experiments): every combination of `grid` for every
+    model, one seed, chosen on validation cross-entropy; the choice is written to `per_model:`."""
 
-    seed: int = 0  # one of train.seeds: each setting trains train@<variant>-<seed>
-    variants: list[Variant] = []  # empty: train.variants
+    RENAMED: ClassVar[dict[str, str]] = {"variants": "models"}  # an old name -> its new one: refused
+    seed: int = 0  # one of train.seeds: each setting trains train@<model>-<seed>
+    models: list[ModelName] = []  # empty: train.models
     grid: dict[SweepKey, list[SweepValue]] = {"learning_rate": [5e-4, 1e-3, 2e-3, 3e-3, 5e-3]}
-    # a variant's own grid instead of `grid` (e.g. the bags of items, cheap to train, whose best rates lie
+    # a model's own grid instead of `grid` (e.g. the bags of items, cheap to train, whose best rates lie
     # higher than the transformers'); the same keys
-    grids: dict[Variant, dict[SweepKey, list[SweepValue]]] = {}
+    grids: dict[ModelName, dict[SweepKey, list[SweepValue]]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_old_names(cls, values: object) -> object:
+        return _refuse_renamed("sweep.", cls.RENAMED, values)
 
 
 class FitbConfig(Section):
@@ -347,30 +361,36 @@ class Config(Section):
     features: FeaturesConfig = FeaturesConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
-    variants: dict[Variant, VariantOverrides] = {v: VariantOverrides() for v in PAPER_VARIANTS + BASELINE_MODELS}
+    per_model: dict[ModelName, ModelOverrides] = {m: ModelOverrides() for m in PAPER_VARIANTS + BASELINE_MODELS}
     sweep: SweepConfig = SweepConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     mlflow: MlflowConfig = MlflowConfig()
     promote: PromoteConfig = PromoteConfig()
 
+    RENAMED: ClassVar[dict[str, str]] = {"variants": "per_model"}  # an old top-level key -> its new one: refused
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=())
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_old_names(cls, values: object) -> object:
+        return _refuse_renamed("", cls.RENAMED, values)
 
     @model_validator(mode="after")
     def _attribute_settings_per_model(self):
-        # The trainings' DVC params are train's keys plus their own variants.<model>: a setting only the
+        # The trainings' DVC params are train's keys plus their own per_model.<model>: a setting only the
         # "_attrs" models read lives in their own keys, so changing it never re-runs the paper's models.
         for name in ATTRIBUTE_SETTINGS:
             section = "train" if name in TrainConfig.model_fields else "model"
             if name in getattr(self, section).model_fields_set:
                 raise ValueError(
-                    f"{section}.{name}: set it per model, variants.<model>_attrs.{name} (only the "
+                    f"{section}.{name}: set it per model, per_model.<model>_attrs.{name} (only the "
                     "models with article attributes read it)"
                 )
-            for variant, overrides in self.variants.items():
-                if getattr(overrides, name) is not None and not uses_attributes(variant):
+            for model, overrides in self.per_model.items():
+                if getattr(overrides, name) is not None and not uses_attributes(model):
                     raise ValueError(
-                        f"variants.{variant}.{name}: only the models with article attributes "
-                        f"('{variant}{ATTRIBUTES_SUFFIX}') read it"
+                        f"per_model.{model}.{name}: only the models with article attributes "
+                        f"('{model}{ATTRIBUTES_SUFFIX}') read it"
                     )
         return self
 
@@ -399,39 +419,39 @@ class Config(Section):
     def _overrides_within_bounds(self):
         # train_for / model_for apply overrides by copying, which checks nothing: check them here, against
         # TrainConfig's and ModelConfig's own bounds (a negative learning rate, a dropout of 1.5)
-        for variant in self.variants:
-            for settings in (self.train_for(variant), self.model_for(variant)):
+        for model in self.per_model:
+            for settings in (self.train_for(model), self.model_for(model)):
                 try:
                     type(settings).model_validate(settings.model_dump())
                 except ValidationError as exc:
                     error = exc.errors()[0]
-                    raise ValueError(f"variants.{variant}.{error['loc'][0]}: {error['msg']}") from None
+                    raise ValueError(f"per_model.{model}.{error['loc'][0]}: {error['msg']}") from None
         return self
 
-    def run_dir(self, variant: str, seed: int) -> Path:
-        """Where one training run (variant, seed) keeps its checkpoints and history."""
-        return self.paths.models_dir / f"{variant}-s{seed}"
+    def run_dir(self, model: str, seed: int) -> Path:
+        """Where one training run (model, seed) keeps its checkpoints and curve."""
+        return self.paths.models_dir / f"{model}-s{seed}"
 
-    def train_metrics_path(self, variant: str, seed: int) -> Path:
+    def train_metrics_path(self, model: str, seed: int) -> Path:
         """The training's result as a DVC metric (`dvc exp show`, the sweep): a copy of the run's metrics.json."""
-        return self.paths.reports_dir / "train" / f"{variant}-s{seed}.json"
+        return self.paths.reports_dir / "train" / f"{model}-s{seed}.json"
 
     def eval_path(self, name: str) -> Path:
-        """Where the evaluation of one run ("<variant>-s<seed>") or of the popularity baseline is written."""
+        """Where the evaluation of one run ("<model>-s<seed>") or of the popularity baseline is written."""
         return self.paths.reports_dir / "eval" / f"{name}.json"
 
     def fitb_questions_path(self) -> Path:
         """The fill-in-the-blank questions of the test split (fitb.py), as article ids: the baseline stage's."""
         return self.paths.reports_dir / "eval" / "fitb_questions.csv"
 
-    def train_for(self, variant: str) -> TrainConfig:
-        """Train settings for one variant, its overrides applied."""
-        overrides = self.variants.get(variant, VariantOverrides()).model_dump(exclude_none=True)
+    def train_for(self, model: str) -> TrainConfig:
+        """Train settings for one model, its overrides (`per_model.<model>`) applied."""
+        overrides = self.per_model.get(model, ModelOverrides()).model_dump(exclude_none=True)
         return self.train.model_copy(update={k: v for k, v in overrides.items() if k in TrainConfig.model_fields})
 
-    def model_for(self, variant: str) -> ModelConfig:
-        """Model settings for one variant, its overrides applied."""
-        overrides = self.variants.get(variant, VariantOverrides()).model_dump(exclude_none=True)
+    def model_for(self, model: str) -> ModelConfig:
+        """Model settings for one model, its overrides (`per_model.<model>`) applied."""
+        overrides = self.per_model.get(model, ModelOverrides()).model_dump(exclude_none=True)
         update = {k: v for k, v in overrides.items() if k in ModelConfig.model_fields}
         return self.model.model_copy(update=update) if update else self.model
 

@@ -4,7 +4,7 @@ baselines, their `_attrs` twins) and the files of a run's directory. `config.py`
 from __future__ import annotations
 
 PAPER_VARIANTS = ("none", "concat", "new_position", "global_state", "global_state_update")  # the paper's five
-# Conditioning variants of our own beside the paper's (model/encoder.py), trained only where train.variants lists
+# Conditioning variants of our own beside the paper's (model/encoder.py), trained only where train.models lists
 # them (docs/decisions.md): [GS2], the global state that also reads the outfit (issue 70); [AdaLN], adaLN-Zero,
 # c scales, shifts and gates every block's sublayers (issue 89)
 OWN_VARIANTS = ("global_state_two_way", "adaptive_norm")

@@ -1,11 +1,11 @@
-"""The per-variant sweep: its settings, its choice and its report (no orchestration here).
+"""The per-model sweep: its settings, its choice and its report (no orchestration here).
 
-Each variant gets its own settings (learning rate first), chosen on the validation split and never on test:
-every combination of `sweep.grid` (or the variant's own `sweep.grids.<variant>`) trains
-`train@<variant>-<sweep.seed>` as one DVC experiment
-(`dvc exp run --queue -S ++variants.<variant>.<key>=<value> ...`, flows/sweep.py runs the queue), and the
-setting with the lowest best-epoch validation cross-entropy wins. The winners go to `variants:` in
-params.yaml, so `dvc repro` then re-trains exactly the variants whose settings changed.
+Each model gets its own settings (learning rate first), chosen on the validation split and never on test:
+every combination of `sweep.grid` (or the model's own `sweep.grids.<model>`) trains
+`train@<model>-<sweep.seed>` as one DVC experiment
+(`dvc exp run --queue -S ++per_model.<model>.<key>=<value> ...`, flows/sweep.py runs the queue), and the
+setting with the lowest best-epoch validation cross-entropy wins. The winners go to `per_model:` in
+params.yaml, so `dvc repro` then re-trains exactly the models whose settings changed.
 """
 
 from __future__ import annotations
@@ -23,33 +23,33 @@ INTEGER_KEYS = ("batch_size",)
 NAMED_KEYS = ("init_embeddings",)  # values are names (config.InitEmbeddings), not numbers
 
 
-def sweep_variants(cfg: Config) -> list[str]:
-    variants = list(cfg.sweep.variants or cfg.train.variants)
-    unknown = [v for v in variants if v not in cfg.train.variants]
+def sweep_models(cfg: Config) -> list[str]:
+    models = list(cfg.sweep.models or cfg.train.models)
+    unknown = [v for v in models if v not in cfg.train.models]
     if unknown:
-        raise ContextualBertError(f"params.yaml: sweep.variants {unknown} are not in train.variants")
-    unswept = sorted(set(cfg.sweep.grids) - set(variants))
+        raise ContextualBertError(f"params.yaml: sweep.models {unknown} are not in train.models")
+    unswept = sorted(set(cfg.sweep.grids) - set(models))
     if unswept:
         raise ContextualBertError(f"params.yaml: sweep.grids names {unswept}, which the sweep does not train")
     if cfg.sweep.seed not in cfg.train.seeds:
         raise ContextualBertError(
             f"params.yaml: sweep.seed {cfg.sweep.seed} is not one of train.seeds "
-            f"{cfg.train.seeds} (the sweep trains train@<variant>-<seed>)"
+            f"{cfg.train.seeds} (the sweep trains train@<model>-<seed>)"
         )
-    return variants
+    return models
 
 
-def settings_grid(cfg: Config, variant: str | None = None) -> list[dict]:
-    """Every combination of the variant's grid (`sweep.grids.<variant>`, else `sweep.grid`), as {key: value},
+def settings_grid(cfg: Config, model: str | None = None) -> list[dict]:
+    """Every combination of the model's grid (`sweep.grids.<model>`, else `sweep.grid`), as {key: value},
     in the grid's order."""
-    grid = cfg.sweep.grids.get(variant) or cfg.sweep.grid
+    grid = cfg.sweep.grids.get(model) or cfg.sweep.grid
     keys = list(grid)
     if not keys or any(not grid[k] for k in keys):
-        where = f"sweep.grids.{variant}" if variant in cfg.sweep.grids else "sweep.grid"
+        where = f"sweep.grids.{model}" if model in cfg.sweep.grids else "sweep.grid"
         raise ContextualBertError(f"params.yaml: {where} needs at least one value for each key")
     for k in keys:
         if (k in NAMED_KEYS) != all(isinstance(v, str) for v in grid[k]):
-            where = f"sweep.grids.{variant}" if variant in cfg.sweep.grids else "sweep.grid"
+            where = f"sweep.grids.{model}" if model in cfg.sweep.grids else "sweep.grid"
             raise ContextualBertError(
                 f"params.yaml: {where}.{k} takes " + ("names" if k in NAMED_KEYS else "numbers") + f", got {grid[k]}"
             )
@@ -61,27 +61,27 @@ def settings_grid(cfg: Config, variant: str | None = None) -> list[dict]:
 
 
 def experiments(cfg: Config) -> list[dict]:
-    """One experiment per (variant, setting): its name, DVC target and `-S` parameter overrides."""
+    """One experiment per (model, setting): its name, DVC target and `-S` parameter overrides."""
     planned = []
-    for variant in sweep_variants(cfg):
-        for i, setting in enumerate(settings_grid(cfg, variant)):
+    for model in sweep_models(cfg):
+        for i, setting in enumerate(settings_grid(cfg, model)):
             planned.append(
                 {
-                    "name": f"sweep-{variant.replace('_', '-')}-{i}",
-                    "variant": variant,
+                    "name": f"sweep-{model.replace('_', '-')}-{i}",
+                    "model": model,
                     "setting": setting,
-                    "target": f"train@{variant}-{cfg.sweep.seed}",  # the matrix stage
-                    "set_params": [f"++variants.{variant}.{k}={v}" for k, v in setting.items()],
+                    "target": f"train@{model}-{cfg.sweep.seed}",  # the matrix stage
+                    "set_params": [f"++per_model.{model}.{k}={v}" for k, v in setting.items()],
                 }
             )
     return planned
 
 
 def rows_from_exp_show(exp_show: list[dict], cfg: Config) -> list[dict]:
-    """(variant, setting, objective, convergence) of every finished sweep experiment in `dvc exp show --json`.
+    """(model, setting, objective, convergence) of every finished sweep experiment in `dvc exp show --json`.
 
-    An experiment is recognised by its name (`sweep-<variant>-<i>`), the newest of that name; its setting is
-    read back from its params, its result from reports/train/<variant>-s<seed>.json. Failed or unfinished
+    An experiment is recognised by its name (`sweep-<model>-<i>`), the newest of that name; its setting is
+    read back from its params, its result from reports/train/<model>-s<seed>.json. Failed or unfinished
     ones are skipped.
     """
     names = {e["name"]: e for e in experiments(cfg)}
@@ -98,10 +98,10 @@ def rows_from_exp_show(exp_show: list[dict], cfg: Config) -> list[dict]:
     rows = []
     for name in (n for n in names if n in newest):  # grid order
         planned, data, exp = names[name], newest[name]["data"], newest[name]
-        metrics_file = str(cfg.train_metrics_path(planned["variant"], cfg.sweep.seed))
+        metrics_file = str(cfg.train_metrics_path(planned["model"], cfg.sweep.seed))
         result = (data.get("metrics") or {}).get(metrics_file, {}).get("data") or {}
         params = (data.get("params") or {}).get("params.yaml", {}).get("data") or {}
-        overrides = (params.get("variants") or {}).get(planned["variant"]) or {}
+        overrides = (params.get("per_model") or {}).get(planned["model"]) or {}
         setting = {k: overrides.get(k) for k in planned["setting"]}
         objective = result.get(OBJECTIVE)
         if objective is None or not math.isfinite(float(objective)):
@@ -110,7 +110,7 @@ def rows_from_exp_show(exp_show: list[dict], cfg: Config) -> list[dict]:
             {
                 "experiment": name,
                 "rev": exp.get("rev"),
-                "variant": planned["variant"],
+                "model": planned["model"],
                 "setting": setting,
                 OBJECTIVE: float(objective),
                 "converged": result.get("converged"),
@@ -122,12 +122,12 @@ def rows_from_exp_show(exp_show: list[dict], cfg: Config) -> list[dict]:
 
 
 def choose(rows: list[dict]) -> dict[str, dict]:
-    """variant -> the setting with the lowest objective (ties: the first in grid order)."""
+    """model -> the setting with the lowest objective (ties: the first in grid order)."""
     best: dict[str, dict] = {}
     for row in rows:
-        if row["variant"] not in best or row[OBJECTIVE] < best[row["variant"]][OBJECTIVE]:
-            best[row["variant"]] = row
-    return {variant: dict(row["setting"]) for variant, row in best.items()}
+        if row["model"] not in best or row[OBJECTIVE] < best[row["model"]][OBJECTIVE]:
+            best[row["model"]] = row
+    return {model: dict(row["setting"]) for model, row in best.items()}
 
 
 def write_report(rows: list[dict], choice: dict[str, dict], out_dir: Path) -> list[Path]:
@@ -142,24 +142,24 @@ def write_report(rows: list[dict], choice: dict[str, dict], out_dir: Path) -> li
     (out_dir / "sweep.json").write_text(json.dumps({"objective": OBJECTIVE, "rows": rows, "choice": choice}, indent=2))
     keys = sorted({k for row in rows for k in row["setting"]})
     lines = [
-        "# Sweep: validation cross-entropy per variant and setting",
+        "# Sweep: validation cross-entropy per model and setting",
         "",
         "One seed per setting; the lowest best-epoch validation cross-entropy wins (marked **). Never chosen on test.",
         "",
-        "| Variant | " + " | ".join(keys) + " | Val cross-entropy | Best epoch / epochs | Converged |",
+        "| Model | " + " | ".join(keys) + " | Val cross-entropy | Best epoch / epochs | Converged |",
         "|---|" + "---|" * (len(keys) + 3),
     ]
     for row in sorted(
         rows,
         key=lambda r: (
-            r["variant"],
+            r["model"],
             [str(r["setting"].get(k) or 0) if k in NAMED_KEYS else r["setting"].get(k) or 0 for k in keys],
         ),
     ):
-        chosen = choice.get(row["variant"]) == row["setting"]
+        chosen = choice.get(row["model"]) == row["setting"]
         value = f"{row[OBJECTIVE]:.4f}"
         lines.append(
-            f"| {row['variant']} | "
+            f"| {row['model']} | "
             + " | ".join(str(row["setting"].get(k)) for k in keys)
             + f" | {'**' + value + '**' if chosen else value} | {row['best_epoch']} / {row['epochs']} | "
             f"{row['converged'] or 'no'} |"
@@ -168,18 +168,15 @@ def write_report(rows: list[dict], choice: dict[str, dict], out_dir: Path) -> li
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     x_key = "learning_rate" if "learning_rate" in keys else keys[0]
-    for variant in sorted({r["variant"] for r in rows}):
-        for name in sorted({str(r["setting"].get("init_embeddings", "")) for r in rows if r["variant"] == variant}):
+    for model in sorted({r["model"] for r in rows}):
+        for name in sorted({str(r["setting"].get("init_embeddings", "")) for r in rows if r["model"] == model}):
             points = sorted(
                 (r["setting"][x_key], r[OBJECTIVE])
                 for r in rows
-                if r["variant"] == variant and str(r["setting"].get("init_embeddings", "")) == name
+                if r["model"] == model and str(r["setting"].get("init_embeddings", "")) == name
             )
             ax.plot(
-                [p[0] for p in points],
-                [p[1] for p in points],
-                marker="o",
-                label=variant + (f" ({name})" if name else ""),
+                [p[0] for p in points], [p[1] for p in points], marker="o", label=model + (f" ({name})" if name else "")
             )
     ax.set_xscale("log")
     ax.set_xlabel(x_key)

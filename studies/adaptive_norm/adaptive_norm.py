@@ -35,8 +35,8 @@ def run_once(project: Project, model: str, seed: int, out: Path) -> dict:
     config = Config.model_validate(project.params)
     evaluation, trained = config.eval_path(f"{model}-s{seed}"), config.train_metrics_path(model, seed)
     if not (evaluation.exists() and trained.exists()):
-        project.stage("train", "--variant", model, "--seed", str(seed))
-        project.stage("evaluate", "--variant", model, "--seed", str(seed))
+        project.stage("train", "--model", model, "--seed", str(seed))
+        project.stage("evaluate", "--model", model, "--seed", str(seed))
     result, train = json.loads(evaluation.read_text()), json.loads(trained.read_text())
     keys = ("epochs", "best_epoch", "best_val_cross_entropy", "converged", "stopped_early", "seconds", "bag_warmup")
     record(out, f"{model}-s{seed}/eval", {"test": {m: result["test"][m] for m in KEPT}} | {k: train[k] for k in keys})

@@ -6,7 +6,7 @@ wrote (features.article_features on), evaluate them and compare with both popula
 
 Each (model, combine, id dropout) trains one seed with the params' recipe (train_for(model), max_epochs overridden) by
 the library's own training loop, and is evaluated by the evaluate stage's code (`evaluate_run`); "combine"
-and "id dropout" (variants.<model>_attrs.id_dropout; default: the params') only matter for "_attrs" models
+and "id dropout" (per_model.<model>_attrs.id_dropout; default: the params') only matter for "_attrs" models
 (model.ArticleAttributes: sum vs concat + projection; ArticleAttributes.ids). Records one entry (--run) in the study's results.json:
 per run the best validation cross-entropy, epochs, seconds, and the test metrics (all / known / unseen
 targets, bootstrap intervals); and the two popularity baselines' test metrics.

@@ -105,7 +105,7 @@ def main() -> int:
         params = yaml.safe_load((REPO / "params.yaml").read_text())
         for assignment in assignments:
             override(params, assignment)
-        params["train"] |= {"num_threads": 1, "variants": models, "seeds": [seed]}
+        params["train"] |= {"num_threads": 1, "models": models, "seeds": [seed]}
         project = Project(args.work / name, relocated(params, args.work / name))
         for stage in ("ingest", "validate", "features", "baseline", "optimum"):
             project.stage(stage)
@@ -120,8 +120,8 @@ def main() -> int:
             },
         )
         for model in models:
-            project.stage("train", "--variant", model, "--seed", str(seed))
-            project.stage("evaluate", "--variant", model, "--seed", str(seed))
+            project.stage("train", "--model", model, "--seed", str(seed))
+            project.stage("evaluate", "--model", model, "--seed", str(seed))
             result = json.loads((evals / f"{model}-s{seed}.json").read_text())
             trained = json.loads((project.path("models_dir") / f"{model}-s{seed}" / "metrics.json").read_text())
             record(args.out, f"{name}/{model}", {

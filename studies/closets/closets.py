@@ -109,7 +109,7 @@ def main() -> int:
     parser.add_argument(
         "--train",
         action="store_true",
-        help="also train and evaluate train.variants x train.seeds and write the report (hours of CPU)",
+        help="also train and evaluate train.models x train.seeds and write the report (hours of CPU)",
     )
     parser.add_argument("--jobs", type=int, default=2, help="trainings at a time")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per training")
@@ -140,7 +140,7 @@ def main() -> int:
         project.stage(stage)
     write_yardsticks(project, args.out, assignments)
     if args.train:
-        runs = [(v, s) for v in params["train"]["variants"] for s in params["train"]["seeds"]]
+        runs = [(v, s) for v in params["train"]["models"] for s in params["train"]["seeds"]]
         project.train_and_evaluate(runs, args.jobs, args.reuse)
         project.stage("report")
         reports = project.path("reports_dir")

@@ -66,9 +66,9 @@ def cell_params(overrides: list[str], root: Path, settings: dict) -> dict:
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     for assignment in overrides:
         override(params, assignment)
-    params["train"] |= {"num_threads": 1, "variants": list(settings["variants"]), "seeds": list(settings["seeds"])}
+    params["train"] |= {"num_threads": 1, "models": list(settings["variants"]), "seeds": list(settings["seeds"])}
     for model in settings["variants"]:
-        params["variants"][model]["max_epochs"] = params["train"]["max_epochs"]
+        params["per_model"][model]["max_epochs"] = params["train"]["max_epochs"]
     return relocated(params, root)
 
 
@@ -218,7 +218,7 @@ def sweep(settings: dict, grid: dict[str, list[str]], work: Path, pool) -> dict[
     def run(models: list[str], rate: float) -> None:
         """The models at one rate, in one project that reads the data project's features."""
         root = work / "sweep" / f"rate-{rate}"
-        rates = [f"variants.{m}.learning_rate={rate}" for m in models]
+        rates = [f"per_model.{m}.learning_rate={rate}" for m in models]
         params = cell_params(grid[declared["cell"]] + rates, root, settings)
         params["paths"]["features_dir"] = str(data.path("features_dir"))
         project = Project(root, params)
@@ -259,7 +259,7 @@ def summarize(runs: list[dict], yards: dict) -> dict:
 
 
 def run_cell(name: str, overrides: list[str], settings: dict, choice: dict, work: Path, pool) -> None:
-    overrides = overrides + [f"variants.{m}.learning_rate={r}" for m, r in choice.items()]
+    overrides = overrides + [f"per_model.{m}.learning_rate={r}" for m, r in choice.items()]
     project = prepare(work / name, overrides, settings)
     yards = yardsticks(project)
     record(OUT, f"{name}/optimum", yards)
@@ -282,8 +282,8 @@ def run_supplement(settings: dict, grid: dict[str, list[str]], choice: dict, wor
     results = json.loads(OUT.read_text())
     for cell in declared["cells"]:
         root = work / f"{cell}-supplement"
-        rates = [f"variants.{m}.learning_rate={r}" for m, r in declared["rates"].items()]
-        params = cell_params(grid[cell] + [f"variants.{m}.learning_rate={r}" for m, r in choice.items()] + rates,
+        rates = [f"per_model.{m}.learning_rate={r}" for m, r in declared["rates"].items()]
+        params = cell_params(grid[cell] + [f"per_model.{m}.learning_rate={r}" for m, r in choice.items()] + rates,
                              root, settings)  # fmt: skip
         params["paths"]["features_dir"] = str(work / cell / "data" / "features")
         project = Project(root, params)
@@ -306,7 +306,7 @@ def scale_cells(settings: dict, variants: list[str]) -> dict[str, list[str]]:
     for name in scale["cells"]:
         context, columns, size = name.split("-")
         declared = scale["sizes"][size]
-        rates = [f"variants.{m}.{k}={v}" for m in variants for k, v in declared["rates"].items()]
+        rates = [f"per_model.{m}.{k}={v}" for m in variants for k, v in declared["rates"].items()]
         out[name] = (
             list(settings["base"]) + axes["context"][context] + axes["columns"][columns] + declared["set"] + rates
         )
@@ -318,9 +318,9 @@ def scale_params(overrides: list[str], root: Path, variants: list[str]) -> dict:
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     for assignment in overrides:
         override(params, assignment)
-    params["train"] |= {"num_threads": 1, "variants": variants, "seeds": [0]}
+    params["train"] |= {"num_threads": 1, "models": variants, "seeds": [0]}
     for model in variants:
-        params["variants"][model]["max_epochs"] = params["train"]["max_epochs"]
+        params["per_model"][model]["max_epochs"] = params["train"]["max_epochs"]
     return relocated(params, root)
 
 

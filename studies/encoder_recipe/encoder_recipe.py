@@ -16,7 +16,7 @@ folders) and trains + evaluates each model, one seed, one torch thread, --jobs a
                epochs (weight 1, 0.5), then the paper's model
     checked    the warm-up only for an encoder still stuck after 400 steps (train.bag_warmup_check_steps: the
                outfit dependence on validation under ranking.STUCK_BELOW), from the next epoch on
-    checked_ids  checked, with no id dropout (`_attrs` models only: variants.<model>_attrs.id_dropout 0)
+    checked_ids  checked, with no id dropout (`_attrs` models only: per_model.<model>_attrs.id_dropout 0)
     checked_ids05  checked, with id dropout 0.05 (`_attrs` models only)
     cooc       train.init_embeddings: cooccurrence (the article ids start at the factorised PPMI)
     bag_cooc, outbag_cooc   a bag path and the co-occurrence start
@@ -112,11 +112,11 @@ def recipe_params(base: dict, data: dict, root: Path, recipe: str, models: list[
     params["paths"] = {k: data["paths"][k] if k in DATA_DIRS else mine["paths"][k] for k in base["paths"]}
     params["mlflow"]["tracking_uri"] = mine["mlflow"]["tracking_uri"]
     params["model"].update(RECIPES[recipe]["model"])
-    params["train"]["variants"] = models
+    params["train"]["models"] = models
     if max_epochs is not None:
         params["train"]["max_epochs"] = max_epochs
     for model in models:
-        overrides = params["variants"].setdefault(model, {})
+        overrides = params["per_model"].setdefault(model, {})
         if not model.startswith("bag_of_items"):
             overrides.update(RECIPES[recipe]["variant"])
     return params

@@ -8,7 +8,7 @@ stage, no outfit dependence: a screen to choose what encoder_recipe.py then runs
     python studies/encoder_recipe/encoder_screen.py --data /tmp/encoder_recipe/planted_hidden_50000/data --variant none \
         --out /tmp/screen/outbag_wd3 --set train.max_epochs=8 model.bag_path=output train.weight_decay=0.3
 
-`--set` takes params keys (project.override); a train.* key also replaces the variant's own `variants:` entry.
+`--set` takes params keys (project.override); a train.* key also replaces the variant's own `per_model:` entry.
 The warm-up from the bag is `--set train.bag_warmup_epochs=N` (the screen's `--bag-fade N` before it was a
 setting, with one difference: the screen validated its warm-up epochs with the bag term, the setting without).
 `--bag-aux W` (a candidate, not a setting): the training loss gains W x the cross-entropy of the bag of the
@@ -115,12 +115,12 @@ def main() -> int:
         print(json.dumps(collect(args.collect), indent=1))
         return 0
     params = yaml.safe_load((args.data / "params.yaml").read_text())
-    entry = params.setdefault("variants", {}).setdefault(args.variant, {})
+    entry = params.setdefault("per_model", {}).setdefault(args.variant, {})
     for assignment in args.set:
         override(params, assignment)
         section, _, key = assignment.partition("=")[0].partition(".")
         if section == "train" and key in entry:  # a study's setting wins over the variant's own
-            override(params, f"variants.{args.variant}.{assignment.partition('.')[2]}")
+            override(params, f"per_model.{args.variant}.{assignment.partition('.')[2]}")
     cfg = Config.model_validate(params)
     train_cfg, model_cfg = cfg.train_for(args.variant), cfg.model_for(args.variant)
     print(

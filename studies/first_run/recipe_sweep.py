@@ -1,7 +1,7 @@
 """The first run's recipe: each model trained at a shorter cosine horizon, over the learning rates of
 settings.yaml, on the default data (seed 0, validation only). One `contextual-bert train` process per cell, two
 at a time, each in a folder of its own under --work (its params.yaml: the repository's with the cell's
-`variants.<model>` settings, paths under the cell, the features the repository's); results.json gets every
+`per_model.<model>` settings, paths under the cell, the features the repository's); results.json gets every
 cell's best validation cross-entropy, best epoch, epochs, convergence and seconds.
 
     python studies/first_run/recipe_sweep.py --work /tmp/first_run [--jobs 2] [--groups encoders_20] [--extra none=0.008 ...]
@@ -34,7 +34,7 @@ def cells(settings: dict, params: dict, extra: list[str], groups: list[str] | No
             for epochs in group["max_epochs"]:
                 for batch in group.get("batch_size", [None]):  # None: params.yaml's
                     for lr in group["learning_rate"]:
-                        rate = params["variants"][variant]["learning_rate"] if lr == "params" else lr
+                        rate = params["per_model"][variant]["learning_rate"] if lr == "params" else lr
                         cell = {"variant": variant, "max_epochs": epochs, "learning_rate": rate}
                         out.append(cell if batch is None else {**cell, "batch_size": batch})
     for item in extra:  # model=rate: the declared extension past the grid's top
@@ -55,8 +55,8 @@ def run_cell(cell: dict, params: dict, seed: int, work: Path) -> dict:
     own = json.loads(json.dumps(params))
     own["paths"] = {k: str(folder / v) for k, v in params["paths"].items()}
     own["paths"]["features_dir"] = str(ROOT / params["paths"]["features_dir"])
-    own["variants"][cell["variant"]] = {
-        **params["variants"][cell["variant"]],
+    own["per_model"][cell["variant"]] = {
+        **params["per_model"][cell["variant"]],
         **{k: cell[k] for k in ("learning_rate", "max_epochs", "batch_size") if k in cell},
     }
     (folder / "params.yaml").write_text(yaml.safe_dump(own, sort_keys=False))
@@ -69,7 +69,7 @@ def run_cell(cell: dict, params: dict, seed: int, work: Path) -> dict:
                 "--params",
                 str(folder / "params.yaml"),
                 "train",
-                "--variant",
+                "--model",
                 cell["variant"],
                 "--seed",
                 str(seed),

@@ -1,7 +1,7 @@
 """Does history help? The same models with and without the customer's history, on the time split.
 
 Two projects of their own under --workdir (studies/project.py), on the same data and the same time split
-(features.split: time): one with features.history on, its whole Table 1 (train.variants x train.seeds, the
+(features.split: time): one with features.history on, its whole Table 1 (train.models x train.seeds, the
 yardsticks: popularity, popularity + own history, the bag of items + c with history, and where the data's
 optimum is known its three rows); one with history off, for the --compare models only. Each compared model
 with history is paired with itself without, on the same test outfits: the paired bootstrap of the
@@ -271,10 +271,10 @@ def main() -> int:
     base["features"]["split"] = "time"
     on_params = json.loads(json.dumps(base))
     on_params["features"]["history"]["enabled"] = True
-    on_params["train"]["variants"], on_params["train"]["seeds"] = args.variants, args.seeds
+    on_params["train"]["models"], on_params["train"]["seeds"] = args.variants, args.seeds
     off_params = json.loads(json.dumps(base))
     off_params["features"]["history"]["enabled"] = False
-    off_params["train"]["variants"], off_params["train"]["seeds"] = args.compare, args.seeds
+    off_params["train"]["models"], off_params["train"]["seeds"] = args.compare, args.seeds
 
     on = run_project(
         args.workdir / "history",

@@ -10,7 +10,7 @@ bootstrap over the test outfits (bootstrap.py), which needs both projects to hol
         --run result --plot curves.png
 
 A project is a folder with the params.yaml its stages ran with; `--label` names the setting the candidates
-differ in (variants.<model>.<label>), read from each project's params.yaml.
+differ in (per_model.<model>.<label>), read from each project's params.yaml.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def read_run(project: Path, model: str, seed: int, label: str | None) -> dict:
     evaluation = json.loads((evals / f"{run}.json").read_text())
     if evaluation.get(OUTFITS_KEY) is None:
         raise SystemExit(f"{evals / f'{run}.json'}: no per-outfit record ({OUTFITS_KEY}) to pair")
-    setting = params.get("variants", {}).get(model, {}).get(label) if label else None
+    setting = params.get("per_model", {}).get(model, {}).get(label) if label else None
     return {
         "project": str(project),
         "run": run,
@@ -105,7 +105,7 @@ def main() -> int:
     parser.add_argument("--against", required=True, help="the model to compare the choice with")
     parser.add_argument("--against-project", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--label", help="the variants.<model> key the candidates differ in (e.g. learning_rate)")
+    parser.add_argument("--label", help="the per_model.<model> key the candidates differ in (e.g. learning_rate)")
     parser.add_argument("--run", required=True, help="the run's key in the results file")
     parser.add_argument(
         "--out",

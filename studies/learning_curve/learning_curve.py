@@ -12,7 +12,7 @@ planted truth is the same at every size (same seed, catalogue and customers), so
 The training budget is set in optimizer steps, not epochs: a size trains for at most --step-budget steps
 (max_epochs = that many steps' worth of epochs, never more than params.yaml's train.max_epochs), so the
 cosine decay ends within the budget at every size, and early stopping still ends a run that overfits. Steps
-are counted at train.batch_size: a variant with a batch size of its own (`variants:`) trains the same number
+are counted at train.batch_size: a variant with a batch size of its own (`per_model:`) trains the same number
 of epochs, so 4x the batch takes a quarter of the steps.
 Trainings of one size run --jobs at a time, one torch thread each (on 2 CPU cores two one-thread trainings
 run at nearly twice the throughput of one two-thread training).
@@ -47,7 +47,7 @@ def project_params(
     params = relocated(base, root)
     params["ingest"]["source"] = "planted"
     params.setdefault("planted", {})["n_outfits"] = size
-    params["train"].update(variants=variants, seeds=[seed], num_threads=threads)
+    params["train"].update(models=variants, seeds=[seed], num_threads=threads)
     if max_epochs is not None:
         params["train"]["max_epochs"] = max_epochs
     return params

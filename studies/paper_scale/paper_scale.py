@@ -57,7 +57,7 @@ def study_params(settings: dict, root: Path, extra: list[str], features: Path | 
     for assignment in settings["set"] + extra:
         override(params, assignment)
     for model in dict.fromkeys(parse_run(name)[0] for name in settings["runs"] if parse_run(name)[0] in MODELS):
-        params["variants"][model] = settings["variants"][model] | {"max_epochs": params["train"]["max_epochs"]}
+        params["per_model"][model] = settings["variants"][model] | {"max_epochs": params["train"]["max_epochs"]}
     params = relocated(params, root)
     if features:  # a trial on the study's data
         params["paths"]["features_dir"] = str(features)
@@ -231,7 +231,7 @@ def report(project: Project, settings: dict, done: list[str], out: Path) -> None
     if any(run_name(m, s) not in done for m in models for s in seeds):  # the report reads every model x seed
         seeds = [s for s in seeds if all(run_name(m, s) in done for m in models)]
     params = json.loads(json.dumps(project.params))
-    params["train"] |= {"variants": models, "seeds": seeds}
+    params["train"] |= {"models": models, "seeds": seeds}
     project.write_params(params)
     project.stage("report")
     reports = project.path("reports_dir")

@@ -132,13 +132,13 @@ def main() -> int:
             data.stage(stage)
     root = args.workdir / "runs" / args.name
     project = Project(root, params_for(data_root, root, data_assignments + args.set))
-    project.stage("train", "--variant", args.variant, "--seed", "0")
+    project.stage("train", "--model", args.variant, "--seed", "0")
     key = f"runs/{args.name}"
     run = project.path("models_dir") / f"{args.variant}-s0"
     for name in ("curve", "metrics"):
         record(args.out, f"{key}/{name}", json.loads((run / f"{name}.json").read_text()))
     if args.evaluate:
-        project.stage("evaluate", "--variant", args.variant, "--seed", "0")
+        project.stage("evaluate", "--model", args.variant, "--seed", "0")
         result = json.loads((project.path("reports_dir") / "eval" / f"{args.variant}-s0.json").read_text())
         keep = {k: result[k] for k in ("val", "test", "yardstick") if k in result}
         for part in ("test_known", "test_unseen"):  # a catalogue ranker's targets with and without an id

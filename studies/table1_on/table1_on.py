@@ -2,7 +2,7 @@
 
 A project of its own under --workdir (studies/project.py) runs the pipeline's stages with params.yaml's
 settings and the --set overrides: ingest -> validate -> features -> baseline -> optimum -> train + evaluate
-(every train.variants model x train.seeds seed, --jobs at a time) -> report. Its Table 1 (one string a line), the
+(every train.models model x train.seeds seed, --jobs at a time) -> report. Its Table 1 (one string a line), the
 report's metrics and the command's settings go to the study's results.json as <run>/table1, <run>/metrics and
 <run>/settings.
 
@@ -45,7 +45,7 @@ def main() -> int:
     for stage in ("ingest", "validate", "features", "baseline", "optimum"):
         project.stage(stage)
     train = project.params["train"]
-    project.train_and_evaluate([(v, s) for v in train["variants"] for s in train["seeds"]], args.jobs)
+    project.train_and_evaluate([(v, s) for v in train["models"] for s in train["seeds"]], args.jobs)
     project.stage("report")
 
     reports = project.path("reports_dir")

@@ -139,7 +139,7 @@ def test_history_off_writes_exactly_the_features_of_before(tmp_path):
             assert path.read_bytes() == (tmp_path / "f2" / path.name).read_bytes(), path.name
 
 
-def _model_and_split(features, variant, pooling="mean", **readers):
+def _model_and_split(features, model_name, pooling="mean", **readers):
     """A tiny model that reads the history through its share of c only, unless `readers` (history_repeat,
     history_bag) say otherwise."""
     spec = load_spec(features)
@@ -153,7 +153,7 @@ def _model_and_split(features, variant, pooling="mean", **readers):
         history_pooling=pooling,
         **({"history_repeat": False, "history_bag": False} | readers),
     )
-    model = build_model(cfg, variant, vocab_rows, spec).eval()
+    model = build_model(cfg, model_name, vocab_rows, spec).eval()
     if pooling == "attention":  # a query that tells articles apart (it starts at zero: the mean, scaled)
         for module in model.modules():
             if isinstance(module, HistoryAttentionPooling):
@@ -162,7 +162,7 @@ def _model_and_split(features, variant, pooling="mean", **readers):
 
 
 @pytest.mark.parametrize(
-    "variant, pooling",
+    "model_name, pooling",
     [
         ("global_state", "mean"),
         ("bag_of_items_context", "mean"),
@@ -170,9 +170,11 @@ def _model_and_split(features, variant, pooling="mean", **readers):
         ("bag_of_items_context", "attention"),
     ],
 )
-def test_pooling_is_blind_to_the_order_of_the_history_and_the_history_changes_the_prediction(dated, variant, pooling):
+def test_pooling_is_blind_to_the_order_of_the_history_and_the_history_changes_the_prediction(
+    dated, model_name, pooling
+):
     features, _ = dated
-    model, test = _model_and_split(features, variant, pooling)
+    model, test = _model_and_split(features, model_name, pooling)
     items = test.items.clone()
     last = (items != PAD_INDEX).sum(dim=1) - 1
     items[torch.arange(len(items)), last] = 1  # [MASK] the last item
@@ -232,16 +234,16 @@ def test_attention_pooling_weighs_the_history_by_its_evidence_and_gives_the_bias
         torch.testing.assert_close(pool(none, table), pool.projection.bias.unsqueeze(0))
 
 
-@pytest.mark.parametrize("variant", ["global_state", "bag_of_items_context"])
+@pytest.mark.parametrize("model_name", ["global_state", "bag_of_items_context"])
 def test_the_repeat_offset_raises_exactly_the_history_articles_and_the_sampled_columns_are_the_full_ones(
-    dated, variant
+    dated, model_name
 ):
     features, _ = dated
-    model, test = _model_and_split(features, variant)
+    model, test = _model_and_split(features, model_name)
     spec, n = load_spec(features), pq.read_metadata(features / "article_vocab.parquet").num_rows
     torch.manual_seed(0)
     cfg = ModelConfig(d_model=16, n_blocks=1, n_heads=2, d_ff=32, history_repeat=True, history_bag=False)
-    repeating = build_model(cfg, variant, n, spec).eval()
+    repeating = build_model(cfg, model_name, n, spec).eval()
     missing = repeating.load_state_dict(model.state_dict(), strict=False).missing_keys
     assert missing == ["logit_offsets.0.weight", "logit_offsets.0.worn"]  # the repeat's lambda and v_k
     with torch.no_grad():

@@ -351,6 +351,14 @@ def test_a_context_variant_on_data_without_context_is_not_applicable_and_says_wh
     assert not (tmp_path / "models" / "gs" / "checkpoint.pt").exists()
     evaluated = evaluate_run(cfg.paths.features_dir, tmp_path / "models" / "gs", tmp_path / "gs.json", cfg.evaluate)
     assert evaluated["known"] is False and evaluated["why"] == result["not_applicable"]
+    assert result["model"] == evaluated["model"] == "global_state"
+    # a metrics.json written before issue 92 named the model "variant": still read
+    metrics = tmp_path / "models" / "gs" / "metrics.json"
+    old = json.loads(metrics.read_text())
+    old["variant"] = old.pop("model")
+    metrics.write_text(json.dumps(old))
+    again = evaluate_run(cfg.paths.features_dir, tmp_path / "models" / "gs", tmp_path / "gs.json", cfg.evaluate)
+    assert again == evaluated
     # the models that read no context train on it: the bag of items too
     bag = train(cfg.paths.features_dir, tmp_path / "models" / "bag", "bag_of_items", 0, cfg.model, cfg.train)
     assert bag["epochs"] == 1 and (tmp_path / "models" / "bag" / "checkpoint.pt").exists()
@@ -360,7 +368,7 @@ def test_a_context_variant_on_data_without_context_is_not_applicable_and_says_wh
 def test_dvc_repro_of_a_newcomers_outfit_pairs_with_the_defaults(tmp_path):
     """`dvc repro` through Table 1 on a newcomer's outfits CSV, (outfit, item) pairs only, with only
     ingest.source and import_sets' source set (and sizes made small for the test's time): the models that read no
-    context train, the context variants say why they cannot, the attribute rows that there are no attributes."""
+    context train, the models that read it say why they cannot, the attribute rows that there are no attributes."""
     project = tmp_path / "project"
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     dvc, env = dvc_project(project, MLFLOW_TRACKING_URI=tracking_uri)

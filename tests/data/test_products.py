@@ -178,9 +178,9 @@ def retailer_params(tmp_path: Path) -> Path:
         "ingest": {"source": "sets"}, "import_sets": RETAILER_SETS, "model": TINY_MODEL,
         "features": {"article_features": True, "article_attributes": {"sets": RETAILER_ATTRIBUTES},
                      "val_fraction": 0.2, "test_fraction": 0.2, "min_split_outfits": 5, "min_known_targets": 5},
-        "train": {"variants": ["none_attrs"], "seeds": [0], "max_epochs": 2, "batch_size": 16, "device": "cpu",
+        "train": {"models": ["none_attrs"], "seeds": [0], "max_epochs": 2, "batch_size": 16, "device": "cpu",
                   "num_threads": 1},
-        "variants": {"none_attrs": {"id_dropout": 0.5}},
+        "per_model": {"none_attrs": {"id_dropout": 0.5}},
     }))  # fmt: skip
     return params
 

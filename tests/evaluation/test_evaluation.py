@@ -142,7 +142,7 @@ def test_evaluation_json_of_a_run_and_of_the_baseline(tmp_path, monkeypatch):
 
     result = evaluate_run(tmp_path, tmp_path / "global_state-s0", tmp_path / "eval" / "global_state-s0.json", cfg)
     assert json.loads((tmp_path / "eval" / "global_state-s0.json").read_text()) == result
-    assert (result["name"], result["variant"], result["seed"]) == ("global_state-s0", "global_state", 0)
+    assert (result["name"], result["model"], result["seed"]) == ("global_state-s0", "global_state", 0)
     assert result["parameters"] == count_paper_parameters(bert)
     keys = {"n_outfits", "n_cases", "n_unknown_targets", "cross_entropy", "recall@1", "recall@5", "mrr", "ndcg@10"}
     # a trained model's evaluation says how much its prediction depends on the outfit (outfit_dependence, on test)
@@ -155,7 +155,7 @@ def test_evaluation_json_of_a_run_and_of_the_baseline(tmp_path, monkeypatch):
     assert low <= result["test"]["recall@5"] <= high and result["test_bootstrap"]["unit"] == "test outfits"
 
     baseline = evaluate_popularity(tmp_path, tmp_path / "eval" / "popularity.json", cfg)
-    assert (baseline["variant"], baseline["seed"], baseline["parameters"]) == ("popularity", None, 0)
+    assert (baseline["model"], baseline["seed"], baseline["parameters"]) == ("popularity", None, 0)
     assert "outfit_dependence" not in baseline["test"]  # not a trained encoder: nothing to measure
     assert baseline["test"]["recall@1"] == pytest.approx(2 / 7)  # ranks from the popularity test above
     assert json.loads((tmp_path / "eval" / "popularity.json").read_text()) == baseline

@@ -161,7 +161,7 @@ def test_table1_has_fitb_easy_and_hard_for_every_row_popularity_included(tmp_pat
 
     from contextual_bert.evaluation.report import build_report
 
-    cfg = write_fake_runs(tmp_path, seeds=(0, 1), variants=("none", "global_state"))
+    cfg = write_fake_runs(tmp_path, seeds=(0, 1), models=("none", "global_state"))
     evals = tmp_path / "reports" / "eval"
     for number, path in enumerate(sorted(evals.glob("*.json"))):
         result = json.loads(path.read_text())

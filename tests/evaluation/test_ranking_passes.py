@@ -64,11 +64,13 @@ def catalogue(spec: ContextSpec, seed: int = 0) -> dict[str, torch.Tensor]:
     return tables
 
 
-def attribute_model(variant: str, attributes: ContextSpec, history: bool = False, seed: int = 0, combine: str = "sum"):
+def attribute_model(
+    model_name: str, attributes: ContextSpec, history: bool = False, seed: int = 0, combine: str = "sum"
+):
     """A small "_attrs" model with the overlap on, its offsets (and the history repeat's weights, the state's reads
     and updates between blocks) nonzero."""
     torch.manual_seed(seed)
-    model = build_model(SMALL, variant + "_attrs", N_IDS, HISTORY if history else CONTEXT, attributes, combine)
+    model = build_model(SMALL, model_name + "_attrs", N_IDS, HISTORY if history else CONTEXT, attributes, combine)
     model.set_catalogue(catalogue(attributes, seed))
     wake_between_blocks(model)
     with torch.no_grad():
@@ -187,7 +189,7 @@ def test_the_catalogue_offsets_are_the_plain_ones(attributes, history):
 
 @pytest.mark.parametrize("attributes", [SINGLE, MULTI], ids=["single-valued", "multi-valued"])
 @pytest.mark.parametrize(
-    "variant,history,combine",
+    "model_name,history,combine",
     [
         ("global_state", False, "sum"),
         ("global_state", True, "sum"),
@@ -197,10 +199,10 @@ def test_the_catalogue_offsets_are_the_plain_ones(attributes, history):
         ("bag_of_items_context", True, "sum"),
     ],
 )
-def test_validation_ranks_and_dependence_are_the_plain_computation(attributes, variant, history, combine):
+def test_validation_ranks_and_dependence_are_the_plain_computation(attributes, model_name, history, combine):
     """(The history models read the held output layer's vectors for their outfit and history articles too,
     where it holds them: ContextualBert with the attributes summed.)"""
-    model = attribute_model(variant, attributes, history, combine=combine)
+    model = attribute_model(model_name, attributes, history, combine=combine)
     data = outfits(60, history)
     before = plain_case_ranks(model, data, batch_size=16, dependence=True)
     validation = case_ranks(model, data, 16, "cpu", with_ranks=False)

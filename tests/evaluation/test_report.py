@@ -10,7 +10,7 @@ from contextual_bert.evaluation.report import build_report
 from contextual_bert.evaluation.report_stats import compare, mean_se
 
 KS = [1, 2, 5, 10, 20, 50, 100, 250]
-# Made-up test metrics per variant and seed: [None] clearly worst, [C] within noise of [None] on
+# Made-up test metrics per model and seed: [None] clearly worst, [C] within noise of [None] on
 # recall@5, the others clearly better; by recall@1 GS > GSU, unlike the paper.
 FAKE = {
     "none": {"cross_entropy": [5.30, 5.20, 5.25], "recall@1": [0.080, 0.090, 0.085], "recall@5": [0.20, 0.22, 0.21]},
@@ -97,7 +97,7 @@ def fake_outfits(test, n_outfits=100):
     }
 
 
-def write_fake_runs(root, seeds=(0, 1, 2), variants=tuple(FAKE), with_outfits=False):
+def write_fake_runs(root, seeds=(0, 1, 2), models=tuple(FAKE), with_outfits=False):
     cfg = Config.model_validate(
         {
             "paths": {
@@ -106,29 +106,27 @@ def write_fake_runs(root, seeds=(0, 1, 2), variants=tuple(FAKE), with_outfits=Fa
                 "features_dir": str(root / "features"),
                 "raw_dir": str(root / "raw"),
             },
-            "train": {"variants": list(variants), "seeds": list(seeds)},
+            "train": {"models": list(models), "seeds": list(seeds)},
         }
     )
     (root / "reports" / "eval").mkdir(parents=True)
-    for variant in variants:
+    for model in models:
         for i, seed in enumerate(seeds):
-            numbers = {
-                m: {**FAKE, **OWN, **BASELINES}[variant][m][i] for m in ("cross_entropy", "recall@1", "recall@5")
-            }
+            numbers = {m: {**FAKE, **OWN, **BASELINES}[model][m][i] for m in ("cross_entropy", "recall@1", "recall@5")}
             test = _metrics(numbers["cross_entropy"], numbers["recall@1"], numbers["recall@5"])
             result = {
-                "name": f"{variant}-s{seed}",
-                "variant": variant,
+                "name": f"{model}-s{seed}",
+                "model": model,
                 "seed": seed,
-                "parameters": PARAMETERS[variant],
+                "parameters": PARAMETERS[model],
                 "test": test,
                 "val": test,
                 "recall_curve": _curve(numbers["recall@1"], numbers["recall@5"]),
             }
             if with_outfits:
                 result["test_outfits"] = fake_outfits(test)
-            (root / "reports" / "eval" / f"{variant}-s{seed}.json").write_text(json.dumps(result))
-            run = root / "models" / f"{variant}-s{seed}"
+            (root / "reports" / "eval" / f"{model}-s{seed}.json").write_text(json.dumps(result))
+            run = root / "models" / f"{model}-s{seed}"
             run.mkdir(parents=True)
             end = numbers["cross_entropy"]
             history = [
@@ -148,7 +146,7 @@ def write_fake_runs(root, seeds=(0, 1, 2), variants=tuple(FAKE), with_outfits=Fa
         json.dumps(
             {
                 "name": "popularity",
-                "variant": "popularity",
+                "model": "popularity",
                 "seed": None,
                 "parameters": 0,
                 "test": pop,
@@ -252,13 +250,13 @@ def test_report_numbers_verdicts_and_files(tmp_path):
     ):
         assert (reports / "plots" / name).stat().st_size > 0, name
     curve = json.loads((reports / "plots" / "recall_at_k.json").read_text())
-    gs_at_1 = [row["recall"] for row in curve if row["variant"] == "global_state" and row["k"] == 1]
+    gs_at_1 = [row["recall"] for row in curve if row["model"] == "global_state" and row["k"] == 1]
     assert gs_at_1 == [pytest.approx(0.131)]
-    assert {row["variant"] for row in curve} == set(FAKE) | {"popularity"}
+    assert {row["model"] for row in curve} == set(FAKE) | {"popularity"}
 
 
 def test_a_variant_of_ours_is_a_row_without_the_papers_numbers_and_ranked_beside_its_order(tmp_path):
-    cfg = write_fake_runs(tmp_path, variants=("none", "new_position", "global_state_update", "global_state_two_way"))
+    cfg = write_fake_runs(tmp_path, models=("none", "new_position", "global_state_update", "global_state_two_way"))
     result = build_report(cfg)
     table = (tmp_path / "reports" / "table1.md").read_text()
     row = next(line for line in table.splitlines() if line.startswith("| [GS2] |"))
@@ -275,7 +273,7 @@ def test_a_variant_of_ours_is_a_row_without_the_papers_numbers_and_ranked_beside
 
 
 def test_context_wins_by_more_than_se_when_it_does(tmp_path):
-    cfg = write_fake_runs(tmp_path, variants=("none", "global_state", "global_state_update"))
+    cfg = write_fake_runs(tmp_path, models=("none", "global_state", "global_state_update"))
     result = build_report(cfg)
     assert result["all_beat_none_by_more_than_se"] is True
     assert "by more than the standard error: **yes**" in (tmp_path / "reports" / "table1.md").read_text()
@@ -292,7 +290,7 @@ def test_single_seed_says_no_se(tmp_path):
 
 
 def test_single_seed_verdicts_from_the_paired_bootstrap(tmp_path):
-    cfg = write_fake_runs(tmp_path, seeds=(0,), variants=("none", "concat", "global_state"), with_outfits=True)
+    cfg = write_fake_runs(tmp_path, seeds=(0,), models=("none", "concat", "global_state"), with_outfits=True)
     result = build_report(cfg)
     table = (tmp_path / "reports" / "table1.md").read_text()
     assert result["all_beat_none_by_more_than_se"] is True
@@ -339,12 +337,12 @@ def test_recall_given_in_percent_is_rejected(tmp_path):
 
 
 def test_optimum_rows_convergence_and_learned_baselines(tmp_path):
-    cfg = write_fake_runs(tmp_path, variants=("none", "global_state_update", "bag_of_items", "bag_of_items_context"))
+    cfg = write_fake_runs(tmp_path, models=("none", "global_state_update", "bag_of_items", "bag_of_items_context"))
     eval_dir = tmp_path / "reports" / "eval"
     for name, ce, r1, r5 in (("optimum_context", 4.5, 0.15, 0.4), ("optimum_no_context", 5.0, 0.1, 0.3)):
         result = {
             "name": name,
-            "variant": name,
+            "model": name,
             "seed": None,
             "parameters": 0,
             "test": _metrics(ce, r1, r5),
@@ -353,10 +351,10 @@ def test_optimum_rows_convergence_and_learned_baselines(tmp_path):
         }
         (eval_dir / f"{name}.json").write_text(json.dumps(result))
     ways = {0: "early_stopping", 1: "plateau", 2: None}
-    for variant in ("none", "global_state_update", "bag_of_items", "bag_of_items_context"):
+    for model in ("none", "global_state_update", "bag_of_items", "bag_of_items_context"):
         for seed in (0, 1, 2):
-            converged = ways[seed] if variant == "none" else "plateau"
-            (tmp_path / "models" / f"{variant}-s{seed}" / "metrics.json").write_text(
+            converged = ways[seed] if model == "none" else "plateau"
+            (tmp_path / "models" / f"{model}-s{seed}" / "metrics.json").write_text(
                 json.dumps({"converged": converged, "best_epoch": 4, "epochs": 6})
             )
     result = build_report(cfg)
@@ -378,7 +376,7 @@ def test_optimum_rows_convergence_and_learned_baselines(tmp_path):
 
 
 def test_bootstrap_interval_column_and_the_no_context_note(tmp_path):
-    cfg = write_fake_runs(tmp_path, seeds=(0, 1), variants=("none",))
+    cfg = write_fake_runs(tmp_path, seeds=(0, 1), models=("none",))
     for seed, interval in ((0, [0.15, 0.25]), (1, [0.17, 0.29])):
         path = tmp_path / "reports" / "eval" / f"none-s{seed}.json"
         result = json.loads(path.read_text())
@@ -398,22 +396,22 @@ def test_bootstrap_interval_column_and_the_no_context_note(tmp_path):
 def test_attribute_models_are_read_against_the_attribute_aware_popularity(tmp_path):
     """ "_attrs" models: a row in Table 1, and a section with all / known / unseen targets against the
     attribute-aware popularity; the paper's verdicts ignore them."""
-    cfg = write_fake_runs(tmp_path, seeds=(0, 1), variants=("none", "global_state"))
+    cfg = write_fake_runs(tmp_path, seeds=(0, 1), models=("none", "global_state"))
     cfg = cfg.model_copy(
         update={
             "train": cfg.train.model_copy(
-                update={"variants": ["none", "global_state", "none_attrs", "global_state_attrs"]}
+                update={"models": ["none", "global_state", "none_attrs", "global_state_attrs"]}
             )
         }
     )
     evals = tmp_path / "reports" / "eval"
-    for variant, shift in (("none_attrs", 0.0), ("global_state_attrs", -0.3)):
+    for model, shift in (("none_attrs", 0.0), ("global_state_attrs", -0.3)):
         for i, seed in enumerate((0, 1)):
             test = _metrics(4.0 + shift + i * 0.02, 0.2, 0.5 - shift)
             known, unseen = _metrics(3.5 + shift, 0.25, 0.6), _metrics(6.0 + i * 0.1, 0.01, 0.07)
             result = {
-                "name": f"{variant}-s{seed}",
-                "variant": variant,
+                "name": f"{model}-s{seed}",
+                "model": model,
                 "seed": seed,
                 "parameters": 546_432,
                 "test": test,
@@ -423,8 +421,8 @@ def test_attribute_models_are_read_against_the_attribute_aware_popularity(tmp_pa
                 "test_unseen_bootstrap": {"recall@5": [0.03, 0.11]},
                 "recall_curve": _curve(0.2, 0.5),
             }
-            (evals / f"{variant}-s{seed}.json").write_text(json.dumps(result))
-            run = tmp_path / "models" / f"{variant}-s{seed}"
+            (evals / f"{model}-s{seed}.json").write_text(json.dumps(result))
+            run = tmp_path / "models" / f"{model}-s{seed}"
             run.mkdir(parents=True)
             (run / "curve.json").write_text(json.dumps([{"epoch": 1, "train_loss": 5.0, "val_cross_entropy": 4.5}]))
     reference = _metrics(5.0, 0.05, 0.2)
@@ -456,7 +454,7 @@ def test_attribute_models_are_read_against_the_attribute_aware_popularity(tmp_pa
 
 def test_the_largest_seed_se_is_printed_to_three_decimals_as_computed(tmp_path):
     """Table 1 rounds to two decimals (0.022 shows as 0.02): a claim about the seed SE is read from this line."""
-    cfg = write_fake_runs(tmp_path, variants=("none", "global_state"))
+    cfg = write_fake_runs(tmp_path, models=("none", "global_state"))
     build_report(cfg)
     table = (tmp_path / "reports" / "table1.md").read_text()
     none_se, gs_se = se(FAKE["none"]["cross_entropy"]), se(FAKE["global_state"]["cross_entropy"])
@@ -483,11 +481,11 @@ def test_the_largest_seed_se_is_printed_to_three_decimals_as_computed(tmp_path):
 
 
 def test_outfit_dependence_column_flags_a_run_that_does_not_read_the_outfit(tmp_path):
-    cfg = write_fake_runs(tmp_path, variants=("none", "global_state"))
+    cfg = write_fake_runs(tmp_path, models=("none", "global_state"))
     dependence = {"none": [0.004, 0.001, 0.002], "global_state": [0.31, 0.29, 0.30]}  # [None] stuck at popularity
-    for variant, values in dependence.items():
+    for model, values in dependence.items():
         for seed, value in zip((0, 1, 2), values):
-            path = tmp_path / "reports" / "eval" / f"{variant}-s{seed}.json"
+            path = tmp_path / "reports" / "eval" / f"{model}-s{seed}.json"
             result = json.loads(path.read_text())
             result["test"]["outfit_dependence"] = value
             path.write_text(json.dumps(result))
@@ -504,9 +502,9 @@ def test_outfit_dependence_column_flags_a_run_that_does_not_read_the_outfit(tmp_
 def test_history_section_pairs_an_attribute_model_with_the_yardstick_on_its_known_targets(tmp_path):
     """An "_attrs" model ranks every test target, popularity + own history only those with an id: paired on all
     targets the cases differ (undetermined); its record of the known targets pairs with the yardstick's."""
-    cfg = write_fake_runs(tmp_path, seeds=(0,), variants=("none", "global_state"), with_outfits=True)
+    cfg = write_fake_runs(tmp_path, seeds=(0,), models=("none", "global_state"), with_outfits=True)
     cfg = cfg.model_copy(
-        update={"train": cfg.train.model_copy(update={"variants": ["none", "global_state", "global_state_attrs"]})}
+        update={"train": cfg.train.model_copy(update={"models": ["none", "global_state", "global_state_attrs"]})}
     )
     evals = tmp_path / "reports" / "eval"
     reference = _metrics(5.0, 0.05, 0.2)
@@ -526,7 +524,7 @@ def test_history_section_pairs_an_attribute_model_with_the_yardstick_on_its_know
     test = _metrics(4.8, 0.1, 0.3) | {"n_cases": 700}  # the unseen targets are cases of their own
     result = {
         "name": "global_state_attrs-s0",
-        "variant": "global_state_attrs",
+        "model": "global_state_attrs",
         "seed": 0,
         "parameters": 546_432,
         "test": test,
@@ -553,13 +551,13 @@ def test_history_section_pairs_an_attribute_model_with_the_yardstick_on_its_know
 
 @pytest.mark.parametrize("seeds", [(0, 1, 2), (0,)])
 def test_a_row_worse_than_its_yardstick_is_marked_worse_and_a_better_one_better(tmp_path, seeds):
-    cfg = write_fake_runs(tmp_path, seeds=seeds, variants=("none", "global_state"), with_outfits=True)
+    cfg = write_fake_runs(tmp_path, seeds=seeds, models=("none", "global_state"), with_outfits=True)
     pop = _metrics(5.0, 0.05, 0.15)  # between [None] (5.20-5.30) and [GS] (4.84-4.86): a count [None] loses to
     (tmp_path / "reports" / "eval" / "popularity.json").write_text(
         json.dumps(
             {
                 "name": "popularity",
-                "variant": "popularity",
+                "model": "popularity",
                 "seed": None,
                 "parameters": 0,
                 "test": pop,

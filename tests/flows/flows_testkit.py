@@ -234,22 +234,22 @@ if kind == "prep":
     Path("data/features").mkdir(parents=True, exist_ok=True)
     Path("data/features/x.txt").write_text(f"buckets={buckets}")
 elif kind == "train":
-    variant, seed = args
+    model, seed = args
     start = time.time()
     time.sleep(float(os.environ.get("TOY_TRAIN_SECONDS", "0.5")))
-    out = Path(f"models/{variant}-s{seed}")
+    out = Path(f"models/{model}-s{seed}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "ckpt.json").write_text(json.dumps({
-        "features": Path("data/features/x.txt").read_text(), "variant": variant, "seed": int(seed),
+        "features": Path("data/features/x.txt").read_text(), "model": model, "seed": int(seed),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "mlflow_tracking_uri": os.environ.get("MLFLOW_TRACKING_URI"),
         "cwd": os.getcwd(), "start": start, "end": time.time(),
     }))
 elif kind == "evaluate":
-    variant, seed = args
-    ckpt = json.loads(Path(f"models/{variant}-s{seed}/ckpt.json").read_text())
+    model, seed = args
+    ckpt = json.loads(Path(f"models/{model}-s{seed}/ckpt.json").read_text())
     Path("reports/eval").mkdir(parents=True, exist_ok=True)
-    Path(f"reports/eval/{variant}-s{seed}.json").write_text(json.dumps({"model": ckpt["variant"], "score": 1}))
+    Path(f"reports/eval/{model}-s{seed}.json").write_text(json.dumps({"model": ckpt["model"], "score": 1}))
 elif kind == "report":
     names = sorted(p.name for p in Path("reports/eval").glob("*.json"))
     Path("reports/table.txt").write_text("\\n".join(names))
@@ -267,21 +267,21 @@ TOY_DVC_YAML = textwrap.dedent("""\
         outs: [data/features]
       train:
         matrix:
-          variant: ${train.variants}
+          model: ${train.models}
           seed: ${train.seeds}
-        cmd: python toy_stage.py train ${item.variant} ${item.seed}
+        cmd: python toy_stage.py train ${item.model} ${item.seed}
         deps: [data/features]
         outs:
-          - models/${item.variant}-s${item.seed}
+          - models/${item.model}-s${item.seed}
       evaluate:
         matrix:
-          variant: ${train.variants}
+          model: ${train.models}
           seed: ${train.seeds}
-        cmd: python toy_stage.py evaluate ${item.variant} ${item.seed}
+        cmd: python toy_stage.py evaluate ${item.model} ${item.seed}
         deps:
-          - models/${item.variant}-s${item.seed}
+          - models/${item.model}-s${item.seed}
         outs:
-          - reports/eval/${item.variant}-s${item.seed}.json:
+          - reports/eval/${item.model}-s${item.seed}.json:
               cache: false
       report:
         cmd: python toy_stage.py report
@@ -310,15 +310,15 @@ TOY_PARAMS = textwrap.dedent("""\
     features:
       numeric_buckets: 10   # prep's one param
     train:
-      variants: [none, concat]
+      models: [none, concat]
       seeds: [0]
     """)
 
 
 # The real pipeline at its smallest: seconds per training, for the end-to-end tests.
-TINY_VARIANTS = ["none", "global_state"]
+TINY_MODELS = ["none", "global_state"]
 TINY_PARAMS = {
-    "train.variants": TINY_VARIANTS,
+    "train.models": TINY_MODELS,
     "train.seeds": [0],
     "train.max_epochs": 12,  # enough to count better than popularity: promotion refuses a model that does not
     "train.batch_size": 128,
@@ -377,7 +377,7 @@ def git(args: list[str], cwd: Path) -> str:
     return run(["git", "-c", "user.name=tests", "-c", "user.email=tests@localhost", *args], cwd)
 
 
-def make_toy_repo(root: Path, with_flows: bool = False, variants=("none", "concat"), seeds=(0,)) -> Path:
+def make_toy_repo(root: Path, with_flows: bool = False, models=("none", "concat"), seeds=(0,)) -> Path:
     """A git + DVC project shaped like the pipeline (prep -> train/evaluate matrix -> report ->
     register -> promote), committed. `with_flows`: also flows/ and prefect.yaml, for deployments."""
     root.mkdir(parents=True, exist_ok=True)
@@ -385,7 +385,7 @@ def make_toy_repo(root: Path, with_flows: bool = False, variants=("none", "conca
     run([str(VENV_BIN / "dvc"), "init", "-q"], root)
     (root / "toy_stage.py").write_text(TOY_STAGE)
     (root / "dvc.yaml").write_text(TOY_DVC_YAML)
-    params = TOY_PARAMS.replace("[none, concat]", "[" + ", ".join(variants) + "]")
+    params = TOY_PARAMS.replace("[none, concat]", "[" + ", ".join(models) + "]")
     (root / "params.yaml").write_text(params.replace("seeds: [0]", f"seeds: [{', '.join(map(str, seeds))}]"))
     (root / ".gitignore").write_text("__pycache__/\n/mlflow.db\n")
     if with_flows:

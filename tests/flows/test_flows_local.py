@@ -24,17 +24,17 @@ def test_pipeline_runs_what_dvc_finds_stale_and_nothing_twice(prefect_api, toy_r
         assert ckpt["mlflow_tracking_uri"] == tracking_uri(toy_repo)  # ... logging to the parent's store
     assert not list((toy_repo / ".dvc/tmp/checkouts").iterdir())  # checkouts removed once brought back
 
-    # A new variant for one run (a parameter of the run): only its unit trains, nothing upstream runs again; the
+    # A new model for one run (a parameter of the run): only its unit trains, nothing upstream runs again; the
     # run's params are its own, so params.yaml is as it was (the next run, the nightly, runs what it says).
     params_before = (toy_repo / "params.yaml").read_bytes()
     three = ["none", "concat", "global_state"]
-    more = pipeline(workdir=str(toy_repo), fan_out="local", params={"train.variants": three})
-    assert more["params_changed"] == {"train.variants": three}
+    more = pipeline(workdir=str(toy_repo), fan_out="local", params={"train.models": three})
+    assert more["params_changed"] == {"train.models": three}
     assert sorted(more["trained"]) == ["evaluate@global_state-0", "train@global_state-0"]
     assert more["ran"] == ["report", "register", "promote"] and more["stale"] == []
     assert (toy_repo / "params.yaml").read_bytes() == params_before
     # Kept by writing it into params.yaml: DVC recorded that run, so nothing is stale
-    apply_overrides(toy_repo / "params.yaml", {"train.variants": three})
+    apply_overrides(toy_repo / "params.yaml", {"train.models": three})
     assert dvc_stages.status_all(toy_repo) == {}
 
     again = pipeline(workdir=str(toy_repo), fan_out="local")

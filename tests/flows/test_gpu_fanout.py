@@ -32,7 +32,7 @@ def test_trainings_go_to_gpu_workers_one_per_gpu_at_a_time(prefect_api, gpu_slot
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName, FlowRunFilter
 
-    repo = make_toy_repo(tmp_path / "toy", with_flows=True, variants=("none", "concat", "global_state"))
+    repo = make_toy_repo(tmp_path / "toy", with_flows=True, models=("none", "concat", "global_state"))
     server = prefect_api
     server.cli(["deploy", "--all"], repo)
     server.start_worker(processes, "gpu", repo, "gpu-worker-1", TOY_TRAIN_SECONDS="2")

@@ -13,8 +13,8 @@ import time
 
 import pytest
 from flows_testkit import (
+    TINY_MODELS,
     TINY_PARAMS,
-    TINY_VARIANTS,
     VENV_BIN,
     check_one_off_run,
     clean_env,
@@ -25,7 +25,7 @@ from flows_testkit import (
 
 pytestmark = pytest.mark.slow
 
-VARIANTS, TINY = TINY_VARIANTS, TINY_PARAMS
+MODELS, TINY = TINY_MODELS, TINY_PARAMS
 RUN_TIMEOUT = 480
 
 
@@ -94,13 +94,13 @@ def test_nightly_deployment_runs_the_pipeline_on_a_worker(prefect_server, proces
             children = client.read_flow_runs()
     assert state.is_completed(), f"pipeline run ended {state.name}: {state.message}\n{worker.tail(120)}"
     trainings = [r for r in children if r.parameters.get("workdir") == str(repo_copy)]
-    assert len(trainings) == len(VARIANTS) and all(r.state.is_completed() for r in trainings)
+    assert len(trainings) == len(MODELS) and all(r.state.is_completed() for r in trainings)
 
-    # MLflow: a finished, evaluated run per variant; the registry has a champion.
+    # MLflow: a finished, evaluated run per model; the registry has a champion.
     client = mlflow.MlflowClient(tracking_uri=mlflow_server, registry_uri=mlflow_server)
     experiment = client.get_experiment_by_name("contextual-bert")
     runs = client.search_runs([experiment.experiment_id])
-    assert sorted(r.data.params.get("variant") for r in runs) == sorted(VARIANTS)
+    assert sorted(r.data.params.get("model") for r in runs) == sorted(MODELS)
     assert all(r.info.status == "FINISHED" for r in runs)
     champion = client.get_model_version_by_alias("outfit-completion", "champion")
     assert champion.run_id in {r.info.run_id for r in runs}

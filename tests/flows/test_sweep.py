@@ -1,5 +1,5 @@
 """The sweep through real DVC experiments on a toy project: queued, run, read back with `dvc exp show`, the
-winner per variant written into params.yaml; and the choice rules of contextual_bert.sweep."""
+winner per model written into params.yaml; and the choice rules of contextual_bert.sweep."""
 
 from __future__ import annotations
 
@@ -16,46 +16,46 @@ from contextual_bert.config import Config
 from contextual_bert.sweep import choose, experiments, rows_from_exp_show, settings_grid
 
 # A stand-in training: its validation cross-entropy is a parabola in log10(learning rate) with its minimum
-# at 10^-2.5 for [None] and 10^-3 for [GS]; it writes reports/train/<variant>-s<seed>.json as train does.
+# at 10^-2.5 for [None] and 10^-3 for [GS]; it writes reports/train/<model>-s<seed>.json as train does.
 TOY_TRAIN = textwrap.dedent("""\
     import json, math, sys
     from pathlib import Path
     import yaml
-    variant, seed = sys.argv[1], sys.argv[2]
+    model, seed = sys.argv[1], sys.argv[2]
     params = yaml.safe_load(Path("params.yaml").read_text())
-    lr = (params.get("variants", {}).get(variant) or {}).get("learning_rate") or params["train"]["learning_rate"]
-    best = {"none": -2.5, "global_state": -3.0}[variant]
+    lr = (params.get("per_model", {}).get(model) or {}).get("learning_rate") or params["train"]["learning_rate"]
+    best = {"none": -2.5, "global_state": -3.0}[model]
     ce = 5.0 + (math.log10(lr) - best) ** 2
     Path("models").mkdir(exist_ok=True)
-    Path(f"models/{variant}-s{seed}.txt").write_text(str(lr))
+    Path(f"models/{model}-s{seed}.txt").write_text(str(lr))
     Path("reports/train").mkdir(parents=True, exist_ok=True)
-    Path(f"reports/train/{variant}-s{seed}.json").write_text(json.dumps(
+    Path(f"reports/train/{model}-s{seed}.json").write_text(json.dumps(
         {"best_val_cross_entropy": ce, "converged": "plateau", "best_epoch": 3, "epochs": 4}))
     """)
 TOY_DVC_YAML = textwrap.dedent("""\
     stages:
       train:
         matrix:
-          variant: ${train.variants}
+          model: ${train.models}
           seed: ${train.seeds}
-        cmd: python toy_train.py ${item.variant} ${item.seed}
+        cmd: python toy_train.py ${item.model} ${item.seed}
         deps: [toy_train.py]
         params:
           - train.learning_rate
-          - variants.${item.variant}
+          - per_model.${item.model}
         outs:
-          - models/${item.variant}-s${item.seed}.txt
+          - models/${item.model}-s${item.seed}.txt
         metrics:
-          - reports/train/${item.variant}-s${item.seed}.json:
+          - reports/train/${item.model}-s${item.seed}.json:
               cache: false
     """)
 TOY_PARAMS = textwrap.dedent("""\
     # A toy project for the sweep: a valid contextual-bert params.yaml.
     train:
-      variants: [none, global_state]
+      models: [none, global_state]
       seeds: [0]
       learning_rate: 0.003   # the shared default
-    variants:
+    per_model:
       none: {}
       global_state: {dropout: 0.1}   # a comment that must survive
     sweep:
@@ -88,8 +88,8 @@ def test_the_sweep_runs_dvc_experiments_and_writes_its_choice_into_params(prefec
 
     params_text = (repo / "params.yaml").read_text()
     params = yaml.safe_load(params_text)
-    assert params["variants"]["none"] == {"learning_rate": 0.003}
-    assert params["variants"]["global_state"] == {"dropout": 0.1, "learning_rate": 0.001}
+    assert params["per_model"]["none"] == {"learning_rate": 0.003}
+    assert params["per_model"]["global_state"] == {"dropout": 0.1, "learning_rate": 0.001}
     assert "# a comment that must survive" in params_text
     report = json.loads((repo / "reports/sweep/sweep.json").read_text())
     assert len(report["rows"]) == 6 and report["choice"] == choice
@@ -99,27 +99,27 @@ def test_the_sweep_runs_dvc_experiments_and_writes_its_choice_into_params(prefec
 
 def _cfg(**sweep) -> Config:
     return Config.model_validate(
-        {"train": {"variants": ["none", "global_state"], "seeds": [0, 1]}, "sweep": {"seed": 1, **sweep}}
+        {"train": {"models": ["none", "global_state"], "seeds": [0, 1]}, "sweep": {"seed": 1, **sweep}}
     )
 
 
-def test_the_grid_is_every_combination_for_every_variant():
-    cfg = _cfg(grid={"learning_rate": [1e-3, 2e-3], "dropout": [0.1, 0.2, 0.3]}, variants=["global_state"])
+def test_the_grid_is_every_combination_for_every_model():
+    cfg = _cfg(grid={"learning_rate": [1e-3, 2e-3], "dropout": [0.1, 0.2, 0.3]}, models=["global_state"])
     assert len(settings_grid(cfg)) == 6
     planned = experiments(cfg)
     assert [e["target"] for e in planned] == ["train@global_state-1"] * 6
     assert planned[1]["set_params"] == [
-        "++variants.global_state.learning_rate=0.001",
-        "++variants.global_state.dropout=0.2",
+        "++per_model.global_state.learning_rate=0.001",
+        "++per_model.global_state.dropout=0.2",
     ]
     with pytest.raises(Exception, match="sweep.seed 5 is not one of train.seeds"):
         experiments(_cfg(seed=5))
 
 
-def test_a_variant_may_have_its_own_grid():
+def test_a_model_may_have_its_own_grid():
     cfg = _cfg(grid={"learning_rate": [1e-3, 2e-3]}, grids={"none": {"learning_rate": [5e-3, 1e-2, 2e-2]}})
     planned = experiments(cfg)
-    assert [(e["variant"], e["setting"]["learning_rate"]) for e in planned] == [
+    assert [(e["model"], e["setting"]["learning_rate"]) for e in planned] == [
         ("none", 5e-3),
         ("none", 1e-2),
         ("none", 2e-2),
@@ -140,7 +140,7 @@ def test_choose_takes_the_lowest_validation_loss_and_skips_failed_runs():
             "name": name,
             "rev": name,
             "data": {
-                "params": {"params.yaml": {"data": {"variants": {"none": {"learning_rate": lr}}}}},
+                "params": {"params.yaml": {"data": {"per_model": {"none": {"learning_rate": lr}}}}},
                 "metrics": {metrics_file: {"data": {"best_val_cross_entropy": ce, "converged": None}}},
             },
         }
@@ -172,7 +172,7 @@ def test_an_earlier_sweeps_experiment_of_the_same_name_is_not_read():
             "rev": f"{name}@{when}",
             "data": {
                 "timestamp": when,
-                "params": {"params.yaml": {"data": {"variants": {"none": {"learning_rate": lr}}}}},
+                "params": {"params.yaml": {"data": {"per_model": {"none": {"learning_rate": lr}}}}},
                 "metrics": {metrics_file: {"data": {"best_val_cross_entropy": ce, "converged": None}}},
             },
         }
@@ -237,15 +237,15 @@ def test_run_queue_does_not_wait_for_the_detached_workers(tmp_path, monkeypatch)
 
 
 def test_the_sweep_may_choose_how_the_article_embeddings_start():
-    cfg = _cfg(grid={"learning_rate": [1e-3], "init_embeddings": ["random", "cooccurrence"]}, variants=["none"])
+    cfg = _cfg(grid={"learning_rate": [1e-3], "init_embeddings": ["random", "cooccurrence"]}, models=["none"])
     planned = experiments(cfg)
     assert [e["setting"] for e in planned] == [
         {"learning_rate": 1e-3, "init_embeddings": "random"},
         {"learning_rate": 1e-3, "init_embeddings": "cooccurrence"},
     ]
     assert planned[1]["set_params"] == [
-        "++variants.none.learning_rate=0.001",
-        "++variants.none.init_embeddings=cooccurrence",
+        "++per_model.none.learning_rate=0.001",
+        "++per_model.none.init_embeddings=cooccurrence",
     ]
     with pytest.raises(Exception, match="init_embeddings"):
         _cfg(grid={"init_embeddings": ["glove"]})

@@ -124,7 +124,7 @@ def test_a_checkpoint_round_trips_the_modulation(tmp_path):
     wake_between_blocks(bert)
     save_checkpoint(tmp_path / "checkpoint.pt", bert, {})
     loaded, _ = load_checkpoint(tmp_path / "checkpoint.pt")
-    assert loaded.variant == ADALN
+    assert loaded.name == ADALN
     items, ctx = outfits_with_one_mask(8, size=5, length=8), context(8)
     with torch.no_grad():
         torch.testing.assert_close(loaded.masked_logits(items, ctx), bert.masked_logits(items, ctx))
@@ -171,7 +171,7 @@ def test_contextual_bert_trains_evaluates_and_serves_it(tiny_project, tmp_path, 
 
     params = yaml.safe_load(tiny_project.params.read_text())
     params["paths"] |= {"models_dir": str(tmp_path / "models"), "reports_dir": str(tmp_path / "reports")}
-    params["variants"] = {model: {"max_epochs": 2}}
+    params["per_model"] = {model: {"max_epochs": 2}}
     attrs = model.endswith("_attrs")
     if attrs:
         params["paths"]["features_dir"] = str(tmp_path / "features")
@@ -183,11 +183,11 @@ def test_contextual_bert_trains_evaluates_and_serves_it(tiny_project, tmp_path, 
         if stage == "features":
             assert main(["--params", str(tmp_path / "params.yaml"), stage]) == 0
             continue
-        assert main(["--params", str(tmp_path / "params.yaml"), stage, "--variant", model, "--seed", "0"]) == 0, stage
+        assert main(["--params", str(tmp_path / "params.yaml"), stage, "--model", model, "--seed", "0"]) == 0, stage
     metrics = json.loads((tmp_path / "reports" / "eval" / f"{model}-s0.json").read_text())
     assert metrics["test"]["cross_entropy"] > 0
     core = OutfitCompleterCore.load(tmp_path / "models" / f"{model}-s0" / "checkpoint.pt", features_dir)
-    assert core.model.variant == model and (core.model.attributes is not None) == attrs
+    assert core.model.name == model and (core.model.attributes is not None) == attrs
     validated = tiny_project.cfg.paths.validated_dir
     customers = pd.read_parquet(validated / "customers.parquet").head(3).reset_index(drop=True)
     outfits = pd.read_parquet(validated / "outfits.parquet").head(3)

@@ -204,7 +204,7 @@ def test_checkpoint_round_trip_needs_no_other_file(tmp_path):
     bert = model("global_state_update", seed=3)
     save_checkpoint(tmp_path / "checkpoint.pt", bert, {"epoch": 4})
     loaded, meta = load_checkpoint(tmp_path / "checkpoint.pt")
-    assert meta == {"epoch": 4} and loaded.variant == "global_state_update" and loaded.spec == SPEC
+    assert meta == {"epoch": 4} and loaded.name == "global_state_update" and loaded.spec == SPEC
     items, ctx = outfits_with_one_mask(4, size=6, length=8), context(4)
     with torch.no_grad():
         torch.testing.assert_close(loaded.masked_logits(items, ctx), bert.masked_logits(items, ctx))
@@ -215,8 +215,24 @@ def test_checkpoint_round_trip_needs_no_other_file(tmp_path):
         load_checkpoint(tmp_path / "broken.pt")
 
 
+def test_a_checkpoint_written_before_the_word_model_still_loads(tmp_path):
+    """Before issue 92 the payload named the model under "variant": such a checkpoint (models/, a registered
+    version's files) still loads, as the same model."""
+    from contextual_bert.model.checkpoint import model_from_payload, model_payload
+
+    bert = model("concat", seed=1)
+    payload = model_payload(bert)
+    assert payload["model"] == "concat" and "variant" not in payload
+    payload["variant"] = payload.pop("model")
+    loaded = model_from_payload(payload).eval()
+    assert loaded.name == "concat"
+    items, ctx = outfits_with_one_mask(4, size=6, length=8), context(4)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.masked_logits(items, ctx), bert.masked_logits(items, ctx))
+
+
 def test_unknown_variant_and_context_free_spec_are_clear_errors():
-    with pytest.raises(ContextualBertError, match="unknown variant"):
+    with pytest.raises(ContextualBertError, match="unknown encoder model"):
         ContextualBert(SMALL, "gsu", N_ITEMS, SPEC)
     with pytest.raises(ContextualBertError, match="needs context"):
         ContextualBert(SMALL, "global_state", N_ITEMS, ContextSpec(()))
@@ -379,28 +395,28 @@ def catalogue(n: int = N_CATALOGUE, seed: int = 0) -> dict[str, torch.Tensor]:
     return tables
 
 
-def attribute_model(variant: str, combine: str = "sum", seed: int = 0):
+def attribute_model(model_name: str, combine: str = "sum", seed: int = 0):
     torch.manual_seed(seed)
-    bert = build_model(SMALL, variant + "_attrs", N_ITEMS, SPEC, ATTRIBUTES, combine)
+    bert = build_model(SMALL, model_name + "_attrs", N_ITEMS, SPEC, ATTRIBUTES, combine)
     bert.set_catalogue(catalogue())
     return bert.eval()
 
 
-@pytest.mark.parametrize("variant", list(MODELS_BEFORE_ATTRIBUTES))
-def test_without_attributes_every_model_is_built_exactly_as_before(variant):
+@pytest.mark.parametrize("model_name", list(MODELS_BEFORE_ATTRIBUTES))
+def test_without_attributes_every_model_is_built_exactly_as_before(model_name):
     import hashlib
 
-    built = build_model(SMALL, variant, N_ITEMS, SPEC)
+    built = build_model(SMALL, model_name, N_ITEMS, SPEC)
     text = ";".join(f"{k}:{tuple(t.shape)}" for k, t in built.state_dict().items())
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    assert (digest, sum(p.numel() for p in built.parameters())) == MODELS_BEFORE_ATTRIBUTES[variant]
+    assert (digest, sum(p.numel() for p in built.parameters())) == MODELS_BEFORE_ATTRIBUTES[model_name]
     assert built.attributes is None and built.n_items == built.n_ids == N_ITEMS
 
 
-@pytest.mark.parametrize("variant", [*VARIANTS, *BASELINE_MODELS])
+@pytest.mark.parametrize("model_name", [*VARIANTS, *BASELINE_MODELS])
 @pytest.mark.parametrize("combine", ["sum", "concat"])
-def test_an_article_unseen_in_training_gets_a_finite_score_from_its_attributes(variant, combine):
-    bert = attribute_model(variant, combine)
+def test_an_article_unseen_in_training_gets_a_finite_score_from_its_attributes(model_name, combine):
+    bert = attribute_model(model_name, combine)
     assert bert.n_items == N_CATALOGUE and bert.n_ids == N_ITEMS
     items, ctx = outfits_with_one_mask(3, size=5, length=8), context(3)
     items[:, 1] = N_ITEMS + 2  # an unseen article in the input, too
@@ -459,18 +475,18 @@ def test_attributes_are_refused_where_they_do_not_belong():
 # --- offsets for attribute values already in the outfit (model.AttributeOverlap) --------------------------
 
 
-def overlap_model(variant: str, seed: int = 0):
+def overlap_model(model_name: str, seed: int = 0):
     torch.manual_seed(seed)
     bert = build_model(
-        SMALL.model_copy(update={"attribute_overlap": True}), variant + "_attrs", N_ITEMS, SPEC, ATTRIBUTES
+        SMALL.model_copy(update={"attribute_overlap": True}), model_name + "_attrs", N_ITEMS, SPEC, ATTRIBUTES
     )
     bert.set_catalogue(catalogue())
     return bert.eval()
 
 
-@pytest.mark.parametrize("variant", ["none", "global_state", "bag_of_items_context"])
-def test_attribute_overlap_starts_at_zero_and_round_trips(variant, tmp_path):
-    plain, with_overlap = attribute_model(variant), overlap_model(variant)
+@pytest.mark.parametrize("model_name", ["none", "global_state", "bag_of_items_context"])
+def test_attribute_overlap_starts_at_zero_and_round_trips(model_name, tmp_path):
+    plain, with_overlap = attribute_model(model_name), overlap_model(model_name)
     items, ctx = outfits_with_one_mask(4, size=5, length=8), context(4)
     with torch.no_grad():  # the same draws and, with zero offsets, the same scores as without them
         torch.testing.assert_close(with_overlap.masked_logits(items, ctx), plain.masked_logits(items, ctx))
@@ -483,10 +499,10 @@ def test_attribute_overlap_starts_at_zero_and_round_trips(variant, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(loaded.masked_logits(items, ctx), logits)
     paper = ModelConfig(d_model=128, n_blocks=4, n_heads=8, d_ff=256)
-    if variant in PAPER_VARIANTS:  # the offsets belong to the article side: the paper's count is unchanged
-        counted = build_model(paper, variant + "_attrs", N_SPECIAL + 50, paper_spec(), ATTRIBUTES)
+    if model_name in PAPER_VARIANTS:  # the offsets belong to the article side: the paper's count is unchanged
+        counted = build_model(paper, model_name + "_attrs", N_SPECIAL + 50, paper_spec(), ATTRIBUTES)
         assert counted.reader(AttributeOverlap) is not None
-        assert count_paper_parameters(counted) == PAPER_PARAMETERS[variant]
+        assert count_paper_parameters(counted) == PAPER_PARAMETERS[model_name]
 
 
 def test_attribute_overlap_offsets_a_candidate_by_the_values_the_rest_of_the_outfit_holds():
@@ -540,11 +556,11 @@ def test_training_loss_with_attribute_overlap_trains_the_offsets():
 # --- id dropout (train.id_dropout) -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("variant", ["none", "global_state", "bag_of_items"])
-def test_id_dropout_reads_unk_for_a_share_of_real_articles_in_training_only(variant):
-    bert = attribute_model(variant)  # eval mode
+@pytest.mark.parametrize("model_name", ["none", "global_state", "bag_of_items"])
+def test_id_dropout_reads_unk_for_a_share_of_real_articles_in_training_only(model_name):
+    bert = attribute_model(model_name)  # eval mode
     bert.set_id_dropout(0.25)
-    sides = [bert.attributes] + ([bert.output_attributes] if variant == "bag_of_items" else [])
+    sides = [bert.attributes] + ([bert.output_attributes] if model_name == "bag_of_items" else [])
     for side in sides:
         assert side.id_dropout == 0.25
         assert torch.equal(side.ids(), side.id_rows)  # evaluation: never dropped
@@ -566,7 +582,7 @@ def test_id_dropout_reads_unk_for_a_share_of_real_articles_in_training_only(vari
     assert abs(float((flat[is_real] == UNKNOWN_INDEX).float().mean()) - 0.25) < 0.03
     # The output side: a dropped article is scored as an unseen one with its attributes, with the [UNK] bias.
     output_side = sides[-1]
-    table = bert.output_embeddings if variant == "bag_of_items" else bert.item_embeddings
+    table = bert.output_embeddings if model_name == "bag_of_items" else bert.item_embeddings
     torch.manual_seed(1)
     dropped_weight, dropped_bias = bert.output_layer()
     torch.manual_seed(1)
@@ -580,13 +596,13 @@ def test_id_dropout_reads_unk_for_a_share_of_real_articles_in_training_only(vari
     torch.testing.assert_close(dropped_bias[~dropped], bert.output_bias[output_side.id_rows][~dropped])
 
 
-@pytest.mark.parametrize("variant", ["none", "global_state_update", "bag_of_items_context"])
-def test_a_model_without_attributes_has_no_id_dropout_and_draws_nothing_for_it(variant):
-    plain = build_model(SMALL, variant, N_ITEMS, SPEC).train()
+@pytest.mark.parametrize("model_name", ["none", "global_state_update", "bag_of_items_context"])
+def test_a_model_without_attributes_has_no_id_dropout_and_draws_nothing_for_it(model_name):
+    plain = build_model(SMALL, model_name, N_ITEMS, SPEC).train()
     with pytest.raises(ContextualBertError, match="no id dropout"):
         plain.set_id_dropout(0.5)
     weight, bias = plain.output_layer()
-    table = plain.output_embeddings if variant == "bag_of_items_context" else plain.item_embeddings
+    table = plain.output_embeddings if model_name == "bag_of_items_context" else plain.item_embeddings
     assert weight is table.weight and bias is plain.output_bias  # the output layer as before the attributes
     state = torch.get_rng_state()
     items = outfits_with_one_mask(4, size=5, length=8)

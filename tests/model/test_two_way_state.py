@@ -88,7 +88,7 @@ def test_gs2_learns_its_reads_and_round_trips(tmp_path):
     bert = trained_looking(GS2, seed=4)
     save_checkpoint(tmp_path / "checkpoint.pt", bert, {})
     loaded, _ = load_checkpoint(tmp_path / "checkpoint.pt")
-    assert loaded.variant == GS2
+    assert loaded.name == GS2
     with torch.no_grad():
         torch.testing.assert_close(loaded.masked_logits(items, ctx), bert.masked_logits(items, ctx))
 

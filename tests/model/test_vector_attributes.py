@@ -38,10 +38,10 @@ def catalogue(seed: int = 0, with_type: bool = False) -> dict[str, torch.Tensor]
     return out
 
 
-def vector_model(variant: str = "none_attrs", cfg: ModelConfig = SMALL, with_type=False, combine="sum"):
+def vector_model(model_name: str = "none_attrs", cfg: ModelConfig = SMALL, with_type=False, combine="sum"):
     torch.manual_seed(0)
     attributes = ContextSpec((VECTOR, TYPE) if with_type else (VECTOR,))
-    model = build_model(cfg, variant, N_IDS, ContextSpec(()), attributes, combine)
+    model = build_model(cfg, model_name, N_IDS, ContextSpec(()), attributes, combine)
     model.set_catalogue(catalogue(with_type=with_type))
     return model.eval()
 
@@ -59,9 +59,9 @@ def with_vector(model, row: int, vector: torch.Tensor):
     return model
 
 
-@pytest.mark.parametrize("variant", ["none_attrs", "bag_of_items_attrs"])
-def test_an_unseen_articles_score_depends_on_its_vector_at_the_output(variant):
-    model = vector_model(variant)
+@pytest.mark.parametrize("model_name", ["none_attrs", "bag_of_items_attrs"])
+def test_an_unseen_articles_score_depends_on_its_vector_at_the_output(model_name):
+    model = vector_model(model_name)
     before = logits(model, [N_SPECIAL, N_SPECIAL + 1])
     after = logits(with_vector(model, UNSEEN, torch.ones(LENGTH) * 2), [N_SPECIAL, N_SPECIAL + 1])
     assert after[UNSEEN] != before[UNSEEN]  # ranked by its vector: it has no id of its own
@@ -134,9 +134,9 @@ def test_a_catalogue_vector_of_another_length_is_refused():
 KNOWN, WITHOUT_ID = N_IDS - N_SPECIAL, N_ARTICLES - N_IDS
 
 
-@pytest.mark.parametrize("variant", ["none_attrs", "bag_of_items_attrs"])
-def test_the_offset_is_log_one_plus_p_known_over_unseen_on_both_article_sides(variant):
-    model = vector_model(variant)
+@pytest.mark.parametrize("model_name", ["none_attrs", "bag_of_items_attrs"])
+def test_the_offset_is_log_one_plus_p_known_over_unseen_on_both_article_sides(model_name):
+    model = vector_model(model_name)
     model.set_id_dropout(0.25)
     expected = math.log1p(0.25 * KNOWN / WITHOUT_ID)
     sides = [s for s in (model.attributes, getattr(model, "output_attributes", None)) if s is not None]

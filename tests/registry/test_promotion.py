@@ -105,7 +105,11 @@ def test_promotion_needs_a_better_model_on_the_same_cases_and_rollback_restores_
     # 2. The strong model is registered; a margin it cannot reach keeps the champion, and says why.
     both = _with(base, name, [STRONG[0], WEAK[0]], margin=0.9)
     strong = register_all(both)["versions"][0]["version"]
+    # the champion as code before issue 92 registered it: its model named by a "variant" tag, no "model" tag
+    mlflow_client.delete_model_version_tag(name, str(weak), "model")
+    mlflow_client.set_model_version_tag(name, str(weak), "variant", WEAK[0])
     refused = promote(both)
+    assert refused["champion_before"]["model"] == WEAK[0] and refused["candidate"]["model"] == STRONG[0]
     assert not refused["yardstick"]["worse"], refused["yardstick"]
     assert not refused["promoted"] and refused["candidate"]["version"] == strong
     assert refused["test"]["difference"] > 0 and refused["decision"].startswith("not promoted")

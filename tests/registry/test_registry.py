@@ -15,7 +15,7 @@ from contextual_bert.registry.tracking import client, directory_sha256, read_run
 def test_register_makes_one_tagged_version_per_run_and_is_idempotent(tiny_trained_runs):
     cfg = _with(tiny_trained_runs.cfg, "registry-idempotent", [STRONG[0], WEAK[0]])
     first = register_all(cfg)
-    assert [(e["variant"], e["created"]) for e in first["versions"]] == [(STRONG[0], True), (WEAK[0], True)]
+    assert [(e["model"], e["created"]) for e in first["versions"]] == [(STRONG[0], True), (WEAK[0], True)]
     again = register_all(cfg)
     assert [(e["version"], e["created"]) for e in again["versions"]] == [
         (e["version"], False) for e in first["versions"]
@@ -26,10 +26,10 @@ def test_register_makes_one_tagged_version_per_run_and_is_idempotent(tiny_traine
     assert len(versions) == 2
     for entry in first["versions"]:
         version = mlflow_client.get_model_version(cfg.mlflow.model_name, str(entry["version"]))
-        run_dir = cfg.paths.models_dir / f"{entry['variant']}-s{entry['seed']}"
+        run_dir = cfg.paths.models_dir / f"{entry['model']}-s{entry['seed']}"
         assert version.run_id == read_run_file(run_dir)["run_id"]
-        evaluation = json.loads((cfg.paths.reports_dir / "eval" / f"{entry['variant']}-s0.json").read_text())
-        assert version.tags["variant"] == entry["variant"] and version.tags["seed"] == "0"
+        evaluation = json.loads((cfg.paths.reports_dir / "eval" / f"{entry['model']}-s0.json").read_text())
+        assert version.tags["model"] == entry["model"] and version.tags["seed"] == "0"
         assert float(version.tags["val/recall_at_5"]) == pytest.approx(evaluation["val"]["recall@5"])
         assert float(version.tags["test/recall_at_1"]) == pytest.approx(evaluation["test"]["recall@1"])
         assert version.tags["features_sha256"] == directory_sha256(cfg.paths.features_dir)
@@ -88,7 +88,7 @@ def test_a_model_trained_without_tracking_gets_a_run_when_registered(tiny_traine
     entry = register_all(cfg)["versions"][0]
     run = client(cfg.mlflow).get_run(entry["run_id"])
     assert run.data.tags["logged_after_training"] == "true" and run.info.status == "FINISHED"
-    assert run.data.params["variant"] == WEAK[0] and "train_loss" in run.data.metrics
+    assert run.data.params["model"] == WEAK[0] and "train_loss" in run.data.metrics
     assert register_all(cfg)["versions"][0]["version"] == entry["version"]  # found again by checkpoint hash
 
 

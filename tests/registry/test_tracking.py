@@ -19,6 +19,7 @@ from contextual_bert.registry.tracking import (
     dvc_locked_md5,
     flatten,
     metric_key,
+    model_tag,
     read_run_file,
     track_training,
     tracking_uri,
@@ -26,8 +27,8 @@ from contextual_bert.registry.tracking import (
 )
 
 
-def _run_of(project, variant, seed):
-    record = read_run_file(project.cfg.paths.models_dir / f"{variant}-s{seed}")
+def _run_of(project, model, seed):
+    record = read_run_file(project.cfg.paths.models_dir / f"{model}-s{seed}")
     return client(project.cfg.mlflow).get_run(record["run_id"])
 
 
@@ -41,13 +42,22 @@ def test_flatten_nests_with_dots_and_keeps_lists():
     assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": "x"}) == {"a.b": 1, "a.c": [1, 2], "d": "x"}
 
 
-def test_training_params_are_the_flattened_sections_with_variant_overrides():
-    cfg = Config.model_validate({"variants": {"concat": {"learning_rate": 0.5, "dropout": 0.3}}})
+def test_the_model_tag_is_read_under_its_old_name_too():
+    """Runs and versions logged before issue 92 name their model in a "variant" tag: still read, the new tag
+    first."""
+    assert model_tag({"model": "concat", "seed": "0"}) == "concat"
+    assert model_tag({"variant": "none", "seed": "0"}) == "none"  # an existing registry's versions
+    assert model_tag({"model": "concat", "variant": "none"}) == "concat"
+    assert model_tag({}) is None and model_tag(None) is None
+
+
+def test_training_params_are_the_flattened_sections_with_per_model_overrides():
+    cfg = Config.model_validate({"per_model": {"concat": {"learning_rate": 0.5, "dropout": 0.3}}})
     params = training_params(cfg, "concat", 2)
-    assert params["variant"] == "concat" and params["seed"] == "2"
+    assert params["model"] == "concat" and params["seed"] == "2"
     assert params["train.learning_rate"] == "0.5" and params["model.dropout"] == "0.3"
     assert params["model.d_model"] == "128" and "features.val_fraction" in params
-    assert "train.variants" not in params  # the matrix, not a setting of this training
+    assert "train.models" not in params  # the matrix, not a setting of this training
     # id dropout is read by the "_attrs" models only: the paper's runs log what they logged before it existed
     assert "train.id_dropout" not in params and training_params(cfg, "concat_attrs", 2)["train.id_dropout"] == "0.0"
     assert all(isinstance(v, str) for v in params.values())
@@ -91,29 +101,29 @@ def test_dvc_locked_md5_reads_the_features_output(tmp_path):
 
 def test_a_cli_training_is_one_finished_run_with_params_epochs_lineage_and_artifacts(tiny_trained_runs):
     project, cfg = tiny_trained_runs, tiny_trained_runs.cfg
-    variant, seed = STRONG
-    run = _run_of(project, variant, seed)
+    model, seed = STRONG
+    run = _run_of(project, model, seed)
     mlflow_client = client(cfg.mlflow)
     assert run.info.status == "FINISHED"
     experiment = mlflow_client.get_experiment(run.info.experiment_id)
     assert experiment.name == cfg.mlflow.experiment
     assert experiment.artifact_location == artifact_location(os.environ["MLFLOW_TRACKING_URI"], experiment.name)
-    assert run.data.params == training_params(cfg, variant, seed)
+    assert run.data.params == training_params(cfg, model, seed)
 
-    history = json.loads((cfg.paths.models_dir / f"{variant}-s{seed}" / "curve.json").read_text())
+    history = json.loads((cfg.paths.models_dir / f"{model}-s{seed}" / "curve.json").read_text())
     for key in ("train_loss", "val_cross_entropy", "learning_rate"):
         logged = mlflow_client.get_metric_history(run.info.run_id, key)
         assert sorted(m.step for m in logged) == [row["epoch"] for row in history], key
         assert [m.value for m in sorted(logged, key=lambda m: m.step)] == pytest.approx([r[key] for r in history])
     metrics = run.data.metrics
-    final = json.loads((cfg.paths.models_dir / f"{variant}-s{seed}" / "metrics.json").read_text())
+    final = json.loads((cfg.paths.models_dir / f"{model}-s{seed}" / "metrics.json").read_text())
     assert metrics["final/best_val_cross_entropy"] == pytest.approx(final["best_val_cross_entropy"])
-    evaluation = json.loads((cfg.paths.reports_dir / "eval" / f"{variant}-s{seed}.json").read_text())
+    evaluation = json.loads((cfg.paths.reports_dir / "eval" / f"{model}-s{seed}.json").read_text())
     assert metrics["val/recall_at_5"] == pytest.approx(evaluation["val"]["recall@5"])
     assert metrics["test/cross_entropy"] == pytest.approx(evaluation["test"]["cross_entropy"])
 
     tags = run.data.tags
-    assert tags["variant"] == variant and tags["seed"] == str(seed)
+    assert tags["model"] == model and tags["seed"] == str(seed)
     assert len(tags["git_commit"]) == 40 and tags["git_dirty"] in ("true", "false")
     assert tags["features_sha256"] == directory_sha256(project.features_dir)
     assert tags["dvc_lock_features_md5"] == "absent"  # the tiny project has no dvc.lock
@@ -126,7 +136,7 @@ def test_a_cli_training_is_one_finished_run_with_params_epochs_lineage_and_artif
     assert {"model/checkpoint.pt", "model/curve.json", "features/article_vocab.parquet",
             "features/context_vocab.json", "features/customers.parquet", "features/spec.json",
             "config/params.resolved.json", "config/params.yaml"} <= artifacts  # fmt: skip
-    assert {f.path for f in mlflow_client.list_artifacts(run.info.run_id, "eval")} == {f"eval/{variant}-s{seed}.json"}
+    assert {f.path for f in mlflow_client.list_artifacts(run.info.run_id, "eval")} == {f"eval/{model}-s{seed}.json"}
 
 
 def test_each_training_has_its_own_run(tiny_trained_runs):
@@ -176,7 +186,7 @@ def test_a_training_extended_by_more_epochs_logs_its_whole_history_in_its_new_ru
     raw["train"]["max_epochs"] = 1
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(raw))
-    args = ["--params", str(params), "train", "--variant", "concat", "--seed", "3"]
+    args = ["--params", str(params), "train", "--model", "concat", "--seed", "3"]
     assert main(args) == 0
     first = read_run_file(tmp_path / "models" / "concat-s3")["run_id"]
     raw["train"]["max_epochs"] = 2
@@ -237,7 +247,7 @@ def test_three_trainings_at_once_log_through_one_mlflow_server(tiny_project, tmp
                     "--params",
                     str(tmp_path / "params.yaml"),
                     "train",
-                    "--variant",
+                    "--model",
                     "concat",
                     "--seed",
                     str(seed),

@@ -76,8 +76,8 @@ def test_a_rows_scores_do_not_depend_on_the_other_rows_of_its_request(core, requ
         torch.testing.assert_close(together[row], expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("variant", [*VARIANTS, *BASELINE_MODELS])
-def test_the_traced_forward_pass_equals_the_models_at_any_batch_and_width(tiny_project, requests, variant):
+@pytest.mark.parametrize("model_name", [*VARIANTS, *BASELINE_MODELS])
+def test_the_traced_forward_pass_equals_the_models_at_any_batch_and_width(tiny_project, requests, model_name):
     """Serving runs masked_logits as a trace taken on one small example: every model, at other batch
     sizes and outfit widths, gives exactly the model's own logits."""
     import torch
@@ -89,7 +89,7 @@ def test_the_traced_forward_pass_equals_the_models_at_any_batch_and_width(tiny_p
     cfg = tiny_project.cfg
     torch.manual_seed(0)
     n_items = len(load_article_vocab(tiny_project.features_dir))
-    model = build_model(cfg.model_for(variant), variant, n_items, load_spec(tiny_project.features_dir)).eval()
+    model = build_model(cfg.model_for(model_name), model_name, n_items, load_spec(tiny_project.features_dir)).eval()
     wake_between_blocks(model)  # [GS2]'s reads of the outfit (and [GSU]'s updates) traced at work, not as identities
     encoder = OutfitEncoder.load(tiny_project.features_dir, cfg.model.max_set_size)
     core = OutfitCompleterCore(model, encoder, torch.device("cpu"))
@@ -287,7 +287,7 @@ def test_mlflow_models_serve_answers_the_champion(tiny_trained_runs, requests, t
 
     cfg = tiny_trained_runs.cfg
     cfg = cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"model_name": "serving-champion"}),
-                                 "train": cfg.train.model_copy(update={"variants": [STRONG[0]]})})  # fmt: skip
+                                 "train": cfg.train.model_copy(update={"models": [STRONG[0]]})})  # fmt: skip
     register_all(cfg)
     assert promote(cfg)["promoted"]
 
@@ -557,8 +557,8 @@ def test_a_context_value_the_model_cannot_use_is_reported_not_cast(logged_pyfunc
     assert mlflow.models.get_model_info(logged_pyfunc.model_uri).metadata["context_features"]["age"] == "numeric"
 
 
-@pytest.mark.parametrize("variant", ["none", "bag_of_items"])
-def test_a_model_of_data_without_context_is_traced_and_serves(tmp_path, variant):
+@pytest.mark.parametrize("model_name", ["none", "bag_of_items"])
+def test_a_model_of_data_without_context_is_traced_and_serves(tmp_path, model_name):
     """Outfits without customers give the models no context input at all: serving traces the outfit alone (the
     tracer takes no empty dict) and answers as the model does."""
     import yaml
@@ -581,7 +581,7 @@ def test_a_model_of_data_without_context_is_traced_and_serves(tmp_path, variant)
     cfg = load_config(params)
     features = cfg.paths.features_dir
     torch.manual_seed(0)
-    model = build_model(cfg.model_for(variant), variant, len(load_article_vocab(features)), load_spec(features))
+    model = build_model(cfg.model_for(model_name), model_name, len(load_article_vocab(features)), load_spec(features))
     core = OutfitCompleterCore(model.eval(), OutfitEncoder.load(features, cfg.model.max_set_size), torch.device("cpu"))
     vocab = core.article_vocab.ids[N_SPECIAL:]
     rows = pd.DataFrame({"article_ids": [vocab[:1], vocab[1:4], vocab[4:6]]})

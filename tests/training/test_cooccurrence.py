@@ -62,12 +62,12 @@ def test_the_randomised_svd_spans_the_dense_one_and_leaves_the_random_stream(mon
     assert torch.linalg.svdvals(q_dense.T @ q_approx).min() > 0.99
 
 
-@pytest.mark.parametrize("variant", ["none", "bag_of_items"])
-def test_init_sets_the_rows_with_pairs_at_the_tables_scale_and_keeps_the_rest(variant):
+@pytest.mark.parametrize("model_name", ["none", "bag_of_items"])
+def test_init_sets_the_rows_with_pairs_at_the_tables_scale_and_keeps_the_rest(model_name):
     torch.manual_seed(0)
-    model = build_model(ModelConfig(d_model=8, n_blocks=1, n_heads=2, d_ff=16, max_set_size=5), variant,
+    model = build_model(ModelConfig(d_model=8, n_blocks=1, n_heads=2, d_ff=16, max_set_size=5), model_name,
                         N_SPECIAL + 14, ContextSpec(()))  # fmt: skip
-    tables = [model.item_embeddings] + ([model.output_embeddings] if variant == "bag_of_items" else [])
+    tables = [model.item_embeddings] + ([model.output_embeddings] if model_name == "bag_of_items" else [])
     before = [t.weight.detach().clone() for t in tables]
     assert cooccurrence.init_from_cooccurrence(model, two_groups(400)) == 12
     for table, old in zip(tables, before):

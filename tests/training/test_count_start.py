@@ -46,12 +46,12 @@ def test_log_popularity_is_the_yardsticks_softmax_and_unk_a_count_of_zero():
     assert log_p[2] == pytest.approx(1 / 9)  # [UNK]: a count of 0, the bias of an article without an id
 
 
-@pytest.mark.parametrize("variant", ["none", "global_state", "bag_of_items_context"])
-def test_a_model_started_from_the_counts_scores_as_its_yardstick(dated, variant):
+@pytest.mark.parametrize("model_name", ["none", "global_state", "bag_of_items_context"])
+def test_a_model_started_from_the_counts_scores_as_its_yardstick(dated, model_name):
     spec, counts = load_spec(dated), np.asarray(load_article_vocab(dated).counts)
     train, test = load_split(dated, "train", 8), load_split(dated, "test", 8)
     torch.manual_seed(0)
-    model = build_model(SMALL, variant, len(counts), spec)
+    model = build_model(SMALL, model_name, len(counts), spec)
     start_from_counts(model, train.items)
     torch.testing.assert_close(model.output_bias.detach(), log_popularity(train.items, len(counts)).float())
     with torch.no_grad():  # the learned scores at zero: what is left is the count
@@ -66,15 +66,15 @@ def test_a_model_started_from_the_counts_scores_as_its_yardstick(dated, variant)
     started = case_ranks(model, test, 64, "cpu", with_ranks=False)["log_prob"]
     expected = case_ranks(yardstick, test, 64, "cpu", with_ranks=False)["log_prob"]
     np.testing.assert_allclose(started, expected, atol=2e-5, rtol=0)
-    assert reads_history == (variant != "none")
+    assert reads_history == (model_name != "none")
 
 
-@pytest.mark.parametrize("variant", ["global_state", "bag_of_items"])
-def test_rare_id_decay_shrinks_each_id_row_by_its_count_and_leaves_the_specials(variant):
+@pytest.mark.parametrize("model_name", ["global_state", "bag_of_items"])
+def test_rare_id_decay_shrinks_each_id_row_by_its_count_and_leaves_the_specials(model_name):
     spec = ContextSpec((FeatureSpec("c", "categorical", "customer", 5, 8),))
-    model = build_model(SMALL, variant, 8, spec)
+    model = build_model(SMALL, model_name, 8, spec)
     items = torch.tensor([[3, 4, 4, 4, 4, 5], [3, 2, 1, 0, 0, 0]])  # counts: 3 twice, 4 four times, 5 once, 6-7 never
-    tables = [model.item_embeddings.weight] + ([model.output_embeddings.weight] if variant == "bag_of_items" else [])
+    tables = [model.item_embeddings.weight] + ([model.output_embeddings.weight] if model_name == "bag_of_items" else [])
     before = [t.detach().clone() for t in tables]
     RareIdDecay(model, items, strength=5.0).step(learning_rate=0.01)
     factor = torch.tensor([1, 1, 1, 1 - 0.05 / 4, 1 - 0.05 / 16, 1 - 0.05, 1 - 0.05, 1 - 0.05])[:, None]  # lr s / n^2

@@ -79,7 +79,7 @@ def test_none_learns_the_article_the_outfit_determines(tmp_path, one_torch_threa
     model_cfg = ModelConfig(d_model=32, n_blocks=2, n_heads=4, d_ff=64, max_set_size=SET_SIZE, **model_recipe)
     torch.manual_seed(0)  # the initialisation: not whatever the tests before left in the global generator
     model = ContextualBert(model_cfg, "none", len(vocab), ContextSpec(()))
-    cfg = TrainConfig(variants=["none"], seeds=[0], batch_size=64, max_epochs=40, lr_warmup_steps=30, patience=40,
+    cfg = TrainConfig(models=["none"], seeds=[0], batch_size=64, max_epochs=40, lr_warmup_steps=30, patience=40,
                       num_threads=1, device="cpu", **train_recipe)  # fmt: skip
     metrics = fit(model, train, val, cfg, tmp_path / "run", seed=0)  # 40 epochs of 38 steps: 1,520 steps
     model.eval()

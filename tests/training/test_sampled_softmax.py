@@ -32,9 +32,9 @@ ATTRIBUTES = ContextSpec(
 )
 
 
-def attribute_model(variant: str):
+def attribute_model(model_name: str):
     torch.manual_seed(0)
-    model = build_model(TINY.model_copy(update={"attribute_overlap": True}), variant, N_ITEMS, SPEC, ATTRIBUTES)
+    model = build_model(TINY.model_copy(update={"attribute_overlap": True}), model_name, N_ITEMS, SPEC, ATTRIBUTES)
     n = N_ITEMS + 6  # six articles without an id
     g = torch.Generator().manual_seed(1)
     model.set_catalogue(
@@ -58,7 +58,7 @@ def loss_and_grads(model, inputs, context, predict, items, sampler):
 
 
 @pytest.mark.parametrize(
-    "variant",
+    "model_name",
     [
         "global_state_update",
         "bag_of_items_context",
@@ -68,9 +68,13 @@ def loss_and_grads(model, inputs, context, predict, items, sampler):
         "bag_of_items_attrs",
     ],
 )
-def test_the_sampled_loss_with_every_article_as_a_negative_equals_the_full_loss(variant):
+def test_the_sampled_loss_with_every_article_as_a_negative_equals_the_full_loss(model_name):
     torch.manual_seed(0)
-    model = attribute_model(variant) if variant.endswith("_attrs") else build_model(DROPOUT, variant, N_ITEMS, SPEC)
+    model = (
+        attribute_model(model_name)
+        if model_name.endswith("_attrs")
+        else build_model(DROPOUT, model_name, N_ITEMS, SPEC)
+    )
     model.train()
     data = planted(40, 0)
     inputs, predict = mask_items(
@@ -84,7 +88,7 @@ def test_the_sampled_loss_with_every_article_as_a_negative_equals_the_full_loss(
     assert full_grads.keys() == sampled_grads.keys()
     for name in full_grads:
         torch.testing.assert_close(sampled_grads[name], full_grads[name], rtol=1e-4, atol=1e-6, msg=name)
-    if not variant.endswith("_attrs"):  # both the fused CPU loss (LinearCrossEntropy)
+    if not model_name.endswith("_attrs"):  # both the fused CPU loss (LinearCrossEntropy)
         assert torch.equal(sampled, full)
         if cpu_kernels.cpu()["vendor"] == "GenuineIntel":  # the same bits, measured on Intel Xeon
             assert all(torch.equal(sampled_grads[name], full_grads[name]) for name in full_grads)
@@ -247,11 +251,11 @@ def test_the_sampled_softmax_learns_the_planted_context_as_the_full_one_does(tmp
     assert best["sampled"] == pytest.approx(best["full"], abs=0.05)
 
 
-def test_softmax_settings_per_variant_and_in_the_run_key():
+def test_softmax_settings_per_model_and_in_the_run_key():
     cfg = Config.model_validate(
         {
             "train": {"softmax": "full", "negatives": 99},
-            "variants": {"global_state": {"softmax": "sampled", "negatives": 64}},
+            "per_model": {"global_state": {"softmax": "sampled", "negatives": 64}},
         }
     )
     assert cfg.train_for("global_state").softmax == "sampled" and cfg.train_for("global_state").negatives == 64

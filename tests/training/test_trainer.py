@@ -44,9 +44,9 @@ def test_fit_reads_in_a_minute_and_no_module_of_the_library_is_over_500_lines():
     assert long == {}
 
 
-def small_run(tmp_path: Path, cfg: TrainConfig | None = None, variant: str = "none") -> Run:
+def small_run(tmp_path: Path, cfg: TrainConfig | None = None, model_name: str = "none") -> Run:
     cfg = cfg or TrainConfig(batch_size=32, device="cpu", **PLAIN_TRAIN)
-    model, train, val = new_model(variant), planted(64, 0), planted(32, 1)
+    model, train, val = new_model(model_name), planted(64, 0), planted(32, 1)
     optimizer = make_optimizer(model, cfg, torch.device("cpu"))
     return Run(
         setup=RunSetup(

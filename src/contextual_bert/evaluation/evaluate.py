@@ -133,7 +133,7 @@ def _subset_metrics(cases: dict, keep: np.ndarray, n_outfits: int, cfg: Evaluate
 def evaluate_model(
     model,
     name,
-    variant,
+    model_name,
     seed,
     parameters,
     features_dir,
@@ -173,7 +173,7 @@ def evaluate_model(
     curve = recall_curve(test_ranks)
     result = {
         "name": name,
-        "variant": variant,
+        "model": model_name,
         "seed": seed,
         "parameters": parameters,
         "test": test,
@@ -240,7 +240,9 @@ def evaluate_run(features_dir: Path, run_dir: Path, out_path: Path, cfg: Evaluat
     run_dir = Path(run_dir)
     trained = json.loads((run_dir / "metrics.json").read_text()) if (run_dir / "metrics.json").exists() else {}
     if NOT_APPLICABLE in trained:  # a model this data cannot train (training.trainer.not_applicable): said, not failed
-        result = {"known": False, "name": run_dir.name, "variant": trained["variant"], "why": trained[NOT_APPLICABLE]}
+        # "variant": the key of a metrics.json written before issue 92
+        model_name = trained["model"] if "model" in trained else trained["variant"]
+        result = {"known": False, "name": run_dir.name, "model": model_name, "why": trained[NOT_APPLICABLE]}
         Path(out_path).parent.mkdir(parents=True, exist_ok=True)
         Path(out_path).write_text(json.dumps(result, indent=2))
         return result
@@ -259,14 +261,14 @@ def evaluate_run(features_dir: Path, run_dir: Path, out_path: Path, cfg: Evaluat
             f"has {n_items}; the features changed since training, train again"
         )
     n_ids = None
-    if uses_attributes(model.variant):  # ranks the features stage's catalogue, the same as in training
+    if uses_attributes(model.name):  # ranks the features stage's catalogue, the same as in training
         catalogue = load_catalogue(features_dir)
         model.set_catalogue(catalogue.tensors())
         n_ids = catalogue.n_ids
     result = evaluate_model(
         model,
         run_dir.name,
-        model.variant,
+        model.name,
         meta.get("seed"),
         count_paper_parameters(model),
         features_dir,
@@ -275,7 +277,7 @@ def evaluate_run(features_dir: Path, run_dir: Path, out_path: Path, cfg: Evaluat
         cfg,
         n_ids,
     )
-    name = yardstick_of(model.variant, model.reads_history)
+    name = yardstick_of(model.name, model.reads_history)
     result[VERDICT_KEY] = run_verdict(
         result, name, yardstick_test_record(name, features_dir, cfg, model.model_cfg.max_set_size)
     )

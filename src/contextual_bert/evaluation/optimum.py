@@ -1,7 +1,7 @@
 """The optimum stage: the Bayes optimum of planted data (data/planted/optimum.py, where its formulas are) built
 from the truth in data/raw and the features stage's index space, and scored like any model
 (`evaluation.evaluate_model`: the same test cases, metrics and JSON as the popularity baseline and the trained
-variants). Three rows: without context, with context, and with context and history (`HISTORY_RESULT`).
+models). Three rows: without context, with context, and with context and history (`HISTORY_RESULT`).
 """
 
 from __future__ import annotations

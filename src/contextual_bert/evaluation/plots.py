@@ -11,7 +11,7 @@ import numpy as np
 
 
 def _recall_curves(evals: dict[str, list[dict]], popularity: dict) -> dict[str, tuple[list, list]]:
-    """variant -> (k, mean recall over seeds) for the k every seed has."""
+    """model -> (k, mean recall over seeds) for the k every seed has."""
     curves = {}
     for name, runs in {**evals, "popularity": [popularity]}.items():
         per_seed = [
@@ -69,7 +69,7 @@ def write_plots(
     plt.close(fig)
     written.append(plots_dir / "recall_at_k.png")
 
-    rows = [{"variant": name, "k": k, "recall": r} for name, (ks, rec) in curves.items() for k, r in zip(ks, rec)]
+    rows = [{"model": name, "k": k, "recall": r} for name, (ks, rec) in curves.items() for k, r in zip(ks, rec)]
     (plots_dir / "recall_at_k.json").write_text(json.dumps(rows, indent=1))
     all_k = sorted({k for ks, _ in curves.values() for k in ks})
     with open(plots_dir / "recall_at_k.csv", "w", newline="") as f:  # wide: one column per model, for DVC
@@ -81,16 +81,16 @@ def write_plots(
 
     fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=120)
     rows = []
-    for variant, per_seed in training_curves.items():
+    for model, per_seed in training_curves.items():
         for i, (seed, curve) in enumerate(sorted(per_seed.items())):
             epochs = [h["epoch"] for h in curve]
-            label = labels.get(variant, variant) if i == 0 else None
+            label = labels.get(model, model) if i == 0 else None
             # The training sample's cross-entropy, measured as validation's (older runs: the objective's loss).
             train_key = "train_cross_entropy" if all("train_cross_entropy" in h for h in curve) else "train_loss"
             ax_train.plot(
                 epochs,
                 [_num(h.get(train_key)) for h in curve],
-                color=colors.get(variant),
+                color=colors.get(model),
                 label=label,
                 alpha=0.85,
                 marker=".",
@@ -98,14 +98,14 @@ def write_plots(
             ax_val.plot(
                 epochs,
                 [_num(h.get("val_cross_entropy")) for h in curve],
-                color=colors.get(variant),
+                color=colors.get(model),
                 label=label,
                 alpha=0.85,
                 marker=".",
             )
             rows += [
                 {
-                    "variant": variant,
+                    "model": model,
                     "seed": seed,
                     "epoch": h["epoch"],
                     "train_loss": h.get("train_loss"),

@@ -133,7 +133,7 @@ def progress(total: int, desc: str, unit: str):
 
 
 def scorer_name(model) -> str:
-    return getattr(model, "variant", None) or type(model).__name__
+    return getattr(model, "name", None) or type(model).__name__  # a progress bar's label
 
 
 def outfit_dependence(log_prob, log_prob_shuffled) -> float | None:

@@ -1,8 +1,8 @@
 """The report stage: the paper's Table 1 for this data, reports/metrics.json and plots.
 
-Reads reports/eval/<variant>-s<seed>.json for every variant x seed in params (train.variants, train.seeds),
+Reads reports/eval/<model>-s<seed>.json for every model x seed in params (train.models, train.seeds),
 reports/eval/popularity.json, the optimum's results where the data's optimum is known
-(reports/eval/optimum_context.json, optimum_no_context.json) and models/<variant>-s<seed>/curve.json and
+(reports/eval/optimum_context.json, optimum_no_context.json) and models/<model>-s<seed>/curve.json and
 metrics.json. Each number is a mean over seeds with its standard error, SE = sample std / sqrt(n). "Beats
 [None] by more than the standard error" means the difference of the means exceeds the standard error of that
 difference, sqrt(SE_a^2 + SE_b^2). Where a side has one seed (no SE), "beats" is read from a paired bootstrap
@@ -128,7 +128,7 @@ def _metrics_json(summary: dict, references: dict, verdicts: dict) -> dict:
         name: {"test": {k: v for k, v in result["test"].items() if isinstance(v, (int, float))}}
         for name, result in references.items()
     }
-    for variant, s in summary.items():
+    for model, s in summary.items():
         # Counts (n_outfits, n_cases, ...) are the same for every seed: one number, no SE.
         entry = {
             "test": {
@@ -144,9 +144,9 @@ def _metrics_json(summary: dict, references: dict, verdicts: dict) -> dict:
             entry["recall@1_gain_vs_none"] = s["recall@1_gain_vs_none"]
         if s.get("convergence"):
             entry["converged_runs"] = s["convergence"]["converged"]
-        for metric, c in verdicts.get("per_variant", {}).get(variant, {}).items():
+        for metric, c in verdicts.get("per_variant", {}).get(model, {}).items():
             entry.setdefault("vs_none", {})[metric] = comparison_numbers(c)
-        out[variant] = entry
+        out[model] = entry
     return out
 
 
@@ -185,29 +185,29 @@ def _verdicts_and_order(summary: dict, context_variants: list[str]) -> tuple[dic
 
 def build_report(cfg: Config) -> dict:
     """Write reports/table1.md, reports/metrics.json and reports/plots/; return a summary."""
-    variants, seeds = list(cfg.train.variants), list(cfg.train.seeds)
-    if not variants or not seeds:
-        raise ContextualBertError("params.yaml: train.variants and train.seeds must not be empty")
+    models, seeds = list(cfg.train.models), list(cfg.train.seeds)
+    if not models or not seeds:
+        raise ContextualBertError("params.yaml: train.models and train.seeds must not be empty")
     results = {
         v: [_read_json(cfg.eval_path(f"{v}-s{s}"), "evaluation result (run `contextual-bert evaluate`)") for s in seeds]
-        for v in variants
+        for v in models
     }
-    # a model this data cannot train (e.g. a context variant on outfits without customers): said, not a row
+    # a model this data cannot train (e.g. one that reads the context, on outfits without customers): said, not a row
     unavailable = {v: runs[0].get("why") for v, runs in results.items() if all(r.get("known") is False for r in runs)}
-    variants = [v for v in variants if v not in unavailable]
-    if not variants:
-        raise ContextualBertError(f"no model of train.variants could be trained on this data: {unavailable}")
-    evals = {v: [checked_eval(r, cfg.eval_path(f"{v}-s{s}")) for r, s in zip(results[v], seeds)] for v in variants}
+    models = [v for v in models if v not in unavailable]
+    if not models:
+        raise ContextualBertError(f"no model of train.models could be trained on this data: {unavailable}")
+    evals = {v: [checked_eval(r, cfg.eval_path(f"{v}-s{s}")) for r, s in zip(results[v], seeds)] for v in models}
     references = read_references(cfg)
     popularity = references["popularity"]
-    curves = {v: {s: read_curve(cfg.run_dir(v, s) / CURVE_FILE) for s in seeds} for v in variants}
+    curves = {v: {s: read_curve(cfg.run_dir(v, s) / CURVE_FILE) for s in seeds} for v in models}
 
     summary = {v: summarize_runs(runs) for v, runs in evals.items()}
-    for v in variants:
+    for v in models:
         paths = [cfg.run_dir(v, s) / "metrics.json" for s in seeds]
         if all(p.exists() for p in paths):
             summary[v]["convergence"] = convergence_summary([_read_json(p, "training metrics") for p in paths])
-    context_variants = [v for v in variants if v in VARIANTS and v != "none"]
+    context_variants = [v for v in models if v in VARIANTS and v != "none"]
     verdicts, order = _verdicts_and_order(summary, context_variants)
 
     baseline_verdicts = against_learned_baselines(summary, context_variants)

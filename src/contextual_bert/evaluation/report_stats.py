@@ -29,7 +29,7 @@ TARGET_PARTS = ("test_known", "test_unseen")  # the catalogue rankers' targets w
 
 
 def convergence_summary(metrics: list[dict]) -> dict:
-    """How many of a variant's runs converged (training.convergence), and how."""
+    """How many of a model's runs converged (training.convergence), and how."""
     ways = [m.get("converged") for m in metrics]
     return {
         "converged": sum(w is not None for w in ways),
@@ -53,13 +53,13 @@ def mean_se(values) -> dict:
 
 
 def compare(
-    variant: dict,
+    ours: dict,
     baseline: dict,
     higher_is_better: bool,
     metric: str | None = None,
     outfits: tuple[dict | None, dict | None] = (None, None),
 ) -> dict:
-    """How much `variant` improves on `baseline` (positive = better) and whether it beats it
+    """How much `ours` improves on `baseline` (positive = better) and whether it beats it
     ("beats_by_more_than_se"), by one of two yardsticks:
 
     - "se": both sides have >= 2 seeds; beats when the improvement exceeds the SE of the difference.
@@ -67,12 +67,12 @@ def compare(
       same test cases; "ci" is the interval of the improvement and it beats when all of it is above 0.
 
     Otherwise the verdict is None and "why" says why."""
-    improvement = variant["mean"] - baseline["mean"]
+    improvement = ours["mean"] - baseline["mean"]
     if not higher_is_better:
         improvement = -improvement
     out = {"improvement": improvement, "se": None, "yardstick": None, "beats_by_more_than_se": None}
-    if variant["se"] is not None and baseline["se"] is not None:
-        se = math.sqrt(variant["se"] ** 2 + baseline["se"] ** 2)
+    if ours["se"] is not None and baseline["se"] is not None:
+        se = math.sqrt(ours["se"] ** 2 + baseline["se"] ** 2)
         return out | {"se": se, "yardstick": "se", "beats_by_more_than_se": bool(improvement > se)}
     mine, theirs = outfits
     if metric is None or mine is None or theirs is None:

@@ -202,7 +202,7 @@ def _data_lines(cfg: Config) -> list[str]:
             lines.append(
                 f"- No context: this data (source **{m.get('source', 'unknown')}**, e.g. curated outfits without "
                 "customers) has no context columns, so only the models that read none run ([None], the bag of items) "
-                "beside the popularity; the context variants ([C], [NP], [GS], [GSU], the bag of items + c) would "
+                "beside the popularity; the context models ([C], [NP], [GS], [GSU], the bag of items + c) would "
                 "have nothing to condition on."
             )
     ingest_path = cfg.paths.raw_dir / "ingest_report.json"
@@ -397,7 +397,7 @@ def _context_lines(verdicts: dict) -> list[str]:
     lines = ["", "## Does context help?", ""]
     if not verdicts:
         lines.append(
-            "- [None] is not among train.variants (or no context variant is), so there is nothing to compare against."
+            "- [None] is not among train.models (or no context variant is), so there is nothing to compare against."
         )
     else:
         overall = verdicts["all_beat_none_by_more_than_se"]

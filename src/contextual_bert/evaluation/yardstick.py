@@ -21,9 +21,9 @@ METRIC = "cross_entropy"
 CATALOGUE_YARDSTICKS = ("popularity_attribute", "popularity_attribute_history")  # they rank the catalogue
 
 
-def yardstick_of(variant: str, reads_history: bool) -> str:
+def yardstick_of(model: str, reads_history: bool) -> str:
     """The name of the count a model is held to (module docstring)."""
-    if uses_attributes(variant):
+    if uses_attributes(model):
         return "popularity_attribute_history" if reads_history else "popularity_attribute"
     return "popularity_history" if reads_history else "popularity"
 

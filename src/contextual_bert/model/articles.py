@@ -68,7 +68,7 @@ class ArticleAttributes(nn.Module):
     The sum is the default (docs/decisions.md): fewer parameters, and an unseen article's vector stays a plain
     sum of trained attribute rows and the [UNK] row, where a projection mixes the id part into every article.
 
-    Id dropout (`ids`, rate variants.<model>_attrs.id_dropout, training mode only): each real article at an input
+    Id dropout (`ids`, rate per_model.<model>_attrs.id_dropout, training mode only): each real article at an input
     position and each catalogue row of the output layer (with its bias) reads [UNK] instead of its id with that
     probability, so those articles must be recognised and ranked by their attributes, as an unseen one is at test
     time; without it the ids memorise the training outfits before the attributes learn anything, and [UNK] is
@@ -93,7 +93,7 @@ class ArticleAttributes(nn.Module):
         if not spec.features:
             raise ContextualBertError("a model with article attributes needs at least one attribute")
         self.spec, self.n_ids, self.combine = spec, n_ids, combine
-        self.id_dropout = 0.0  # a training setting (variants.<model>_attrs.id_dropout; training.fit), not a weight
+        self.id_dropout = 0.0  # a training setting (per_model.<model>_attrs.id_dropout; training.fit), not a weight
         # added to the logit of every article without an id outside training (unseen_offset below; in checkpoints)
         self.unseen_offset = 0.0
         widths = [d_model if combine == "sum" else f.dim for f in spec.features]

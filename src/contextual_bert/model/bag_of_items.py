@@ -27,20 +27,20 @@ class BagOfItems(OutfitModel):
     def __init__(
         self,
         model_cfg: ModelConfig,
-        variant: str,
+        name: str,
         n_items: int,
         spec: ContextSpec,
         attributes: ContextSpec | None = None,
         combine: str = "sum",
     ):
         super().__init__()
-        if base_model(variant) not in BASELINE_MODELS:
-            raise ContextualBertError(f"unknown baseline '{variant}' (one of {', '.join(BASELINE_MODELS)})")
-        self.model_cfg, self.variant, self.spec = model_cfg, variant, spec
+        if base_model(name) not in BASELINE_MODELS:
+            raise ContextualBertError(f"unknown baseline '{name}' (one of {', '.join(BASELINE_MODELS)})")
+        self.model_cfg, self.name, self.spec = model_cfg, name, spec
         d = model_cfg.d_model
-        uses_context = base_model(variant) == "bag_of_items_context"
+        uses_context = base_model(name) == "bag_of_items_context"
         if uses_context and spec.d_context == 0:
-            raise ContextualBertError(f"'{variant}' needs context features; the spec has none")
+            raise ContextualBertError(f"'{name}' needs context features; the spec has none")
         self.item_embeddings = nn.Embedding(n_items, d, padding_idx=PAD_INDEX)
         self.output_embeddings = nn.Embedding(n_items, d)
         self.output_bias = nn.Parameter(torch.zeros(n_items))
@@ -49,7 +49,7 @@ class BagOfItems(OutfitModel):
         self.dropout = Dropout(model_cfg.dropout)
         for table in (self.item_embeddings, self.output_embeddings):
             nn.init.normal_(table.weight, std=d**-0.5)  # small first logits, as in ContextualBert
-        self._init_attributes(variant, n_items, attributes, combine)
+        self._init_attributes(name, n_items, attributes, combine)
         # the untied output side has attribute embeddings of its own, reading the same catalogue
         self.output_attributes = (ArticleAttributes(self.attributes.spec, n_items, d, combine)
                                   if self.attributes is not None else None)  # fmt: skip

@@ -14,7 +14,7 @@ NOT_IN_THE_PAPER = "not in the paper"  # describe_variants' paper count of a var
 
 def build_model(
     model_cfg: ModelConfig,
-    variant: str,
+    name: str,
     n_items: int,
     spec: ContextSpec,
     attributes: ContextSpec | None = None,
@@ -22,8 +22,8 @@ def build_model(
 ) -> OutfitModel:
     """A paper variant (ContextualBert) or a learned baseline (BagOfItems), by name; a "<model>_attrs" name
     with the article attributes' spec (n_items: the article ids; the catalogue comes by `set_catalogue`)."""
-    model_class = BagOfItems if base_model(variant) in BASELINE_MODELS else ContextualBert
-    return model_class(model_cfg, variant, n_items, spec, attributes, combine)
+    model_class = BagOfItems if base_model(name) in BASELINE_MODELS else ContextualBert
+    return model_class(model_cfg, name, n_items, spec, attributes, combine)
 
 
 def count_paper_parameters(model: OutfitModel) -> int:

@@ -36,11 +36,11 @@ def atomic_save(obj, path: Path, write=torch.save) -> None:
 
 
 def model_payload(model: OutfitModel) -> dict:
-    """What rebuilds the model with no other file: config, variant, n_items, spec and weights."""
+    """What rebuilds the model with no other file: config, model name, n_items, spec and weights."""
     payload = {
         "version": CHECKPOINT_VERSION,
         "model_config": model.model_cfg.model_dump(),
-        "variant": model.variant,
+        "model": model.name,
         "n_items": model.n_ids,
         "spec": model.spec.to_json(),
         "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
@@ -64,7 +64,7 @@ def model_from_payload(payload: dict) -> OutfitModel:
     attributes = payload.get("attributes")
     model = build_model(
         ModelConfig(**payload["model_config"]),
-        payload["variant"],
+        payload["model"] if "model" in payload else payload["variant"],  # "variant": written before issue 92
         payload["n_items"],
         ContextSpec.from_json(payload["spec"]),
         None if attributes is None else ContextSpec.from_json(attributes),

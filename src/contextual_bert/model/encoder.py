@@ -285,25 +285,25 @@ class ContextualBert(OutfitModel):
     def __init__(
         self,
         model_cfg: ModelConfig,
-        variant: str,
+        name: str,
         n_items: int,
         spec: ContextSpec,
         attributes: ContextSpec | None = None,
         combine: str = "sum",
     ):
         super().__init__()
-        if base_model(variant) not in VARIANTS:
+        if base_model(name) not in VARIANTS:
             raise ContextualBertError(
-                f"unknown variant '{variant}' (one of {', '.join(VARIANTS)}, or one of them + '_attrs')"
+                f"unknown encoder model '{name}' (one of {', '.join(VARIANTS)}, or one of them + '_attrs')"
             )
         if n_items <= N_SPECIAL:
             raise ContextualBertError(f"n_items {n_items} leaves no real article after {N_SPECIAL} special rows")
-        self.model_cfg, self.variant, self.spec = model_cfg, variant, spec
-        conditioning = base_model(variant)  # the paper's variant; "_attrs" changes only the article vectors
+        self.model_cfg, self.name, self.spec = model_cfg, name, spec
+        conditioning = base_model(name)  # the paper's variant; "_attrs" changes only the article vectors
         d, d_context = model_cfg.d_model, spec.d_context
         uses_context = conditioning != "none"
         if uses_context and d_context == 0:
-            raise ContextualBertError(f"variant '{variant}' needs context features; the spec has none")
+            raise ContextualBertError(f"model '{name}' needs context features; the spec has none")
 
         self.item_embeddings = nn.Embedding(n_items, d, padding_idx=PAD_INDEX)  # row MASK_INDEX is [MASK]
         self.context_embedding = ContextEmbedding(spec, model_cfg) if uses_context else None
@@ -336,7 +336,7 @@ class ContextualBert(OutfitModel):
         with torch.no_grad():
             self.item_embeddings.weight[PAD_INDEX].zero_()
         self.input_scale = d**0.5
-        self._init_attributes(variant, n_items, attributes, combine)  # last: the paper's models draw as before
+        self._init_attributes(name, n_items, attributes, combine)  # last: the paper's models draw as before
         self.articles = ArticleVectors(self.item_embeddings, self.attributes)
         self.output = ArticleHead(self.articles, self.output_bias)  # tied: it scores the input's article vectors
 

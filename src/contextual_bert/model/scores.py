@@ -33,7 +33,7 @@ class OutfitModel(nn.Module):
     weight."""
 
     model_cfg: ModelConfig
-    variant: str
+    name: str  # the model's name (MODELS): an encoder's conditioning variant or a bag, "_attrs" or not
     spec: ContextSpec
     context_embedding: ContextEmbedding | None
     attributes: ArticleAttributes | None
@@ -52,17 +52,17 @@ class OutfitModel(nn.Module):
         """The head state from the encoder's hidden states at the positions to predict."""
         raise NotImplementedError
 
-    def _init_attributes(self, variant: str, n_items: int, attributes: ContextSpec | None, combine: str) -> None:
-        """For a "<model>_attrs" variant the attribute embeddings of the input's articles (else None), and the
+    def _init_attributes(self, name: str, n_items: int, attributes: ContextSpec | None, combine: str) -> None:
+        """For a "<model>_attrs" model the attribute embeddings of the input's articles (else None), and the
         readers at the two seams (readers.py): the terms added to the head state and the offsets added to the
         logits. Called where the paper's models draw them (their initial weights stay as they were)."""
         self.attributes = None  # (no class attributes: they would hide the submodules)
-        if uses_attributes(variant) != (attributes is not None and len(attributes.features) > 0):
+        if uses_attributes(name) != (attributes is not None and len(attributes.features) > 0):
             raise ContextualBertError(
-                f"model '{variant}' "
+                f"model '{name}' "
                 + (
                     "needs article attributes (features.article_features: true)"
-                    if uses_attributes(variant)
+                    if uses_attributes(name)
                     else "reads article ids only; it takes no attributes"
                 )
             )
@@ -98,17 +98,17 @@ class OutfitModel(nn.Module):
 
     def set_catalogue(self, attributes: dict[str, torch.Tensor]) -> None:
         if self.attributes is None:
-            raise ContextualBertError(f"model '{self.variant}' reads article ids only; it has no catalogue")
+            raise ContextualBertError(f"model '{self.name}' reads article ids only; it has no catalogue")
         self.output.release()
         for side in self.article_sides():
             side.set_catalogue(attributes)
 
     def set_id_dropout(self, rate: float, unseen_share: float | None = None) -> None:
-        """Id dropout for training (variants.<model>_attrs.id_dropout; ArticleAttributes.ids), on both article sides;
+        """Id dropout for training (per_model.<model>_attrs.id_dropout; ArticleAttributes.ids), on both article sides;
         and the offset of the articles without an id outside training, for `unseen_share` of the targets without
         one (ArticleAttributes.calibrate_unseen; None: the rate's own share, as `auto` sets it)."""
         if self.attributes is None:
-            raise ContextualBertError(f"model '{self.variant}' reads article ids only; it has no id dropout")
+            raise ContextualBertError(f"model '{self.name}' reads article ids only; it has no id dropout")
         for side in self.article_sides():
             side.id_dropout = float(rate)
             side.calibrate_unseen(float(rate) if unseen_share is None else unseen_share)

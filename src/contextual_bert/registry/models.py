@@ -1,7 +1,7 @@
-"""The model registry: every trained (variant, seed) a version of one model.
+"""The model registry: every trained (model, seed) a version of one model.
 
 register: each run under models/ that has been evaluated becomes a version of `mlflow.model_name`, from the
-pyfunc logged out of its MLflow training run (`serving.log_pyfunc_model`), tagged with variant, seed, the
+pyfunc logged out of its MLflow training run (`serving.log_pyfunc_model`), tagged with model, seed, the
 features it was trained on, its validation/test metrics and the digest of its files (registry/integrity.py).
 Re-running it finds the version by run id and only refreshes the tags, so a run is never registered twice.
 Which version serves (alias 'champion') is decided by `promotion.py`.
@@ -27,6 +27,7 @@ from contextual_bert.registry.integrity import (
 )
 from contextual_bert.registry.manage import require_manage
 from contextual_bert.registry.tracking import (
+    MODEL_TAG,
     client,
     directory_sha256,
     experiment_id,
@@ -56,7 +57,7 @@ def _ensure_registered_model(mlflow_client, name: str) -> None:
             mlflow_client.get_registered_model(name)
 
 
-def _training_run(mlflow_client, cfg: Config, variant: str, seed: int, model_dir: Path):
+def _training_run(mlflow_client, cfg: Config, model: str, seed: int, model_dir: Path):
     """The MLflow run of this training: from mlflow_run.json, else the run logged for the same checkpoint,
     else a run logged now from the files (a model trained elsewhere, e.g. pulled from a DVC remote)."""
     from contextual_bert.registry.tracking import (
@@ -79,9 +80,9 @@ def _training_run(mlflow_client, cfg: Config, variant: str, seed: int, model_dir
         return found[0], checkpoint_sha
     run = mlflow_client.create_run(
         exp_id,
-        run_name=f"{variant}-s{seed}",
+        run_name=f"{model}-s{seed}",
         tags={
-            "variant": variant,
+            MODEL_TAG: model,
             "seed": str(seed),
             "logged_after_training": "true",
             "checkpoint_sha256": checkpoint_sha,
@@ -89,7 +90,7 @@ def _training_run(mlflow_client, cfg: Config, variant: str, seed: int, model_dir
         },
     )
     run_id = run.info.run_id
-    log_params(mlflow_client, run_id, training_params(cfg, variant, seed))
+    log_params(mlflow_client, run_id, training_params(cfg, model, seed))
     curve = model_dir / CURVE_FILE
     if curve.exists():
         log_epochs(mlflow_client, run_id, json.loads(curve.read_text()))
@@ -136,30 +137,30 @@ def logged_files(checkpoint_sha: str) -> dict[str, str]:
     return {"artifacts/checkpoint.pt": checkpoint_sha, PYFUNC_CODE.name: file_sha256(PYFUNC_CODE), **code}
 
 
-def register_run(mlflow_client, cfg: Config, variant: str, seed: int, features_sha: str) -> dict:
+def register_run(mlflow_client, cfg: Config, model: str, seed: int, features_sha: str) -> dict:
     """Register one evaluated training as a version (or find its version); its summary."""
     from mlflow.exceptions import MlflowException
 
-    model_dir = cfg.run_dir(variant, seed)
-    eval_file = cfg.eval_path(f"{variant}-s{seed}")
+    model_dir = cfg.run_dir(model, seed)
+    eval_file = cfg.eval_path(f"{model}-s{seed}")
     if not (model_dir / "checkpoint.pt").exists():
-        return {"variant": variant, "seed": seed, "skipped": f"{model_dir / 'checkpoint.pt'} not found (not trained)"}
+        return {"model": model, "seed": seed, "skipped": f"{model_dir / 'checkpoint.pt'} not found (not trained)"}
     if not eval_file.exists():
-        return {"variant": variant, "seed": seed, "skipped": f"{eval_file} not found (not evaluated)"}
+        return {"model": model, "seed": seed, "skipped": f"{eval_file} not found (not evaluated)"}
     report = json.loads(eval_file.read_text())
-    run, checkpoint_sha = _training_run(mlflow_client, cfg, variant, seed, model_dir)
+    run, checkpoint_sha = _training_run(mlflow_client, cfg, model, seed, model_dir)
     run_id = run.info.run_id
     trained_on = run.data.tags.get("features_sha256", features_sha)
     if trained_on != features_sha:  # the served model bundles today's vocabularies: they must be its own
         return {
-            "variant": variant,
+            "model": model,
             "seed": seed,
             "run_id": run_id,
             "skipped": f"trained on other features than {cfg.paths.features_dir} now holds; train it again",
         }
     name = cfg.mlflow.model_name
     tags = {
-        "variant": variant,
+        MODEL_TAG: model,
         "seed": str(seed),
         "run_id": run_id,
         "features_sha256": features_sha,
@@ -179,7 +180,7 @@ def register_run(mlflow_client, cfg: Config, variant: str, seed: int, features_s
             )
         except (IntegrityError, MlflowException):
             return {
-                "variant": variant,
+                "model": model,
                 "seed": seed,
                 "version": int(version.version),
                 "run_id": run_id,
@@ -195,7 +196,7 @@ def register_run(mlflow_client, cfg: Config, variant: str, seed: int, features_s
             run_id=run_id,
             tags=tags,
             model_id=model_id,
-            description=f"{variant}, seed {seed}: run {run_id}",
+            description=f"{model}, seed {seed}: run {run_id}",
         )
     # Only the tags that changed (a re-evaluation): one request each, 27 per version, took 20 of the
     # register stage's 28 s in make repro.
@@ -203,7 +204,7 @@ def register_run(mlflow_client, cfg: Config, variant: str, seed: int, features_s
         if (version.tags or {}).get(key) != value:
             mlflow_client.set_model_version_tag(name, version.version, key, value)
     return {
-        "variant": variant,
+        "model": model,
         "seed": seed,
         "version": int(version.version),
         "run_id": run_id,
@@ -214,14 +215,14 @@ def register_run(mlflow_client, cfg: Config, variant: str, seed: int, features_s
 
 
 def register_all(cfg: Config) -> dict:
-    """Register every variant x seed of params' train section; writes reports/registry.json."""
+    """Register every model x seed of params' train section; writes reports/registry.json."""
     mlflow_client = client(cfg.mlflow)
     _ensure_registered_model(mlflow_client, cfg.mlflow.model_name)
     require_manage(mlflow_client, cfg.mlflow.model_name, "register", "to write the versions' record")
     features_sha = directory_sha256(cfg.paths.features_dir)
     entries = [
-        register_run(mlflow_client, cfg, variant, seed, features_sha)
-        for variant in cfg.train.variants
+        register_run(mlflow_client, cfg, model, seed, features_sha)
+        for model in cfg.train.models
         for seed in cfg.train.seeds
     ]
     result = {"model_name": cfg.mlflow.model_name, "features_sha256": features_sha, "versions": entries}

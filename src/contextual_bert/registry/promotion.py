@@ -34,7 +34,7 @@ from contextual_bert.errors import ContextualBertError
 from contextual_bert.registry.integrity import IntegrityError, load_verified_pyfunc, verified_copy
 from contextual_bert.registry.manage import require_manage
 from contextual_bert.registry.models import write_report
-from contextual_bert.registry.tracking import client, directory_sha256, metric_key
+from contextual_bert.registry.tracking import client, directory_sha256, metric_key, model_tag
 
 CHAMPION, PREVIOUS = "champion", "previous"
 HISTORY_TAG = "champion_history"  # registered-model tag: JSON list of champion versions, oldest first
@@ -242,7 +242,8 @@ def yardstick_guard(cfg: Config, core, data, cases: dict) -> dict:
     from contextual_bert.evaluation.evaluate import yardstick_model
     from contextual_bert.evaluation.yardstick import yardstick_of
 
-    name = yardstick_of(core.model.variant, core.model.reads_history)
+    # a version registered before issue 92 loads with the package it shipped, whose models name themselves `variant`
+    name = yardstick_of(getattr(core.model, "name", None) or core.model.variant, core.model.reads_history)
     yardstick = yardstick_model(name, cfg.paths.features_dir, cfg.evaluate, core.max_set_size, data).to(core.device)
     counted = keyed_cases(yardstick, data, cfg.evaluate.batch_size, core.device)
     common = sorted(set(cases) & set(counted))
@@ -336,7 +337,7 @@ def _promote(cfg: Config, into: Path) -> dict:
     result["yardstick"] = guard
     if guard["worse"]:
         decision, test = (
-            f"not promoted: version {best.version} ({best.tags.get('variant')}) counts worse than its yardstick "
+            f"not promoted: version {best.version} ({model_tag(best.tags)}) counts worse than its yardstick "
             f"{guard['yardstick']} on validation, cross-entropy {guard['candidate_val_cross_entropy']:.4f} against "
             f"{guard['yardstick_val_cross_entropy']:.4f} on {guard['n_cases']} cases",
             None,
@@ -431,7 +432,7 @@ def rollback(cfg: Config) -> dict:
 def _describe(version, key: str) -> dict:
     return {
         "version": int(version.version),
-        "variant": version.tags.get("variant"),
+        "model": model_tag(version.tags),
         "seed": version.tags.get("seed"),
         "run_id": version.run_id,
         key: recorded_metric(version, key),

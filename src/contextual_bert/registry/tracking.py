@@ -1,6 +1,6 @@
 """MLflow tracking of trainings and evaluations: params, per-epoch and final metrics, lineage, artifacts.
 
-One MLflow run per training (variant, seed). Its id is kept in ``models/<variant>-s<seed>/mlflow_run.json``
+One MLflow run per training (model, seed). Its id is kept in ``models/<model>-s<seed>/mlflow_run.json``
 so that evaluate and register find it. The tracking URI is ``mlflow.tracking_uri`` from params
 (``sqlite:///mlflow.db`` in the repository root), overridden by the ``MLFLOW_TRACKING_URI`` environment
 variable. A SQLite file takes one writer at a time: trainings that run at once must log through one
@@ -44,6 +44,15 @@ RUN_FILE = "mlflow_run.json"
 # The vocabularies and context tables of the features stage (not the encoded outfits: the data, not the model).
 RUN_ARTIFACT_FEATURE_FILES = (*MODEL_FEATURE_FILES, *CATALOGUE_FEATURE_FILES, CUSTOMERS_FILE)  # those present
 RUN_ARTIFACT_MODEL_FILES = (CHECKPOINT_FILE, CURVE_FILE, METRICS_FILE)
+# A training run's and a registered version's tag naming the model ("none", "bag_of_items_attrs"), and the
+# tag that named it before issue 92: still read, so that runs and versions logged before keep working.
+MODEL_TAG, OLD_MODEL_TAG = "model", "variant"
+
+
+def model_tag(tags: dict | None) -> str | None:
+    """The model a run's or a version's tags name: its MODEL_TAG, else (logged before issue 92) OLD_MODEL_TAG."""
+    tags = tags or {}
+    return tags.get(MODEL_TAG, tags.get(OLD_MODEL_TAG))
 
 
 # --- where to log ---------------------------------------------------------------------------------------
@@ -160,15 +169,15 @@ def numeric_items(values: dict) -> dict[str, float]:
     }
 
 
-def training_params(cfg: Config, variant: str, seed: int) -> dict[str, str]:
+def training_params(cfg: Config, model: str, seed: int) -> dict[str, str]:
     """What a training depends on in params.yaml, flattened: its model, train and features sections."""
     sections = {
-        "model": cfg.model_for(variant).model_dump(mode="json"),
-        "train": cfg.train_for(variant).read_by(variant, exclude={"variants", "seeds"}),
+        "model": cfg.model_for(model).model_dump(mode="json"),
+        "train": cfg.train_for(model).read_by(model, exclude={"models", "seeds"}),
         "features": cfg.features.model_dump(mode="json"),
     }
     params = {k: json.dumps(v) if isinstance(v, (list, dict)) else str(v) for k, v in flatten(sections).items()}
-    params.update(variant=variant, seed=str(seed))
+    params.update(model=model, seed=str(seed))
     return params
 
 
@@ -375,7 +384,7 @@ def _same_training_run(mlflow_client, run_dir: Path, params: dict[str, str], fea
 
 @contextmanager
 def track_training(
-    cfg: Config, variant: str, seed: int, run_dir: Path, params_file: Path | None = None
+    cfg: Config, model: str, seed: int, run_dir: Path, params_file: Path | None = None
 ) -> Iterator[TrainingTracker]:
     """One MLflow run around a training; marks it FAILED (and re-raises) when the training raises.
 
@@ -385,7 +394,7 @@ def track_training(
     mlflow_client = client(cfg.mlflow)
     exp_id = experiment_id(mlflow_client, cfg.mlflow.experiment)
     features_dir = cfg.paths.features_dir
-    params = training_params(cfg, variant, seed)
+    params = training_params(cfg, model, seed)
     lineage = features_lineage(features_dir)
     run = _same_training_run(mlflow_client, run_dir, params, lineage["features_sha256"])
     if run is not None:
@@ -394,7 +403,7 @@ def track_training(
         mlflow_client.set_tag(run_id, "resumed", "true")
     else:
         tags = {
-            "variant": variant,
+            MODEL_TAG: model,
             "seed": str(seed),
             "mlflow.source.name": "contextual-bert train",
             "mlflow.source.type": "LOCAL",
@@ -403,7 +412,7 @@ def track_training(
         }
         if tags["git_commit"] != "unknown":
             tags["mlflow.source.git.commit"] = tags["git_commit"]
-        run_id = mlflow_client.create_run(exp_id, tags=tags, run_name=f"{variant}-s{seed}").info.run_id
+        run_id = mlflow_client.create_run(exp_id, tags=tags, run_name=f"{model}-s{seed}").info.run_id
         log_params(mlflow_client, run_id, params)
     write_run_file(run_dir, run_id, exp_id, tracking_uri(cfg.mlflow))
     tracker = TrainingTracker(mlflow_client, run_id, Path(run_dir), Path(features_dir), cfg, params_file)

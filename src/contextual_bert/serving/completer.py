@@ -129,7 +129,7 @@ class OutfitCompleterCore:
             encoder = OutfitEncoder(articles.vocab, encoder.context, encoder.max_set_size)
         elif catalogue is not None:
             raise ContextualBertError(
-                f"model '{model.variant}' reads article ids only: it cannot add articles "
+                f"model '{model.name}' reads article ids only: it cannot add articles "
                 "from a catalogue (train a '<model>_attrs' model)"
             )
         return cls(model, encoder, torch_device)

@@ -1,5 +1,5 @@
 """What training hides from the model so that it learns what evaluation needs: history articles left out
-(train.history_dropout), article ids read as [UNK] (variants.<model>_attrs.id_dropout), and the id vectors of
+(train.history_dropout), article ids read as [UNK] (per_model.<model>_attrs.id_dropout), and the id vectors of
 articles seen once or twice decayed towards nothing (train.rare_id_decay)."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def drop_history(history: torch.Tensor, rate: float, generator: torch.Generator)
 
 
 def id_dropout_rate(setting: float | str, model, val_data: EncodedOutfits) -> float:
-    """The id dropout an "_attrs" model trains with: `setting` (variants.<model>_attrs.id_dropout), or for "auto"
+    """The id dropout an "_attrs" model trains with: `setting` (per_model.<model>_attrs.id_dropout), or for "auto"
     the share of the validation outfits' articles that have no id embedding (catalogue index >= n_ids: unseen in
     training), 0 where every one has an id. Why: id dropout is there so that training meets [UNK] + attributes as
     evaluation does; where it meets none, dropping ids only hides what the ids carry (docs/decisions.md). A

@@ -37,7 +37,7 @@ RUN_FILES = (CHECKPOINT_FILE, LAST_FILE, CURVE_FILE, METRICS_FILE)
 # Settings a run can change and still be resumed: they do not change what an epoch computes. (The device
 # the run trains on is part of the key instead: its random streams differ; so is num_threads: it changes the
 # rounding.) (max_epochs is not among them: it sets the decay's horizon.)
-RESUMABLE_CHANGES = ("variants", "seeds", "patience", "device", "checkpoint_every_s")
+RESUMABLE_CHANGES = ("models", "seeds", "patience", "device", "checkpoint_every_s")
 
 
 def _tensors_fingerprint(tensors: list[tuple[str, torch.Tensor]]) -> str:
@@ -145,12 +145,12 @@ class Position:
 
 def run_key(model, train_cfg: TrainConfig, seed: int, train_data, val_data, device) -> dict:
     """What must match for last.pt to be resumed; anything else starts the run afresh."""
-    train_settings = train_cfg.read_by(model.variant, exclude=set(RESUMABLE_CHANGES))
+    train_settings = train_cfg.read_by(model.name, exclude=set(RESUMABLE_CHANGES))
     return {
         "code": code_digest(),
         "device": torch.device(device).type,
         "model_config": model.model_cfg.model_dump(),
-        "variant": model.variant,
+        "model": model.name,
         "n_items": model.n_items,
         "spec": model.spec.to_json(),
         "train": train_settings,

@@ -197,7 +197,7 @@ class Trainer:
         self.unseen.fit_best(setup.model, self.checkpoints.best_path, self.run.data.val, batch_size, setup.device)
         self.warmup.finish()
         metrics = {
-            "variant": setup.model.variant,
+            "model": setup.model.name,
             "seed": setup.seed,
             "parameters": count_paper_parameters(setup.model),
             "epochs": state.epoch,
@@ -270,7 +270,7 @@ def start(
         warmup=BagWarmupHook(cfg, model, val_data, device),
         unseen=unseen,
         checkpoints=Checkpoints(out_dir, cfg.checkpoint_every_s),
-        tracking=Tracking(model.variant, on_epoch_end),
+        tracking=Tracking(model.name, on_epoch_end),
     )
 
 
@@ -294,13 +294,13 @@ def fit(
     return start(model, train_data, val_data, train_cfg, out_dir, seed, on_epoch_end).fit()
 
 
-def not_applicable(out_dir: Path, variant: str, seed: int, why: str) -> dict:
+def not_applicable(out_dir: Path, model_name: str, seed: int, why: str) -> dict:
     """metrics.json of a model this data cannot train: no checkpoint; evaluation and the report say why."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in (CHECKPOINT_FILE, LAST_FILE, CURVE_FILE):
         (out_dir / stale).unlink(missing_ok=True)
-    metrics = {"variant": variant, "seed": seed, NOT_APPLICABLE: why}
+    metrics = {"model": model_name, "seed": seed, NOT_APPLICABLE: why}
     write_json(out_dir / METRICS_FILE, metrics)
     return metrics
 
@@ -308,13 +308,13 @@ def not_applicable(out_dir: Path, variant: str, seed: int, why: str) -> dict:
 def train(
     features_dir: Path,
     out_dir: Path,
-    variant: str,
+    model_name: str,
     seed: int,
     model_cfg: ModelConfig,
     train_cfg: TrainConfig,
     on_epoch_end: EpochHook | None = None,
 ) -> dict:
-    """Train one (variant, seed) run on the features stage's splits; see `fit`.
+    """Train one (model, seed) run on the features stage's splits; see `fit`.
 
     Resumes from out_dir/last.pt when it was written by the same run (same model and train settings, seed
     and data; patience, device and checkpoint_every_s may differ). A run that already finished is not
@@ -324,21 +324,21 @@ def train(
     from contextual_bert.training.cooccurrence import init_from_cooccurrence
 
     spec = load_spec(features_dir)
-    if base_model(variant) not in CONTEXT_FREE and not spec.features:
+    if base_model(model_name) not in CONTEXT_FREE and not spec.features:
         return not_applicable(
             out_dir,
-            variant,
+            model_name,
             seed,
-            f"'{variant}' conditions on the customer context, and this "
+            f"'{model_name}' conditions on the customer context, and this "
             "data has no context columns (e.g. curated sets without customers)",
         )
     n_items = len(load_article_vocab(features_dir))
     # "<model>_attrs": the catalogue's articles, known by their attributes (items by catalogue index)
-    catalogue = load_catalogue(features_dir) if uses_attributes(variant) else None
+    catalogue = load_catalogue(features_dir) if uses_attributes(model_name) else None
     train_data = load_split(features_dir, "train", model_cfg.max_set_size, catalogue=catalogue is not None)
     val_data = load_split(features_dir, "val", model_cfg.max_set_size, catalogue=catalogue is not None)
     torch.manual_seed(seed)
-    model = build_model(model_cfg, variant, n_items, spec, None if catalogue is None else catalogue.spec)
+    model = build_model(model_cfg, model_name, n_items, spec, None if catalogue is None else catalogue.spec)
     if catalogue is not None:
         model.set_catalogue(catalogue.tensors())
     if train_cfg.init_embeddings == "cooccurrence":  # before fit: a resumed run loads its own weights

@@ -34,7 +34,7 @@ def pipeline_edges() -> list[tuple[str, str]]:
     return edges
 
 
-def test_plan_runs_ancestors_first_then_one_unit_per_variant_seed_then_the_rest():
+def test_plan_runs_ancestors_first_then_one_unit_per_model_seed_then_the_rest():
     p = plan(PIPELINE, pipeline_edges())
     assert p.before == ("ingest", "validate", "features")
     assert p.units == (
@@ -61,7 +61,7 @@ def test_plan_refuses_a_unit_that_depends_on_another_units_stage():
 
 
 def test_plan_of_the_real_dvc_yaml():
-    """The lead's dvc.yaml has the shape the flows expect: matrix stages named <kind>@<variant>-<seed>."""
+    """The lead's dvc.yaml has the shape the flows expect: matrix stages named <kind>@<model>-<seed>."""
     if not (REPO / "dvc.yaml").exists():
         pytest.skip("no dvc.yaml yet")
     p = dvc_stages.load_plan(REPO)

@@ -34,15 +34,15 @@ def test_overrides_land_in_params_yaml_with_its_comments(params):
 def test_only_the_lines_of_changed_values_change(params):
     """A value is rewritten where it stands: the other lines (flow mappings aligned by hand, `null`s, comment
     columns) stay byte for byte; a new key of a one-line flow mapping joins it (the sweep's
-    `variants.<model>.<key>`)."""
+    `per_model.<model>.<key>`)."""
     before = params.read_text().splitlines()
     apply_overrides(
         params,
         {
             "generate.size": "tiny",
             "train.seeds": [0],
-            "variants.none.learning_rate": 0.01,
-            "variants.none.dropout": 0.2,
+            "per_model.none.learning_rate": 0.01,
+            "per_model.none.dropout": 0.2,
             "import_sets.customer_column": "customer",
         },
     )

@@ -50,8 +50,8 @@ import yaml
 from flows_testkit import (
     REPO,
     SERVER_START_TIMEOUT,
+    TINY_MODELS,
     TINY_PARAMS,
-    TINY_VARIANTS,
     VENV_BIN,
     PrefectServer,
     Processes,
@@ -79,7 +79,7 @@ RUN_TIMEOUT = 1200
 # Both servers migrate an empty PostgreSQL database first: over 90 s niced at load 11 (18:38).
 PG_SERVER_START_TIMEOUT = 4 * SERVER_START_TIMEOUT
 WORKERS = ("worker-1", "worker-2")
-UNITS = [f"{v}-s{s}" for v in TINY_VARIANTS for s in TINY_PARAMS["train.seeds"]]
+UNITS = [f"{v}-s{s}" for v in TINY_MODELS for s in TINY_PARAMS["train.seeds"]]
 MLFLOW_USER_VARS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
 
 
@@ -325,7 +325,7 @@ def check_pipeline_outcome(stack_up, ws: Path, flow_run) -> list:
     assert flow_run.work_queue_name == PIPELINE_QUEUE  # the parent ran apart from the trainings
     units = unit_runs(stack_up, ws, since=flow_run.created)
     completed = [(r, rep) for r, rep in units if r.state.is_completed()]
-    assert len(completed) == len(TINY_VARIANTS)
+    assert len(completed) == len(TINY_MODELS)
     for r, report in completed:
         assert str(ws) not in json.dumps(r.parameters), "a unit was handed a path of the parent"
         where = report["where"].split(":", 1)[1]
@@ -339,7 +339,7 @@ def check_pipeline_outcome(stack_up, ws: Path, flow_run) -> list:
     run_ids = {r.info.run_id: r for r in client.search_runs([experiment.experiment_id])}
     mine = json.dumps(registry)
     ours = [r for rid, r in run_ids.items() if rid in mine]
-    assert sorted(r.data.params.get("variant") for r in ours) == sorted(TINY_VARIANTS)
+    assert sorted(r.data.params.get("model") for r in ours) == sorted(TINY_MODELS)
     assert all(r.info.status == "FINISHED" for r in ours)
     champion = client.get_model_version_by_alias("outfit-completion", "champion")
     assert champion.run_id in run_ids
@@ -362,7 +362,7 @@ def undisturbed(stack_up):
 def test_nightly_on_postgres_with_units_that_share_no_disk(stack_up, undisturbed):
     ws, flow_run, seconds, _ = undisturbed
     units = check_pipeline_outcome(stack_up, ws, flow_run)
-    assert len(units) == len(TINY_VARIANTS)  # no retry without a fault
+    assert len(units) == len(TINY_MODELS)  # no retry without a fault
     print(f"undisturbed nightly run (tiny, fan_out=remote, PostgreSQL): {seconds:.0f} s")
 
 
@@ -412,7 +412,7 @@ def test_faults_a_worker_killed_mid_training_and_postgres_down_for_10_s(stack_up
     units = check_pipeline_outcome(stack_up, ws, flow_run)
     crashed = [r for r, _ in units if r.state.is_crashed()]
     assert crashed, [(r.name, r.state.name) for r, _ in units]
-    assert len(units) == len(TINY_VARIANTS) + len(crashed)  # each crashed unit retried once, no more
+    assert len(units) == len(TINY_MODELS) + len(crashed)  # each crashed unit retried once, no more
     for dead in crashed:
         retried = [(r, rep) for r, rep in units if r.name == dead.name and r.state.is_completed()]
         assert len(retried) == 1, dead.name
