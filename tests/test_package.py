@@ -22,6 +22,20 @@ def test_function_local_imports_count(tmp_path):
     assert import_graph.imported_modules(ast.parse(source)) == {"training", "model"}
 
 
+def test_imports_under_type_checking_do_not_count():
+    # A package's __init__ names its lazily exported names for mypy under `if TYPE_CHECKING:`; they never run, so
+    # they are no edge of the graph (nor a dvc.yaml dep). Their `else:` runs.
+    import ast
+
+    source = (
+        "import typing\nfrom typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from contextual_bert.training import fit\nelse:\n    import contextual_bert.model\n"
+        "def f():\n    if typing.TYPE_CHECKING:\n        from contextual_bert.data import feature_store\n"
+        "    from contextual_bert.evaluation import evaluate\n"
+    )
+    assert import_graph.imported_modules(ast.parse(source)) == {"model", "evaluation", "evaluation.evaluate"}
+
+
 def benchmark_imports() -> list[tuple[str, str, str]]:
     """(script, module, name) for every `from contextual_bert.<module> import <name>` in benchmarks/*.py and
     studies/**/*.py."""
