@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scripts, not an installed package
 from contextual_bert import training  # noqa: E402
 from contextual_bert.config import Config  # noqa: E402
-from contextual_bert.data.feature_spec import N_SPECIAL  # noqa: E402
+from contextual_bert.data import N_SPECIAL  # noqa: E402
 from studies.project import override  # noqa: E402
 
 
