@@ -1,6 +1,8 @@
-"""The package's layout: its import graph (module-level and function-local imports) has no cycle."""
+"""The package's layout: its import graph (module-level and function-local imports) has no cycle; its subpackages'
+public names (`__all__`, exported lazily where they are not imported with the package)."""
 
 import import_graph
+import pytest
 
 
 def test_the_import_graph_of_the_package_has_no_cycle():
@@ -59,3 +61,42 @@ def test_the_benchmarks_and_studies_import_only_names_the_package_has():
     missing = [f"{script}: {module}.{name}" for script, module, name in imports
                if not hasattr(importlib.import_module(module), name)]  # fmt: skip
     assert missing == []
+
+
+SUBPACKAGES = ("data", "evaluation", "model", "registry", "serving", "training")
+
+
+@pytest.mark.parametrize("name", SUBPACKAGES)
+def test_a_subpackage_s_public_names_resolve_and_mypy_sees_the_lazy_ones(name):
+    # __all__ is the public API (tests/test_studies.py holds studies/ to it); a lazily exported name is in
+    # `_PUBLIC` (what runs) and under `if TYPE_CHECKING:` (what mypy reads), the same module for both
+    import ast
+    import importlib
+
+    package = importlib.import_module(f"{import_graph.PACKAGE}.{name}")
+    assert len(package.__all__) == len(set(package.__all__))
+    assert [n for n in package.__all__ if not hasattr(package, n)] == []
+    checked = {}
+    for node in ast.walk(import_graph.tree(name)):
+        if isinstance(node, ast.If) and import_graph.type_checking_only(node):
+            for child in ast.walk(node):
+                if isinstance(child, ast.ImportFrom):
+                    module = child.module.removeprefix(f"{import_graph.PACKAGE}.{name}.")
+                    checked |= {alias.name: module for alias in child.names}
+    assert checked == getattr(package, "_PUBLIC", {})
+    assert set(checked) <= set(package.__all__)
+
+
+def test_importing_a_subpackage_runs_none_of_its_lazily_exported_modules():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nimport contextual_bert.data, contextual_bert.evaluation, contextual_bert.registry, "
+        "contextual_bert.serving\nprint(sorted(m for m in sys.modules if m.startswith('contextual_bert')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == str(
+        ["contextual_bert", "contextual_bert.analytics", "contextual_bert.data", "contextual_bert.evaluation",
+         "contextual_bert.registry", "contextual_bert.serving"]
+    ).split()  # fmt: skip
