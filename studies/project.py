@@ -101,7 +101,7 @@ class Project:
         from mlflow import MlflowClient
 
         from contextual_bert.config import Config
-        from contextual_bert.registry.tracking import experiment_id
+        from contextual_bert.registry import experiment_id
 
         # the store's tables and the experiment exist before trainings log at once (SQLite migrations race)
         experiment_id(MlflowClient(self.env["MLFLOW_TRACKING_URI"]), self.params["mlflow"]["experiment"])

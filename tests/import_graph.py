@@ -1,4 +1,5 @@
-"""The static import graph of src/contextual_bert, read with ast (module-level and function-local imports).
+"""The static import graph of src/contextual_bert, read with ast (module-level and function-local imports; not
+those under `if TYPE_CHECKING:`, which only a type checker runs).
 
 A module is named by its dotted path inside the package ("cli", "model.encoder"); a package by its own name
 ("model"), standing for its __init__.py, which every import of one of its modules runs too. The package's root
@@ -28,11 +29,32 @@ def with_packages(module: str) -> set[str]:
     return {".".join(parts[: i + 1]) for i in range(len(parts))}
 
 
+def type_checking_only(node: ast.AST) -> bool:
+    """`if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`): its body runs under a type checker, never at run time."""
+    test = node.test if isinstance(node, ast.If) else None
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def run_nodes(node: ast.AST) -> list[ast.AST]:
+    """`node` and every node inside it, as ast.walk, less the bodies of `if TYPE_CHECKING:` (their `else:` runs)."""
+    found, todo = [], [node]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        if isinstance(current, ast.If) and type_checking_only(current):
+            todo.extend(current.orelse)
+        else:
+            todo.extend(ast.iter_child_nodes(current))
+    return found
+
+
 def imported_modules(node: ast.AST) -> set[str]:
-    """The package's modules imported anywhere inside `node`, with their packages (relative imports are not
-    used here)."""
+    """The package's modules imported anywhere inside `node` where it runs (not under `if TYPE_CHECKING:`), with
+    their packages (relative imports are not used here)."""
     found = set()
-    for child in ast.walk(node):
+    for child in run_nodes(node):
         if isinstance(child, ast.Import):
             names = [alias.name for alias in child.names]
         elif isinstance(child, ast.ImportFrom) and child.module:

@@ -57,7 +57,7 @@ def main() -> int:
     settings = yaml.safe_load(args.settings.read_text())
     model, seeds = settings["model"], settings["seeds"]
 
-    from contextual_bert.evaluation.report_stats import compare_models, summarize_runs
+    from contextual_bert.evaluation import compare_models, summarize_runs
 
     base = yaml.safe_load((REPO / "params.yaml").read_text())
     base["train"]["num_threads"] = settings["threads"]

@@ -31,7 +31,7 @@ TEMPERATURES = [0.5 + 0.05 * i for i in range(31)]  # 0.5 .. 2.0
 def first_masked(data):
     """(masked items, targets, contexts) with every outfit's first article masked; the outfits whose first article
     is outside the vocabulary ([UNK]: no score) left out."""
-    from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL
+    from contextual_bert.data import MASK_INDEX, N_SPECIAL
 
     known = data.items[:, 0] >= N_SPECIAL
     masked = data.items[known].clone()
@@ -84,7 +84,7 @@ def main() -> int:
     import torch
 
     from contextual_bert.config import load_config
-    from contextual_bert.data.feature_store import load_split
+    from contextual_bert.data import load_split
     from contextual_bert.model import load_checkpoint
 
     torch.set_num_threads(1)

@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 from contextual_bert.config import load_config, uses_attributes
-from contextual_bert.data.feature_store import load_article_vocab, load_catalogue, load_spec, load_split
-from contextual_bert.evaluation.evaluate import evaluate_attribute_popularity, evaluate_popularity, evaluate_run
+from contextual_bert.data import load_article_vocab, load_catalogue, load_spec, load_split
+from contextual_bert.evaluation import evaluate_attribute_popularity, evaluate_popularity, evaluate_run
 from contextual_bert.model import build_model, count_paper_parameters
 from contextual_bert.training import fit
 

@@ -27,7 +27,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scripts, not an installed package
-from contextual_bert.evaluation.bootstrap import KNOWN_OUTFITS_KEY, OUTFITS_KEY, paired_difference  # noqa: E402
+from contextual_bert.evaluation import KNOWN_OUTFITS_KEY, OUTFITS_KEY, paired_difference  # noqa: E402
 from studies.article_vectors.unseen_mass import measure  # noqa: E402
 from studies.project import Project, override, record, relocated  # noqa: E402
 

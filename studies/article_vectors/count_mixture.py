@@ -22,8 +22,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `studies.`: a folder of scripts, not a package
-from contextual_bert.evaluation.bootstrap import outfit_record, paired_difference  # noqa: E402
-from contextual_bert.evaluation.ranking import case_ranks  # noqa: E402
+from contextual_bert.evaluation import case_ranks, outfit_record, paired_difference  # noqa: E402
 from studies.article_vectors.unseen_mass import BATCH, cli, load_trained  # noqa: E402
 
 BISECTIONS = 60  # on [0, 1]: w to 1e-18

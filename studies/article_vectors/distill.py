@@ -2,10 +2,10 @@
 prediction, so that what an ensemble of seeds knows is served by one model of the same size.
 
 The student has its teachers' recipe (their project's params.yaml, settings' `distill.set` on top: the full softmax)
-and the library's training loop (training.trainer.fit: validation, early stopping, checkpoints as any run's); only the
+and the library's training loop (training.fit: validation, early stopping, checkpoints as any run's); only the
 loss differs, (1 - alpha) x the masked targets' cross-entropy + alpha x the cross-entropy against the teachers'
 mean P(a | the same masked input), the teachers in evaluation mode (no dropout, every article with its id). The loss
-is swapped in here, for this study: src has no distillation (not built; docs/decisions.md).
+is swapped in here (training.step_loss), for this study: src has no distillation (not built; docs/decisions.md).
 
 Reported (this folder's results.json, `<student>/none_attrs/distilled`): the student's training, its test
 cross-entropy as trained and mixed with the count (count_mixture.py's weight, fitted on validation), each beside its
@@ -37,10 +37,10 @@ import torch.nn.functional as F  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # `studies.`: a folder of scripts, not a package
 from contextual_bert.config import load_config  # noqa: E402
-from contextual_bert.data.feature_spec import N_SPECIAL  # noqa: E402
-from contextual_bert.evaluation.bootstrap import outfit_record, paired_difference  # noqa: E402
-from contextual_bert.model.checkpoint import load_checkpoint  # noqa: E402
-from contextual_bert.training import loop, trainer  # noqa: E402
+from contextual_bert.data import N_SPECIAL  # noqa: E402
+from contextual_bert.evaluation import outfit_record, paired_difference  # noqa: E402
+from contextual_bert.model import load_checkpoint  # noqa: E402
+from contextual_bert.training import step_loss, train  # noqa: E402
 from studies.article_vectors.count_mixture import cases_of  # noqa: E402
 from studies.article_vectors.seed_ensemble import gap_ends, gap_record, mean_of, scores  # noqa: E402
 from studies.article_vectors.unseen_mass import load_trained  # noqa: E402
@@ -66,7 +66,7 @@ def teachers_log_probs(teachers: list, inputs, context, predict) -> torch.Tensor
 
 
 def distillation_loss(teachers: list, alpha: float):
-    """training.losses.masked_item_loss's signature, the full softmax: (1 - alpha) x the targets' cross-entropy +
+    """training.masked_item_loss's signature, the full softmax: (1 - alpha) x the targets' cross-entropy +
     alpha x the cross-entropy against the teachers' mean prediction."""
 
     def loss(model, inputs, context, predict, items, sampler=None):
@@ -102,10 +102,10 @@ def student_params(project: Path, assignments: list[str], out: Path) -> Path:
 
 
 def train_student(params_path: Path, features: Path, teachers: list, alpha: float, seed: int, out: Path) -> dict:
-    """training.trainer.train for MODEL, with the distillation loss."""
+    """training.train for MODEL, with the distillation loss."""
     cfg = load_config(params_path)
-    loop.masked_item_loss = distillation_loss(teachers, alpha)  # train_step's loss, for this process only
-    return trainer.train(features, out, MODEL, seed, cfg.model_for(MODEL), cfg.train_for(MODEL))
+    with step_loss(distillation_loss(teachers, alpha)):  # train_step's loss, while the student trains
+        return train(features, out, MODEL, seed, cfg.model_for(MODEL), cfg.train_for(MODEL))
 
 
 def measure(student_dir: Path, project: Path, trained: list) -> dict:

@@ -25,7 +25,7 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `studies.`: a folder of scripts, not a package
-from contextual_bert.evaluation.bootstrap import outfit_record, paired_difference  # noqa: E402
+from contextual_bert.evaluation import outfit_record, paired_difference  # noqa: E402
 from studies.article_vectors.count_mixture import cases_of, mixed, mixture_weight  # noqa: E402
 from studies.article_vectors.unseen_mass import load_trained  # noqa: E402
 

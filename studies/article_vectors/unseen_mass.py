@@ -20,11 +20,10 @@ import torch
 import yaml
 
 from contextual_bert.config import load_config
-from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX
-from contextual_bert.data.feature_store import load_catalogue, load_split
-from contextual_bert.evaluation.evaluate import yardstick_model
-from contextual_bert.model.checkpoint import load_checkpoint
-from contextual_bert.training.unseen_fit import fit_unseen_offset
+from contextual_bert.data import MASK_INDEX, N_SPECIAL, PAD_INDEX, load_catalogue, load_split
+from contextual_bert.evaluation import yardstick_model
+from contextual_bert.model import load_checkpoint
+from contextual_bert.training import fit_unseen_offset
 
 BATCH = 256
 

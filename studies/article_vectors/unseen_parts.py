@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `studies.`: a folder of scripts, not a package
-from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX  # noqa: E402
-from contextual_bert.training.unseen_fit import best_delta  # noqa: E402
+from contextual_bert.data import MASK_INDEX, N_SPECIAL, PAD_INDEX  # noqa: E402
+from contextual_bert.training import best_delta  # noqa: E402
 from studies.article_vectors.unseen_mass import BATCH, cli, load_trained  # noqa: E402
 
 PARTS = ("value", "no_id_share", "within")

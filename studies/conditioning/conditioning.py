@@ -87,10 +87,9 @@ def context_influence(run_dir: Path, features_dir: Path, max_set_size: int, n_ou
     outfit (its first item masked) reads a donor's context c'; and the mean |change| of the target's log-prob."""
     import torch
 
-    from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX
-    from contextual_bert.data.feature_store import load_split
-    from contextual_bert.evaluation.ranking import donor_outfits
-    from contextual_bert.model.checkpoint import load_checkpoint
+    from contextual_bert.data import MASK_INDEX, N_SPECIAL, PAD_INDEX, load_split
+    from contextual_bert.evaluation import donor_outfits
+    from contextual_bert.model import load_checkpoint
 
     model, _ = load_checkpoint(run_dir / "checkpoint.pt")
     if not hasattr(model, "blocks"):
@@ -143,7 +142,7 @@ def train_one(task: tuple[str, str, int, bool]) -> dict:
     `task[3]` is false (the sweep chooses on validation); its summary."""
     params_path, model, seed, evaluate = Path(task[0]), task[1], task[2], task[3]
     from contextual_bert.config import load_config
-    from contextual_bert.evaluation.evaluate import evaluate_run
+    from contextual_bert.evaluation import evaluate_run
     from contextual_bert.training import train
 
     cfg = load_config(params_path)
@@ -239,7 +238,7 @@ def sweep(settings: dict, grid: dict[str, list[str]], work: Path, pool) -> dict[
 
 
 def summarize(runs: list[dict], yards: dict) -> dict:
-    from contextual_bert.evaluation.report_stats import compare, mean_se
+    from contextual_bert.evaluation import compare, mean_se
 
     rows = {}
     for model in dict.fromkeys(r["model"] for r in runs):
@@ -326,8 +325,7 @@ def scale_params(overrides: list[str], root: Path, variants: list[str]) -> dict:
 
 def paired_rows(project: Project, runs: list[dict]) -> dict:
     """Each model's test cross-entropy (mean ± SE over its seeds) and per-outfit record, and the yardsticks'."""
-    from contextual_bert.evaluation.bootstrap import OUTFITS_KEY, mean_record
-    from contextual_bert.evaluation.report_stats import mean_se
+    from contextual_bert.evaluation import OUTFITS_KEY, mean_record, mean_se
 
     evals = project.path("reports_dir") / "eval"
     rows = {}
@@ -348,7 +346,7 @@ def scale_summary(project: Project, runs: list[dict], yards: dict) -> dict:
     """summarize() of the runs so far, and each model against popularity, the optimum and [C], and the
     global-state models and adaLN against the others: by the seed SE where both sides have seeds, else the paired
     bootstrap on the same test outfits (report_stats.compare)."""
-    from contextual_bert.evaluation.report_stats import compare
+    from contextual_bert.evaluation import compare
 
     out = summarize(runs, yards)
     rows = paired_rows(project, runs)

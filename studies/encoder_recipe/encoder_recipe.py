@@ -43,7 +43,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scripts, not an installed package
 from contextual_bert.config import uses_attributes  # noqa: E402
-from contextual_bert.evaluation.bootstrap import OUTFITS_KEY, paired_difference  # noqa: E402
+from contextual_bert.evaluation import OUTFITS_KEY, paired_difference  # noqa: E402
 from studies.project import Project, record, relocated  # noqa: E402
 
 # the hidden-taste planted data: the tastes carried by a hidden style alone (no column says it)

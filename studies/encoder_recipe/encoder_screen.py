@@ -14,7 +14,8 @@ setting, with one difference: the screen validated its warm-up epochs with the b
 `--bag-aux W` (a candidate, not a setting): the training loss gains W x the cross-entropy of the bag of the
 outfit's other articles scored through the model's own tied article vectors (`ContextualBert.bag_state`, the
 same softmax, full or sampled), so the article table learns what co-occurs from the first step while the head
-states stay the paper's encoder's; `--bag-aux-epochs N` fades W linearly to 0 over N epochs (0: kept).
+states stay the paper's encoder's; `--bag-aux-epochs N` fades W linearly to 0 over N epochs (0: kept). It no longer
+runs: the models have no `bag_state` now, and the screen says so and stops.
 `--collect DIR...` instead gathers the logs written as DIR/<name>.log into one JSON (stdout).
 """
 
@@ -33,7 +34,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scripts, not an installed package
 from contextual_bert import training  # noqa: E402
 from contextual_bert.config import Config  # noqa: E402
-from contextual_bert.data.feature_spec import N_SPECIAL  # noqa: E402
+from contextual_bert.data import N_SPECIAL  # noqa: E402
+from studies.encoder_recipe.stuck_check import built_run  # noqa: E402
 from studies.project import override  # noqa: E402
 
 
@@ -84,8 +86,8 @@ def aux_weight(weight: float, epochs: int, epoch: int) -> float:
 def with_bag_auxiliary(loss_fn, weight: float, epochs: int, held: dict):
     """training.masked_item_loss plus the bag of items' loss through the model's tied vectors (training only)."""
 
-    def loss(model, inputs, context, predict, items, sampler=None, bag_weight=0.0):
-        main = loss_fn(model, inputs, context, predict, items, sampler, bag_weight)
+    def loss(model, inputs, context, predict, items, sampler=None):
+        main = loss_fn(model, inputs, context, predict, items, sampler)
         w = aux_weight(weight, epochs, held["epoch"])
         if w == 0 or not torch.is_grad_enabled() or not predict.any():
             return main
@@ -139,15 +141,15 @@ def main() -> int:
     )
 
     held, started = {"epoch": 1}, time.time()
+    # the model and its training outfits, for geometry
+    model, train_data, val_data = built_run(
+        Path(params["paths"]["features_dir"]), args.variant, args.seed, model_cfg, train_cfg
+    )
+    if args.bag_aux > 0 and not hasattr(model, "bag_state"):
+        raise SystemExit("--bag-aux scores the bag through ContextualBert.bag_state, which the models no longer have")
+    loss = training.masked_item_loss
     if args.bag_aux > 0:
-        training.masked_item_loss = with_bag_auxiliary(
-            training.masked_item_loss, args.bag_aux, args.bag_aux_epochs, held
-        )
-    fit = training.fit
-
-    def fit_and_hold(model, train_data, *rest, **kwargs):  # the model and its training outfits, for geometry
-        held.update(model=model, items=train_data.items)
-        return fit(model, train_data, *rest, **kwargs)
+        loss = with_bag_auxiliary(loss, args.bag_aux, args.bag_aux_epochs, held)
 
     def on_epoch_end(epoch: int, row: dict) -> None:
         keep = ("train_loss", "train_cross_entropy", "val_cross_entropy", "seconds")
@@ -162,17 +164,15 @@ def main() -> int:
                     "bag_aux": aux_weight(args.bag_aux, args.bag_aux_epochs, epoch),
                     **{k: round(row[k], 4) for k in keep},
                     **checked,
-                    **geometry(held["model"], held["items"]),
+                    **geometry(model, train_data.items),
                     "t": round(time.time() - started),
                 }
             ),
             flush=True,
         )
 
-    training.fit = fit_and_hold
-    metrics = training.train(
-        Path(params["paths"]["features_dir"]), args.out, args.variant, args.seed, model_cfg, train_cfg, on_epoch_end
-    )
+    with training.step_loss(loss):  # train_step's loss: masked_item_loss itself without --bag-aux
+        metrics = training.fit(model, train_data, val_data, train_cfg, args.out, args.seed, on_epoch_end)
     print(json.dumps(metrics), flush=True)
     return 0
 

@@ -20,8 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from contextual_bert.evaluation.report_stats import compare
-from contextual_bert.evaluation.table1 import LABELS
+from contextual_bert.evaluation import LABELS, compare
 
 sys.path.insert(
     0, str(Path(__file__).resolve().parents[2])

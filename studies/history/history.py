@@ -29,8 +29,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scripts, not an installed package
-from contextual_bert.evaluation.bootstrap import OUTFITS_KEY, mean_record, paired_difference  # noqa: E402
-from contextual_bert.evaluation.table1 import LABELS  # noqa: E402
+from contextual_bert.evaluation import LABELS, OUTFITS_KEY, mean_record, paired_difference  # noqa: E402
 from studies.project import Project, override, record, relocated  # noqa: E402
 
 METRICS = (("cross_entropy", False), ("recall@5", True))
@@ -169,9 +168,8 @@ def ablation(project_root: Path, models: list[str], out: Path, run: str, lengths
     import torch
 
     from contextual_bert.config import EvaluateConfig
-    from contextual_bert.data.feature_spec import HISTORY_FEATURE, PAD_INDEX
-    from contextual_bert.data.feature_store import load_split
-    from contextual_bert.evaluation.evaluate import evaluate_split
+    from contextual_bert.data import HISTORY_FEATURE, PAD_INDEX, load_split
+    from contextual_bert.evaluation import evaluate_split
     from contextual_bert.model import load_checkpoint
 
     torch.set_num_threads(1)

@@ -41,10 +41,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from contextual_bert.data.feature_spec import N_SPECIAL
-from contextual_bert.data.history import earlier_outfits, history_items
-from contextual_bert.evaluation.bootstrap import bootstrap_ci
-from contextual_bert.evaluation.counts import HISTORY_WEIGHTS
+from contextual_bert.data import N_SPECIAL, earlier_outfits, history_items
+from contextual_bert.evaluation import HISTORY_WEIGHTS, bootstrap_ci
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

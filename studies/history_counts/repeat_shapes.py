@@ -37,10 +37,8 @@ import numpy as np
 import torch
 
 from contextual_bert.config import load_config
-from contextual_bert.data.feature_spec import HISTORY_FEATURE, MASK_INDEX, N_SPECIAL
-from contextual_bert.data.feature_store import load_article_vocab, load_split
-from contextual_bert.evaluation.bootstrap import bootstrap_ci
-from contextual_bert.evaluation.evaluate import attribute_popularity_model
+from contextual_bert.data import HISTORY_FEATURE, MASK_INDEX, N_SPECIAL, load_article_vocab, load_split
+from contextual_bert.evaluation import attribute_popularity_model, bootstrap_ci
 from contextual_bert.model import HistoryRepeat
 
 HERE = Path(__file__).resolve().parent

@@ -24,7 +24,7 @@ import yaml
 from learning_curve import CONTEXT_FREE
 
 from contextual_bert.config import base_model
-from contextual_bert.evaluation.bootstrap import OUTFITS_KEY, paired_difference
+from contextual_bert.evaluation import OUTFITS_KEY, paired_difference
 
 sys.path.insert(
     0, str(Path(__file__).resolve().parents[2])

@@ -35,7 +35,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scripts, not an installed package
 from contextual_bert.config import base_model  # noqa: E402
-from contextual_bert.evaluation.bootstrap import OUTFITS_KEY, paired_difference  # noqa: E402
+from contextual_bert.evaluation import OUTFITS_KEY, paired_difference  # noqa: E402
 from studies.project import Project, record, relocated  # noqa: E402
 
 CONTEXT_FREE = ("none", "bag_of_items")  # read against the optimum without the context (and "_attrs" twins)

@@ -96,7 +96,7 @@ def one(params_path: Path, model: str, seed: int, queue_after_s: float) -> dict:
 
     cfg = load_config(params_path)
     cpu_kernels.pin(cfg.train_for(model).cpu_kernels)  # before torch is imported
-    from contextual_bert.evaluation.evaluate import evaluate_run
+    from contextual_bert.evaluation import evaluate_run
     from contextual_bert.training import train
 
     train_cfg = cfg.train_for(model)
@@ -143,7 +143,7 @@ def measure(params_path: Path, model: str, seed: int, seconds: float) -> dict:
     import torch
 
     from contextual_bert.config import load_config
-    from contextual_bert.data.feature_store import load_split
+    from contextual_bert.data import load_split
 
     cfg = load_config(params_path)
     run_dir = cfg.run_dir(model, seed)
@@ -207,8 +207,7 @@ PAIRS = [("global_state_update", "concat"), ("global_state", "concat"), ("new_po
 def comparisons(evals: Path, done: list[str]) -> dict:
     """The paper's comparisons among the rows done, on test cross-entropy: improvement of the first (positive:
     better) by the seed SE where both have seeds, else the paired bootstrap on the same test outfits."""
-    from contextual_bert.evaluation.bootstrap import OUTFITS_KEY, mean_record
-    from contextual_bert.evaluation.report_stats import compare, mean_se
+    from contextual_bert.evaluation import OUTFITS_KEY, compare, mean_record, mean_se
 
     rows = {}
     for model in dict.fromkeys(parse_run(r)[0] for r in done):

@@ -28,11 +28,18 @@ import torch
 from learning_curve import CONTEXT_FREE
 
 from contextual_bert.config import EvaluateConfig, ModelConfig, TrainConfig, base_model, uses_attributes
-from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
-from contextual_bert.data.feature_store import load_article_vocab, load_catalogue, load_spec, load_split
+from contextual_bert.data import (
+    MASK_INDEX,
+    N_SPECIAL,
+    PAD_INDEX,
+    UNKNOWN_INDEX,
+    load_article_vocab,
+    load_catalogue,
+    load_spec,
+    load_split,
+)
 from contextual_bert.errors import ContextualBertError
-from contextual_bert.evaluation.evaluate import evaluate_split
-from contextual_bert.evaluation.optimum import optimum_from_features
+from contextual_bert.evaluation import evaluate_split, optimum_from_features
 from contextual_bert.model import build_model
 from contextual_bert.training import lr_factor, make_optimizer
 

@@ -32,9 +32,8 @@ import numpy as np
 import torch
 
 from contextual_bert.config import ModelConfig
-from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX
-from contextual_bert.data.feature_store import load_split
-from contextual_bert.evaluation.optimum import optimum_from_features
+from contextual_bert.data import MASK_INDEX, N_SPECIAL, PAD_INDEX, UNKNOWN_INDEX, load_split
+from contextual_bert.evaluation import optimum_from_features
 
 sys.path.insert(
     0, str(Path(__file__).resolve().parents[2])

@@ -25,14 +25,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from contextual_bert.config import EvaluateConfig, InitEmbeddings, ModelConfig, TrainConfig
-from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX
-from contextual_bert.data.feature_store import load_article_vocab, load_spec, load_split
-from contextual_bert.evaluation.evaluate import (
-    evaluate_model,  # the evaluate stage's result, per-outfit record included
-)
+from contextual_bert.data import MASK_INDEX, N_SPECIAL, PAD_INDEX, load_article_vocab, load_spec, load_split
+from contextual_bert.evaluation import evaluate_model  # the evaluate stage's result, per-outfit record included
 from contextual_bert.model import build_model
-from contextual_bert.training import fit
-from contextual_bert.training.cooccurrence import init_from_cooccurrence
+from contextual_bert.training import fit, init_from_cooccurrence
 
 HEADS = {  # the head before the tied output layer; "gelu" is the model's own
     "gelu": None,

@@ -40,11 +40,8 @@ import scipy.sparse as sp
 import torch
 
 from contextual_bert.config import EvaluateConfig, ModelConfig
-from contextual_bert.data.feature_spec import N_SPECIAL
-from contextual_bert.data.feature_store import load_article_vocab, load_split
-from contextual_bert.data.planted.tastes import TRUTH_JSON, load_truth
-from contextual_bert.evaluation.evaluate import evaluate_split
-from contextual_bert.evaluation.optimum import optimum_from_features
+from contextual_bert.data import N_SPECIAL, TRUTH_JSON, load_article_vocab, load_split, load_truth
+from contextual_bert.evaluation import evaluate_split, optimum_from_features
 
 sys.path.insert(
     0, str(Path(__file__).resolve().parents[2])

@@ -33,7 +33,7 @@ REQUIRED = {"min_vocabulary": 3000, "below_popularity": 0.5, "below_no_context":
 
 def run_size(base: dict, workdir: Path, size: int) -> dict:
     from contextual_bert.cli import main
-    from contextual_bert.data.feature_spec import N_SPECIAL
+    from contextual_bert.data import N_SPECIAL
 
     root = workdir / f"n{size}"
     root.mkdir(parents=True, exist_ok=True)

@@ -27,10 +27,18 @@ from pathlib import Path
 import numpy as np
 
 from contextual_bert.config import load_config
-from contextual_bert.data.feature_store import load_catalogue, load_split
-from contextual_bert.evaluation.bootstrap import case_values, mean_record, outfit_record, paired_difference
-from contextual_bert.evaluation.evaluate import case_ranks, evaluate_run
-from contextual_bert.evaluation.fitb import PROTOCOLS, answer, split_questions
+from contextual_bert.data import load_catalogue, load_split
+from contextual_bert.evaluation import (
+    PROTOCOLS,
+    answer,
+    case_ranks,
+    case_values,
+    evaluate_run,
+    mean_record,
+    outfit_record,
+    paired_difference,
+    split_questions,
+)
 from contextual_bert.model import load_checkpoint
 from contextual_bert.training import train
 

@@ -627,6 +627,30 @@ def test_the_optimizer_follows_the_schedule_and_clips_the_gradient(tmp_path):
     assert grads[0] > 10 * grads[1]
 
 
+def test_step_loss_is_train_step_s_loss_while_inside_and_masked_item_loss_after():
+    # The seam a study trains another objective through (studies/article_vectors/distill.py)
+    from contextual_bert.training import loop, losses, step_loss
+
+    train, calls = planted(16, 0), []
+
+    def loss(model, inputs, context, predict, items, sampler=None):
+        calls.append(int(predict.sum()))
+        return losses.masked_item_loss(model, inputs, context, predict, items, sampler) * 0.0
+
+    model = new_model("none")
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    with step_loss(loss):
+        training.train_step(model, opt, sched, train.items, train.context, SHORT, torch.Generator().manual_seed(0))
+    assert len(calls) == 1 and calls[0] > 0
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))  # the swapped loss's (zero) gradient
+    assert loop.masked_item_loss is losses.masked_item_loss
+    with pytest.raises(RuntimeError), step_loss(loss):
+        raise RuntimeError
+    assert loop.masked_item_loss is losses.masked_item_loss
+
+
 @pytest.mark.parametrize("loss", [float("inf"), float("nan")])
 def test_a_non_finite_validation_loss_is_an_error_never_a_result(tmp_path, monkeypatch, loss):
     """The issue's case: every validation target unknown gave best_val_cross_entropy Infinity and exit 0."""

@@ -1,7 +1,16 @@
 """Training: the objective and its losses (losses.py), the step (loop.py), the Trainer (trainer.py), a run's
 typed pieces (run.py) and the Trainer's side concerns (checkpoints.py, tracking.py, unseen_fit.py, warmup_hook.py),
 a run's identity and exact resume and its state (resume.py), the warm-up from the bag of items (warmup.py), what
-training hides from a model (regularisers.py) and the co-occurrence start of the article table (cooccurrence.py)."""
+training hides from a model (regularisers.py) and the co-occurrence start of the article table (cooccurrence.py).
+
+The public API is `__all__`: the names studies/ and users import from here (tests/test_studies.py). Those imported
+below at module level come with the package; the others are exported lazily: a name's module is imported at its
+first use (PEP 562 `__getattr__`), so that importing the package runs no module it does not need (dvc.yaml's code
+deps follow the static import graph, tests/test_dvc_stage_deps.py); mypy reads them under `if TYPE_CHECKING:`.
+"""
+
+import importlib
+from typing import TYPE_CHECKING
 
 from contextual_bert.training.batches import BUCKET_BATCHES, length_batches
 from contextual_bert.training.checkpoints import Checkpoints
@@ -47,3 +56,79 @@ from contextual_bert.training.trainer import Trainer, fit, not_applicable, start
 from contextual_bert.training.unseen_fit import UnseenOffset
 from contextual_bert.training.warmup import BagWarmup, bag_warmup_weight, reads_bag_warmup, set_bag_weight, stuck_check
 from contextual_bert.training.warmup_hook import BagWarmupHook
+
+if TYPE_CHECKING:
+    from contextual_bert.training.cooccurrence import init_from_cooccurrence
+    from contextual_bert.training.loop import step_loss
+    from contextual_bert.training.unseen_fit import best_delta, fit_unseen_offset
+
+_PUBLIC = {  # a lazily exported name: its module in this package
+    "init_from_cooccurrence": "cooccurrence",
+    "step_loss": "loop",
+    "best_delta": "unseen_fit",
+    "fit_unseen_offset": "unseen_fit",
+}
+__all__ = [
+    "BUCKET_BATCHES",
+    "length_batches",
+    "Checkpoints",
+    "CONVERGENCE_EPOCHS",
+    "CONVERGENCE_NATS",
+    "convergence",
+    "even_sample",
+    "lr_factor",
+    "make_optimizer",
+    "train_step",
+    "validation_cross_entropy",
+    "LOSS_CHUNK_ROWS",
+    "LinearCrossEntropy",
+    "NegativeSampler",
+    "fused_loss_applies",
+    "mask_items",
+    "masked_item_loss",
+    "negative_sampler",
+    "sampled_cross_entropy",
+    "sampled_item_loss",
+    "drop_history",
+    "id_dropout_rate",
+    "CURVE_FILE",
+    "RESUMABLE_CHANGES",
+    "Position",
+    "RunState",
+    "code_digest",
+    "load_resume_state",
+    "pin_threads_and_algorithms",
+    "random_states",
+    "restore_random_states",
+    "run_key",
+    "save_resume_state",
+    "seeded_random_states",
+    "Optimisation",
+    "Run",
+    "RunData",
+    "RunSetup",
+    "EpochHook",
+    "Tracking",
+    "Trainer",
+    "fit",
+    "not_applicable",
+    "start",
+    "train",
+    "UnseenOffset",
+    "BagWarmup",
+    "bag_warmup_weight",
+    "reads_bag_warmup",
+    "set_bag_weight",
+    "stuck_check",
+    "BagWarmupHook",
+    *_PUBLIC,
+]
+
+
+def __getattr__(name: str) -> object:
+    """A public name of `_PUBLIC`, imported from its module at its first use and kept here."""
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)
+    globals()[name] = value
+    return value
