@@ -249,6 +249,8 @@ def benchmark(results: dict, path: Path) -> None:
     runs = {k.removeprefix("runs/"): v for k, v in results.items() if k.startswith("runs/")}
     out = {
         "benchmark": "Table 1 at the paper's size: time per epoch and peak memory (studies/paper_scale)",
+        "commit": results["settings"]["commit"],  # the code the runs ran
+        "plan": results["settings"]["settings"]["plan"],
         "data": results.get("data"),
         "settings": results["settings"]["settings"]["set"],
         "cpu": next(
