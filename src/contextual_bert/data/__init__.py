@@ -2,13 +2,12 @@
 stage (vocabulary, context tables, splits, history) with its store.
 
 The public API is `__all__`: the names studies/ and users import from here (tests/test_studies.py). Those
-from other modules are exported lazily: a name's module is imported at its first use (PEP 562 `__getattr__`), so
-that importing the package runs no module it does not need (dvc.yaml's code deps follow the static import graph,
-tests/test_dvc_stage_deps.py); mypy reads them under `if TYPE_CHECKING:`.
+from other modules are exported lazily (`contextual_bert.lazy`).
 """
 
-import importlib
 from typing import TYPE_CHECKING
+
+from contextual_bert.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from contextual_bert.data.feature_spec import (
@@ -41,11 +40,4 @@ _PUBLIC = {  # a lazily exported name: its module in this package
 }
 __all__ = list(_PUBLIC)
 
-
-def __getattr__(name: str) -> object:
-    """A public name of `_PUBLIC`, imported from its module at its first use and kept here."""
-    if name not in _PUBLIC:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _PUBLIC, globals())

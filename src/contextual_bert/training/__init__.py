@@ -4,14 +4,12 @@ a run's identity and exact resume and its state (resume.py), the warm-up from th
 training hides from a model (regularisers.py) and the co-occurrence start of the article table (cooccurrence.py).
 
 The public API is `__all__`: the names studies/ and users import from here (tests/test_studies.py). Those imported
-below at module level come with the package; the others are exported lazily: a name's module is imported at its
-first use (PEP 562 `__getattr__`), so that importing the package runs no module it does not need (dvc.yaml's code
-deps follow the static import graph, tests/test_dvc_stage_deps.py); mypy reads them under `if TYPE_CHECKING:`.
+below at module level come with the package; the others are exported lazily (`contextual_bert.lazy`).
 """
 
-import importlib
 from typing import TYPE_CHECKING
 
+from contextual_bert.lazy import lazy_exports
 from contextual_bert.training.batches import BUCKET_BATCHES, length_batches
 from contextual_bert.training.checkpoints import Checkpoints
 from contextual_bert.training.loop import (
@@ -124,11 +122,4 @@ __all__ = [
     *_PUBLIC,
 ]
 
-
-def __getattr__(name: str) -> object:
-    """A public name of `_PUBLIC`, imported from its module at its first use and kept here."""
-    if name not in _PUBLIC:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _PUBLIC, globals())
