@@ -241,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = add(name, handler, help_)
         p.add_argument("--model", required=True, choices=MODELS)
         p.add_argument("--seed", type=int, required=True)
-    add("baseline", _cmd_baseline, "evaluate the popularity baseline on the test split")
+    add("baseline", _cmd_baseline, "compute the yardsticks (the counting rules) on the test split")
     add("optimum", _cmd_optimum, "evaluate the Bayes-optimal predictor of planted data (with/without context)")
     add("report", _cmd_report, "Table 1, metrics.json and plots under reports/")
     add("register", _cmd_register, "register every evaluated run in the MLflow model registry")

@@ -330,7 +330,7 @@ class FitbConfig(Section):
 class EvaluateConfig(Section):
     ks: Annotated[list[Positive], Field(min_length=1), AfterValidator(_distinct)] = [1, 5, 10, 50, 250]
     batch_size: int = Field(1024, ge=1)
-    # The attribute-aware popularity baseline (with features.article_features on): popularity among the
+    # The attribute-aware popularity yardstick (with features.article_features on): popularity among the
     # articles whose value of this attribute is not yet in the outfit, and within the value for unseen articles.
     popularity_attribute: str | None = "product_type"
     fitb: FitbConfig = FitbConfig()  # fill-in-the-blank accuracy beside the full ranking (fitb.py)
@@ -437,7 +437,7 @@ class Config(Section):
         return self.paths.reports_dir / "train" / f"{model}-s{seed}.json"
 
     def eval_path(self, name: str) -> Path:
-        """Where the evaluation of one run ("<model>-s<seed>") or of the popularity baseline is written."""
+        """Where the evaluation of one run ("<model>-s<seed>") or of a yardstick is written."""
         return self.paths.reports_dir / "eval" / f"{name}.json"
 
     def fitb_questions_path(self) -> Path:

@@ -3,7 +3,7 @@ whole article vocabulary (never sampled negatives).
 
 A case is (outfit, position). Its target is ranked among the real articles, the outfit's other items
 excluded; the special indices are never ranked. Ties (which only a constant scorer such as the popularity
-baseline has) are broken by article index, so a rank is a position in one deterministic order:
+yardstick has) are broken by article index, so a rank is a position in one deterministic order:
 rank = 1 + #{a : s_a > s_t} + #{a < t : s_a = s_t}. A target that is [UNK] (an article unseen in training)
 cannot be ranked: it is skipped and counted. Cross-entropy is the full softmax over all real articles.
 
@@ -311,7 +311,7 @@ def yardstick_test_record(name: str, features_dir: Path, cfg: EvaluateConfig, ma
 def evaluate_popularity(
     features_dir: Path, out_path: Path, cfg: EvaluateConfig, max_set_size: int = ModelConfig().max_set_size
 ) -> dict:
-    """The popularity baseline (training counts) through the same ranking code; write out_path (JSON)."""
+    """The popularity yardstick (training counts) through the same ranking code; write out_path (JSON)."""
     from contextual_bert.data.feature_store import load_article_vocab
 
     counts = np.asarray(load_article_vocab(features_dir).counts)

@@ -1,6 +1,6 @@
 """The optimum stage: the Bayes optimum of planted data (data/planted/optimum.py, where its formulas are) built
 from the truth in data/raw and the features stage's index space, and scored like any model
-(`evaluation.evaluate_model`: the same test cases, metrics and JSON as the popularity baseline and the trained
+(`evaluation.evaluate_model`: the same test cases, metrics and JSON as the popularity yardstick and the trained
 models). Three rows: without context, with context, and with context and history (`HISTORY_RESULT`).
 """
 
@@ -84,7 +84,7 @@ def optimum_from_features(raw_dir: Path, features_dir: Path, with_context: bool)
 
 def evaluate_optimum(raw_dir: Path, features_dir: Path, out_paths: dict[str, Path], cfg: EvaluateConfig,
                      max_set_size: int = ModelConfig().max_set_size) -> dict:  # fmt: skip
-    """Evaluate the optimum with and without context like the popularity baseline; write one JSON each.
+    """Evaluate the optimum with and without context like the popularity yardstick; write one JSON each.
 
     `out_paths`: eval name (RESULTS' keys) -> file. Without a truth file (data not made by
     `generate-planted`) each file says {"known": false, "why": ...}, so the stage's outputs always exist."""

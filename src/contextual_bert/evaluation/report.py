@@ -7,8 +7,8 @@ metrics.json. Each number is a mean over seeds with its standard error, SE = sam
 [None] by more than the standard error" means the difference of the means exceeds the standard error of that
 difference, sqrt(SE_a^2 + SE_b^2). Where a side has one seed (no SE), "beats" is read from a paired bootstrap
 over the test outfits instead (bootstrap.paired_difference): yes when its 95% interval of the difference lies
-on the better side of 0. Every model is read against yardsticks: popularity, the learned bag-of-items
-baselines, and, where known, the best possible. The statistics are `report_stats.py`'s, Table 1's markdown
+on the better side of 0. Every model is read against its yardstick (popularity and its variants), the
+learned baselines (the bags of items), and, where known, the best possible. The statistics are `report_stats.py`'s, Table 1's markdown
 `table1.py`'s; this module reads the results and writes the stage's outputs.
 """
 

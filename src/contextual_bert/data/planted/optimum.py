@@ -2,7 +2,7 @@
 
 `BayesOptimum.masked_logits(items, context) -> (B, n_items)` works in the features stage's index space, so
 `ranking.case_ranks` / `evaluation.evaluate_model` rank it on the same test cases, with the same metrics and JSON, as
-the popularity baseline and the trained models. Its probabilities are exact for what a model sees:
+the popularity yardstick and the trained models. Its probabilities are exact for what a model sees:
 
 - the candidates are the vocabulary's articles (the evaluation skips [UNK] targets, so the target is known
   to be in the vocabulary): P(a | O, x) is renormalised over them;

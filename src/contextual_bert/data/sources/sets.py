@@ -19,7 +19,7 @@ Customers are optional. Without `customer_column` every outfit has no customer (
 but without a customers table, or for a customer the table lacks, the customer's context is missing. The
 customers table (`import_sets.customers`, .csv / .parquet / .jsonl, keyed by `customer_column`) brings the
 context columns declared in `import_sets.context` (categorical, multi_categorical, numeric); validation
-types and checks them. Without context, only [None] and the popularity baseline can run (see report.py).
+types and checks them. Without context, only the models that read no context and the popularity yardstick run (see report.py).
 
 Products are optional too (`import_sets.articles`): a products table (.csv/.tsv, .parquet, .jsonl; or .json, the
 Polyvore item metadata, an object keyed by item id whose values are the item's fields; or a list of objects), keyed
