@@ -35,7 +35,6 @@ sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scri
 from contextual_bert import training  # noqa: E402
 from contextual_bert.config import Config  # noqa: E402
 from contextual_bert.data import N_SPECIAL  # noqa: E402
-from studies.encoder_recipe.stuck_check import built_run  # noqa: E402
 from studies.project import override  # noqa: E402
 
 
@@ -142,7 +141,7 @@ def main() -> int:
 
     held, started = {"epoch": 1}, time.time()
     # the model and its training outfits, for geometry
-    model, train_data, val_data = built_run(
+    model, train_data, val_data = training.model_and_splits(
         Path(params["paths"]["features_dir"]), args.variant, args.seed, model_cfg, train_cfg
     )
     if args.bag_aux > 0 and not hasattr(model, "bag_state"):

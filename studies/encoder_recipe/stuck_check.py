@@ -18,40 +18,17 @@ import math
 import sys
 from pathlib import Path
 
-import torch
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # `studies.project`: studies/ is a folder of scripts, not an installed package
 from contextual_bert import training  # noqa: E402
-from contextual_bert.config import Config, ModelConfig, TrainConfig, uses_attributes  # noqa: E402
-from contextual_bert.data import EncodedOutfits, load_article_vocab, load_catalogue, load_spec, load_split  # noqa: E402
-from contextual_bert.model import OutfitModel, build_model  # noqa: E402
+from contextual_bert.config import Config  # noqa: E402
 from studies.project import override  # noqa: E402
 
 
 class Enough(Exception):
     """Raised after --epochs epochs: the run's later epochs are not needed."""
-
-
-def built_run(
-    features: Path, variant: str, seed: int, model_cfg: ModelConfig, train_cfg: TrainConfig
-) -> tuple[OutfitModel, EncodedOutfits, EncodedOutfits]:
-    """The model and its training and validation splits as training.train builds them before its `fit` (the
-    model seeded, an `_attrs` model's catalogue set, the co-occurrence start where train.init_embeddings says so):
-    the screens hold the model to measure it after each epoch, so they call training.fit themselves."""
-    spec = load_spec(features)
-    n_items = len(load_article_vocab(features))
-    catalogue = load_catalogue(features) if uses_attributes(variant) else None
-    train_data = load_split(features, "train", model_cfg.max_set_size, catalogue=catalogue is not None)
-    val_data = load_split(features, "val", model_cfg.max_set_size, catalogue=catalogue is not None)
-    torch.manual_seed(seed)
-    model = build_model(model_cfg, variant, n_items, spec, None if catalogue is None else catalogue.spec)
-    if catalogue is not None:
-        model.set_catalogue(catalogue.tensors())
-    if train_cfg.init_embeddings == "cooccurrence":
-        training.init_from_cooccurrence(model, train_data.items)
-    return model, train_data, val_data
 
 
 def main() -> int:
@@ -70,7 +47,7 @@ def main() -> int:
     cfg = Config.model_validate(params)
     train_cfg, model_cfg = cfg.train_for(args.variant), cfg.model_for(args.variant)
     features = Path(params["paths"]["features_dir"])
-    model, train_data, val_data = built_run(features, args.variant, args.seed, model_cfg, train_cfg)
+    model, train_data, val_data = training.model_and_splits(features, args.variant, args.seed, model_cfg, train_cfg)
     steps = math.ceil(len(train_data) / train_cfg.batch_size)
 
     def on_epoch_end(epoch: int, row: dict) -> None:

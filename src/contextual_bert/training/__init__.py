@@ -50,7 +50,7 @@ from contextual_bert.training.resume import (
 )
 from contextual_bert.training.run import Optimisation, Run, RunData, RunSetup
 from contextual_bert.training.tracking import EpochHook, Tracking
-from contextual_bert.training.trainer import Trainer, fit, not_applicable, start, train
+from contextual_bert.training.trainer import Trainer, fit, model_and_splits, not_applicable, start, train
 from contextual_bert.training.unseen_fit import UnseenOffset
 from contextual_bert.training.warmup import BagWarmup, bag_warmup_weight, reads_bag_warmup, set_bag_weight, stuck_check
 from contextual_bert.training.warmup_hook import BagWarmupHook
@@ -109,6 +109,7 @@ __all__ = [
     "Tracking",
     "Trainer",
     "fit",
+    "model_and_splits",
     "not_applicable",
     "start",
     "train",

@@ -305,6 +305,29 @@ def not_applicable(out_dir: Path, model_name: str, seed: int, why: str) -> dict:
     return metrics
 
 
+def model_and_splits(
+    features_dir: Path, model_name: str, seed: int, model_cfg: ModelConfig, train_cfg: TrainConfig
+) -> tuple[OutfitModel, EncodedOutfits, EncodedOutfits]:
+    """The model, seeded and started as `train` starts it, and its training and validation splits: for a caller
+    that calls `fit` itself (e.g. to measure the model between epochs)."""
+    from contextual_bert.data.feature_store import load_article_vocab, load_catalogue, load_spec, load_split
+    from contextual_bert.training.cooccurrence import init_from_cooccurrence
+
+    spec = load_spec(features_dir)
+    n_items = len(load_article_vocab(features_dir))
+    # "<model>_attrs": the catalogue's articles, known by their attributes (items by catalogue index)
+    catalogue = load_catalogue(features_dir) if uses_attributes(model_name) else None
+    train_data = load_split(features_dir, "train", model_cfg.max_set_size, catalogue=catalogue is not None)
+    val_data = load_split(features_dir, "val", model_cfg.max_set_size, catalogue=catalogue is not None)
+    torch.manual_seed(seed)
+    model = build_model(model_cfg, model_name, n_items, spec, None if catalogue is None else catalogue.spec)
+    if catalogue is not None:
+        model.set_catalogue(catalogue.tensors())
+    if train_cfg.init_embeddings == "cooccurrence":  # before fit: a resumed run loads its own weights
+        init_from_cooccurrence(model, train_data.items)
+    return model, train_data, val_data
+
+
 def train(
     features_dir: Path,
     out_dir: Path,
@@ -320,8 +343,7 @@ def train(
     and data; patience, device and checkpoint_every_s may differ). A run that already finished is not
     re-trained (its metrics are returned again); a run whose settings or data differ starts from scratch.
     """
-    from contextual_bert.data.feature_store import load_article_vocab, load_catalogue, load_spec, load_split
-    from contextual_bert.training.cooccurrence import init_from_cooccurrence
+    from contextual_bert.data.feature_store import load_spec
 
     spec = load_spec(features_dir)
     if base_model(model_name) not in CONTEXT_FREE and not spec.features:
@@ -332,15 +354,5 @@ def train(
             f"'{model_name}' conditions on the customer context, and this "
             "data has no context columns (e.g. curated sets without customers)",
         )
-    n_items = len(load_article_vocab(features_dir))
-    # "<model>_attrs": the catalogue's articles, known by their attributes (items by catalogue index)
-    catalogue = load_catalogue(features_dir) if uses_attributes(model_name) else None
-    train_data = load_split(features_dir, "train", model_cfg.max_set_size, catalogue=catalogue is not None)
-    val_data = load_split(features_dir, "val", model_cfg.max_set_size, catalogue=catalogue is not None)
-    torch.manual_seed(seed)
-    model = build_model(model_cfg, model_name, n_items, spec, None if catalogue is None else catalogue.spec)
-    if catalogue is not None:
-        model.set_catalogue(catalogue.tensors())
-    if train_cfg.init_embeddings == "cooccurrence":  # before fit: a resumed run loads its own weights
-        init_from_cooccurrence(model, train_data.items)
+    model, train_data, val_data = model_and_splits(features_dir, model_name, seed, model_cfg, train_cfg)
     return fit(model, train_data, val_data, train_cfg, out_dir, seed, on_epoch_end)
