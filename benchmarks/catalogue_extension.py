@@ -25,8 +25,8 @@ import torch
 import yaml
 from serving_latency import timed
 
-from contextual_bert.data.feature_spec import N_SPECIAL
-from contextual_bert.serving.completer import OutfitCompleterCore
+from contextual_bert.data import N_SPECIAL
+from contextual_bert.serving import OutfitCompleterCore
 
 REPO = Path(__file__).resolve().parents[1]
 

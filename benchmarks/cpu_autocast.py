@@ -10,6 +10,7 @@ alike. Writes reports/benchmarks/cpu_bf16_autocast.json. The pipeline trains in 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -45,25 +46,28 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     keep_freed_memory(large_blocks=True)
     batches = tt.make_batches(args.steps, warmup=args.warmup, device=torch.device("cpu"))
-    # fp32: the pipeline's own CPU autocast (devices.autocast, off there)
-    modes = {"fp32": training.autocast, "bf16": lambda device: torch.autocast("cpu", dtype=torch.bfloat16)}
+
+    def bf16_loss(*a, **kw):
+        # inside train_step's own autocast (devices.autocast, off on the CPU): the forward pass and its loss
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return training.masked_item_loss(*a, **kw)
+
+    # fp32: the pipeline's own step; bf16: the same step, its loss swapped through the step's seam (step_loss)
+    modes = {"fp32": contextlib.nullcontext, "bf16": lambda: training.step_loss(bf16_loss)}
     states = {}
     for name in modes:
         torch.manual_seed(0)
         model = ContextualBert(tt.MODEL, args.variant, tt.N_ITEMS, tt.SPEC).train()
         states[name] = (model, *tt.step_state(model, len(batches), tt.TrainConfig().negatives))
     seconds, samples, load_before = dict.fromkeys(modes, 0.0), dict.fromkeys(modes, 0), os.getloadavg()
-    try:
-        for i, (items, context) in enumerate(batches):
-            for name, (model, optimizer, scheduler, generator, sampler) in states.items():
-                training.autocast = modes[name]  # train_step reads it at each call
+    for i, (items, context) in enumerate(batches):
+        for name, (model, optimizer, scheduler, generator, sampler) in states.items():
+            with modes[name]():
                 started = time.perf_counter()
                 training.train_step(model, optimizer, scheduler, items, context, tt.TRAIN, generator, sampler)
                 if i >= args.warmup:
                     seconds[name] += time.perf_counter() - started
                     samples[name] += items.shape[0]
-    finally:
-        training.autocast = modes["fp32"]
     result = {
         "what": f"{args.variant} training step at the paper's sizes, sampled softmax, fp32 against bf16 "
         f"autocast, stepped in turns on the same {args.steps} batches",

@@ -60,7 +60,7 @@ def op_hashes(steps: int) -> dict[str, str]:
     import torch.nn.functional as F
 
     from contextual_bert.config import ModelConfig, TrainConfig
-    from contextual_bert.data.feature_spec import N_SPECIAL, ContextSpec
+    from contextual_bert.data import N_SPECIAL, ContextSpec
     from contextual_bert.model import build_model
     from contextual_bert.training import LinearCrossEntropy, NegativeSampler, make_optimizer, train_step
 
@@ -102,7 +102,7 @@ def op_hashes(steps: int) -> dict[str, str]:
 
     # whole steps of the real training step on one fixed batch
     cfg, model_cfg = TrainConfig(), ModelConfig()
-    from contextual_bert.data.feature_spec import FeatureSpec
+    from contextual_bert.data import FeatureSpec
 
     spec = ContextSpec((FeatureSpec("age", "categorical", "customer", N_SPECIAL + 10, 32),))
     torch.manual_seed(0)

@@ -34,23 +34,23 @@ def run_step(step: str, work: Path, size: str, hm_source: Path) -> dict:
 
     started, cpu_started = time.perf_counter(), time.process_time()
     if step == "generate":
-        from contextual_bert.data.sources.synthetic import generate
+        from contextual_bert.data import generate
 
         result = generate(GenerateConfig().sizes[size], seed=0, out_dir=work / "paper" / "raw")
         rows = result["rows"]
     elif step == "import_sets":
         from contextual_bert.config import ImportSetsConfig
-        from contextual_bert.data.sources.sets import import_sets
+        from contextual_bert.data import import_sets
 
         result = import_sets(work / "pairs.csv", work / "sets" / "raw", ImportSetsConfig(customer_column="customer"))
         rows = result["rows"] | {"pairs": result["pairs"], "sets_kept": result["sets_kept"]}
     elif step == "import_hm":
-        from contextual_bert.data.sources.hm import import_hm
+        from contextual_bert.data import import_hm
 
         result = import_hm(hm_source, work / "hm" / "raw", ImportHMConfig())
         rows = result["rows"] | {"baskets": result["baskets"], "baskets_kept": result["baskets_kept"]}
     else:  # validate_paper / validate_paper_with_faults / validate_hm
-        from contextual_bert.data.validation import validate
+        from contextual_bert.data import validate
 
         root = work / {"validate_paper": "paper", "validate_paper_with_faults": "faulty", "validate_hm": "hm"}[step]
         if step == "validate_paper_with_faults":

@@ -23,9 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from contextual_bert.config import load_config
-from contextual_bert.data.contract import PAPER_SCHEMA
-from contextual_bert.data.feature_store import load_split
-from contextual_bert.data.features import build_features
+from contextual_bert.data import PAPER_SCHEMA, build_features, load_split
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -265,7 +265,7 @@ def run_step(step: str, scratch: Path) -> dict:
     work = scratch / "pipeline"
     started, cpu_started = time.perf_counter(), time.process_time()
     if step in IMPORTS:
-        from contextual_bert.data.sources.hm import import_hm
+        from contextual_bert.data import import_hm
 
         phases: dict = {}
         copy = IMPORTS[step]
@@ -276,14 +276,14 @@ def run_step(step: str, scratch: Path) -> dict:
                                        "outfits_without_customer_row", "rows")}  # fmt: skip
         rows["phase_wall_s"] = phases
     elif step == "validate":
-        from contextual_bert.data.validation import validate
+        from contextual_bert.data import validate
 
         summary = validate(work / "raw", work / "validated", work / "quarantine", work / "reports",
                            ValidateConfig(max_quarantine_share=1.0))  # fmt: skip
         rows = {name: {k: t[k] for k in ("rows_in", "valid", "quarantined")} for name, t in summary["tables"].items()}
     else:  # features; features_history: the time split and every outfit's history (history.history_items)
         from contextual_bert.config import HistoryConfig
-        from contextual_bert.data.features import build_features
+        from contextual_bert.data import build_features
 
         cfg = (
             FeaturesConfig(split="time", history=HistoryConfig(enabled=True))

@@ -62,7 +62,7 @@ def main() -> None:
 
     import torch  # noqa: F401  (after pin)
 
-    from contextual_bert.registry.tracking import track_training
+    from contextual_bert.registry import track_training
     from contextual_bert.training import checkpoints, loop, trainer, unseen_fit, warmup_hook
 
     modules = {

@@ -53,11 +53,10 @@ def run_pass(name: str, n_articles: int, n_outfits: int, threads: int) -> dict:
     import torch
 
     from contextual_bert.config import ModelConfig
-    from contextual_bert.data.feature_spec import N_SPECIAL, PAD_INDEX, ContextSpec, EncodedOutfits, FeatureSpec
+    from contextual_bert.data import N_SPECIAL, PAD_INDEX, ContextSpec, EncodedOutfits, FeatureSpec
     from contextual_bert.devices import keep_freed_memory
     from contextual_bert.model import AttributeOverlap, build_model
-    from contextual_bert.training.loop import validation_cross_entropy
-    from contextual_bert.training.warmup import stuck_check
+    from contextual_bert.training import stuck_check, validation_cross_entropy
 
     sys.path.insert(0, str(REPO / "benchmarks"))
     import train_throughput as tt  # the paper's 13 context features (SPEC)

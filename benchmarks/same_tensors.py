@@ -21,14 +21,7 @@ from pathlib import Path
 import torch
 
 from contextual_bert.config import ModelConfig, TrainConfig
-from contextual_bert.data.feature_spec import (
-    HISTORY_FEATURE,
-    N_SPECIAL,
-    PAD_INDEX,
-    ContextSpec,
-    EncodedOutfits,
-    FeatureSpec,
-)
+from contextual_bert.data import HISTORY_FEATURE, N_SPECIAL, PAD_INDEX, ContextSpec, EncodedOutfits, FeatureSpec
 from contextual_bert.model import build_model
 from contextual_bert.training import fit
 

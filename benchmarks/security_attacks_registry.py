@@ -85,7 +85,7 @@ def trainer_overwrites_registered_code(stack) -> dict:
     import mlflow
     import yaml
 
-    from contextual_bert.registry.integrity import IntegrityError, verified_copy, version_files_uri
+    from contextual_bert.registry import IntegrityError, verified_copy, version_files_uri
 
     name, expected = "trainer overwrites a registered version's code", "403, or the version refused by its digest"
     model = _get(stack, "model_name")

@@ -48,10 +48,7 @@ def build_project(work: Path, size: str, variant: str, history: int = 0) -> tupl
     """Data, features and an untrained model at params.yaml's sizes (with `history`, features.history on and
     that many history articles); (description, features_dir)."""
     from contextual_bert.config import load_config
-    from contextual_bert.data.feature_store import load_article_vocab, load_spec
-    from contextual_bert.data.features import build_features
-    from contextual_bert.data.sources.synthetic import generate
-    from contextual_bert.data.validation import validate
+    from contextual_bert.data import build_features, generate, load_article_vocab, load_spec, validate
     from contextual_bert.model import ContextualBert, count_paper_parameters, save_checkpoint
 
     cfg = load_config(REPO / "params.yaml")
@@ -84,7 +81,7 @@ def register_version(work: Path, checkpoint: Path, features_dir: Path):
     import mlflow
 
     from contextual_bert.config import load_config
-    from contextual_bert.serving.completer import example_request, log_pyfunc_model
+    from contextual_bert.serving import example_request, log_pyfunc_model
 
     cfg = load_config(REPO / "params.yaml")
     mlflow_client = mlflow.MlflowClient()
@@ -128,12 +125,11 @@ def request_rows(validated_dir: Path, features_dir: Path, n: int, seed: int = 0,
         partial.append(ids)
     rows["article_ids"] = partial
     if history:
-        from contextual_bert.data.feature_spec import HISTORY_COLUMN, N_SPECIAL
-        from contextual_bert.data.feature_store import load_article_vocab
+        from contextual_bert.data import HISTORY_COLUMN, N_SPECIAL, load_article_vocab
 
         ids = np.asarray(load_article_vocab(features_dir).ids[N_SPECIAL:], dtype=object)
         rows[HISTORY_COLUMN] = [list(rng.choice(ids, min(history, len(ids)), replace=False)) for _ in range(len(rows))]
-    from contextual_bert.data.contract import DATE_COLUMN
+    from contextual_bert.data import DATE_COLUMN
 
     return json.loads(
         rows.drop(columns=["outfit_id", "customer_id", DATE_COLUMN], errors="ignore").to_json(orient="records")
@@ -236,7 +232,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from contextual_bert.config import load_config
-    from contextual_bert.serving.completer import PARALLEL_ROWS, serving_threads
+    from contextual_bert.serving import PARALLEL_ROWS, serving_threads
 
     cfg = load_config(REPO / "params.yaml")
     size = args.size or cfg.generate.size

@@ -185,7 +185,7 @@ def main() -> None:
 
     from contextual_bert.config import load_config
     from contextual_bert.model import ContextualBert, load_checkpoint, save_checkpoint
-    from contextual_bert.registry.promotion import CHAMPION, _alias_version, move_champion
+    from contextual_bert.registry import CHAMPION, move_champion
 
     cfg = load_config(REPO / "params.yaml")
     size = args.size or cfg.generate.size
@@ -226,9 +226,8 @@ def main() -> None:
                 now = time.monotonic() - started
                 memory.append((round(now, 1), tree_rss_mb(server.pid)))
                 if moved_at is None and now >= args.minutes * 30:
-                    move_champion(
-                        mlflow_client, MODEL_NAME, v2.version, _alias_version(mlflow_client, MODEL_NAME, CHAMPION)
-                    )
+                    champion = mlflow_client.get_model_version_by_alias(MODEL_NAME, CHAMPION)  # version 1
+                    move_champion(mlflow_client, MODEL_NAME, v2.version, champion)
                     moved_at = round(now, 1)
             for thread in threads:
                 thread.join(timeout=1)
@@ -244,7 +243,7 @@ def main() -> None:
             new_answer = answer(new_port, probe)
         finally:
             stop_server(new_server)
-        champion_now = _alias_version(mlflow.MlflowClient(), MODEL_NAME, CHAMPION).version
+        champion_now = mlflow.MlflowClient().get_model_version_by_alias(MODEL_NAME, CHAMPION).version
 
     done = [r for per_client in results for r in per_client]
     by_kind = {}

@@ -51,7 +51,7 @@ from torch import nn
 
 from contextual_bert import cpu_kernels
 from contextual_bert.config import VARIANTS, ModelConfig, TrainConfig
-from contextual_bert.data.feature_spec import MASK_INDEX, N_SPECIAL, PAD_INDEX, ContextSpec, FeatureSpec
+from contextual_bert.data import MASK_INDEX, N_SPECIAL, PAD_INDEX, ContextSpec, FeatureSpec
 from contextual_bert.devices import autocast, keep_freed_memory, select_device
 from contextual_bert.model import PAPER_SIZES, ContextualBert, count_paper_parameters
 from contextual_bert.training import (

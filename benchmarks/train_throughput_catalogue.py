@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_throughput as tt  # noqa: E402  (the paper-size batches, spec, model and reference)
 
 from contextual_bert.config import VARIANTS  # noqa: E402
-from contextual_bert.data.feature_spec import N_SPECIAL, ContextSpec, FeatureSpec  # noqa: E402
+from contextual_bert.data import N_SPECIAL, ContextSpec, FeatureSpec  # noqa: E402
 from contextual_bert.devices import keep_freed_memory, select_device  # noqa: E402
 from contextual_bert.model import build_model, count_paper_parameters  # noqa: E402
 from contextual_bert.training import mask_items, train_step  # noqa: E402

@@ -10,10 +10,12 @@ from contextual_bert.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from contextual_bert.serving.completer import (
+        PARALLEL_ROWS,
         OutfitCompleter,
         OutfitCompleterCore,
         example_request,
         log_pyfunc_model,
+        serving_threads,
     )
 
 _PUBLIC = {  # a lazily exported name: its module in this package
@@ -21,6 +23,8 @@ _PUBLIC = {  # a lazily exported name: its module in this package
     "OutfitCompleterCore": "completer",
     "example_request": "completer",
     "log_pyfunc_model": "completer",
+    "PARALLEL_ROWS": "completer",
+    "serving_threads": "completer",
 }
 __all__ = list(_PUBLIC)
 
