@@ -10,7 +10,7 @@ around them the start (imports, data, model) and whatever is left. `--epochs` sh
 horizon with it): the shares per epoch are what it measures. Writes reports/benchmarks/profile_run.json with
 the commit, the CPU and the load average before and after (other work on the machine slows every part).
 
-    .venv/bin/python benchmarks/profile_run.py [--variant global_state] [--epochs 4] [--out FILE]
+    .venv/bin/python benchmarks/profile_run.py [--model global_state] [--epochs 4] [--out FILE]
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ PARTS = {  # (module of training/, name the Trainer's code calls there) -> the p
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variant", default="global_state")
+    parser.add_argument("--model", default="global_state", help="any model name (train.models)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=4, help="train.max_epochs for this run (0: params.yaml's)")
     parser.add_argument("--params", type=Path, default=ROOT / "params.yaml")
@@ -53,7 +53,7 @@ def main() -> None:
     args = parser.parse_args()
 
     cfg = load_config(args.params)
-    train_cfg = cfg.train_for(args.variant)
+    train_cfg = cfg.train_for(args.model)
     if args.epochs:
         train_cfg = train_cfg.model_copy(update={"max_epochs": args.epochs})
     cpu_kernels.pin(train_cfg.cpu_kernels)
@@ -112,7 +112,7 @@ def main() -> None:
     features = cfg.paths.features_dir if cfg.paths.features_dir.is_absolute() else ROOT / cfg.paths.features_dir
     started_run = time.perf_counter()
     load_before = os.getloadavg()
-    with track_training(cfg, args.variant, args.seed, work / "run", params_file=args.params) as tracker:
+    with track_training(cfg, args.model, args.seed, work / "run", params_file=args.params) as tracker:
 
         def log_epoch(epoch: int, row: dict) -> None:
             t = time.perf_counter()
@@ -122,13 +122,7 @@ def main() -> None:
 
         t = time.perf_counter()
         result = trainer.train(
-            features,
-            work / "run",
-            args.variant,
-            args.seed,
-            cfg.model_for(args.variant),
-            train_cfg,
-            on_epoch_end=log_epoch,
+            features, work / "run", args.model, args.seed, cfg.model_for(args.model), train_cfg, on_epoch_end=log_epoch
         )
         seconds["train() total"] = time.perf_counter() - t
         t = time.perf_counter()
@@ -150,7 +144,7 @@ def main() -> None:
         "commit": commit,
         "uncommitted_changes": dirty,
         "cpu": cpu_kernels.cpu(),
-        "variant": args.variant,
+        "model": args.model,
         "seed": args.seed,
         "epochs": epochs,
         "batch_size": train_cfg.batch_size,

@@ -4,13 +4,13 @@ differ between two x86 CPUs of one kind, compared bit for bit, and what each set
 There is one machine here, so what differs between machines is emulated on it: the ATen kernels' instruction
 set (ATEN_CPU_CAPABILITY: avx512 where the CPU has it, else avx2), MKL's code path (MKL_ENABLE_INSTRUCTIONS,
 and its conditional numerical reproducibility MKL_CBWR), oneDNN's (ONEDNN_MAX_CPU_ISA) and the thread count.
-Each configuration trains `--variant` seed 0 for `--epochs` epochs (the real `training.train`, the default
+Each configuration trains `--model` seed 0 for `--epochs` epochs (the real `training.train`, the default
 data built by benchmarks/serving_latency.build_project at params' generate.size) in a process of its own;
 the result is the SHA-256 of the final weights, the validation cross-entropy per epoch and the wall and CPU
 seconds. Configurations run round-robin `--repeats` times, so the machine's load (a shared 2-core CPU) spreads
 over all of them alike; the cost of a setting is its median CPU seconds against the baseline's.
 
-    .venv/bin/python benchmarks/reproducibility.py [--epochs 3] [--repeats 2] [--variant global_state]
+    .venv/bin/python benchmarks/reproducibility.py [--epochs 3] [--repeats 2] [--model global_state]
 Writes reports/benchmarks/reproducibility.json.
 """
 
@@ -53,7 +53,7 @@ CONFIGS = {
 ENV_KEYS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "DETERMINISTIC")
 
 
-def one_run(features_dir: Path, variant: str, epochs: int, threads: int) -> dict:
+def one_run(features_dir: Path, model: str, epochs: int, threads: int) -> dict:
     """Train in this process (its environment set by the caller); the result as a dict."""
     import torch
 
@@ -63,12 +63,12 @@ def one_run(features_dir: Path, variant: str, epochs: int, threads: int) -> dict
     if os.environ.get("DETERMINISTIC") == "0":
         training.pin_threads_and_algorithms = lambda cfg: torch.set_num_threads(cfg.num_threads)
     cfg = load_config(REPO / "params.yaml")
-    train_cfg = cfg.train_for(variant).model_copy(
+    train_cfg = cfg.train_for(model).model_copy(
         update={"max_epochs": epochs, "num_threads": threads, "device": "cpu", "checkpoint_every_s": 0}
     )
     with tempfile.TemporaryDirectory(prefix="repro-run-") as out:
         wall, cpu = time.perf_counter(), time.process_time()
-        training.train(features_dir, Path(out), variant, 0, cfg.model_for(variant), train_cfg)
+        training.train(features_dir, Path(out), model, 0, cfg.model_for(model), train_cfg)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         weights = torch.load(Path(out) / "last.pt", weights_only=True)["model"]
         history = json.loads((Path(out) / "curve.json").read_text())
@@ -90,7 +90,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--variant", default="global_state")
+    parser.add_argument("--model", default="global_state", help="any model name (train.models)")
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS))
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--from-log", type=Path, help="summarise the runs printed by an earlier invocation")
@@ -98,7 +98,7 @@ def main() -> None:
     parser.add_argument("--run", nargs=3, metavar=("FEATURES_DIR", "EPOCHS", "THREADS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
-        print(json.dumps(one_run(Path(args.run[0]), args.variant, int(args.run[1]), int(args.run[2]))))
+        print(json.dumps(one_run(Path(args.run[0]), args.model, int(args.run[1]), int(args.run[2]))))
         return
 
     from contextual_bert.config import load_config
@@ -113,7 +113,8 @@ def main() -> None:
         runs = {name: results for name, results in runs.items() if results}
     else:
         with tempfile.TemporaryDirectory(prefix="repro-data-") as tmp:
-            _, features_dir = build_project(Path(tmp), load_config(REPO / "params.yaml").generate.size, args.variant)
+            # the data and features only: the untrained encoder build_project also writes is not used
+            _, features_dir = build_project(Path(tmp), load_config(REPO / "params.yaml").generate.size, "none")
             for repeat in range(args.repeats):
                 for name in args.configs:
                     settings = dict(CONFIGS[name])
@@ -124,8 +125,8 @@ def main() -> None:
                         [
                             sys.executable,
                             __file__,
-                            "--variant",
-                            args.variant,
+                            "--model",
+                            args.model,
                             "--run",
                             str(features_dir),
                             str(args.epochs),
@@ -166,7 +167,7 @@ def main() -> None:
     for name, results in runs.items():
         groups.setdefault(results[0]["sha256"][:16], []).append(name)
     result = {
-        "what": f"{args.variant} seed 0, {args.epochs} epochs of the default data, one process per run, "
+        "what": f"{args.model} seed 0, {args.epochs} epochs of the default data, one process per run, "
         f"{args.repeats} round-robin repeats",
         "note": args.note,
         "configs": summary,

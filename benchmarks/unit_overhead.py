@@ -9,7 +9,7 @@ The stages run on params.yaml's features (`make repro` first), with models, repo
 in a temporary folder; nothing of the workspace is written. Writes reports/benchmarks/unit_overhead.json with the
 commit, the CPU and the load average before and after.
 
-    .venv/bin/python benchmarks/unit_overhead.py [--variant bag_of_items] [--seed 0] [--out FILE]
+    .venv/bin/python benchmarks/unit_overhead.py [--model bag_of_items] [--seed 0] [--out FILE]
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def timed(command: list[str], env: dict, cwd: Path) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--variant", default="bag_of_items")
+    parser.add_argument("--model", default="bag_of_items", help="any model name (train.models)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
@@ -59,21 +59,21 @@ def main(argv: list[str] | None = None) -> int:
         own["paths"] = {k: str(work / v) for k, v in params["paths"].items()} | {"features_dir": str(features)}
         (work / "params.yaml").write_text(yaml.safe_dump(own, sort_keys=False))
         env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}", "TQDM_DISABLE": "1"}
-        unit = ["--model", args.variant, "--seed", str(args.seed)]
+        unit = ["--model", args.model, "--seed", str(args.seed)]
         cli = [str(BIN / "contextual-bert"), "--params", str(work / "params.yaml")]
         train_s = timed([*cli, "train", *unit], env, work)
         metrics = json.loads(
-            (work / params["paths"]["reports_dir"] / "train" / f"{args.variant}-s{args.seed}.json").read_text()
+            (work / params["paths"]["reports_dir"] / "train" / f"{args.model}-s{args.seed}.json").read_text()
         )
         evaluate_s = timed([*cli, "evaluate", *unit], env, work)
-    stages = [f"train@{args.variant}-{args.seed}", f"evaluate@{args.variant}-{args.seed}"]
+    stages = [f"train@{args.model}-{args.seed}", f"evaluate@{args.model}-{args.seed}"]
     dvc_s = timed([str(BIN / "dvc"), "status", *stages], dict(os.environ), ROOT)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     report = {
         "benchmark": "unit_overhead",
         "commit": commit,
         "cpu": cpu_kernels.cpu(),
-        "variant": args.variant,
+        "model": args.model,
         "seed": args.seed,
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),

@@ -1,14 +1,14 @@
 """The whole run, not the step (issue 58, item 2): one `dvc repro` of a model on a generated H&M-format set with a
 105k-article catalogue, from the import to Table 1, with the time of every stage and of each epoch's parts.
 
-What it does, in a project folder of its own (default /tmp/whole_run/<variant>; outside git):
+What it does, in a project folder of its own (default /tmp/whole_run/<model>_<outfits>; outside git):
 
 1. Generates H&M-format files (benchmarks/hm_full_size.py's generator, scaled): articles.csv with all of
    Kaggle's columns and 105,542 articles, customers.csv, and transactions_train.csv whose baskets (a customer's
    purchases on one day) give about `--outfits` outfits of 4-8 distinct articles over 734 days, customers with
    several outfits each (a history). Reused when the folder already holds them.
 2. Writes the project: a copy of this tree's dvc.yaml and src/ (the code under test, frozen for the run), and
-   params.yaml = this tree's with ingest.source hm, the time split, the history on, train.models [--variant]
+   params.yaml = this tree's with ingest.source hm, the time split, the history on, train.models [--model]
    (default global_state_attrs: [GS] + attributes with history), one seed, train.max_epochs --epochs (8),
    train.num_threads --threads (1), MLflow in the folder; `--set key=value` for anything else (as the studies).
 3. Runs `dvc repro report` there (source, ingest, validate, features, train, baseline, evaluate, optimum, report),
@@ -24,7 +24,7 @@ an epoch's validation + probe at most half its training), and the machine's load
 
 At the issue's size (100k outfits, 8 epochs) the run takes up to an hour of both cores:
 
-    nice -n 5 .venv/bin/python benchmarks/whole_run.py [--outfits 100000] [--epochs 8] [--variant global_state_attrs]
+    nice -n 5 .venv/bin/python benchmarks/whole_run.py [--outfits 100000] [--epochs 8] [--model global_state_attrs]
 
 A small run that shows it works (a few minutes):
 
@@ -204,7 +204,7 @@ def project_params(data: Path, root: Path, args) -> dict:
     params["features"]["split"] = "time"
     params["features"]["history"]["enabled"] = True
     params["features"]["article_features"] = True
-    params["train"].update(models=[args.variant], seeds=[0], max_epochs=args.epochs, num_threads=args.threads)
+    params["train"].update(models=[args.model], seeds=[0], max_epochs=args.epochs, num_threads=args.threads)
     params["mlflow"]["tracking_uri"] = f"sqlite:///{root / 'mlflow.db'}"
     for assignment in args.set:
         override(params, assignment)
@@ -319,7 +319,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--outfits", type=int, default=100_000)
     parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--variant", default="global_state_attrs")
+    parser.add_argument("--model", default="global_state_attrs", help="any model name (train.models)")
     parser.add_argument(
         "--threads",
         type=int,
@@ -328,14 +328,14 @@ def main() -> None:
         "with other work, 2 threads ran the small run's epochs 2-3x slower)",
     )
     parser.add_argument("--set", action="append", default=[], help="key.path=value (YAML) in the project's params")
-    parser.add_argument("--root", type=Path, help="the project folder (default /tmp/whole_run/<variant>)")
+    parser.add_argument("--root", type=Path, help="the project folder (default /tmp/whole_run/<model>_<outfits>)")
     parser.add_argument("--data", type=Path, help="the generated H&M files (default /tmp/whole_run/hm_<outfits>)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fresh", action="store_true", help="delete the project's outputs first")
     parser.add_argument("--note", default="")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
-    root = args.root or Path("/tmp/whole_run") / f"{args.variant}_{args.outfits}"
+    root = args.root or Path("/tmp/whole_run") / f"{args.model}_{args.outfits}"
     data = args.data or Path("/tmp/whole_run") / f"hm_{args.outfits}"
     if args.fresh and root.exists():
         shutil.rmtree(root)
@@ -355,7 +355,7 @@ def main() -> None:
         "settings": {
             "outfits_asked": args.outfits,
             "epochs": args.epochs,
-            "variant": args.variant,
+            "model": args.model,
             "threads": args.threads,
             "set": args.set,
             "split": "time",
