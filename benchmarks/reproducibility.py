@@ -61,7 +61,9 @@ def one_run(features_dir: Path, model: str, epochs: int, threads: int) -> dict:
     from contextual_bert.config import load_config
 
     if os.environ.get("DETERMINISTIC") == "0":
-        training.pin_threads_and_algorithms = lambda cfg: torch.set_num_threads(cfg.num_threads)
+        # the Trainer switches torch's deterministic algorithms on through this torch call (resume.py's
+        # pin_threads_and_algorithms); made a no-op here, so the run keeps torch's default (off)
+        torch._C._set_deterministic_algorithms = lambda *args, **kwargs: None
     cfg = load_config(REPO / "params.yaml")
     train_cfg = cfg.train_for(model).model_copy(
         update={"max_epochs": epochs, "num_threads": threads, "device": "cpu", "checkpoint_every_s": 0}
