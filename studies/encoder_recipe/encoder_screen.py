@@ -5,10 +5,10 @@ article-id table (`common_share`: the frequency-weighted mean vector's share of 
 every article leans one way; `rms_norm`; the top singular values' share of the centred table). No evaluation
 stage, no outfit dependence: a screen to choose what encoder_recipe.py then runs through the pipeline.
 
-    python studies/encoder_recipe/encoder_screen.py --data /tmp/encoder_recipe/planted_hidden_50000/data --variant none \
+    python studies/encoder_recipe/encoder_screen.py --data /tmp/encoder_recipe/planted_hidden_50000/data --model none \
         --out /tmp/screen/outbag_wd3 --set train.max_epochs=8 model.bag_path=output train.weight_decay=0.3
 
-`--set` takes params keys (project.override); a train.* key also replaces the variant's own `per_model:` entry.
+`--set` takes params keys (project.override); a train.* key also replaces the model's own `per_model:` entry.
 The warm-up from the bag is `--set train.bag_warmup_epochs=N` (the screen's `--bag-fade N` before it was a
 setting, with one difference: the screen validated its warm-up epochs with the bag term, the setting without).
 `--bag-aux W` (a candidate, not a setting): the training loss gains W x the cross-entropy of the bag of the
@@ -104,7 +104,7 @@ def with_bag_auxiliary(loss_fn, weight: float, epochs: int, held: dict):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path)
-    parser.add_argument("--variant", default="none")
+    parser.add_argument("--model", default="none", help="any model name (train.models)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--set", nargs="*", default=[])
@@ -116,19 +116,19 @@ def main() -> int:
         print(json.dumps(collect(args.collect), indent=1))
         return 0
     params = yaml.safe_load((args.data / "params.yaml").read_text())
-    entry = params.setdefault("per_model", {}).setdefault(args.variant, {})
+    entry = params.setdefault("per_model", {}).setdefault(args.model, {})
     for assignment in args.set:
         override(params, assignment)
         section, _, key = assignment.partition("=")[0].partition(".")
-        if section == "train" and key in entry:  # a study's setting wins over the variant's own
-            override(params, f"per_model.{args.variant}.{assignment.partition('.')[2]}")
+        if section == "train" and key in entry:  # a study's setting wins over the model's own
+            override(params, f"per_model.{args.model}.{assignment.partition('.')[2]}")
     cfg = Config.model_validate(params)
-    train_cfg, model_cfg = cfg.train_for(args.variant), cfg.model_for(args.variant)
+    train_cfg, model_cfg = cfg.train_for(args.model), cfg.model_for(args.model)
     print(
         "settings "
         + json.dumps(
             {
-                "variant": args.variant,
+                "variant": args.model,  # the key the records so far have
                 "seed": args.seed,
                 "model": model_cfg.model_dump(),
                 "train": train_cfg.model_dump(),
@@ -142,7 +142,7 @@ def main() -> int:
     held, started = {"epoch": 1}, time.time()
     # the model and its training outfits, for geometry
     model, train_data, val_data = training.model_and_splits(
-        Path(params["paths"]["features_dir"]), args.variant, args.seed, model_cfg, train_cfg
+        Path(params["paths"]["features_dir"]), args.model, args.seed, model_cfg, train_cfg
     )
     if args.bag_aux > 0 and not hasattr(model, "bag_state"):
         raise SystemExit("--bag-aux scores the bag through ContextualBert.bag_state, which the models no longer have")

@@ -6,7 +6,7 @@ One model trained in process on a data project's features (as studies/encoder_re
 32-epoch schedule and `--set` overrides; one JSON line per epoch on stdout (epoch, steps so far, validation
 cross-entropy, outfit dependence).
 
-    python studies/encoder_recipe/stuck_check.py --data /tmp/encoder_recipe/planted_hidden_20000/data --variant none \
+    python studies/encoder_recipe/stuck_check.py --data /tmp/encoder_recipe/planted_hidden_20000/data --model none \
         --epochs 4 --out /tmp/stuck/p20 --set train.num_threads=1 train.bag_warmup_epochs=0
 """
 
@@ -34,7 +34,7 @@ class Enough(Exception):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, required=True, help="a data project (its params.yaml)")
-    parser.add_argument("--variant", default="none")
+    parser.add_argument("--model", default="none", help="any model name (train.models)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--out", type=Path, required=True, help="the run's folder")
@@ -45,14 +45,14 @@ def main() -> int:
     for assignment in args.set:
         override(params, assignment)
     cfg = Config.model_validate(params)
-    train_cfg, model_cfg = cfg.train_for(args.variant), cfg.model_for(args.variant)
+    train_cfg, model_cfg = cfg.train_for(args.model), cfg.model_for(args.model)
     features = Path(params["paths"]["features_dir"])
-    model, train_data, val_data = training.model_and_splits(features, args.variant, args.seed, model_cfg, train_cfg)
+    model, train_data, val_data = training.model_and_splits(features, args.model, args.seed, model_cfg, train_cfg)
     steps = math.ceil(len(train_data) / train_cfg.batch_size)
 
     def on_epoch_end(epoch: int, row: dict) -> None:
         check = training.stuck_check(model, val_data, 1024, next(model.parameters()).device, epoch)
-        print(json.dumps({"variant": args.variant, "seed": args.seed, "epoch": epoch, "steps": epoch * steps,
+        print(json.dumps({"variant": args.model, "seed": args.seed, "epoch": epoch, "steps": epoch * steps,
                           "val_cross_entropy": round(row["val_cross_entropy"], 4),
                           "dependence": round(check["outfit_dependence"], 4)}), flush=True)  # fmt: skip
         if epoch >= args.epochs:

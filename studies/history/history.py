@@ -219,9 +219,10 @@ def main() -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a params override")
     parser.add_argument("--params", type=Path, default=REPO / "params.yaml")
     parser.add_argument(
-        "--variants",
+        "--models",
         nargs="+",
         default=["concat", "new_position", "global_state", "global_state_update", "bag_of_items_context"],
+        help="the models trained with history (train.models)",
     )
     parser.add_argument("--compare", nargs="+", default=["global_state"], help="models also trained without history")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
@@ -269,7 +270,7 @@ def main() -> int:
     base["features"]["split"] = "time"
     on_params = json.loads(json.dumps(base))
     on_params["features"]["history"]["enabled"] = True
-    on_params["train"]["models"], on_params["train"]["seeds"] = args.variants, args.seeds
+    on_params["train"]["models"], on_params["train"]["seeds"] = args.models, args.seeds
     off_params = json.loads(json.dumps(base))
     off_params["features"]["history"]["enabled"] = False
     off_params["train"]["models"], off_params["train"]["seeds"] = args.compare, args.seeds
@@ -277,7 +278,7 @@ def main() -> int:
     on = run_project(
         args.workdir / "history",
         on_params,
-        [(v, s) for v in args.variants for s in args.seeds],
+        [(m, s) for m in args.models for s in args.seeds],
         args.jobs,
         args.threads,
         args.reuse,

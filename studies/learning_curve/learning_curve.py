@@ -3,16 +3,16 @@ number of outfits grows. If the gap does not shrink with more data, the training
 
 For every size, a project of its own under --workdir (params.yaml's settings, `ingest.source: planted`,
 `planted.n_outfits` = the size, paths inside the project) runs the pipeline's own stages through the CLI:
-ingest -> validate -> features -> train + evaluate (each variant, one seed) -> baseline -> optimum. The
+ingest -> validate -> features -> train + evaluate (each model, one seed) -> baseline -> optimum. The
 planted truth is the same at every size (same seed, catalogue and customers), so the optimum is comparable.
 
     python studies/learning_curve/learning_curve.py --sizes 20000 50000 150000 \
-        --variants none global_state bag_of_items bag_of_items_context --jobs 2
+        --models none global_state bag_of_items bag_of_items_context --jobs 2
 
 The training budget is set in optimizer steps, not epochs: a size trains for at most --step-budget steps
 (max_epochs = that many steps' worth of epochs, never more than params.yaml's train.max_epochs), so the
 cosine decay ends within the budget at every size, and early stopping still ends a run that overfits. Steps
-are counted at train.batch_size: a variant with a batch size of its own (`per_model:`) trains the same number
+are counted at train.batch_size: a model with a batch size of its own (`per_model:`) trains the same number
 of epochs, so 4x the batch takes a quarter of the steps.
 Trainings of one size run --jobs at a time, one torch thread each (on 2 CPU cores two one-thread trainings
 run at nearly twice the throughput of one two-thread training).
@@ -42,12 +42,12 @@ CONTEXT_FREE = ("none", "bag_of_items")  # read against the optimum without the 
 
 
 def project_params(
-    base: dict, root: Path, size: int, variants: list[str], seed: int, threads: int, max_epochs: int | None = None
+    base: dict, root: Path, size: int, models: list[str], seed: int, threads: int, max_epochs: int | None = None
 ) -> dict:
     params = relocated(base, root)
     params["ingest"]["source"] = "planted"
     params.setdefault("planted", {})["n_outfits"] = size
-    params["train"].update(models=variants, seeds=[seed], num_threads=threads)
+    params["train"].update(models=models, seeds=[seed], num_threads=threads)
     if max_epochs is not None:
         params["train"]["max_epochs"] = max_epochs
     return params
@@ -91,22 +91,22 @@ def run_size(
     base: dict,
     workdir: Path,
     size: int,
-    variants: list[str],
+    models: list[str],
     seed: int,
     threads: int,
     jobs: int = 1,
     step_budget: int | None = None,
 ) -> dict:
     root = workdir / f"n{size}"
-    project = Project(root, project_params(base, root, size, variants, seed, threads), threads)
+    project = Project(root, project_params(base, root, size, models, seed, threads), threads)
     for stage in ("ingest", "validate", "features"):
         project.stage(stage)
     manifest = json.loads((project.path("features_dir") / "manifest.json").read_text())
     max_epochs = epochs_for(base, manifest["rows"]["train"], step_budget)
-    project.write_params(project_params(base, root, size, variants, seed, threads, max_epochs))
+    project.write_params(project_params(base, root, size, models, seed, threads, max_epochs))
     project.stage("baseline")
     project.stage("optimum")
-    project.train_and_evaluate([(v, seed) for v in variants], jobs)
+    project.train_and_evaluate([(m, seed) for m in models], jobs)
     project.stage("report")
 
     evals = project.path("reports_dir") / "eval"
@@ -116,12 +116,12 @@ def run_size(
     # with article attributes on: popularity among the articles whose product type is not yet in the outfit
     by_attribute = read("popularity_attribute") if (evals / "popularity_attribute.json").is_file() else None
     rows, results = {}, {}
-    for variant in variants:
-        result = results[variant] = read(f"{variant}-s{seed}")
+    for model in models:
+        result = results[model] = read(f"{model}-s{seed}")
         test = result["test"]
-        reference = optimum["without_context" if base_model(variant) in CONTEXT_FREE else "with_context"]
-        trained = json.loads((project.path("models_dir") / f"{variant}-s{seed}" / "metrics.json").read_text())
-        rows[variant] = {
+        reference = optimum["without_context" if base_model(model) in CONTEXT_FREE else "with_context"]
+        trained = json.loads((project.path("models_dir") / f"{model}-s{seed}" / "metrics.json").read_text())
+        rows[model] = {
             "cross_entropy": test["cross_entropy"],
             "recall@5": test["recall@5"],
             "gap_to_optimum": test["cross_entropy"] - reference["cross_entropy"],
@@ -131,14 +131,14 @@ def run_size(
             "train_seconds": trained.get("seconds"),
         }
         if by_attribute is not None:  # paired over the same test cases (the id-only models skip unseen targets)
-            rows[variant]["better_than_popularity_by_attribute"] = paired_cross_entropy(by_attribute, result)
+            rows[model]["better_than_popularity_by_attribute"] = paired_cross_entropy(by_attribute, result)
     point = {
         "n_outfits": size,
         "rows": manifest.get("rows"),
         "max_epochs": max_epochs,
         "popularity": popularity,
         "optimum": optimum,
-        "variants": rows,
+        "variants": rows,  # the key the records so far have
         "paired": paired(results),
         "seconds": project.timings,
     }
@@ -147,7 +147,7 @@ def run_size(
     return point
 
 
-def plot(points: list[dict], variants: list[str], out: Path) -> None:
+def plot(points: list[dict], models: list[str], out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -155,8 +155,8 @@ def plot(points: list[dict], variants: list[str], out: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     sizes = [p["n_outfits"] for p in points]
-    for variant in variants:
-        ax.plot(sizes, [p["variants"][variant]["gap_to_optimum"] for p in points], marker="o", label=variant)
+    for model in models:
+        ax.plot(sizes, [p["variants"][model]["gap_to_optimum"] for p in points], marker="o", label=model)
     if all("popularity_by_attribute" in p for p in points):  # read against the optimum without the context
         ax.plot(
             sizes,
@@ -184,7 +184,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[20_000, 50_000, 150_000])
     parser.add_argument(
-        "--variants", nargs="+", default=["none", "global_state", "bag_of_items", "bag_of_items_context"]
+        "--models",
+        nargs="+",
+        default=["none", "global_state", "bag_of_items", "bag_of_items_context"],
+        help="any model names (train.models)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per training")
@@ -207,28 +210,28 @@ def main() -> int:
     for size in sorted(args.sizes):
         points.append(
             run_size(
-                base, args.workdir, size, args.variants, args.seed, args.threads, args.jobs, args.step_budget or None
+                base, args.workdir, size, args.models, args.seed, args.threads, args.jobs, args.step_budget or None
             )
         )
         reports = args.workdir / f"n{size}" / Path(base["paths"]["reports_dir"])
         record(args.out, f"{args.run}/table1", (reports / "table1.md").read_text().splitlines())  # the largest so far
         result = {
-            "variants": args.variants,
+            "variants": args.models,  # the key the records so far have
             "seed": args.seed,
             "step_budget": args.step_budget or None,
             "points": points,
             "gap_shrinks": {
-                v: all(
-                    a["variants"][v]["gap_to_optimum"] > b["variants"][v]["gap_to_optimum"]
+                m: all(
+                    a["variants"][m]["gap_to_optimum"] > b["variants"][m]["gap_to_optimum"]
                     for a, b in zip(points, points[1:])
                 )
-                for v in args.variants
+                for m in args.models
             },
         }
         record(args.out, f"{args.run}/learning_curve", result)  # after every size
         if args.plot:
-            plot(points, args.variants, args.plot)
-        print(json.dumps({"n_outfits": size, **{v: points[-1]["variants"][v] for v in args.variants}}), flush=True)
+            plot(points, args.models, args.plot)
+        print(json.dumps({"n_outfits": size, **{m: points[-1]["variants"][m] for m in args.models}}), flush=True)
     return 0
 
 

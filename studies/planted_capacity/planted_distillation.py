@@ -12,7 +12,7 @@ still misses; the test cross-entropy on the real targets beside the optimum's is
 reports, measured the same way (`evaluation.evaluate_split`, the same cases). A gap far below the trained
 model's says the architecture is not what holds it back; a gap near it says it is.
 
-    python studies/planted_capacity/planted_distillation.py --project <planted project> --variant none_attrs --epochs 4 \
+    python studies/planted_capacity/planted_distillation.py --project <planted project> --model none_attrs --epochs 4 \
         --run distillation_none_attrs_4epochs
 """
 
@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 import torch
-from learning_curve import CONTEXT_FREE
 
 from contextual_bert.config import EvaluateConfig, ModelConfig, TrainConfig, base_model, uses_attributes
 from contextual_bert.data import (
@@ -46,6 +45,7 @@ from contextual_bert.training import lr_factor, make_optimizer
 sys.path.insert(
     0, str(Path(__file__).resolve().parents[2])
 )  # `studies.project`: studies/ is a folder of scripts, not an installed package
+from studies.learning_curve.learning_curve import CONTEXT_FREE  # noqa: E402
 from studies.project import record  # noqa: E402
 
 
@@ -93,7 +93,7 @@ def main() -> None:
         default=Path(__file__).with_name("results.json"),
         help="the results file (default: the study's results.json)",
     )
-    parser.add_argument("--variant", default="none_attrs")
+    parser.add_argument("--model", default="none_attrs", help="any model name (train.models)")
     parser.add_argument("--epochs", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--learning-rate", type=float, default=2e-3)
@@ -102,10 +102,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     raw, features = args.project / "data/raw", args.project / "data/features"
-    with_context = base_model(args.variant) not in CONTEXT_FREE
+    with_context = base_model(args.model) not in CONTEXT_FREE
     teacher = optimum_from_features(raw, features, with_context)
     vocab = load_article_vocab(features)
-    catalogue = load_catalogue(features) if uses_attributes(args.variant) else None
+    catalogue = load_catalogue(features) if uses_attributes(args.model) else None
     # the model and the optimum must score the same index space (then both read the same encoded outfits)
     if catalogue is not None and list(catalogue.vocab.ids) != list(vocab.ids):
         raise ContextualBertError(
@@ -120,7 +120,7 @@ def main() -> None:
     model_cfg = ModelConfig(dropout=args.dropout)
     train_cfg = TrainConfig(learning_rate=args.learning_rate, max_epochs=args.epochs, batch_size=args.batch_size)
     model = build_model(
-        model_cfg, args.variant, len(vocab), load_spec(features), None if catalogue is None else catalogue.spec
+        model_cfg, args.model, len(vocab), load_spec(features), None if catalogue is None else catalogue.spec
     )
     if catalogue is not None:
         model.set_catalogue(catalogue.tensors())
@@ -157,7 +157,7 @@ def main() -> None:
     test_optimum = evaluate_split(teacher, test, cfg, "cpu")[0]
     result = {
         "project": str(args.project),
-        "variant": args.variant,
+        "variant": args.model,  # the key the records so far have
         "n_train_outfits": len(train.items),
         "settings": {k: v for k, v in vars(args).items() if k not in ("project", "out")},
         "optimum": "with_context" if with_context else "without_context",

@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("name")
     parser.add_argument("--features", type=Path, required=True, help="the features stage's folder (planted data)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/planted-diagnostics"))
-    parser.add_argument("--variant", default="none")
+    parser.add_argument("--model", default="none", help="a model of ids (train.models; the script loads no catalogue)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=8, help="max_epochs: the cosine horizon")
     parser.add_argument("--lr", type=float, default=2e-3)
@@ -153,7 +153,7 @@ def main() -> None:
         random_token_prob=args.random_token_prob,
     )
     torch.manual_seed(args.seed)
-    model = build_model(model_cfg, args.variant, n_items, spec)
+    model = build_model(model_cfg, args.model, n_items, spec)
     cls = type(model)
     if HEADS[args.head] is not None:
         cls.head = HEADS[args.head]
@@ -199,7 +199,7 @@ def main() -> None:
         result = evaluate_model(
             model.eval(),
             args.name,
-            args.variant,
+            args.model,
             args.seed,
             None,
             args.features,

@@ -108,7 +108,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("kind", choices=sorted(KINDS))
     parser.add_argument("name", help="the run's name (its folder under --workdir/runs, its key in --out)")
-    parser.add_argument("--variant", default="global_state")
+    parser.add_argument("--model", default="global_state", help="any model name (train.models)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="the run's params override")
     parser.add_argument("--dset", action="append", default=[], metavar="KEY=VALUE", help="the data's params override")
     parser.add_argument("--data", action="store_true", help="run the data stages first (and the baseline)")
@@ -132,14 +132,14 @@ def main() -> int:
             data.stage(stage)
     root = args.workdir / "runs" / args.name
     project = Project(root, params_for(data_root, root, data_assignments + args.set))
-    project.stage("train", "--model", args.variant, "--seed", "0")
+    project.stage("train", "--model", args.model, "--seed", "0")
     key = f"runs/{args.name}"
-    run = project.path("models_dir") / f"{args.variant}-s0"
+    run = project.path("models_dir") / f"{args.model}-s0"
     for name in ("curve", "metrics"):
         record(args.out, f"{key}/{name}", json.loads((run / f"{name}.json").read_text()))
     if args.evaluate:
-        project.stage("evaluate", "--model", args.variant, "--seed", "0")
-        result = json.loads((project.path("reports_dir") / "eval" / f"{args.variant}-s0.json").read_text())
+        project.stage("evaluate", "--model", args.model, "--seed", "0")
+        result = json.loads((project.path("reports_dir") / "eval" / f"{args.model}-s0.json").read_text())
         keep = {k: result[k] for k in ("val", "test", "yardstick") if k in result}
         for part in ("test_known", "test_unseen"):  # a catalogue ranker's targets with and without an id
             if part in result:
@@ -163,13 +163,13 @@ def main() -> int:
             }
         record(args.out, f"{key}/evaluation", keep)
         if "test_unseen" in result:
-            record(args.out, f"{key}/unseen_mass", measure(project.root, args.variant))
+            record(args.out, f"{key}/unseen_mass", measure(project.root, args.model))
     recipe = {k: project.params["train"][k] for k in RECIPE_KEYS}
     settings = {
         "data": data_assignments,
         "run": args.set,
         "recipe": recipe,
-        "variant": args.variant,
+        "variant": args.model,  # the key the records so far have
         "seconds": project.timings,
     }
     record(args.out, f"{key}/settings", settings)
