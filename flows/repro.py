@@ -124,6 +124,9 @@ def compact_table1(table1: str) -> str:
 def readme_with_table1(readme: str, table1: str) -> str:
     """README.md's text with the block between TABLE1_BLOCK's markers replaced by Table 1's compact form."""
     start, end = TABLE1_BLOCK
+    twice = [marker for marker in TABLE1_BLOCK if readme.count(marker) > 1]
+    if twice:
+        raise ValueError(f"README.md has {twice[0]} more than once: one block of Table 1, one place")
     head, found, rest = readme.partition(start + "\n")
     _, found_end, tail = rest.partition(end)
     if not (found and found_end):

@@ -65,6 +65,8 @@ def test_the_readme_shows_the_table_the_pipeline_wrote():
     assert readme_with_table1(readme, table1) == readme, "README.md's Table 1 differs from reports/table1.md"
     changed = readme_with_table1(readme, table1.replace("| [None] |", "| [Nix] |"))
     assert changed != readme and "| [Nix] |" in changed  # the check can fail
+    with pytest.raises(ValueError, match="more than once"):  # a stray second copy of the block's end
+        readme_with_table1(readme + "\n" + TABLE1_BLOCK[1] + "\n", table1)
 
 
 def test_the_readme_table_is_the_compact_one():
