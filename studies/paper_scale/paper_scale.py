@@ -57,7 +57,7 @@ def study_params(settings: dict, root: Path, extra: list[str], features: Path | 
     for assignment in settings["set"] + extra:
         override(params, assignment)
     for model in dict.fromkeys(parse_run(name)[0] for name in settings["runs"] if parse_run(name)[0] in MODELS):
-        params["per_model"][model] = settings["variants"][model] | {"max_epochs": params["train"]["max_epochs"]}
+        params["per_model"][model] = settings["per_model"][model] | {"max_epochs": params["train"]["max_epochs"]}
     params = relocated(params, root)
     if features:  # a trial on the study's data
         params["paths"]["features_dir"] = str(features)
