@@ -30,7 +30,7 @@ def cells(settings: dict, params: dict, extra: list[str], groups: list[str] | No
     for name, group in settings["cells"].items():
         if groups and name not in groups:
             continue
-        for variant in group["variants"]:
+        for variant in group["models"]:
             for epochs in group["max_epochs"]:
                 for batch in group.get("batch_size", [None]):  # None: params.yaml's
                     for lr in group["learning_rate"]:
