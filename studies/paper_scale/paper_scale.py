@@ -205,22 +205,28 @@ PAIRS = [("global_state_update", "concat"), ("global_state", "concat"), ("new_po
 
 
 def comparisons(evals: Path, done: list[str]) -> dict:
-    """The paper's comparisons among the rows done, on test cross-entropy: improvement of the first (positive:
-    better) by the seed SE where both have seeds, else the paired bootstrap on the same test outfits."""
+    """The paper's comparisons among the rows done, on test cross-entropy, each pair over the seeds both have (a
+    seed draws the data order and the masks for every model alike, so a row's extra seed would shift its mean
+    alone): improvement of the first (positive: better) by the seed SE where they share two or more seeds, else
+    the paired bootstrap on the same test outfits of their one shared seed."""
     from contextual_bert.evaluation import OUTFITS_KEY, compare, mean_record, mean_se
 
-    rows = {}
-    for model in dict.fromkeys(parse_run(r)[0] for r in done):
-        mine = [json.loads((evals / f"{r}.json").read_text()) for r in done if parse_run(r)[0] == model]
-        rows[model] = (
-            mean_se([e["test"]["cross_entropy"] for e in mine]),
-            mean_record([e.get(OUTFITS_KEY) for e in mine]),
-        )
-    return {
-        f"{a} vs {b}": compare(rows[a][0], rows[b][0], False, "cross_entropy", (rows[a][1], rows[b][1]))
-        for a, b in PAIRS
-        if a in rows and b in rows
-    }
+    def row(model: str, seeds: list[int]) -> tuple:
+        mine = [json.loads((evals / f"{run_name(model, seed)}.json").read_text()) for seed in seeds]
+        return mean_se([e["test"]["cross_entropy"] for e in mine]), mean_record([e.get(OUTFITS_KEY) for e in mine])
+
+    seeds = {}
+    for name in done:
+        model, seed = parse_run(name)
+        seeds.setdefault(model, []).append(seed)
+    out = {}
+    for a, b in PAIRS:
+        shared = sorted(set(seeds.get(a, [])) & set(seeds.get(b, [])))
+        if shared:
+            (ours, our_outfits), (theirs, their_outfits) = row(a, shared), row(b, shared)
+            out[f"{a} vs {b}"] = compare(ours, theirs, False, "cross_entropy", (our_outfits, their_outfits))
+            out[f"{a} vs {b}"]["seeds"] = shared
+    return out
 
 
 def report(project: Project, settings: dict, done: list[str], out: Path) -> None:
