@@ -255,7 +255,7 @@ def benchmark(results: dict, path: Path) -> None:
     runs = {k.removeprefix("runs/"): v for k, v in results.items() if k.startswith("runs/")}
     out = {
         "benchmark": "Table 1 at the paper's size: time per epoch and peak memory (studies/paper_scale)",
-        "commit": results["settings"]["commit"],  # the code the runs ran
+        "commits": sorted({r.get("commit", results["settings"]["commit"]) for r in runs.values()}),
         "plan": results["settings"]["settings"]["plan"],
         "data": results.get("data"),
         "settings": results["settings"]["settings"]["set"],
@@ -286,6 +286,7 @@ def benchmark(results: dict, path: Path) -> None:
                     "batch_size",
                 )
             }  # fmt: skip
+            | {"commit": r.get("commit", results["settings"]["commit"])}
             for name, r in runs.items()
         },
     }
@@ -383,7 +384,8 @@ def main() -> int:
     if args.report:
         report(project, settings, [k.removeprefix("runs/") for k in results if k.startswith("runs/")], args.out)
         return 0
-    record(args.out, f"{plan}/settings", {"commit": commit.strip(), "settings": settings})  # the runs' commit
+    # the commit of this invocation; each run records its own (a queue resumed on newer code runs the rest there)
+    record(args.out, f"{plan}/settings", {"commit": commit.strip(), "settings": settings})
     todo = [n for n in names if f"runs/{n}" not in results]
     print(f"{plan}: {len(names) - len(todo)} of {len(names)} runs done; to run: {', '.join(todo) or 'none'}",
           flush=True)  # fmt: skip
@@ -396,7 +398,7 @@ def main() -> int:
         print(f"{name}: run {i + 1} of {len(todo)}; the queue after it: about {after / 60:.0f} min", flush=True)
         if subprocess.run(command).returncode != 0:
             raise SystemExit(f"{name} failed")
-        entry = json.loads((project.root / "runs" / f"{name}.json").read_text())
+        entry = json.loads((project.root / "runs" / f"{name}.json").read_text()) | {"commit": commit.strip()}
         with one_at_a_time:
             record(args.out, f"{plan}/runs/{name}", entry)
             print(f"{name}: test CE {entry['test_cross_entropy']:.4f}, {entry['epochs']} epochs "
