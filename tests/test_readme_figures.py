@@ -1,6 +1,6 @@
-"""README's benchmark table quotes only what a current file holds: every number in a row's result is a value of
-one of the files the row names (in its unit: as recorded, seconds as minutes, a share as a percentage), rounded as
-README shows it. A figure whose file was re-measured without it, or that no file ever held, fails here."""
+"""The benchmark table (docs/results.md) quotes only what a current file holds: every number in a row's result is
+a value of one of the files the row names (in its unit: as recorded, seconds as minutes, a share as a percentage), rounded as
+the table shows it. A figure whose file was re-measured without it, or that no file ever held, fails here."""
 
 import json
 import re
@@ -36,11 +36,11 @@ def recorded(value) -> list[float]:
 def held(shown: str, values: list[float]) -> bool:
     decimals = len(shown.split(".")[1]) if "." in shown else 0
     target = float(shown.replace(",", ""))
-    half = 0.5 * 10.0**-decimals + 1e-9  # README rounds half up, Python's round() to even
+    half = 0.5 * 10.0**-decimals + 1e-9  # the table rounds half up, Python's round() to even
     return any(abs(v * scale - target) <= half for v in values for scale in SCALES)
 
 
-ROWS = benchmark_rows((REPO / "README.md").read_text())
+ROWS = benchmark_rows((REPO / "docs" / "results.md").read_text())
 
 
 def test_the_benchmark_table_is_read():
@@ -51,7 +51,7 @@ def test_the_benchmark_table_is_read():
 def test_every_figure_is_held_by_a_current_file(what, result, files):
     values = [v for name in files for v in recorded(json.loads((BENCHMARKS / name).read_text()))]
     missing = [shown for shown in NUMBER.findall(result) if not held(shown, values)]
-    assert not missing, f"README's benchmark row {what!r} quotes {missing}, which none of {files} holds"
+    assert not missing, f"the benchmark row {what!r} quotes {missing}, which none of {files} holds"
 
 
 def test_the_first_run_figure_names_its_commit_and_cpu():
