@@ -293,6 +293,37 @@ def benchmark(results: dict, path: Path) -> None:
     path.write_text(json.dumps(out, indent=1) + "\n")
 
 
+def seed_table(results: dict) -> list[str]:
+    """Each model's test cross-entropy and recall@1 per seed run, with the mean ± SE over them (Table 1 above
+    holds only the seeds every model has)."""
+    from contextual_bert.evaluation import mean_se
+
+    by_model: dict[str, dict[int, dict]] = {}
+    for key, run in results.items():
+        if key.startswith("runs/"):
+            by_model.setdefault(run["model"], {})[run["seed"]] = run
+    seeds = sorted({seed for runs in by_model.values() for seed in runs})
+
+    def cell(stat: dict, scale: float, digits: int) -> str:
+        se = f" ± {stat['se'] * scale:.{digits}f}" if stat["se"] is not None else ""
+        return f"{stat['mean'] * scale:.{digits}f}{se}"
+
+    lines = [
+        "| model | "
+        + " | ".join(f"test CE, seed {s}" for s in seeds)
+        + " | test CE, mean ± SE | recall@1 %, mean ± SE |",
+        "| --- |" + " --- |" * (len(seeds) + 2),
+    ]
+    for model, runs in sorted(
+        by_model.items(), key=lambda m: mean_se(r["test_cross_entropy"] for r in m[1].values())["mean"]
+    ):
+        ce = mean_se(r["test_cross_entropy"] for r in runs.values())
+        r1 = mean_se(r["test_recall@1"] for r in runs.values())
+        per_seed = " | ".join(f"{runs[s]['test_cross_entropy']:.3f}" if s in runs else "–" for s in seeds)
+        lines.append(f"| {model} | {per_seed} | {cell(ce, 1, 3)} | {cell(r1, 100, 2)} |")
+    return lines
+
+
 def render(results: dict) -> str:
     """Markdown for the findings: the report stage's Table 1 rows and its verdicts, then each run's time per
     epoch, evaluation time and peak memory."""
@@ -312,6 +343,7 @@ def render(results: dict) -> str:
             lines.append(f"| {key.removeprefix('runs/')} | {', '.join(f'{x:.0f}' for x in run['epoch_seconds'])} | "
                          f"{', '.join(f'{x:.0f}' for x in run['samples_per_s'])} | {run['evaluate_seconds']:.0f} | "
                          f"{run['peak_rss_mib']:,.0f} |")  # fmt: skip
+    lines += ["", *seed_table(results)]
     lines += ["", "| comparison (test CE) | improvement [95% paired bootstrap] or ± SE |", "| --- | --- |"]
     for name, c in results.get("comparisons", {}).items():
         interval = (
