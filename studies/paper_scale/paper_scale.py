@@ -324,9 +324,19 @@ def seed_table(results: dict) -> list[str]:
     return lines
 
 
+def seed_differences(results: dict, pair: str, seeds: list[int]) -> list[float]:
+    """A comparison's improvement seed by seed (positive: the first is better): a seed draws the data order and the
+    masks for every model alike, so what a draw does to both rows cancels in their difference at that seed."""
+    a, b = pair.split(" vs ")
+    ce = {k.removeprefix("runs/"): r["test_cross_entropy"] for k, r in results.items() if k.startswith("runs/")}
+    return [ce[run_name(b, s)] - ce[run_name(a, s)] for s in seeds]
+
+
 def render(results: dict) -> str:
-    """Markdown for the findings: the report stage's Table 1 rows and its verdicts, then each run's time per
-    epoch, evaluation time and peak memory."""
+    """Markdown for the findings: the report stage's Table 1 rows and its verdicts, each run's time per epoch,
+    evaluation time and peak memory, each model's seeds, and the comparisons (also paired by seed)."""
+    from contextual_bert.evaluation import mean_se
+
     table1 = results.get("table1", [])
     keep = [line for line in table1 if line.startswith("|")]
     verdicts = [line for line in table1 if line.startswith(("- **", "  - ", "- Every", "- No ", "- Not"))]
@@ -344,15 +354,22 @@ def render(results: dict) -> str:
                          f"{', '.join(f'{x:.0f}' for x in run['samples_per_s'])} | {run['evaluate_seconds']:.0f} | "
                          f"{run['peak_rss_mib']:,.0f} |")  # fmt: skip
     lines += ["", *seed_table(results)]
-    lines += ["", "| comparison (test CE) | improvement [95% paired bootstrap] or ± SE |", "| --- | --- |"]
+    lines += [
+        "",
+        "| comparison (test CE) | improvement [95% paired bootstrap] or ± SE | per shared seed | paired by seed, mean ± SE |",
+        "| --- | --- | --- | --- |",
+    ]
     for name, c in results.get("comparisons", {}).items():
         interval = (
             f" [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}]" if c.get("ci") else (f" ± {c['se']:.3f}" if c["se"] else "")
         )
+        diffs = seed_differences(results, name, c["seeds"])
+        paired = mean_se(diffs)
         lines.append(
             f"| {name} | {c['improvement']:+.3f}{interval}"
             + (" **beats**" if c["beats_by_more_than_se"] else "")
-            + " |"
+            + f" | {', '.join(f'{d:+.3f}' for d in diffs)} | "
+            + (f"{paired['mean']:+.3f} ± {paired['se']:.3f} |" if paired["se"] is not None else "– |")
         )
     return "\n".join(lines)
 
