@@ -15,8 +15,8 @@ run's time per epoch and peak memory), `table1` and `data`.
     python studies/paper_scale/paper_scale.py --work /tmp/paper_scale --runs none-s0,global_state_update-s0
     python studies/paper_scale/paper_scale.py --work /tmp/paper_scale --measure 240 --runs none-s0
 
---plan NAME: one of settings.yaml's `plans` (default: the last); its entries are keyed `<plan>/...` in results.json,
-the data stages' and the measured prefixes' shared. Each plan needs a --work of its own (a run resumes from the
+--plan NAME: one of settings.yaml's `plans` (default: its `table1`, the plan of Table 1); its entries are keyed
+`<plan>/...` in results.json, the data stages' and the measured prefixes' shared. Each plan needs a --work of its own (a run resumes from the
 last.pt in its folder). --jobs N: N runs at a time, each a child process of one thread; their records and the
 report stage one at a time.
 --measure S: each named run trains for S seconds, then stops; its last.pt says how many steps it made, and the
@@ -68,7 +68,9 @@ def plan_settings(settings: dict, plan: str) -> dict:
     """The settings of one plan: its `set` and `runs`, with the models' settings every plan shares."""
     if plan not in settings["plans"]:
         raise SystemExit(f"--plan {plan!r}: settings.yaml declares {', '.join(settings['plans'])}")
-    return {k: v for k, v in settings.items() if k != "plans"} | settings["plans"][plan] | {"plan": plan}
+    return (
+        {k: v for k, v in settings.items() if k not in ("plans", "table1")} | settings["plans"][plan] | {"plan": plan}
+    )
 
 
 def plan_view(results: dict, plan: str, plans: list[str]) -> dict:
@@ -379,7 +381,7 @@ def main() -> int:
     parser.add_argument("--work", type=Path, help="the project's folder (data, models, reports)")
     parser.add_argument("--settings", type=Path, default=SETTINGS)
     parser.add_argument("--out", type=Path, default=HERE / "results.json", help="the results file")
-    parser.add_argument("--plan", help="one of settings.yaml's plans (default: the last declared)")
+    parser.add_argument("--plan", help="one of settings.yaml's plans (default: its table1)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (each one thread)")
     parser.add_argument("--runs", help="comma-separated <model>-s<seed> (default: the declared `runs`, in order)")
     parser.add_argument("--measure", type=float, metavar="S", help="train each run S seconds, project its epoch")
@@ -399,7 +401,7 @@ def main() -> int:
         (args.params.parent / "runs" / f"{args.one}.json").write_text(json.dumps(entry, indent=1))
         return 0
     declared = yaml.safe_load(args.settings.read_text())
-    plan = args.plan or list(declared["plans"])[-1]
+    plan = args.plan or declared["table1"]
     settings = plan_settings(declared, plan)
 
     def view() -> dict:
