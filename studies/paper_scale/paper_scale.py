@@ -16,9 +16,9 @@ run's time per epoch and peak memory), `table1` and `data`.
     python studies/paper_scale/paper_scale.py --work /tmp/paper_scale --measure 240 --runs none-s0
 
 --plan NAME: one of settings.yaml's `plans` (default: its `table1`, the plan of Table 1); its entries are keyed
-`<plan>/...` in results.json, the data stages' and the measured prefixes' shared. Each plan needs a --work of its own (a run resumes from the
-last.pt in its folder). --jobs N: N runs at a time, each a child process of one thread; their records and the
-report stage one at a time.
+`<plan>/...` in results.json, the data stages' and the measured prefixes' shared. Each plan needs a --work of its
+own (a run resumes from the last.pt in its folder). --jobs N: N runs at a time, each a child process of one thread;
+their records and the report stage one at a time.
 --measure S: each named run trains for S seconds, then stops; its last.pt says how many steps it made, and the
 epoch's projected seconds go to `measure/<model>-s<seed>` (the run goes on from there when it is run).
 On a GPU: the same script on a CUDA machine (train.device: auto), or the Prefect gpu pool (docs/scaling.md).
